@@ -1,0 +1,38 @@
+# Detection of the optional backends. Each result is a plain TRUE/FALSE
+# variable EP_MOE_HAVE_<X>, turned into a compile definition and reported at
+# run time by ep_moe_has_feature().
+
+# --- CUDA toolkit, cuBLASLt, NCCL ------------------------------------------
+set(EP_MOE_HAVE_CUDA FALSE)
+set(EP_MOE_HAVE_CUBLASLT FALSE)
+set(EP_MOE_HAVE_NCCL FALSE)
+if(NOT EP_MOE_WITH_CUDA STREQUAL "OFF")
+  if(NOT DEFINED CUDAToolkit_ROOT AND NOT DEFINED ENV{CUDAToolkit_ROOT} AND EXISTS "/usr/local/cuda")
+    set(CUDAToolkit_ROOT "/usr/local/cuda")
+  endif()
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND)
+    set(EP_MOE_HAVE_CUDA TRUE)
+    if(TARGET CUDA::cublasLt)
+      set(EP_MOE_HAVE_CUBLASLT TRUE)
+    endif()
+    find_path(EP_MOE_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} $ENV{NCCL_ROOT}/include)
+    find_library(EP_MOE_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} $ENV{NCCL_ROOT}/lib)
+    if(EP_MOE_NCCL_INCLUDE_DIR AND EP_MOE_NCCL_LIBRARY)
+      set(EP_MOE_HAVE_NCCL TRUE)
+    endif()
+  elseif(EP_MOE_WITH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "EP_MOE_WITH_CUDA=ON but no CUDA toolkit was found (set CUDAToolkit_ROOT)")
+  endif()
+endif()
+
+# --- MPI ----------------------------------------------------------------------
+set(EP_MOE_HAVE_MPI FALSE)
+if(NOT EP_MOE_WITH_MPI STREQUAL "OFF")
+  find_package(MPI QUIET COMPONENTS C)
+  if(MPI_C_FOUND)
+    set(EP_MOE_HAVE_MPI TRUE)
+  elseif(EP_MOE_WITH_MPI STREQUAL "ON")
+    message(FATAL_ERROR "EP_MOE_WITH_MPI=ON but no MPI was found (install libopenmpi-dev)")
+  endif()
+endif()

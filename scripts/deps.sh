@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ep_moe's build, tests and demo need, only when
+# missing (quiet and fast when everything is present). Usage:
+#   scripts/deps.sh [build|test]      (default: test, which is a superset)
+set -euo pipefail
+what=${1:-test}
+
+build_pkgs=(cmake ninja-build g++ pkg-config)
+test_pkgs=(catch2 doxygen)
+
+pkgs=("${build_pkgs[@]}")
+if [ "$what" = test ]; then pkgs+=("${test_pkgs[@]}"); fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "ep_moe: installing missing packages: ${missing[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO=sudo; else
+    echo "ep_moe: not root and no sudo: install ${missing[*]} yourself" >&2
+    exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq >/dev/null
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,67 @@
+// C API: versions, statuses, features, logging, thread-local errors.
+#include "capi/handle.hpp"
+
+using namespace ep_moe;
+using namespace ep_moe::capi;
+
+#define EP_MOE_STR2(x) #x
+#define EP_MOE_STR(x) EP_MOE_STR2(x)
+
+extern "C" {
+
+uint32_t ep_moe_version(void) { return EP_MOE_VERSION_NUMBER; }
+
+const char* ep_moe_version_string(void) {
+  return EP_MOE_STR(EP_MOE_VERSION_MAJOR) "." EP_MOE_STR(EP_MOE_VERSION_MINOR) "." EP_MOE_STR(
+      EP_MOE_VERSION_PATCH);
+}
+
+const char* ep_moe_status_string(ep_moe_status_t status) {
+  switch (status) {
+    case EP_MOE_OK: return "success";
+    case EP_MOE_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case EP_MOE_ERR_OUT_OF_MEMORY: return "out of memory";
+    case EP_MOE_ERR_UNSUPPORTED: return "not supported by this build or machine";
+    case EP_MOE_ERR_BUFFER_TOO_SMALL: return "buffer too small";
+    case EP_MOE_ERR_STRUCT_SIZE: return "unknown struct_size (struct not initialised with its *_config_init?)";
+    case EP_MOE_ERR_INVALID_HANDLE: return "invalid handle";
+    case EP_MOE_ERR_INTERNAL: return "internal error";
+    case EP_MOE_ERR_TIMEOUT: return "timed out";
+    case EP_MOE_ERR_ABORTED: return "aborted";
+    case EP_MOE_ERR_REMOTE: return "a peer rank failed";
+    case EP_MOE_ERR_IO: return "I/O error";
+    case EP_MOE_ERR_FORMAT: return "malformed data";
+    case EP_MOE_ERR_NOT_FOUND: return "not found";
+    case EP_MOE_ERR_STATE: return "invalid state for this call";
+  }
+  return "unknown status";
+}
+
+const char* ep_moe_last_error(void) { return thread_error(); }
+
+int ep_moe_has_feature(uint32_t features) {
+  uint32_t built = EP_MOE_FEATURE_CPU;
+#if defined(EP_MOE_HAVE_CUDA)
+  built |= EP_MOE_FEATURE_CUDA;
+#endif
+#if defined(EP_MOE_HAVE_NCCL)
+  built |= EP_MOE_FEATURE_NCCL;
+#endif
+#if defined(EP_MOE_HAVE_CUBLASLT)
+  built |= EP_MOE_FEATURE_CUBLASLT;
+#endif
+#if defined(EP_MOE_HAVE_MPI)
+  built |= EP_MOE_FEATURE_MPI;
+#endif
+  return features != 0 && (features & ~built) == 0 ? 1 : 0;
+}
+
+ep_moe_status_t ep_moe_set_log_callback(ep_moe_log_fn fn, ep_moe_log_level_t max_level, void* user_data) {
+  return guard(__func__, nullptr, Kind::ExpertMap, [&] {
+    EP_MOE_CHECK_ARG(max_level >= EP_MOE_LOG_ERROR && max_level <= EP_MOE_LOG_DEBUG,
+                     "max_level %d is not an ep_moe_log_level_t value", static_cast<int>(max_level));
+    set_log_callback(fn, max_level, user_data);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,58 @@
+#include "capi/handle.hpp"
+
+#include <shared_mutex>
+#include <unordered_map>
+
+namespace ep_moe {
+namespace capi {
+
+namespace {
+struct Registry {
+  std::shared_mutex mutex;
+  std::unordered_map<const void*, Kind> live;
+};
+Registry& registry() {
+  static Registry* r = new Registry();  // never destroyed: handles may outlive static destructors
+  return *r;
+}
+thread_local std::string t_error;
+thread_local std::string t_copy;
+}  // namespace
+
+void register_handle(const HandleBase* h) {
+  auto& r = registry();
+  std::unique_lock<std::shared_mutex> lock(r.mutex);
+  r.live[h] = h->kind;
+}
+
+void unregister_handle(const HandleBase* h) {
+  auto& r = registry();
+  std::unique_lock<std::shared_mutex> lock(r.mutex);
+  r.live.erase(h);
+}
+
+bool is_live(const void* p, Kind kind) {
+  auto& r = registry();
+  std::shared_lock<std::shared_mutex> lock(r.mutex);
+  auto it = r.live.find(p);
+  return it != r.live.end() && it->second == kind;
+}
+
+const char* kind_name(Kind kind) {
+  switch (kind) {
+    case Kind::ExpertMap: return "ep_moe_expert_map_t";
+    case Kind::Comm: return "ep_moe_comm_t";
+    case Kind::Layer: return "ep_moe_layer_t";
+  }
+  return "handle";
+}
+
+void set_thread_error(const std::string& msg) { t_error = msg; }
+const char* thread_error() { return t_error.c_str(); }
+const char* thread_copy(std::string s) {
+  t_copy = std::move(s);
+  return t_copy.c_str();
+}
+
+}  // namespace capi
+}  // namespace ep_moe

@@ -1,0 +1,116 @@
+// Shared machinery of the C API shims: the handle registry (detects NULL,
+// destroyed and wrong-type handles), last-error slots, config-struct checks,
+// and `guard`, which turns every C++ exception into a status.
+#pragma once
+
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+#include <utility>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "ep_moe/ep_moe.h"
+
+namespace ep_moe {
+namespace capi {
+
+enum class Kind : unsigned { ExpertMap = 1, Comm = 2, Layer = 3 };
+
+// Every public handle type derives from this.
+struct HandleBase {
+  explicit HandleBase(Kind k) : kind(k) {}
+  virtual ~HandleBase() = default;
+  HandleBase(const HandleBase&) = delete;
+  HandleBase& operator=(const HandleBase&) = delete;
+
+  void set_error(const std::string& msg) const {
+    std::lock_guard<std::mutex> lock(error_mutex);
+    last_error = msg;
+  }
+  std::string error() const {
+    std::lock_guard<std::mutex> lock(error_mutex);
+    return last_error;
+  }
+
+  const Kind kind;
+  mutable std::mutex error_mutex;
+  mutable std::string last_error;
+};
+
+void register_handle(const HandleBase* h);
+void unregister_handle(const HandleBase* h);
+bool is_live(const void* p, Kind kind);
+const char* kind_name(Kind kind);
+
+// Thread-local error slot (ep_moe_last_error).
+void set_thread_error(const std::string& msg);
+const char* thread_error();
+// Copies `s` into a thread-local buffer and returns it (for *_last_error).
+const char* thread_copy(std::string s);
+
+// Validates a handle pointer; throws INVALID_HANDLE.
+template <class H>
+H* checked(H* h, Kind kind, const char* what) {
+  if (h == nullptr) fail(EP_MOE_ERR_INVALID_HANDLE, "%s is NULL", what);
+  if (!is_live(h, kind))
+    fail(EP_MOE_ERR_INVALID_HANDLE, "%s is not a live %s (destroyed, or another type)", what,
+         kind_name(kind));
+  return h;
+}
+
+// Validates a config struct pointer and its struct_size.
+template <class C>
+const C& checked_config(const C* cfg, const char* what) {
+  if (cfg == nullptr) fail(EP_MOE_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+  if (cfg->struct_size != sizeof(C))
+    fail(EP_MOE_ERR_STRUCT_SIZE,
+         "%s->struct_size is %zu, this library knows only %zu: fill the struct with its "
+         "*_config_init() function",
+         what, cfg->struct_size, sizeof(C));
+  return *cfg;
+}
+
+template <class T>
+T* checked_out(T* p, const char* what) {
+  if (p == nullptr) fail(EP_MOE_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+  return p;
+}
+
+// Runs `fn`, returning EP_MOE_OK or the status of the exception it threw.
+// The message goes to the thread-local slot and, when `handle` is not NULL
+// and live, to the handle's slot. Nothing escapes.
+template <class F>
+ep_moe_status_t guard(const char* func, const HandleBase* handle, Kind kind, F&& fn) noexcept {
+  ep_moe_status_t status = EP_MOE_OK;
+  std::string msg;
+  try {
+    fn();
+    return EP_MOE_OK;
+  } catch (const Error& e) {
+    status = e.status();
+    msg = e.what();
+  } catch (const std::bad_alloc&) {
+    status = EP_MOE_ERR_OUT_OF_MEMORY;
+    msg = "out of memory";
+  } catch (const std::exception& e) {
+    status = EP_MOE_ERR_INTERNAL;
+    msg = std::string("internal error: ") + e.what();
+  } catch (...) {
+    status = EP_MOE_ERR_INTERNAL;
+    msg = "internal error: unknown exception";
+  }
+  try {
+    std::string full = std::string(func) + ": " + msg;
+    set_thread_error(full);
+    if (handle && status != EP_MOE_ERR_INVALID_HANDLE && is_live(handle, kind)) handle->set_error(full);
+    log(EP_MOE_LOG_DEBUG, "%s", full.c_str());
+  } catch (...) {
+    // Recording the message itself ran out of memory: the status still says it.
+  }
+  return status;
+}
+
+}  // namespace capi
+}  // namespace ep_moe

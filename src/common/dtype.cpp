@@ -1,0 +1,12 @@
+#include "common/dtype.hpp"
+
+namespace ep_moe {
+const char* dtype_name(ep_moe_dtype_t t) {
+  switch (t) {
+    case EP_MOE_DTYPE_F32: return "f32";
+    case EP_MOE_DTYPE_BF16: return "bf16";
+    case EP_MOE_DTYPE_F16: return "f16";
+  }
+  return "unknown";
+}
+}  // namespace ep_moe

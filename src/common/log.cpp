@@ -1,0 +1,59 @@
+#include "common/log.hpp"
+
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace ep_moe {
+
+namespace {
+struct Sink {
+  ep_moe_log_fn fn = nullptr;
+  ep_moe_log_level_t max_level = EP_MOE_LOG_ERROR;
+  void* user_data = nullptr;
+};
+std::mutex g_mutex;
+Sink g_sink;
+// Fast path: callers check this before formatting anything.
+std::atomic<int> g_max_level{-1};
+}  // namespace
+
+void set_log_callback(ep_moe_log_fn fn, ep_moe_log_level_t max_level, void* user_data) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_sink.fn = fn;
+  g_sink.max_level = max_level;
+  g_sink.user_data = user_data;
+  g_max_level.store(fn ? static_cast<int>(max_level) : -1, std::memory_order_release);
+}
+
+bool log_enabled(ep_moe_log_level_t level) {
+  return static_cast<int>(level) <= g_max_level.load(std::memory_order_acquire);
+}
+
+void log(ep_moe_log_level_t level, const char* fmt, ...) {
+  if (!log_enabled(level)) return;
+  va_list ap;
+  va_start(ap, fmt);
+  va_list ap2;
+  va_copy(ap2, ap);
+  int n = std::vsnprintf(nullptr, 0, fmt, ap);
+  va_end(ap);
+  std::string text;
+  if (n > 0) {
+    std::vector<char> buf(static_cast<size_t>(n) + 1);
+    std::vsnprintf(buf.data(), buf.size(), fmt, ap2);
+    text.assign(buf.data(), static_cast<size_t>(n));
+  }
+  va_end(ap2);
+  // The callback is called under the lock so that removing it guarantees no
+  // call is in flight afterwards (user_data may then be freed).
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_sink.fn && static_cast<int>(level) <= static_cast<int>(g_sink.max_level)) {
+    g_sink.fn(level, text.c_str(), g_sink.user_data);
+  }
+}
+
+}  // namespace ep_moe
