@@ -151,8 +151,8 @@ typedef enum ep_moe_log_level {
  * \param[in] message   NUL-terminated text, valid only during the call.
  * \param[in] user_data The pointer given to ep_moe_set_log_callback().
  *
- * It may be called from any thread that calls into ep_moe, also from several
- * at once; it must not call back into ep_moe.
+ * It may be called from any thread that calls into ep_moe; the library
+ * serialises the calls. It must not call back into ep_moe.
  */
 typedef void (*ep_moe_log_fn)(ep_moe_log_level_t level, const char* message, void* user_data);
 
@@ -169,6 +169,16 @@ typedef void (*ep_moe_log_fn)(ep_moe_log_level_t level, const char* message, voi
  */
 EP_MOE_API ep_moe_status_t ep_moe_set_log_callback(ep_moe_log_fn fn, ep_moe_log_level_t max_level,
                                                    void* user_data);
+
+/** \brief Element types of tensors. Weights and activations use the three
+ *  floating-point types; communicator collectives also move integers. */
+typedef enum ep_moe_dtype {
+  EP_MOE_DTYPE_F32 = 0,  /**< IEEE binary32. */
+  EP_MOE_DTYPE_BF16 = 1, /**< bfloat16 (upper half of a binary32). */
+  EP_MOE_DTYPE_F16 = 2,  /**< IEEE binary16. */
+  EP_MOE_DTYPE_I32 = 3,  /**< int32_t (collectives only). */
+  EP_MOE_DTYPE_I64 = 4   /**< int64_t (collectives only). */
+} ep_moe_dtype_t;
 
 /** @} */
 
@@ -433,12 +443,6 @@ EP_MOE_API ep_moe_status_t ep_moe_expert_map_copy_table(int32_t* out, size_t out
 EP_MOE_API ep_moe_status_t ep_moe_expert_map_describe(char* out, size_t out_size, size_t* out_needed,
                                                       const ep_moe_expert_map_t* map);
 
-/** \brief Element types of tensors. */
-typedef enum ep_moe_dtype {
-  EP_MOE_DTYPE_F32 = 0,  /**< IEEE binary32. */
-  EP_MOE_DTYPE_BF16 = 1, /**< bfloat16 (upper half of a binary32). */
-  EP_MOE_DTYPE_F16 = 2   /**< IEEE binary16. */
-} ep_moe_dtype_t;
 
 /** \brief What ep_moe_mask_and_remap() writes for pairs whose expert is not
  *  on this rank. */
@@ -481,6 +485,472 @@ EP_MOE_API ep_moe_status_t ep_moe_mask_and_remap(int32_t* out_ids, void* out_wei
                                                  const ep_moe_expert_map_t* map, const int32_t* topk_ids,
                                                  const void* topk_weights, ep_moe_dtype_t weights_dtype,
                                                  int64_t num_tokens, int32_t top_k, ep_moe_remap_mode_t mode);
+
+/** @} */
+
+/** \defgroup ep_moe_comm Communicators
+ *  \brief Groups of ranks and their collectives.
+ *
+ * A communicator handle is one rank's view of a group. Collectives are
+ * blocking and must be called by every rank of the group in the same order.
+ * Each blocking call honours the communicator's timeout and an abort
+ * (ep_moe_comm_abort()) from another thread, and then returns an error
+ * instead of hanging. After ::EP_MOE_ERR_TIMEOUT, ::EP_MOE_ERR_ABORTED or
+ * ::EP_MOE_ERR_REMOTE from a collective the group is broken: every later
+ * collective on it fails at once. When one rank passes bad arguments, the
+ * others are told (they return ::EP_MOE_ERR_REMOTE) and the group stays
+ * usable.
+ *
+ * Reductions of f32, bf16 and f16 accumulate in f32 in rank order, so
+ * every rank receives bit-identical results; i32 and i64 sum exactly.
+ * `stream` arguments carry a `cudaStream_t` for device backends and are
+ * ignored by the CPU backends.
+ *  @{ */
+
+/** \brief One rank's handle on a communicator. Opaque. */
+typedef struct ep_moe_comm ep_moe_comm_t;
+
+/** \brief Communicator settings; fill with ep_moe_comm_config_init() first. */
+typedef struct ep_moe_comm_config {
+  /** Size of this struct as the caller compiled it; set by ep_moe_comm_config_init(). */
+  size_t struct_size;
+  /** Longest a blocking call waits for the other ranks, in milliseconds
+   *  (1 .. 86400000). Default 60000. */
+  int32_t timeout_ms;
+} ep_moe_comm_config_t;
+
+/**
+ * \brief Fills a communicator config with defaults and sets its struct_size.
+ * \param[out] out The struct to fill.
+ * \return ::EP_MOE_OK, or ::EP_MOE_ERR_INVALID_ARGUMENT when `out` is NULL.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_comm_config_init(ep_moe_comm_config_t* out);
+
+/**
+ * \brief Creates a group of `size` in-process ranks (the `local` backend).
+ *
+ * Each handle is one rank and must be driven by its own thread (collectives
+ * block until every rank has joined).
+ * \param[out] out    Array of `size` entries; out[i] receives rank i's
+ *                    handle, each owned by the caller (free each with
+ *                    ep_moe_comm_destroy()). Untouched on failure.
+ * \param[in]  size   Number of ranks (1 .. 4096).
+ * \param[in]  config Settings, or NULL for the defaults.
+ * \return ::EP_MOE_OK, ::EP_MOE_ERR_INVALID_ARGUMENT, ::EP_MOE_ERR_STRUCT_SIZE
+ *         or ::EP_MOE_ERR_OUT_OF_MEMORY.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_comm_create_local(ep_moe_comm_t** out, int32_t size,
+                                                    const ep_moe_comm_config_t* config);
+
+/**
+ * \brief Splits a communicator into sub-groups (collective over `comm`).
+ *
+ * Ranks passing the same `color` form one new group, ordered by `key` and
+ * then by their rank in `comm`. The new group inherits the timeout; an
+ * abort of `comm` also aborts the groups split from it.
+ * \param[out] out   Receives the new handle (owned by the caller), or NULL
+ *                   for a rank that passed a negative color.
+ * \param[in]  comm  The parent communicator.
+ * \param[in]  color Group selector (>= 0), or negative to join no group.
+ * \param[in]  key   Ordering within the new group.
+ * \return ::EP_MOE_OK or the statuses of a collective.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_comm_split(ep_moe_comm_t** out, ep_moe_comm_t* comm, int32_t color,
+                                             int32_t key);
+
+/**
+ * \brief Frees one rank's handle. NULL is accepted. Other ranks' handles
+ *        stay valid; collectives they start afterwards time out or, if the
+ *        group was aborted, fail at once.
+ * \param[in] comm The handle; invalid after the call.
+ */
+EP_MOE_API void ep_moe_comm_destroy(ep_moe_comm_t* comm);
+
+/**
+ * \brief Aborts the group: blocked and later collectives on every rank of it
+ *        (and of groups split from it) return ::EP_MOE_ERR_ABORTED.
+ *
+ * Unlike every other function taking a non-const handle, this one may be
+ * called from any thread while another thread is blocked in a call on the
+ * same handle. Aborting twice is harmless.
+ * \param[in] comm The handle.
+ * \return ::EP_MOE_OK or ::EP_MOE_ERR_INVALID_HANDLE.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_comm_abort(ep_moe_comm_t* comm);
+
+/**
+ * \brief This rank's index in the group.
+ * \param[out] out  Receives the rank.
+ * \param[in]  comm The handle.
+ * \return ::EP_MOE_OK, ::EP_MOE_ERR_INVALID_HANDLE or ::EP_MOE_ERR_INVALID_ARGUMENT.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_comm_get_rank(int32_t* out, const ep_moe_comm_t* comm);
+
+/**
+ * \brief The number of ranks in the group.
+ * \param[out] out  Receives the size.
+ * \param[in]  comm The handle.
+ * \return ::EP_MOE_OK, ::EP_MOE_ERR_INVALID_HANDLE or ::EP_MOE_ERR_INVALID_ARGUMENT.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_comm_get_size(int32_t* out, const ep_moe_comm_t* comm);
+
+/**
+ * \brief Changes this rank's timeout for blocking calls.
+ * \param[in,out] comm       The handle.
+ * \param[in]     timeout_ms 1 .. 86400000 milliseconds.
+ * \return ::EP_MOE_OK, ::EP_MOE_ERR_INVALID_HANDLE or ::EP_MOE_ERR_INVALID_ARGUMENT.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_comm_set_timeout(ep_moe_comm_t* comm, int32_t timeout_ms);
+
+/**
+ * \brief The message of the last failed call on this communicator.
+ * \param[in] comm The handle (NULL gives a fixed message).
+ * \return A NUL-terminated copy, valid in the calling thread until its next
+ *         ep_moe call; "" when no call on the handle failed.
+ */
+EP_MOE_API const char* ep_moe_comm_last_error(const ep_moe_comm_t* comm);
+
+/**
+ * \brief Sum over all ranks: every rank receives the element-wise sum.
+ * \param[out] out    `count` elements; may equal `in` (in place).
+ * \param[in]  in     `count` elements of this rank.
+ * \param[in]  count  Elements per rank (the same on every rank).
+ * \param[in]  dtype  Any ::ep_moe_dtype_t.
+ * \param[in,out] comm The handle.
+ * \param[in]  stream Device stream, ignored on CPU backends.
+ * \return ::EP_MOE_OK or an error status (see \ref ep_moe_comm).
+ */
+EP_MOE_API ep_moe_status_t ep_moe_comm_all_reduce(void* out, const void* in, size_t count, ep_moe_dtype_t dtype,
+                                                  ep_moe_comm_t* comm, void* stream);
+
+/**
+ * \brief Sum over all ranks, scattered: rank r receives elements
+ *        [r*count, (r+1)*count) of the sum.
+ * \param[out] out    `count` elements.
+ * \param[in]  in     `size * count` elements of this rank.
+ * \param[in]  count  Elements each rank receives (the same on every rank).
+ * \param[in]  dtype  Any ::ep_moe_dtype_t.
+ * \param[in,out] comm The handle.
+ * \param[in]  stream Device stream, ignored on CPU backends.
+ * \return ::EP_MOE_OK or an error status.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_comm_reduce_scatter(void* out, const void* in, size_t count,
+                                                      ep_moe_dtype_t dtype, ep_moe_comm_t* comm, void* stream);
+
+/**
+ * \brief Gathers equal-sized blocks: out holds rank 0's block, then rank 1's...
+ * \param[out] out    `size * count` elements.
+ * \param[in]  in     `count` elements of this rank.
+ * \param[in]  count  Elements per rank (the same on every rank).
+ * \param[in]  dtype  Any ::ep_moe_dtype_t.
+ * \param[in,out] comm The handle.
+ * \param[in]  stream Device stream, ignored on CPU backends.
+ * \return ::EP_MOE_OK or an error status.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_comm_all_gather(void* out, const void* in, size_t count, ep_moe_dtype_t dtype,
+                                                  ep_moe_comm_t* comm, void* stream);
+
+/**
+ * \brief Gathers variable-sized blocks, packed in rank order (no padding).
+ * \param[out] out    sum(counts) elements.
+ * \param[in]  in     counts[rank] elements of this rank.
+ * \param[in]  counts `size` entries, the same on every rank.
+ * \param[in]  dtype  Any ::ep_moe_dtype_t.
+ * \param[in,out] comm The handle.
+ * \param[in]  stream Device stream, ignored on CPU backends.
+ * \return ::EP_MOE_OK or an error status (also when ranks disagree on counts).
+ */
+EP_MOE_API ep_moe_status_t ep_moe_comm_all_gather_v(void* out, const void* in, const size_t* counts,
+                                                    ep_moe_dtype_t dtype, ep_moe_comm_t* comm, void* stream);
+
+/**
+ * \brief Personalised exchange: in_counts[p] elements go to rank p, and
+ *        out_counts[p] elements arrive from rank p; both buffers are packed
+ *        in rank order.
+ * \param[out] out        sum(out_counts) elements.
+ * \param[in]  out_counts `size` entries; must equal what each peer sends here.
+ * \param[in]  in         sum(in_counts) elements.
+ * \param[in]  in_counts  `size` entries.
+ * \param[in]  dtype      Any ::ep_moe_dtype_t.
+ * \param[in,out] comm    The handle.
+ * \param[in]  stream     Device stream, ignored on CPU backends.
+ * \return ::EP_MOE_OK or an error status (also when counts do not match).
+ */
+EP_MOE_API ep_moe_status_t ep_moe_comm_all_to_all_v(void* out, const size_t* out_counts, const void* in,
+                                                    const size_t* in_counts, ep_moe_dtype_t dtype,
+                                                    ep_moe_comm_t* comm, void* stream);
+
+/**
+ * \brief Returns when every rank has called it (or on timeout/abort).
+ * \param[in,out] comm The handle.
+ * \return ::EP_MOE_OK or an error status.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_comm_barrier(ep_moe_comm_t* comm);
+
+/** @} */
+
+/** \defgroup ep_moe_layer MoE layer
+ *  \brief One MoE layer, run across the ranks of an expert-parallel group.
+ *
+ * Data flow of ep_moe_layer_forward() on one rank:
+ * route (or take the caller's top-k) -> gather the tokens of every DP
+ * replica (DP attention only) -> plan the (token, expert) pairs whose expert
+ * lives on this rank (the others are skipped entirely) -> expert FFNs ->
+ * weighted combine in token order -> + this rank's shard of the shared
+ * expert -> ONE all-reduce over the EP group, or ONE reduce-scatter under DP
+ * attention -> output rows of this rank's tokens.
+ *
+ * Topology (as in the seeds): the EP group is also the tensor-parallel group
+ * of the shared expert, whose intermediate dimension is split over it; routed
+ * experts keep their full size on their owner. Without DP attention every
+ * EP rank passes the same tokens. With DP attention each rank passes its own
+ * replica's tokens, and `dp_comm` groups one rank of every replica (when it
+ * is the EP group itself, the reduction is a reduce-scatter).
+ *  @{ */
+
+/** \brief One rank's MoE layer. Opaque. */
+typedef struct ep_moe_layer ep_moe_layer_t;
+
+/** \brief Gated activation of the expert FFN: act(x W_gate^T) * (x W_up^T). */
+typedef enum ep_moe_activation {
+  EP_MOE_ACT_SILU = 0,     /**< SiLU (Qwen, DeepSeek, Mixtral). */
+  EP_MOE_ACT_GELU = 1,     /**< GELU, erf form. */
+  EP_MOE_ACT_GELU_TANH = 2 /**< GELU, tanh approximation. */
+} ep_moe_activation_t;
+
+/** \brief How router logits become expert scores. */
+typedef enum ep_moe_scoring {
+  EP_MOE_SCORING_SOFTMAX = 0, /**< Softmax over all experts. */
+  EP_MOE_SCORING_SIGMOID = 1  /**< Independent sigmoid per expert (DeepSeek-V3). */
+} ep_moe_scoring_t;
+
+/** \brief What happens to (token, expert) pairs whose expert is on another rank. */
+typedef enum ep_moe_skip_mode {
+  /** Skipped entirely: no GEMM row is spent on them (the default). */
+  EP_MOE_SKIP_TOKENS = 0,
+  /** The seed's strategy, kept to measure the difference: they are computed
+   *  on local expert `id % n_local` with weight 0. */
+  EP_MOE_SKIP_WEIGHT_ZERO = 1
+} ep_moe_skip_mode_t;
+
+/** \brief Configuration of a layer; fill with ep_moe_layer_config_init() first. */
+typedef struct ep_moe_layer_config {
+  /** Size of this struct as the caller compiled it; set by ep_moe_layer_config_init(). */
+  size_t struct_size;
+  /** Hidden size H (>= 1). Must be set. */
+  int32_t hidden_size;
+  /** Intermediate size I of each routed expert (>= 1). Must be set. */
+  int32_t intermediate_size;
+  /** Routed experts E; must equal the expert map's. Must be set. */
+  int32_t num_experts;
+  /** Experts per token K (1 .. E). Must be set. */
+  int32_t top_k;
+  /** ::ep_moe_activation_t. Default ::EP_MOE_ACT_SILU. */
+  int32_t activation;
+  /** ::ep_moe_dtype_t of stored weights: f32, bf16 or f16. Default f32. */
+  int32_t weight_dtype;
+  /** ::ep_moe_dtype_t of hidden states and output: f32, bf16 or f16
+   *  (arithmetic accumulates in f32). Default f32. */
+  int32_t act_dtype;
+  /** ::ep_moe_dtype_t of router logits passed to forward. Default f32. */
+  int32_t router_dtype;
+  /** ::ep_moe_scoring_t. Default ::EP_MOE_SCORING_SOFTMAX. */
+  int32_t scoring;
+  /** Nonzero: the top-k weights are divided by their sum. Default 1. */
+  int32_t renormalize;
+  /** Grouped top-k: number of expert groups (0 = off; else divides E). */
+  int32_t num_expert_group;
+  /** Grouped top-k: groups kept per token (1 .. num_expert_group). */
+  int32_t topk_group;
+  /** Nonzero: a per-expert score-correction bias (::EP_MOE_WEIGHT_SCORE_BIAS)
+   *  is added to the scores for choosing experts (not for their weights).
+   *  With it, a group's score is the sum of its two best biased scores;
+   *  without it, its best score. Default 0. */
+  int32_t use_score_bias;
+  /** Multiplies every routed weight (after renormalisation). Default 1. */
+  float routed_scaling_factor;
+  /** Intermediate size of the shared expert (0 = none). Default 0. */
+  int32_t shared_intermediate_size;
+  /** Nonzero: the shared expert's output is scaled by sigmoid(x . w), with w
+   *  given as ::EP_MOE_WEIGHT_SHARED_EXPERT_GATE (Qwen2-MoE). Default 0. */
+  int32_t shared_expert_gate;
+  /** Most tokens this rank passes to one forward call (>= 1). With DP
+   *  attention the gathered batch may be dp_size times as large; workspace
+   *  is sized for it at create time and forward allocates nothing. Default 256. */
+  int32_t max_tokens;
+  /** CPU threads this rank uses (0 = the machine's cores divided by the
+   *  ranks of an in-process group). Default 0. */
+  int32_t num_threads;
+  /** ::ep_moe_skip_mode_t. Default ::EP_MOE_SKIP_TOKENS. */
+  int32_t skip_mode;
+} ep_moe_layer_config_t;
+
+/**
+ * \brief Fills a layer config with defaults and sets its struct_size.
+ * \param[out] out The struct to fill.
+ * \return ::EP_MOE_OK, or ::EP_MOE_ERR_INVALID_ARGUMENT when `out` is NULL.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_layer_config_init(ep_moe_layer_config_t* out);
+
+/**
+ * \brief Creates one rank's layer (without weights; see ep_moe_layer_set_weight()).
+ * \param[out] out     Receives the handle (owned by the caller; free it with
+ *                     ep_moe_layer_destroy()).
+ * \param[in]  config  The configuration; read during the call only.
+ * \param[in]  map     This rank's expert map; copied, so it may be destroyed
+ *                     after the call. Its ep_size/ep_rank must match `ep_comm`.
+ * \param[in]  ep_comm The EP group (borrowed for the layer's lifetime), or
+ *                     NULL: then no collective runs and forward returns this
+ *                     rank's partial sum for the caller to reduce.
+ * \param[in]  dp_comm The DP-attention group (borrowed for the layer's
+ *                     lifetime; may be the same handle as `ep_comm`), or NULL
+ *                     without DP attention. Its size must divide the EP size.
+ * \return ::EP_MOE_OK; ::EP_MOE_ERR_INVALID_ARGUMENT naming the bad field;
+ *         ::EP_MOE_ERR_STRUCT_SIZE; ::EP_MOE_ERR_INVALID_HANDLE;
+ *         ::EP_MOE_ERR_OUT_OF_MEMORY.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_layer_create(ep_moe_layer_t** out, const ep_moe_layer_config_t* config,
+                                               const ep_moe_expert_map_t* map, ep_moe_comm_t* ep_comm,
+                                               ep_moe_comm_t* dp_comm);
+
+/**
+ * \brief Frees a layer and its weights. NULL is accepted.
+ * \param[in] layer The handle; invalid after the call.
+ */
+EP_MOE_API void ep_moe_layer_destroy(ep_moe_layer_t* layer);
+
+/**
+ * \brief The message of the last failed call on this layer.
+ * \param[in] layer The handle (NULL gives a fixed message).
+ * \return A NUL-terminated copy, valid in the calling thread until its next
+ *         ep_moe call; "" when no call on the layer failed.
+ */
+EP_MOE_API const char* ep_moe_layer_last_error(const ep_moe_layer_t* layer);
+
+/** \brief Which weight tensor ep_moe_layer_set_weight() receives, in the
+ *  checkpoint's orientation (row-major, [out_features, in_features]). */
+typedef enum ep_moe_weight {
+  EP_MOE_WEIGHT_EXPERT_GATE = 0,          /**< Routed expert gate_proj (w1), [I, H]. */
+  EP_MOE_WEIGHT_EXPERT_UP = 1,            /**< Routed expert up_proj (w3), [I, H]. */
+  EP_MOE_WEIGHT_EXPERT_DOWN = 2,          /**< Routed expert down_proj (w2), [H, I]. */
+  EP_MOE_WEIGHT_EXPERT_GATE_UP = 3,       /**< Fused gate_up_proj, [2I, H]: gate rows, then up rows. */
+  EP_MOE_WEIGHT_SHARED_GATE = 4,          /**< Shared expert gate_proj, full size [Is, H]. */
+  EP_MOE_WEIGHT_SHARED_UP = 5,            /**< Shared expert up_proj, full size [Is, H]. */
+  EP_MOE_WEIGHT_SHARED_DOWN = 6,          /**< Shared expert down_proj, full size [H, Is]. */
+  EP_MOE_WEIGHT_SHARED_GATE_UP = 7,       /**< Shared expert fused gate_up_proj, [2 Is, H]. */
+  EP_MOE_WEIGHT_SHARED_EXPERT_GATE = 8,   /**< Sigmoid gate of the shared expert, [1, H]. */
+  EP_MOE_WEIGHT_SCORE_BIAS = 9            /**< Score-correction bias, [1, E]. */
+} ep_moe_weight_t;
+
+/**
+ * \brief Gives the layer one weight tensor from a caller buffer.
+ *
+ * Routed-expert tensors are addressed by global expert id; a tensor of an
+ * expert with no slot on this rank is skipped (`*out_stored` = 0) and not
+ * read. The shared expert is given full size; this rank keeps its shard
+ * (gate/up rows, down columns). Data is converted to the layer's weight
+ * dtype and repacked; the buffer is read during the call only.
+ * \param[out] out_stored 1 when stored, 0 when skipped as non-local; may be NULL.
+ * \param[in,out] layer   The handle.
+ * \param[in]  which      ::ep_moe_weight_t.
+ * \param[in]  expert     Global expert id in [0, E) for routed tensors;
+ *                        ignored (pass -1) for the others.
+ * \param[in]  data       rows * cols elements of `dtype`, row-major.
+ * \param[in]  dtype      f32, bf16 or f16.
+ * \param[in]  rows       Must match the tensor's shape.
+ * \param[in]  cols       Must match the tensor's shape.
+ * \return ::EP_MOE_OK; ::EP_MOE_ERR_INVALID_ARGUMENT (shape, id, dtype,
+ *         NULL data, a tensor the configuration does not use);
+ *         ::EP_MOE_ERR_INVALID_HANDLE; ::EP_MOE_ERR_OUT_OF_MEMORY.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_layer_set_weight(int32_t* out_stored, ep_moe_layer_t* layer,
+                                                   ep_moe_weight_t which, int32_t expert, const void* data,
+                                                   ep_moe_dtype_t dtype, int64_t rows, int64_t cols);
+
+/** \brief Arguments of ep_moe_layer_forward(); fill with
+ *  ep_moe_forward_args_init() first. */
+typedef struct ep_moe_forward_args {
+  /** Size of this struct as the caller compiled it; set by ep_moe_forward_args_init(). */
+  size_t struct_size;
+  /** Tokens T of this rank (0 .. max_tokens). Zero-token ranks still take
+   *  part in every collective. */
+  int64_t num_tokens;
+  /** [T, H] hidden states of act_dtype. */
+  const void* hidden;
+  /** [T, E] router logits of router_dtype; NULL when topk_ids is given. */
+  const void* router_logits;
+  /** [T, K] global expert ids chosen by the caller; NULL when router_logits
+   *  is given. */
+  const int32_t* topk_ids;
+  /** [T, K] weights of topk_ids (used as given: no renormalisation or
+   *  scaling is applied). */
+  const float* topk_weights;
+  /** [T, H] output of act_dtype. May be the same buffer as `hidden`. */
+  void* out;
+  /** DP attention: dp_size token counts, one per replica, the same on every
+   *  rank; entry dp_rank must equal num_tokens. NULL without DP attention. */
+  const int32_t* dp_token_counts;
+  /** DP attention: dp_size flags, nonzero where that replica decodes; NULL
+   *  means "not all decode". */
+  const int32_t* dp_is_decode;
+  /** Nonzero when the step is captured in a graph (forces the padded gather). */
+  int32_t is_graph;
+  /** Nonzero for prefill steps (forces the padded gather). */
+  int32_t is_prefill;
+  /** Device stream (cudaStream_t); ignored on CPU. */
+  void* stream;
+} ep_moe_forward_args_t;
+
+/**
+ * \brief Fills forward arguments with defaults (all NULL/0) and sets struct_size.
+ * \param[out] out The struct to fill.
+ * \return ::EP_MOE_OK, or ::EP_MOE_ERR_INVALID_ARGUMENT when `out` is NULL.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_forward_args_init(ep_moe_forward_args_t* out);
+
+/**
+ * \brief Runs the MoE layer for this rank's tokens (collective over the
+ *        layer's communicators: every rank calls it).
+ *
+ * DP gather (seed 001): the padded all-gather is used for graph steps,
+ * prefill steps or when not every replica decodes; otherwise the compact
+ * (variable-length) gather. The padded gather is reduced with ONE
+ * reduce-scatter when the DP group is the EP group, else with an all-reduce
+ * and a slice, as is the compact gather.
+ * \param[in,out] layer The handle.
+ * \param[in]     args  The tensors and DP metadata.
+ * \return ::EP_MOE_OK; ::EP_MOE_ERR_INVALID_ARGUMENT (sizes, NULL buffers,
+ *         ids out of range, NaN logits or weights, T above max_tokens,
+ *         inconsistent DP counts: nothing is written to `out`);
+ *         ::EP_MOE_ERR_STATE when a weight is missing; ::EP_MOE_ERR_REMOTE
+ *         when another rank failed; ::EP_MOE_ERR_TIMEOUT;
+ *         ::EP_MOE_ERR_ABORTED.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_layer_forward(ep_moe_layer_t* layer, const ep_moe_forward_args_t* args);
+
+/** \brief Integer attributes of a layer, for ep_moe_layer_get_attr(). */
+typedef enum ep_moe_layer_attr {
+  EP_MOE_LAYER_ATTR_NUM_LOCAL_EXPERTS = 0,  /**< Routed expert slots on this rank. */
+  EP_MOE_LAYER_ATTR_NUM_THREADS = 1,        /**< CPU threads the layer uses. */
+  EP_MOE_LAYER_ATTR_WEIGHT_BYTES = 2,       /**< Bytes of weights held by this rank. */
+  EP_MOE_LAYER_ATTR_READY = 3,              /**< 1 when every needed weight is set. */
+  EP_MOE_LAYER_ATTR_LAST_TOKENS = 4,        /**< Tokens the last forward computed (after the DP gather). */
+  EP_MOE_LAYER_ATTR_LAST_LOCAL_PAIRS = 5,   /**< (token, expert) pairs computed on this rank by the last forward. */
+  EP_MOE_LAYER_ATTR_LAST_SKIPPED_PAIRS = 6, /**< Pairs the last forward skipped as non-local. */
+  EP_MOE_LAYER_ATTR_LAST_GATHER = 7,        /**< Last DP gather: 0 none, 1 padded, 2 compact. */
+  EP_MOE_LAYER_ATTR_SHARED_SHARD_SIZE = 8,  /**< Columns of the shared intermediate held here. */
+  EP_MOE_LAYER_ATTR_CPU_ISA = 9             /**< CPU kernels in use: 0 generic, 1 AVX2, 2 AVX-512. */
+} ep_moe_layer_attr_t;
+
+/**
+ * \brief Reads one integer attribute of the layer.
+ * \param[out] out   Receives the value.
+ * \param[in]  layer The handle.
+ * \param[in]  attr  Which attribute.
+ * \return ::EP_MOE_OK, ::EP_MOE_ERR_INVALID_HANDLE or ::EP_MOE_ERR_INVALID_ARGUMENT.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_layer_get_attr(int64_t* out, const ep_moe_layer_t* layer,
+                                                 ep_moe_layer_attr_t attr);
 
 /** @} */
 

@@ -4,16 +4,12 @@
 #include <memory>
 
 #include "capi/handle.hpp"
+#include "capi/objects.hpp"
 #include "common/dtype.hpp"
 #include "core/expert_map.hpp"
 
 using namespace ep_moe;
 using namespace ep_moe::capi;
-
-struct ep_moe_expert_map : HandleBase {
-  ep_moe_expert_map() : HandleBase(Kind::ExpertMap) {}
-  std::unique_ptr<ExpertMap> map;
-};
 
 namespace {
 
@@ -225,7 +221,7 @@ ep_moe_status_t ep_moe_mask_and_remap(int32_t* out_ids, void* out_weights, uint8
     EP_MOE_CHECK_ARG(top_k >= 1, "top_k must be >= 1, got %d", top_k);
     EP_MOE_CHECK_ARG(mode == EP_MOE_REMAP_SPREAD || mode == EP_MOE_REMAP_MINUS_ONE,
                      "mode %d is not an ep_moe_remap_mode_t value", static_cast<int>(mode));
-    EP_MOE_CHECK_ARG(dtype_valid(weights_dtype), "weights_dtype %d is not an ep_moe_dtype_t value",
+    EP_MOE_CHECK_ARG(dtype_is_float(weights_dtype), "weights_dtype %d is not f32, bf16 or f16",
                      static_cast<int>(weights_dtype));
     EP_MOE_CHECK_ARG(num_tokens <= (int64_t(1) << 40) / top_k, "num_tokens * top_k is too large");
     const int64_t n = num_tokens * top_k;

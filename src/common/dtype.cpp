@@ -6,6 +6,8 @@ const char* dtype_name(ep_moe_dtype_t t) {
     case EP_MOE_DTYPE_F32: return "f32";
     case EP_MOE_DTYPE_BF16: return "bf16";
     case EP_MOE_DTYPE_F16: return "f16";
+    case EP_MOE_DTYPE_I32: return "i32";
+    case EP_MOE_DTYPE_I64: return "i64";
   }
   return "unknown";
 }

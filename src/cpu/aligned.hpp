@@ -1,0 +1,52 @@
+// A 64-byte aligned, uninitialised byte buffer (weights, workspaces).
+#pragma once
+
+#include <cstddef>
+#include <cstdlib>
+#include <new>
+#include <utility>
+
+namespace ep_moe {
+
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  explicit AlignedBuffer(size_t bytes) { resize(bytes); }
+  ~AlignedBuffer() { std::free(ptr_); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  AlignedBuffer(AlignedBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  AlignedBuffer& operator=(AlignedBuffer&& o) noexcept {
+    if (this != &o) {
+      std::free(ptr_);
+      ptr_ = std::exchange(o.ptr_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+
+  // Discards the contents. Throws std::bad_alloc.
+  void resize(size_t bytes) {
+    if (bytes == size_) return;
+    void* p = nullptr;
+    if (bytes > 0) {
+      const size_t rounded = (bytes + 63) / 64 * 64;
+      if (rounded < bytes || posix_memalign(&p, 64, rounded) != 0) throw std::bad_alloc();
+    }
+    std::free(ptr_);
+    ptr_ = p;
+    size_ = bytes;
+  }
+
+  size_t size() const { return size_; }
+  template <class T = void>
+  T* data() { return static_cast<T*>(ptr_); }
+  template <class T = void>
+  const T* data() const { return static_cast<const T*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace ep_moe

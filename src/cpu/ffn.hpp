@@ -1,0 +1,60 @@
+// Grouped expert FFN on the CPU: for every expert job, the rows it owns go
+// through gate_up -> gated activation -> down, and the weighted results are
+// added into an f32 accumulator in token order.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cpu/aligned.hpp"
+#include "cpu/kernels.hpp"
+#include "cpu/pack.hpp"
+#include "cpu/thread_pool.hpp"
+
+namespace ep_moe {
+namespace cpu {
+
+enum class Act : int { Silu = 0, Gelu = 1, GeluTanh = 2 };
+
+struct ExpertJob {
+  const PackedWeight* gate_up = nullptr;  // from pack_gate_up
+  const PackedWeight* down = nullptr;     // [hidden, inter]
+  int32_t inter = 0;
+  const int32_t* rows = nullptr;     // token rows of x / acc, n entries
+  const float* weights = nullptr;    // n entries
+  int64_t n = 0;
+};
+
+class FfnRunner {
+ public:
+  // Workspace for up to `chunk_rows` (token, expert) pairs at a time with
+  // intermediate sizes up to `max_inter`.
+  FfnRunner(const Kernels& k, int32_t hidden, int32_t max_inter, int64_t chunk_rows);
+
+  // acc[rows[i]] += weights[i] * down(act(gate(x[rows[i]])) * up(x[rows[i]]))
+  // for every job and row, in job order then row order for each token.
+  void run(ThreadPool& pool, const std::vector<ExpertJob>& jobs, const float* x, int64_t ldx, float* acc,
+           int64_t ldacc, Act act);
+
+  size_t workspace_bytes() const { return h_.size() + y_.size(); }
+
+ private:
+  struct Segment {
+    const ExpertJob* job;
+    int64_t begin, len;  // rows of the job
+    int64_t offset;      // first workspace row
+  };
+  void run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, int64_t rows, const float* x, int64_t ldx,
+                 float* acc, int64_t ldacc, Act act);
+
+  const Kernels& k_;
+  int32_t hidden_, ldh_;
+  int64_t chunk_;
+  AlignedBuffer h_, y_;
+};
+
+// The gated activation of one value pair, shared with reference code paths.
+float activate(Act act, float gate);
+
+}  // namespace cpu
+}  // namespace ep_moe

@@ -1,0 +1,46 @@
+#include "cpu/isa.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace ep_moe {
+namespace cpu {
+
+namespace {
+Isa hardware_isa() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma"))
+    return Isa::Avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    return Isa::Avx2;
+#endif
+  return Isa::Generic;
+}
+}  // namespace
+
+Isa detect_isa() {
+  Isa hw = hardware_isa();
+  const char* env = std::getenv("EP_MOE_CPU_ISA");
+  if (env) {
+    Isa want = hw;
+    if (std::strcmp(env, "generic") == 0) want = Isa::Generic;
+    else if (std::strcmp(env, "avx2") == 0) want = Isa::Avx2;
+    else if (std::strcmp(env, "avx512") == 0) want = Isa::Avx512;
+    if (static_cast<int>(want) < static_cast<int>(hw)) hw = want;
+  }
+  return hw;
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Generic: return "generic";
+    case Isa::Avx2: return "avx2";
+    case Isa::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+}  // namespace cpu
+}  // namespace ep_moe

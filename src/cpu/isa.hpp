@@ -1,0 +1,17 @@
+// Run-time choice of the CPU kernels. The library is built for baseline
+// x86-64; the AVX2 and AVX-512 kernels live in their own translation units
+// and are called only when the CPU has the instructions.
+#pragma once
+
+namespace ep_moe {
+namespace cpu {
+
+enum class Isa : int { Generic = 0, Avx2 = 1, Avx512 = 2 };
+
+// What this CPU supports, lowered by the environment variable
+// EP_MOE_CPU_ISA=generic|avx2|avx512 (never raised above the hardware).
+Isa detect_isa();
+const char* isa_name(Isa isa);
+
+}  // namespace cpu
+}  // namespace ep_moe

@@ -1,0 +1,53 @@
+#include "cpu/pack.hpp"
+
+#include <cstring>
+
+#include "common/dtype.hpp"
+
+namespace ep_moe {
+namespace cpu {
+
+const void* PackedWeight::panel(int32_t p) const {
+  return data.data<char>() + static_cast<size_t>(p) * panel_elems() * dtype_size(dtype);
+}
+
+namespace {
+inline float src_at(const Source& s, int64_t r, int64_t c) {
+  return load_elem(s.data, s.dtype, (s.row0 + r) * s.ld + s.col0 + c);
+}
+
+void alloc(PackedWeight& out, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t dtype) {
+  out.n = n;
+  out.k = k;
+  out.nr = nr;
+  out.dtype = dtype;
+  const int32_t panels = (n + nr - 1) / nr;
+  out.data.resize(static_cast<size_t>(panels) * static_cast<size_t>(k) * static_cast<size_t>(nr) * dtype_size(dtype));
+  std::memset(out.data.data(), 0, out.data.size());
+}
+
+// Writes source row `row` into column j of panel p.
+void put_row(PackedWeight& out, int32_t p, int32_t j, const Source& s, int64_t row) {
+  char* dst = static_cast<char*>(const_cast<void*>(out.panel(p)));
+  for (int32_t kk = 0; kk < out.k; ++kk)
+    store_elem(dst, out.dtype, static_cast<int64_t>(kk) * out.nr + j, src_at(s, row, kk));
+}
+}  // namespace
+
+void pack(PackedWeight& out, const Source& src, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t dtype) {
+  alloc(out, n, k, nr, dtype);
+  for (int32_t r = 0; r < n; ++r) put_row(out, r / nr, r % nr, src, r);
+}
+
+void init_gate_up(PackedWeight& out, int32_t inter, int32_t k, int32_t nr, ep_moe_dtype_t dtype) {
+  const int32_t h = nr / 2;
+  alloc(out, (inter + h - 1) / h * nr, k, nr, dtype);
+}
+
+void pack_gate_up_half(PackedWeight& out, const Source& src, int half, int32_t inter) {
+  const int32_t h = out.nr / 2;
+  for (int32_t r = 0; r < inter; ++r) put_row(out, r / h, half * h + r % h, src, r);
+}
+
+}  // namespace cpu
+}  // namespace ep_moe

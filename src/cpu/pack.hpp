@@ -1,0 +1,47 @@
+// Packing of checkpoint-orientation weights into the panels the tiles read.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/aligned.hpp"
+#include "ep_moe/ep_moe.h"
+
+namespace ep_moe {
+namespace cpu {
+
+// A packed [N, K] weight for Y = X W^T (see kernels.hpp for the layout).
+struct PackedWeight {
+  int32_t n = 0, k = 0, nr = 0;
+  ep_moe_dtype_t dtype = EP_MOE_DTYPE_F32;
+  AlignedBuffer data;
+
+  bool empty() const { return n == 0; }
+  int32_t panels() const { return nr ? (n + nr - 1) / nr : 0; }
+  size_t panel_elems() const { return static_cast<size_t>(k) * static_cast<size_t>(nr); }
+  const void* panel(int32_t p) const;
+  size_t bytes() const { return data.size(); }
+};
+
+// A view of a row-major source matrix: element (r, c) is at
+// data[(row0 + r) * ld + col0 + c].
+struct Source {
+  const void* data;
+  ep_moe_dtype_t dtype;
+  int64_t ld;
+  int64_t row0 = 0, col0 = 0;
+};
+
+// Packs an [n, k] window of `src` (converted to `dtype`).
+void pack(PackedWeight& out, const Source& src, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t dtype);
+
+// Gate and up ([inter, k] windows each) are packed interleaved: panel p
+// holds gate rows p*h .. p*h+h-1 in columns [0, h) and the same up rows in
+// [h, 2h), h = nr / 2, so a tile yields matching gate/up values for the
+// fused activation. The packed matrix has n = 2 * ceil(inter / h) * h.
+// init_gate_up allocates it (zeroed); pack_gate_up_half fills the gate
+// (half 0) or the up (half 1) columns, so the two may arrive separately.
+void init_gate_up(PackedWeight& out, int32_t inter, int32_t k, int32_t nr, ep_moe_dtype_t dtype);
+void pack_gate_up_half(PackedWeight& out, const Source& src, int half, int32_t inter);
+
+}  // namespace cpu
+}  // namespace ep_moe

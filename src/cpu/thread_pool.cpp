@@ -1,0 +1,86 @@
+#include "cpu/thread_pool.hpp"
+
+#include <algorithm>
+
+namespace ep_moe {
+namespace cpu {
+
+ThreadPool::ThreadPool(int threads) {
+  const int extra = std::max(0, threads - 1);
+  workers_.reserve(static_cast<size_t>(extra));
+  try {
+    for (int i = 0; i < extra; ++i) workers_.emplace_back(&ThreadPool::worker, this, i + 1);
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    start_cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    throw;
+  }
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  start_cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::drain(int index) {
+  for (;;) {
+    const size_t i = next_.fetch_add(1, std::memory_order_relaxed);
+    if (i >= job_size_) break;
+    (*job_)(i, index);
+  }
+}
+
+void ThreadPool::worker(int index) {
+  unsigned long long seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+    }
+    drain(index);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (--busy_ == 0) done_cv_.notify_one();
+    }
+  }
+}
+
+void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, int)>& fn) {
+  if (n == 0) return;
+  if (workers_.empty() || n == 1) {
+    for (size_t i = 0; i < n; ++i) fn(i, 0);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    job_ = &fn;
+    job_size_ = n;
+    next_.store(0, std::memory_order_relaxed);
+    busy_ = static_cast<int>(workers_.size());
+    ++generation_;
+  }
+  start_cv_.notify_all();
+  drain(0);
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_cv_.wait(lock, [&] { return busy_ == 0; });
+  job_ = nullptr;
+}
+
+int default_threads(int requested, int ranks_in_process) {
+  if (requested > 0) return requested;
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  return std::max(1, static_cast<int>(hw) / std::max(1, ranks_in_process));
+}
+
+}  // namespace cpu
+}  // namespace ep_moe

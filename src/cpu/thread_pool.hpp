@@ -1,0 +1,49 @@
+// A small fork-join pool: the calling thread plus (n - 1) workers share the
+// items of one parallel loop at a time.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace ep_moe {
+namespace cpu {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Calls fn(item, thread_index) for every item in [0, n); returns when all
+  // are done. fn must not throw. thread_index is in [0, size()).
+  void parallel_for(size_t n, const std::function<void(size_t, int)>& fn);
+
+ private:
+  void worker(int index);
+  void drain(int index);
+
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable start_cv_, done_cv_;
+  const std::function<void(size_t, int)>* job_ = nullptr;
+  size_t job_size_ = 0;
+  std::atomic<size_t> next_{0};
+  unsigned long long generation_ = 0;
+  int busy_ = 0;
+  bool stop_ = false;
+};
+
+// Threads a rank should use: `requested` when > 0, else the machine's
+// hardware threads divided by the ranks sharing this process (at least 1).
+int default_threads(int requested, int ranks_in_process);
+
+}  // namespace cpu
+}  // namespace ep_moe

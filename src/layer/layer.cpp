@@ -1,0 +1,599 @@
+#include "layer/layer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/dtype.hpp"
+#include "common/error.hpp"
+#include "common/log.hpp"
+
+namespace ep_moe {
+
+namespace {
+constexpr int32_t kMaxHidden = 1 << 16;
+constexpr int32_t kMaxInter = 1 << 18;
+constexpr int32_t kMaxTokens = 1 << 20;
+constexpr int32_t kMaxThreads = 1024;
+constexpr int64_t kMaxChunkPairs = 2048;
+
+size_t round_up(size_t v, size_t m) { return (v + m - 1) / m * m; }
+
+void convert_row(float* dst, const void* src, ep_moe_dtype_t dt, int64_t n) {
+  if (dt == EP_MOE_DTYPE_F32) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) dst[i] = load_elem(src, dt, i);
+}
+
+void store_row(void* dst, ep_moe_dtype_t dt, const float* src, int64_t n) {
+  if (dt == EP_MOE_DTYPE_F32) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) store_elem(dst, dt, i, src[i]);
+}
+
+const char* weight_name(ep_moe_weight_t w) {
+  switch (w) {
+    case EP_MOE_WEIGHT_EXPERT_GATE: return "expert gate_proj";
+    case EP_MOE_WEIGHT_EXPERT_UP: return "expert up_proj";
+    case EP_MOE_WEIGHT_EXPERT_DOWN: return "expert down_proj";
+    case EP_MOE_WEIGHT_EXPERT_GATE_UP: return "expert gate_up_proj";
+    case EP_MOE_WEIGHT_SHARED_GATE: return "shared gate_proj";
+    case EP_MOE_WEIGHT_SHARED_UP: return "shared up_proj";
+    case EP_MOE_WEIGHT_SHARED_DOWN: return "shared down_proj";
+    case EP_MOE_WEIGHT_SHARED_GATE_UP: return "shared gate_up_proj";
+    case EP_MOE_WEIGHT_SHARED_EXPERT_GATE: return "shared_expert_gate";
+    case EP_MOE_WEIGHT_SCORE_BIAS: return "score-correction bias";
+  }
+  return "unknown weight";
+}
+}  // namespace
+
+Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm, Comm* dp_comm)
+    : cfg_(c), map_(map), ep_(ep_comm), dp_(dp_comm), kern_(cpu::kernels_for(cpu::detect_isa())) {
+  EP_MOE_CHECK_ARG(c.hidden_size >= 1 && c.hidden_size <= kMaxHidden, "hidden_size must be in [1, %d], got %d",
+                   kMaxHidden, c.hidden_size);
+  EP_MOE_CHECK_ARG(c.intermediate_size >= 1 && c.intermediate_size <= kMaxInter,
+                   "intermediate_size must be in [1, %d], got %d", kMaxInter, c.intermediate_size);
+  EP_MOE_CHECK_ARG(c.num_experts == map.num_experts(),
+                   "num_experts %d differs from the expert map's global_num_experts %d", c.num_experts,
+                   map.num_experts());
+  EP_MOE_CHECK_ARG(c.top_k >= 1 && c.top_k <= c.num_experts, "top_k must be in [1, num_experts=%d], got %d",
+                   c.num_experts, c.top_k);
+  EP_MOE_CHECK_ARG(c.activation >= EP_MOE_ACT_SILU && c.activation <= EP_MOE_ACT_GELU_TANH,
+                   "activation %d is not an ep_moe_activation_t value", c.activation);
+  EP_MOE_CHECK_ARG(dtype_is_float(static_cast<ep_moe_dtype_t>(c.weight_dtype)),
+                   "weight_dtype %d is not f32, bf16 or f16", c.weight_dtype);
+  EP_MOE_CHECK_ARG(dtype_is_float(static_cast<ep_moe_dtype_t>(c.act_dtype)), "act_dtype %d is not f32, bf16 or f16",
+                   c.act_dtype);
+  EP_MOE_CHECK_ARG(dtype_is_float(static_cast<ep_moe_dtype_t>(c.router_dtype)),
+                   "router_dtype %d is not f32, bf16 or f16", c.router_dtype);
+  EP_MOE_CHECK_ARG(c.scoring == EP_MOE_SCORING_SOFTMAX || c.scoring == EP_MOE_SCORING_SIGMOID,
+                   "scoring %d is not an ep_moe_scoring_t value", c.scoring);
+  EP_MOE_CHECK_ARG(c.num_expert_group >= 0, "num_expert_group must be >= 0, got %d", c.num_expert_group);
+  if (c.num_expert_group > 0) {
+    EP_MOE_CHECK_ARG(c.num_experts % c.num_expert_group == 0, "num_expert_group %d does not divide num_experts %d",
+                     c.num_expert_group, c.num_experts);
+    EP_MOE_CHECK_ARG(c.topk_group >= 1 && c.topk_group <= c.num_expert_group,
+                     "topk_group must be in [1, num_expert_group=%d], got %d", c.num_expert_group, c.topk_group);
+    EP_MOE_CHECK_ARG(c.top_k <= c.topk_group * (c.num_experts / c.num_expert_group),
+                     "top_k %d exceeds the experts of topk_group=%d groups", c.top_k, c.topk_group);
+  }
+  EP_MOE_CHECK_ARG(std::isfinite(c.routed_scaling_factor) && c.routed_scaling_factor != 0.0f,
+                   "routed_scaling_factor must be finite and nonzero, got %g",
+                   static_cast<double>(c.routed_scaling_factor));
+  EP_MOE_CHECK_ARG(c.shared_intermediate_size >= 0 && c.shared_intermediate_size <= kMaxInter,
+                   "shared_intermediate_size must be in [0, %d], got %d", kMaxInter, c.shared_intermediate_size);
+  EP_MOE_CHECK_ARG(!c.shared_expert_gate || c.shared_intermediate_size > 0,
+                   "shared_expert_gate needs a shared expert (shared_intermediate_size > 0)");
+  EP_MOE_CHECK_ARG(c.max_tokens >= 1 && c.max_tokens <= kMaxTokens, "max_tokens must be in [1, %d], got %d",
+                   kMaxTokens, c.max_tokens);
+  EP_MOE_CHECK_ARG(c.num_threads >= 0 && c.num_threads <= kMaxThreads, "num_threads must be in [0, %d], got %d",
+                   kMaxThreads, c.num_threads);
+  EP_MOE_CHECK_ARG(c.skip_mode == EP_MOE_SKIP_TOKENS || c.skip_mode == EP_MOE_SKIP_WEIGHT_ZERO,
+                   "skip_mode %d is not an ep_moe_skip_mode_t value", c.skip_mode);
+  EP_MOE_CHECK_ARG(map.num_fused_shared() == 0,
+                   "the expert map has %d fused shared experts; the layer runs its shared expert itself "
+                   "(shared_intermediate_size), so pass a map without them",
+                   map.num_fused_shared());
+  if (ep_) {
+    EP_MOE_CHECK_ARG(ep_->size() == map.ep_size() && ep_->rank() == map.ep_rank(),
+                     "ep_comm is rank %d of %d but the expert map is rank %d of %d", ep_->rank(), ep_->size(),
+                     map.ep_rank(), map.ep_size());
+  }
+  if (dp_) {
+    EP_MOE_CHECK_ARG(ep_ != nullptr, "dp_comm needs an ep_comm: DP attention reduces over the EP group");
+    EP_MOE_CHECK_ARG(ep_->size() % dp_->size() == 0, "dp_comm size %d does not divide the EP size %d",
+                     dp_->size(), ep_->size());
+    dp_size_ = dp_->size();
+    dp_rank_ = dp_->rank();
+    dp_is_ep_ = dp_ == ep_;
+  }
+
+  routing_.num_experts = c.num_experts;
+  routing_.top_k = c.top_k;
+  routing_.sigmoid = c.scoring == EP_MOE_SCORING_SIGMOID;
+  routing_.renormalize = c.renormalize != 0;
+  routing_.num_group = c.num_expert_group;
+  routing_.topk_group = c.topk_group;
+  routing_.scale = c.routed_scaling_factor;
+  act_ = static_cast<cpu::Act>(c.activation);
+
+  experts_.resize(static_cast<size_t>(map.num_local_routed()));
+  if (c.shared_intermediate_size > 0) {
+    shared_begin_ = split_start(c.shared_intermediate_size, map.ep_size(), map.ep_rank());
+    shared_count_ = split_count(c.shared_intermediate_size, map.ep_size(), map.ep_rank());
+    if (c.shared_expert_gate) shared_gate_.assign(static_cast<size_t>(c.hidden_size), 0.0f);
+  }
+  if (c.use_score_bias) bias_.assign(static_cast<size_t>(c.num_experts), 0.0f);
+
+  // Replica slots of each expert (one slot unless the map has replicas).
+  const auto& p2g = map.physical_to_global();
+  replica_begin_.assign(static_cast<size_t>(c.num_experts) + 1, 0);
+  for (int32_t e : p2g) ++replica_begin_[static_cast<size_t>(e) + 1];
+  for (size_t e = 0; e < static_cast<size_t>(c.num_experts); ++e) replica_begin_[e + 1] += replica_begin_[e];
+  replica_slots_.resize(p2g.size());
+  {
+    std::vector<int32_t> fill(replica_begin_.begin(), replica_begin_.end() - 1);
+    for (size_t s = 0; s < p2g.size(); ++s)
+      replica_slots_[static_cast<size_t>(fill[static_cast<size_t>(p2g[s])]++)] = static_cast<int32_t>(s);
+  }
+
+  // Threads and workspace.
+  pool_ = std::make_unique<cpu::ThreadPool>(cpu::default_threads(c.num_threads, ep_ ? ep_->ranks_in_process() : 1));
+  const int64_t H = c.hidden_size, K = c.top_k;
+  const size_t es = dtype_size(static_cast<ep_moe_dtype_t>(c.act_dtype));
+  max_all_ = static_cast<int64_t>(c.max_tokens) * dp_size_;
+  row_bytes_ = round_up(static_cast<size_t>(H) * es + static_cast<size_t>(K) * 8, 4);
+  if (dp_size_ > 1) {
+    send_rows_.resize(static_cast<size_t>(c.max_tokens) * row_bytes_);
+    recv_rows_.resize(static_cast<size_t>(max_all_) * row_bytes_);
+  }
+  x_f32_.resize(static_cast<size_t>(max_all_ * H) * 4);
+  acc_.resize(static_cast<size_t>(max_all_ * H) * 4);
+  if (c.act_dtype != EP_MOE_DTYPE_F32) partial_.resize(static_cast<size_t>(max_all_ * H) * es);
+  if (dp_is_ep_) scatter_out_.resize(static_cast<size_t>(c.max_tokens) * static_cast<size_t>(H) * es);
+  ids_.resize(static_cast<size_t>(max_all_ * K));
+  weights_.resize(static_cast<size_t>(max_all_ * K));
+  pair_rows_.resize(static_cast<size_t>(max_all_ * K));
+  pair_weights_.resize(static_cast<size_t>(max_all_ * K));
+  pair_count_.resize(experts_.size() + 1);
+  shared_rows_.resize(static_cast<size_t>(max_all_));
+  shared_weights_.resize(static_cast<size_t>(max_all_));
+  jobs_.reserve(experts_.size() + 1);
+  const int64_t chunk = std::min<int64_t>(kMaxChunkPairs, max_all_ * (K + 1));
+  ffn_ = std::make_unique<cpu::FfnRunner>(kern_, c.hidden_size, std::max(c.intermediate_size, shared_count_), chunk);
+
+  log(EP_MOE_LOG_INFO,
+      "[EP rank %d/%d] MoE layer: H=%d I=%d E=%d top-%d, %d local experts, shared shard %d/%d, dp %d, %d threads, "
+      "%s kernels",
+      map.ep_rank(), map.ep_size(), c.hidden_size, c.intermediate_size, c.num_experts, c.top_k,
+      map.num_local_routed(), shared_count_, c.shared_intermediate_size, dp_size_, pool_->size(),
+      cpu::isa_name(kern_.isa));
+}
+
+void Layer::set_gate_up_part(Expert& x, int half, const cpu::Source& src, int32_t inter, int32_t k) {
+  if (x.gate_up.empty()) cpu::init_gate_up(x.gate_up, inter, k, kern_.nr, static_cast<ep_moe_dtype_t>(cfg_.weight_dtype));
+  cpu::pack_gate_up_half(x.gate_up, src, half, inter);
+  (half == 0 ? x.has_gate : x.has_up) = true;
+}
+
+bool Layer::set_weight(ep_moe_weight_t which, int32_t expert, const void* data, ep_moe_dtype_t dtype, int64_t rows,
+                       int64_t cols) {
+  const int32_t H = cfg_.hidden_size, I = cfg_.intermediate_size, Is = cfg_.shared_intermediate_size;
+  const auto wdt = static_cast<ep_moe_dtype_t>(cfg_.weight_dtype);
+  EP_MOE_CHECK_ARG(dtype_is_float(dtype), "dtype %d is not f32, bf16 or f16", static_cast<int>(dtype));
+  auto expect = [&](int64_t r, int64_t c) {
+    EP_MOE_CHECK_ARG(rows == r && cols == c, "%s must be [%lld, %lld], got [%lld, %lld]", weight_name(which),
+                     static_cast<long long>(r), static_cast<long long>(c), static_cast<long long>(rows),
+                     static_cast<long long>(cols));
+  };
+  const bool routed = which <= EP_MOE_WEIGHT_EXPERT_GATE_UP;
+  const bool shared = which >= EP_MOE_WEIGHT_SHARED_GATE && which <= EP_MOE_WEIGHT_SHARED_GATE_UP;
+  EP_MOE_CHECK_ARG(which >= EP_MOE_WEIGHT_EXPERT_GATE && which <= EP_MOE_WEIGHT_SCORE_BIAS,
+                   "which %d is not an ep_moe_weight_t value", static_cast<int>(which));
+  if (routed)
+    EP_MOE_CHECK_ARG(expert >= 0 && expert < cfg_.num_experts, "expert %d is outside [0, %d)", expert,
+                     cfg_.num_experts);
+  if (shared) EP_MOE_CHECK_ARG(Is > 0, "%s given, but the layer has no shared expert", weight_name(which));
+
+  switch (which) {
+    case EP_MOE_WEIGHT_EXPERT_GATE:
+    case EP_MOE_WEIGHT_EXPERT_UP: expect(I, H); break;
+    case EP_MOE_WEIGHT_EXPERT_DOWN: expect(H, I); break;
+    case EP_MOE_WEIGHT_EXPERT_GATE_UP: expect(2 * static_cast<int64_t>(I), H); break;
+    case EP_MOE_WEIGHT_SHARED_GATE:
+    case EP_MOE_WEIGHT_SHARED_UP: expect(Is, H); break;
+    case EP_MOE_WEIGHT_SHARED_DOWN: expect(H, Is); break;
+    case EP_MOE_WEIGHT_SHARED_GATE_UP: expect(2 * static_cast<int64_t>(Is), H); break;
+    case EP_MOE_WEIGHT_SHARED_EXPERT_GATE:
+      EP_MOE_CHECK_ARG(cfg_.shared_expert_gate, "shared_expert_gate given, but the config has shared_expert_gate = 0");
+      expect(1, H);
+      break;
+    case EP_MOE_WEIGHT_SCORE_BIAS:
+      EP_MOE_CHECK_ARG(cfg_.use_score_bias, "score-correction bias given, but the config has use_score_bias = 0");
+      expect(1, cfg_.num_experts);
+      break;
+  }
+  EP_MOE_CHECK_ARG(data != nullptr, "data is NULL");
+
+  if (routed) {
+    const auto& l2g = map_.local_to_global();
+    bool stored = false;
+    for (size_t l = 0; l < experts_.size(); ++l) {
+      if (l2g[l] != expert) continue;
+      Expert& x = experts_[l];
+      const cpu::Source src{data, dtype, cols};
+      switch (which) {
+        case EP_MOE_WEIGHT_EXPERT_GATE: set_gate_up_part(x, 0, src, I, H); break;
+        case EP_MOE_WEIGHT_EXPERT_UP: set_gate_up_part(x, 1, src, I, H); break;
+        case EP_MOE_WEIGHT_EXPERT_GATE_UP: {
+          cpu::Source up = src;
+          up.row0 = I;
+          set_gate_up_part(x, 0, src, I, H);
+          set_gate_up_part(x, 1, up, I, H);
+          break;
+        }
+        default:
+          cpu::pack(x.down, src, H, I, kern_.nr, wdt);
+          x.has_down = true;
+          break;
+      }
+      stored = true;
+    }
+    return stored;
+  }
+  if (shared) {
+    if (shared_count_ == 0) return false;  // this rank holds no columns of the shared intermediate
+    cpu::Source src{data, dtype, cols};
+    switch (which) {
+      case EP_MOE_WEIGHT_SHARED_GATE:
+      case EP_MOE_WEIGHT_SHARED_UP:
+        src.row0 = shared_begin_;
+        set_gate_up_part(shared_, which == EP_MOE_WEIGHT_SHARED_GATE ? 0 : 1, src, shared_count_, H);
+        break;
+      case EP_MOE_WEIGHT_SHARED_GATE_UP: {
+        src.row0 = shared_begin_;
+        cpu::Source up = src;
+        up.row0 = Is + shared_begin_;
+        set_gate_up_part(shared_, 0, src, shared_count_, H);
+        set_gate_up_part(shared_, 1, up, shared_count_, H);
+        break;
+      }
+      default:  // down [H, Is]: this rank's columns
+        src.col0 = shared_begin_;
+        cpu::pack(shared_.down, src, H, shared_count_, kern_.nr, wdt);
+        shared_.has_down = true;
+        break;
+    }
+    return true;
+  }
+  std::vector<float>& dst = which == EP_MOE_WEIGHT_SCORE_BIAS ? bias_ : shared_gate_;
+  for (size_t i = 0; i < dst.size(); ++i) {
+    dst[i] = load_elem(data, dtype, static_cast<int64_t>(i));
+    EP_MOE_CHECK_ARG(std::isfinite(dst[i]), "%s[%zu] is not finite", weight_name(which), i);
+  }
+  (which == EP_MOE_WEIGHT_SCORE_BIAS ? has_bias_ : has_shared_gate_) = true;
+  if (which == EP_MOE_WEIGHT_SCORE_BIAS) routing_.bias = bias_.data();
+  return true;
+}
+
+std::string Layer::missing_weight() const {
+  const auto& l2g = map_.local_to_global();
+  for (size_t l = 0; l < experts_.size(); ++l) {
+    const Expert& x = experts_[l];
+    const char* what = !x.has_gate ? "gate_proj" : !x.has_up ? "up_proj" : !x.has_down ? "down_proj" : nullptr;
+    if (what) return format("expert %d (local %zu) has no %s", l2g[l], l, what);
+  }
+  if (shared_count_ > 0) {
+    const char* what = !shared_.has_gate ? "gate_proj" : !shared_.has_up ? "up_proj" : !shared_.has_down ? "down_proj" : nullptr;
+    if (what) return format("the shared expert has no %s", what);
+  }
+  if (cfg_.shared_expert_gate && !has_shared_gate_) return "the shared expert gate weight is not set";
+  if (cfg_.use_score_bias && !has_bias_) return "the score-correction bias is not set";
+  return "";
+}
+
+int32_t Layer::pick_slot(int32_t expert, int64_t token, int32_t k) const {
+  const int32_t b = replica_begin_[static_cast<size_t>(expert)];
+  const int32_t n = replica_begin_[static_cast<size_t>(expert) + 1] - b;
+  if (n == 1) return replica_slots_[static_cast<size_t>(b)];
+  // Several replicas: spread the pairs over them by position, the same way on
+  // every rank (all ranks see the same gathered batch).
+  const int64_t idx = (token * cfg_.top_k + k) % n;
+  return replica_slots_[static_cast<size_t>(b + idx)];
+}
+
+void Layer::validate_forward(const ep_moe_forward_args_t& a, int64_t* dp_offset, int64_t* dp_padded,
+                             Gather* gather) const {
+  const int64_t T = a.num_tokens;
+  EP_MOE_CHECK_ARG(T >= 0 && T <= cfg_.max_tokens, "num_tokens must be in [0, max_tokens=%d], got %lld",
+                   cfg_.max_tokens, static_cast<long long>(T));
+  if (T > 0) {
+    EP_MOE_CHECK_ARG(a.hidden != nullptr, "hidden is NULL");
+    EP_MOE_CHECK_ARG(a.out != nullptr, "out is NULL");
+    if (a.router_logits) {
+      EP_MOE_CHECK_ARG(a.topk_ids == nullptr && a.topk_weights == nullptr,
+                       "give router_logits or topk_ids/topk_weights, not both");
+    } else {
+      EP_MOE_CHECK_ARG(a.topk_ids != nullptr && a.topk_weights != nullptr,
+                       "router_logits is NULL, so topk_ids and topk_weights are needed");
+    }
+  }
+  *gather = Gather::None;
+  *dp_offset = 0;
+  *dp_padded = 0;
+  if (dp_size_ > 1) {
+    EP_MOE_CHECK_ARG(a.dp_token_counts != nullptr, "dp_token_counts is NULL under DP attention (dp_size %d)",
+                     dp_size_);
+    int64_t mx = 0;
+    for (int i = 0; i < dp_size_; ++i) {
+      const int32_t n = a.dp_token_counts[i];
+      EP_MOE_CHECK_ARG(n >= 0 && n <= cfg_.max_tokens, "dp_token_counts[%d] = %d is outside [0, max_tokens=%d]", i,
+                       n, cfg_.max_tokens);
+      mx = std::max<int64_t>(mx, n);
+      if (i < dp_rank_) *dp_offset += n;
+    }
+    EP_MOE_CHECK_ARG(a.dp_token_counts[dp_rank_] == T, "dp_token_counts[dp_rank=%d] = %d but num_tokens is %lld",
+                     dp_rank_, a.dp_token_counts[dp_rank_], static_cast<long long>(T));
+    bool all_decode = a.dp_is_decode != nullptr;
+    for (int i = 0; all_decode && i < dp_size_; ++i) all_decode = a.dp_is_decode[i] != 0;
+    // Seed 001: padded for graph capture, prefill and mixed batches.
+    if (a.is_graph || a.is_prefill || !all_decode) {
+      *gather = Gather::Padded;
+      *dp_padded = mx;
+      *dp_offset = static_cast<int64_t>(dp_rank_) * mx;
+    } else {
+      *gather = Gather::Compact;
+    }
+  } else if (a.dp_token_counts) {
+    EP_MOE_CHECK_ARG(a.dp_token_counts[0] == T, "dp_token_counts[0] = %d but num_tokens is %lld",
+                     a.dp_token_counts[0], static_cast<long long>(T));
+  }
+  const std::string missing = missing_weight();
+  if (!missing.empty()) fail(EP_MOE_ERR_STATE, "weights incomplete: %s", missing.c_str());
+}
+
+void Layer::forward(const ep_moe_forward_args_t& a) {
+  // The collectives every rank runs, in order; on failure the ones not yet
+  // entered are joined as failures so that no peer waits for this rank.
+  Comm* stages[2] = {nullptr, nullptr};
+  int n_stages = 0;
+  if (dp_size_ > 1) stages[n_stages++] = dp_;
+  if (ep_) stages[n_stages++] = ep_;
+  int next_stage = 0;
+
+  try {
+    int64_t dp_offset = 0, padded = 0;
+    Gather gather = Gather::None;
+    validate_forward(a, &dp_offset, &padded, &gather);
+
+    const int64_t T = a.num_tokens, H = cfg_.hidden_size, K = cfg_.top_k;
+    const auto adt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
+    const size_t es = dtype_size(adt);
+    float* x = x_f32_.data<float>();
+    int32_t* ids = ids_.data();
+    float* w = weights_.data();
+
+    // 1. Route this rank's tokens (or check the caller's choice).
+    if (T > 0) {
+      if (a.router_logits) {
+        route(a.router_logits, static_cast<ep_moe_dtype_t>(cfg_.router_dtype), T, routing_, ids, w);
+      } else {
+        check_topk(a.topk_ids, a.topk_weights, T, cfg_.top_k, cfg_.num_experts);
+        std::memcpy(ids, a.topk_ids, static_cast<size_t>(T * K) * 4);
+        std::memcpy(w, a.topk_weights, static_cast<size_t>(T * K) * 4);
+      }
+    }
+
+    // 2. DP gather: one collective moving [hidden | ids | weights] rows.
+    int64_t T_all = T;
+    if (dp_size_ > 1) {
+      const int64_t send_n = gather == Gather::Padded ? padded : T;
+      char* send = send_rows_.data<char>();
+      for (int64_t t = 0; t < send_n; ++t) {
+        char* row = send + static_cast<size_t>(t) * row_bytes_;
+        int32_t* rid = reinterpret_cast<int32_t*>(row + H * static_cast<int64_t>(es));
+        float* rw = reinterpret_cast<float*>(rid + K);
+        if (t < T) {
+          std::memcpy(row, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es),
+                      static_cast<size_t>(H) * es);
+          std::memcpy(rid, ids + t * K, static_cast<size_t>(K) * 4);
+          std::memcpy(rw, w + t * K, static_cast<size_t>(K) * 4);
+        } else {  // padding row: never computed
+          std::memset(row, 0, row_bytes_);
+          for (int64_t k = 0; k < K; ++k) rid[k] = -1;
+        }
+      }
+      const size_t words = row_bytes_ / 4;
+      ++next_stage;
+      if (gather == Gather::Padded) {
+        dp_->all_gather(recv_rows_.data(), send, static_cast<size_t>(padded) * words, EP_MOE_DTYPE_I32);
+        T_all = padded * dp_size_;
+      } else {
+        size_t counts[4096];
+        std::vector<size_t> big;
+        size_t* cp = counts;
+        if (dp_size_ > 4096) {
+          big.resize(static_cast<size_t>(dp_size_));
+          cp = big.data();
+        }
+        T_all = 0;
+        for (int i = 0; i < dp_size_; ++i) {
+          cp[i] = static_cast<size_t>(a.dp_token_counts[i]) * words;
+          T_all += a.dp_token_counts[i];
+        }
+        dp_->all_gather_v(recv_rows_.data(), send, cp, EP_MOE_DTYPE_I32);
+      }
+      const char* recv = recv_rows_.data<char>();
+      for (int64_t t = 0; t < T_all; ++t) {
+        const char* row = recv + static_cast<size_t>(t) * row_bytes_;
+        const int32_t* rid = reinterpret_cast<const int32_t*>(row + H * static_cast<int64_t>(es));
+        std::memcpy(ids + t * K, rid, static_cast<size_t>(K) * 4);
+        std::memcpy(w + t * K, rid + K, static_cast<size_t>(K) * 4);
+        if (rid[0] >= 0) convert_row(x + t * H, row, adt, H);
+      }
+    } else {
+      for (int64_t t = 0; t < T; ++t)
+        convert_row(x + t * H, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), adt, H);
+    }
+
+    // 3. Plan: count and place the pairs whose chosen slot is on this rank.
+    const int32_t n_local = static_cast<int32_t>(experts_.size());
+    const int32_t my_begin = map_.rank_slot_begin()[static_cast<size_t>(map_.ep_rank())];
+    const bool weight_zero = cfg_.skip_mode == EP_MOE_SKIP_WEIGHT_ZERO;
+    const auto& slot_rank = map_.slot_rank();
+    std::fill(pair_count_.begin(), pair_count_.end(), 0);
+    int64_t tokens = 0, skipped = 0;
+    auto local_of = [&](int64_t t, int64_t k, float* weight) -> int32_t {
+      const int32_t e = ids[t * K + k];
+      const int32_t slot = pick_slot(e, t, static_cast<int32_t>(k));
+      *weight = w[t * K + k];
+      if (slot_rank[static_cast<size_t>(slot)] == map_.ep_rank()) return slot - my_begin;
+      if (weight_zero && n_local > 0) {  // the seed: computed anyway, weight 0
+        *weight = 0.0f;
+        return e % n_local;
+      }
+      return -1;
+    };
+    for (int64_t t = 0; t < T_all; ++t) {
+      if (ids[t * K] < 0) continue;  // DP padding
+      ++tokens;
+      for (int64_t k = 0; k < K; ++k) {
+        float wt;
+        const int32_t l = local_of(t, k, &wt);
+        if (l >= 0) ++pair_count_[static_cast<size_t>(l) + 1];
+        if (l < 0) ++skipped;
+      }
+    }
+    for (int32_t l = 0; l < n_local; ++l) pair_count_[static_cast<size_t>(l) + 1] += pair_count_[static_cast<size_t>(l)];
+    const int64_t local_pairs = pair_count_[static_cast<size_t>(n_local)];
+    {
+      std::vector<int32_t>& pos = pair_rows_;  // filled through a cursor per expert
+      int32_t cursor_small[256];
+      std::vector<int32_t> cursor_big;
+      int32_t* cursor = cursor_small;
+      if (n_local > 256) {
+        cursor_big.resize(static_cast<size_t>(n_local));
+        cursor = cursor_big.data();
+      }
+      for (int32_t l = 0; l < n_local; ++l) cursor[l] = pair_count_[static_cast<size_t>(l)];
+      for (int64_t t = 0; t < T_all; ++t) {
+        if (ids[t * K] < 0) continue;
+        for (int64_t k = 0; k < K; ++k) {
+          float wt;
+          const int32_t l = local_of(t, k, &wt);
+          if (l < 0) continue;
+          const int32_t at = cursor[l]++;
+          pos[static_cast<size_t>(at)] = static_cast<int32_t>(t);
+          pair_weights_[static_cast<size_t>(at)] = wt;
+        }
+      }
+    }
+
+    // 4. Experts + combine (+ this rank's shard of the shared expert) into acc.
+    float* acc = acc_.data<float>();
+    std::memset(acc, 0, static_cast<size_t>(T_all * H) * 4);
+    jobs_.clear();
+    for (int32_t l = 0; l < n_local; ++l) {
+      const int64_t b = pair_count_[static_cast<size_t>(l)], n = pair_count_[static_cast<size_t>(l) + 1] - b;
+      if (n == 0) continue;
+      cpu::ExpertJob j;
+      j.gate_up = &experts_[static_cast<size_t>(l)].gate_up;
+      j.down = &experts_[static_cast<size_t>(l)].down;
+      j.inter = cfg_.intermediate_size;
+      j.rows = pair_rows_.data() + b;
+      j.weights = pair_weights_.data() + b;
+      j.n = n;
+      jobs_.push_back(j);
+    }
+    if (shared_count_ > 0) {
+      int64_t n = 0;
+      for (int64_t t = 0; t < T_all; ++t) {
+        if (ids[t * K] < 0) continue;
+        float g = 1.0f;
+        if (cfg_.shared_expert_gate) {
+          float dot = 0.0f;
+          const float* xr = x + t * H;
+          for (int64_t i = 0; i < H; ++i) dot += xr[i] * shared_gate_[static_cast<size_t>(i)];
+          g = 1.0f / (1.0f + std::exp(-dot));
+        }
+        shared_rows_[static_cast<size_t>(n)] = static_cast<int32_t>(t);
+        shared_weights_[static_cast<size_t>(n)] = g;
+        ++n;
+      }
+      if (n > 0) {
+        cpu::ExpertJob j;
+        j.gate_up = &shared_.gate_up;
+        j.down = &shared_.down;
+        j.inter = shared_count_;
+        j.rows = shared_rows_.data();
+        j.weights = shared_weights_.data();
+        j.n = n;
+        jobs_.push_back(j);
+      }
+    }
+    ffn_->run(*pool_, jobs_, x, H, acc, H, act_);
+
+    // 5. ONE reduction of (routed + shared) partials, then this rank's rows.
+    void* partial = acc;
+    if (adt != EP_MOE_DTYPE_F32) {
+      partial = partial_.data();
+      for (int64_t t = 0; t < T_all; ++t)
+        store_row(static_cast<char*>(partial) + t * H * static_cast<int64_t>(es), adt, acc + t * H, H);
+    }
+    const void* result = partial;
+    int64_t row0 = 0;
+    if (ep_) {
+      ++next_stage;
+      if (dp_size_ > 1 && gather == Gather::Padded && dp_is_ep_) {
+        ep_->reduce_scatter(scatter_out_.data(), partial, static_cast<size_t>(padded * H), adt);
+        result = scatter_out_.data();
+      } else {
+        ep_->all_reduce(partial, partial, static_cast<size_t>(T_all * H), adt);
+        row0 = dp_offset;
+      }
+    }
+    if (T > 0)
+      std::memmove(a.out, static_cast<const char*>(result) + row0 * H * static_cast<int64_t>(es),
+                   static_cast<size_t>(T * H) * es);
+
+    last_tokens_ = tokens;
+    last_local_pairs_ = local_pairs;
+    last_skipped_ = skipped;
+    last_gather_ = gather;
+  } catch (const Error& e) {
+    for (int s = next_stage; s < n_stages; ++s) stages[s]->fail_collective(e.status(), e.what());
+    throw;
+  } catch (const std::exception& e) {
+    for (int s = next_stage; s < n_stages; ++s) stages[s]->fail_collective(EP_MOE_ERR_INTERNAL, e.what());
+    throw;
+  }
+}
+
+int64_t Layer::attr(ep_moe_layer_attr_t a) const {
+  switch (a) {
+    case EP_MOE_LAYER_ATTR_NUM_LOCAL_EXPERTS: return static_cast<int64_t>(experts_.size());
+    case EP_MOE_LAYER_ATTR_NUM_THREADS: return pool_->size();
+    case EP_MOE_LAYER_ATTR_WEIGHT_BYTES: {
+      int64_t b = 0;
+      for (const Expert& x : experts_) b += static_cast<int64_t>(x.gate_up.bytes() + x.down.bytes());
+      b += static_cast<int64_t>(shared_.gate_up.bytes() + shared_.down.bytes());
+      b += static_cast<int64_t>((shared_gate_.size() + bias_.size()) * sizeof(float));
+      return b;
+    }
+    case EP_MOE_LAYER_ATTR_READY: return missing_weight().empty() ? 1 : 0;
+    case EP_MOE_LAYER_ATTR_LAST_TOKENS: return last_tokens_;
+    case EP_MOE_LAYER_ATTR_LAST_LOCAL_PAIRS: return last_local_pairs_;
+    case EP_MOE_LAYER_ATTR_LAST_SKIPPED_PAIRS: return last_skipped_;
+    case EP_MOE_LAYER_ATTR_LAST_GATHER: return static_cast<int64_t>(last_gather_);
+    case EP_MOE_LAYER_ATTR_SHARED_SHARD_SIZE: return shared_count_;
+    case EP_MOE_LAYER_ATTR_CPU_ISA: return static_cast<int64_t>(kern_.isa);
+  }
+  fail(EP_MOE_ERR_INVALID_ARGUMENT, "attr %d is not an ep_moe_layer_attr_t value", static_cast<int>(a));
+}
+
+}  // namespace ep_moe

@@ -1,0 +1,85 @@
+// One rank's MoE layer on the CPU backend: the forward data flow of
+// docs/architecture.md (route -> DP gather -> plan -> experts -> combine
+// -> + shared -> one reduction).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "core/expert_map.hpp"
+#include "core/routing.hpp"
+#include "cpu/aligned.hpp"
+#include "cpu/ffn.hpp"
+#include "cpu/kernels.hpp"
+#include "cpu/pack.hpp"
+#include "cpu/thread_pool.hpp"
+#include "ep_moe/ep_moe.h"
+
+namespace ep_moe {
+
+class Layer {
+ public:
+  // Validates the config against the map and the communicators (throws).
+  Layer(const ep_moe_layer_config_t& cfg, const ExpertMap& map, Comm* ep_comm, Comm* dp_comm);
+
+  // Returns true when stored, false when skipped as a non-local expert.
+  bool set_weight(ep_moe_weight_t which, int32_t expert, const void* data, ep_moe_dtype_t dtype, int64_t rows,
+                  int64_t cols);
+
+  void forward(const ep_moe_forward_args_t& args);
+
+  int64_t attr(ep_moe_layer_attr_t a) const;
+
+  // Empty when ready; else what is missing.
+  std::string missing_weight() const;
+
+ private:
+  struct Expert {
+    cpu::PackedWeight gate_up, down;
+    bool has_gate = false, has_up = false, has_down = false;
+  };
+  enum class Gather : int { None = 0, Padded = 1, Compact = 2 };
+
+  void validate_forward(const ep_moe_forward_args_t& a, int64_t* dp_offset, int64_t* dp_padded, Gather* gather) const;
+  void set_gate_up_part(Expert& x, int half, const cpu::Source& src, int32_t inter, int32_t k);
+  void finish_gate_up(Expert& x, int32_t inter, int32_t k);
+  int32_t pick_slot(int32_t expert, int64_t token, int32_t k) const;
+
+  ep_moe_layer_config_t cfg_;
+  ExpertMap map_;
+  Comm* ep_;
+  Comm* dp_;
+  int dp_size_ = 1, dp_rank_ = 0;
+  bool dp_is_ep_ = false;
+  RoutingParams routing_;
+  cpu::Act act_;
+
+  const cpu::Kernels& kern_;
+  std::unique_ptr<cpu::ThreadPool> pool_;
+  std::unique_ptr<cpu::FfnRunner> ffn_;
+
+  std::vector<Expert> experts_;  // one per local routed slot
+  Expert shared_;
+  int32_t shared_begin_ = 0, shared_count_ = 0;  // this rank's shard of the shared intermediate
+  std::vector<float> shared_gate_;  // [H] when cfg.shared_expert_gate
+  bool has_shared_gate_ = false;
+  std::vector<float> bias_;         // [E] when cfg.use_score_bias
+  bool has_bias_ = false;
+  // Replica slots of each expert, for choosing one replica per pair.
+  std::vector<int32_t> replica_begin_, replica_slots_;
+
+  // Workspace, sized at create for max_tokens; forward allocates nothing.
+  int64_t max_all_ = 0;   // tokens after the DP gather
+  size_t row_bytes_ = 0;  // one gathered row: hidden + ids + weights
+  AlignedBuffer send_rows_, recv_rows_, x_f32_, acc_, partial_, scatter_out_;
+  std::vector<int32_t> ids_, pair_rows_, pair_count_, shared_rows_;
+  std::vector<float> weights_, pair_weights_, shared_weights_;
+  std::vector<cpu::ExpertJob> jobs_;
+
+  int64_t last_tokens_ = 0, last_local_pairs_ = 0, last_skipped_ = 0;
+  Gather last_gather_ = Gather::None;
+};
+
+}  // namespace ep_moe

@@ -1,0 +1,337 @@
+// Runs one MoE layer across in-process ranks through the public C API and
+// compares every rank's output with the double-precision reference.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../common/reference_moe.hpp"
+#include "ep_moe/ep_moe.h"
+
+namespace harness {
+
+// Runs fn(rank) on `n` threads and joins them.
+inline void run_ranks(int n, const std::function<void(int)>& fn) {
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r) ts.emplace_back(fn, r);
+  for (auto& t : ts) t.join();
+}
+
+struct Case {
+  ref::Spec spec;
+  int ep = 1, dp = 1;
+  bool dp_same_handle = true;  // dp == ep: pass the EP handle (reduce-scatter) or a split copy
+  int placement = EP_MOE_PLACEMENT_LINEAR;
+  int redundant = 0;                   // linear placement: redundant slots
+  std::vector<int32_t> custom_slots;   // custom placement table (placement CUSTOM)
+  int wdt = ref::F32, adt = ref::F32;
+  bool given_topk = false;
+  bool fused_gate_up = false;
+  int skip_mode = EP_MOE_SKIP_TOKENS;
+  int threads = 0;
+  int max_tokens = 16;
+  std::vector<int> tokens;     // per DP replica
+  bool all_decode = false;     // dp_is_decode all set (compact gather unless graph/prefill)
+  bool is_prefill = false, is_graph = false;
+  int forwards = 1;            // forward calls on the same layers (fresh inputs each)
+
+  std::string describe() const {
+    std::ostringstream o;
+    o << "ep=" << ep << " dp=" << dp << (dp > 1 && dp == ep ? (dp_same_handle ? "(same)" : "(split)") : "")
+      << " place=" << placement << " redundant=" << redundant << " custom=" << custom_slots.size() << " H=" << spec.H << " I=" << spec.I << " E=" << spec.E << " K=" << spec.K
+      << " act=" << spec.act << " wdt=" << wdt << " adt=" << adt << " sigmoid=" << spec.sigmoid
+      << " groups=" << spec.groups << "/" << spec.topk_group << " bias=" << spec.use_bias << " Is=" << spec.Is
+      << " sgate=" << spec.shared_gate << " topk_given=" << given_topk << " fused=" << fused_gate_up
+      << " skip=" << skip_mode << " decode=" << all_decode << " prefill=" << is_prefill << " graph=" << is_graph
+      << " tokens=[";
+    for (size_t i = 0; i < tokens.size(); ++i) o << (i ? "," : "") << tokens[i];
+    o << "]";
+    return o.str();
+  }
+};
+
+inline double tolerance(int adt, int wdt) {
+  if (adt == ref::BF16 || wdt == ref::BF16) return 1e-2;
+  if (adt == ref::F16 || wdt == ref::F16) return 5e-3;
+  return 1e-4;
+}
+
+struct Inputs {
+  std::vector<std::vector<float>> hidden, logits, topk_w;  // per replica (rounded to their dtypes)
+  std::vector<std::vector<int32_t>> topk_ids;
+  std::vector<std::vector<double>> expect;                 // per replica [T, H]
+};
+
+// Draws inputs with no near-ties in routing, and their reference outputs.
+inline Inputs make_inputs(const Case& c, const ref::Weights& w, std::mt19937& rng) {
+  const auto& s = c.spec;
+  Inputs in;
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::uniform_real_distribution<float> u(0.05f, 1.0f);
+  for (int d = 0; d < c.dp; ++d) {
+    const int T = c.tokens[static_cast<size_t>(d)];
+    std::vector<float> hid(static_cast<size_t>(T) * s.H), lg(static_cast<size_t>(T) * s.E),
+        tw(static_cast<size_t>(T) * s.K);
+    std::vector<int32_t> ti(static_cast<size_t>(T) * s.K);
+    std::vector<double> exp(static_cast<size_t>(T) * s.H);
+    for (auto& x : hid) x = ref::round_to(n(rng), c.adt);
+    for (int t = 0; t < T; ++t) {
+      std::vector<int> ids;
+      std::vector<double> wts;
+      if (c.given_topk) {
+        std::vector<int> perm(static_cast<size_t>(s.E));
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (int k = 0; k < s.K; ++k) {
+          ti[static_cast<size_t>(t) * s.K + k] = perm[static_cast<size_t>(k)];
+          tw[static_cast<size_t>(t) * s.K + k] = u(rng);
+          ids.push_back(perm[static_cast<size_t>(k)]);
+          wts.push_back(tw[static_cast<size_t>(t) * s.K + k]);
+        }
+      } else {
+        float* l = lg.data() + static_cast<size_t>(t) * s.E;
+        do {
+          for (int e = 0; e < s.E; ++e) l[e] = 2.0f * n(rng);
+        } while (!ref::route(s, l, w, ids, wts));
+      }
+      ref::moe_token(s, w, hid.data() + static_cast<size_t>(t) * s.H, ids, wts, exp.data() + static_cast<size_t>(t) * s.H);
+    }
+    in.hidden.push_back(std::move(hid));
+    in.logits.push_back(std::move(lg));
+    in.topk_ids.push_back(std::move(ti));
+    in.topk_w.push_back(std::move(tw));
+    in.expect.push_back(std::move(exp));
+  }
+  return in;
+}
+
+struct RankResult {
+  ep_moe_status_t status = EP_MOE_OK;
+  std::string error;
+  std::vector<float> out;
+  int64_t local_pairs = 0, skipped = 0, tokens = 0, gather = -1;
+  int stored = 0;
+};
+
+// Gives every weight to the layer (all experts: non-local ones are skipped).
+inline std::string load_weights(ep_moe_layer_t* layer, const Case& c, const ref::Weights& w, int* stored) {
+  const auto& s = c.spec;
+  auto put = [&](ep_moe_weight_t which, int expert, const std::vector<float>& v, int rows, int cols,
+                 int32_t* st) -> bool {
+    const auto bytes = ref::encode(v, c.wdt);
+    return ep_moe_layer_set_weight(st, layer, which, expert, bytes.data(), static_cast<ep_moe_dtype_t>(c.wdt), rows,
+                                   cols) == EP_MOE_OK;
+  };
+  for (int e = 0; e < s.E; ++e) {
+    int32_t st = -1;
+    bool ok;
+    if (c.fused_gate_up) {
+      std::vector<float> gu = w.gate[static_cast<size_t>(e)];
+      gu.insert(gu.end(), w.up[static_cast<size_t>(e)].begin(), w.up[static_cast<size_t>(e)].end());
+      ok = put(EP_MOE_WEIGHT_EXPERT_GATE_UP, e, gu, 2 * s.I, s.H, &st);
+    } else {
+      ok = put(EP_MOE_WEIGHT_EXPERT_GATE, e, w.gate[static_cast<size_t>(e)], s.I, s.H, &st) &&
+           put(EP_MOE_WEIGHT_EXPERT_UP, e, w.up[static_cast<size_t>(e)], s.I, s.H, &st);
+    }
+    ok = ok && put(EP_MOE_WEIGHT_EXPERT_DOWN, e, w.down[static_cast<size_t>(e)], s.H, s.I, &st);
+    if (!ok) return ep_moe_layer_last_error(layer);
+    *stored += st;
+  }
+  if (s.Is > 0) {
+    bool ok;
+    if (c.fused_gate_up) {
+      std::vector<float> gu = w.s_gate;
+      gu.insert(gu.end(), w.s_up.begin(), w.s_up.end());
+      ok = put(EP_MOE_WEIGHT_SHARED_GATE_UP, -1, gu, 2 * s.Is, s.H, nullptr);
+    } else {
+      ok = put(EP_MOE_WEIGHT_SHARED_GATE, -1, w.s_gate, s.Is, s.H, nullptr) &&
+           put(EP_MOE_WEIGHT_SHARED_UP, -1, w.s_up, s.Is, s.H, nullptr);
+    }
+    ok = ok && put(EP_MOE_WEIGHT_SHARED_DOWN, -1, w.s_down, s.H, s.Is, nullptr);
+    if (ok && s.shared_gate)
+      ok = ep_moe_layer_set_weight(nullptr, layer, EP_MOE_WEIGHT_SHARED_EXPERT_GATE, -1, w.s_gate_w.data(),
+                                   EP_MOE_DTYPE_F32, 1, s.H) == EP_MOE_OK;
+    if (!ok) return ep_moe_layer_last_error(layer);
+  }
+  if (s.use_bias &&
+      ep_moe_layer_set_weight(nullptr, layer, EP_MOE_WEIGHT_SCORE_BIAS, -1, w.bias.data(), EP_MOE_DTYPE_F32, 1,
+                              s.E) != EP_MOE_OK)
+    return ep_moe_layer_last_error(layer);
+  return "";
+}
+
+inline ep_moe_layer_config_t layer_config(const Case& c) {
+  ep_moe_layer_config_t lc;
+  ep_moe_layer_config_init(&lc);
+  const auto& s = c.spec;
+  lc.hidden_size = s.H;
+  lc.intermediate_size = s.I;
+  lc.num_experts = s.E;
+  lc.top_k = s.K;
+  lc.activation = s.act;
+  lc.weight_dtype = c.wdt;
+  lc.act_dtype = c.adt;
+  lc.scoring = s.sigmoid ? EP_MOE_SCORING_SIGMOID : EP_MOE_SCORING_SOFTMAX;
+  lc.renormalize = s.renormalize;
+  lc.num_expert_group = s.groups;
+  lc.topk_group = s.topk_group;
+  lc.use_score_bias = s.use_bias;
+  lc.routed_scaling_factor = static_cast<float>(s.scale);
+  lc.shared_intermediate_size = s.Is;
+  lc.shared_expert_gate = s.shared_gate;
+  lc.max_tokens = c.max_tokens;
+  lc.num_threads = c.threads;
+  lc.skip_mode = c.skip_mode;
+  return lc;
+}
+
+// Runs the case on c.ep in-process ranks; returns per-rank results of the
+// last forward and checks every forward against the reference.
+inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double* worst_err = nullptr) {
+  INFO(c.describe());
+  const ref::Weights w = ref::random_weights(c.spec, c.wdt, rng);
+  std::vector<Inputs> steps;
+  for (int f = 0; f < c.forwards; ++f) steps.push_back(make_inputs(c, w, rng));
+
+  std::vector<ep_moe_comm_t*> world(static_cast<size_t>(c.ep), nullptr);
+  REQUIRE(ep_moe_comm_create_local(world.data(), c.ep, nullptr) == EP_MOE_OK);
+  const int attn_tp = c.ep / c.dp;
+  std::vector<RankResult> results(static_cast<size_t>(c.ep));
+  std::vector<std::vector<std::vector<float>>> outs(static_cast<size_t>(c.forwards),
+                                                    std::vector<std::vector<float>>(static_cast<size_t>(c.ep)));
+  std::vector<std::string> setup_error(static_cast<size_t>(c.ep));
+
+  run_ranks(c.ep, [&](int r) {
+    RankResult& res = results[static_cast<size_t>(r)];
+    ep_moe_comm_t* ep = world[static_cast<size_t>(r)];
+    ep_moe_comm_t* dp = nullptr;
+    if (c.dp > 1) {
+      if (attn_tp == 1 && c.dp_same_handle) {
+        dp = ep;
+      } else if (ep_moe_comm_split(&dp, ep, r % attn_tp, r) != EP_MOE_OK) {
+        setup_error[static_cast<size_t>(r)] = std::string("split: ") + ep_moe_last_error();
+        return;
+      }
+    }
+    ep_moe_expert_map_config_t mc;
+    ep_moe_expert_map_config_init(&mc);
+    mc.ep_size = c.ep;
+    mc.ep_rank = r;
+    mc.global_num_experts = c.spec.E;
+    mc.placement = c.placement;
+    mc.num_expert_group = c.spec.groups;
+    mc.num_redundant_experts = c.redundant;
+    if (c.placement == EP_MOE_PLACEMENT_CUSTOM) {
+      mc.custom_slots = c.custom_slots.data();
+      mc.num_custom_slots = static_cast<int32_t>(c.custom_slots.size());
+    }
+    ep_moe_expert_map_t* map = nullptr;
+    if (ep_moe_expert_map_create(&map, &mc) != EP_MOE_OK) {
+      setup_error[static_cast<size_t>(r)] = std::string("map: ") + ep_moe_last_error();
+      return;
+    }
+    const ep_moe_layer_config_t lc = layer_config(c);
+    ep_moe_layer_t* layer = nullptr;
+    const ep_moe_status_t cs = ep_moe_layer_create(&layer, &lc, map, ep, dp);
+    if (cs != EP_MOE_OK) {
+      setup_error[static_cast<size_t>(r)] = std::string("layer: ") + ep_moe_last_error();
+      ep_moe_expert_map_destroy(map);
+      return;
+    }
+    int32_t n_local = 0;  // distinct experts with a slot here
+    for (int e = 0; e < c.spec.E; ++e) {
+      int32_t is_local = 0;
+      ep_moe_expert_map_is_local(&is_local, map, e);
+      n_local += is_local;
+    }
+    ep_moe_expert_map_destroy(map);  // the layer keeps its own copy
+    const std::string werr = load_weights(layer, c, w, &res.stored);
+    if (!werr.empty()) setup_error[static_cast<size_t>(r)] = "weights: " + werr;
+    if (res.stored != n_local) setup_error[static_cast<size_t>(r)] += " stored != local experts";
+
+    const int replica = c.dp > 1 ? r / attn_tp : 0;
+    const int T = c.tokens[static_cast<size_t>(replica)];
+    const size_t es = c.adt == ref::F32 ? 4 : 2;
+    for (int f = 0; f < c.forwards; ++f) {
+      const Inputs& in = steps[static_cast<size_t>(f)];
+      const auto hid = ref::encode(in.hidden[static_cast<size_t>(replica)], c.adt);
+      std::vector<uint8_t> out(static_cast<size_t>(T) * c.spec.H * es + 1, 0xAB);
+      std::vector<int32_t> counts(c.tokens.begin(), c.tokens.end());
+      std::vector<int32_t> decode(static_cast<size_t>(c.dp), c.all_decode ? 1 : 0);
+      ep_moe_forward_args_t a;
+      ep_moe_forward_args_init(&a);
+      a.num_tokens = T;
+      a.hidden = hid.data();
+      if (c.given_topk) {
+        a.topk_ids = in.topk_ids[static_cast<size_t>(replica)].data();
+        a.topk_weights = in.topk_w[static_cast<size_t>(replica)].data();
+      } else {
+        a.router_logits = in.logits[static_cast<size_t>(replica)].data();
+      }
+      a.out = out.data();
+      if (c.dp > 1) {
+        a.dp_token_counts = counts.data();
+        a.dp_is_decode = decode.data();
+        a.is_prefill = c.is_prefill;
+        a.is_graph = c.is_graph;
+      }
+      res.status = ep_moe_layer_forward(layer, &a);
+      if (res.status != EP_MOE_OK) {
+        res.error = ep_moe_layer_last_error(layer);
+        break;
+      }
+      outs[static_cast<size_t>(f)][static_cast<size_t>(r)] = ref::decode(out.data(), static_cast<size_t>(T) * c.spec.H, c.adt);
+      if (out.back() != 0xAB) res.error = "forward wrote past the output";
+    }
+    ep_moe_layer_get_attr(&res.local_pairs, layer, EP_MOE_LAYER_ATTR_LAST_LOCAL_PAIRS);
+    ep_moe_layer_get_attr(&res.skipped, layer, EP_MOE_LAYER_ATTR_LAST_SKIPPED_PAIRS);
+    ep_moe_layer_get_attr(&res.tokens, layer, EP_MOE_LAYER_ATTR_LAST_TOKENS);
+    ep_moe_layer_get_attr(&res.gather, layer, EP_MOE_LAYER_ATTR_LAST_GATHER);
+    ep_moe_layer_destroy(layer);
+    if (dp && dp != ep) ep_moe_comm_destroy(dp);
+  });
+  for (auto* h : world) ep_moe_comm_destroy(h);
+
+  for (int r = 0; r < c.ep; ++r) {
+    INFO("rank " << r << ": " << setup_error[static_cast<size_t>(r)] << results[static_cast<size_t>(r)].error);
+    REQUIRE(setup_error[static_cast<size_t>(r)].empty());
+    CHECK(results[static_cast<size_t>(r)].error.empty());
+    REQUIRE(results[static_cast<size_t>(r)].status == EP_MOE_OK);
+  }
+  const double tol = tolerance(c.adt, c.wdt);
+  for (int f = 0; f < c.forwards; ++f) {
+    for (int r = 0; r < c.ep; ++r) {
+      const int replica = c.dp > 1 ? r / attn_tp : 0;
+      const auto& exp = steps[static_cast<size_t>(f)].expect[static_cast<size_t>(replica)];
+      const auto& got = outs[static_cast<size_t>(f)][static_cast<size_t>(r)];
+      REQUIRE(got.size() == exp.size());
+      double scale = 1e-6, err = 0;
+      for (size_t i = 0; i < exp.size(); ++i) scale = std::max(scale, std::fabs(exp[i]));
+      size_t worst = 0;
+      for (size_t i = 0; i < exp.size(); ++i) {
+        const double e = std::fabs(got[i] - exp[i]);
+        if (!(e <= err)) {  // NaN-safe: a NaN makes err NaN and fails below
+          err = e;
+          worst = i;
+        }
+      }
+      err /= scale;
+      if (worst_err) *worst_err = std::max(*worst_err, err);
+      INFO("forward " << f << " rank " << r << " max error " << err << " (relative to max |ref| " << scale
+                      << ") at " << worst << ": got " << (got.empty() ? 0.0 : got[worst]) << " expected "
+                      << (exp.empty() ? 0.0 : exp[worst]));
+      CHECK(err <= tol);
+    }
+  }
+  results.back().out = outs.back().back();
+  return results;
+}
+
+}  // namespace harness

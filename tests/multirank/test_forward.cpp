@@ -1,0 +1,270 @@
+// The MoE layer forward pass across in-process EP/DP ranks, through the C
+// API, against the double-precision dense reference.
+#include "harness.hpp"
+
+using harness::Case;
+
+namespace {
+
+std::mt19937& rng() {
+  static std::mt19937 g(Catch::rngSeed() ? Catch::rngSeed() : std::random_device{}());
+  return g;
+}
+
+// Uneven token counts per replica, including 0 and 1.
+std::vector<int> uneven_tokens(int dp, int variant, int max_tokens) {
+  static const int patterns[][4] = {{5, 0, 3, 1}, {1, 7, 0, 2}, {0, 0, 4, 9}, {9, 1, 1, 0}, {3, 5, 2, 7}};
+  std::vector<int> t;
+  for (int d = 0; d < dp; ++d) t.push_back(std::min(max_tokens, patterns[variant % 5][d % 4] + (d / 4)));
+  if (dp == 1) t[0] = std::min(max_tokens, std::max(t[0], 1) + variant);  // non-DP: some tokens
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("forward matches the dense reference across EP, DP, placement and dtypes", "[forward][matrix]") {
+  int variant = 0;
+  double worst = 0;
+  for (int ep : {1, 2, 3, 4, 8}) {
+    for (int dp : {1, 2, 4}) {
+      if (dp > ep || ep % dp != 0) continue;
+      for (int placement : {EP_MOE_PLACEMENT_LINEAR, EP_MOE_PLACEMENT_ROUND_ROBIN}) {
+        if (placement == EP_MOE_PLACEMENT_ROUND_ROBIN && ep == 1) continue;
+        Case c;
+        c.ep = ep;
+        c.dp = dp;
+        c.placement = placement;
+        // Sizes off the kernels' tile multiples; E not divisible by EP.
+        c.spec.H = 40 + 8 * (variant % 3);
+        c.spec.I = 24 + 5 * (variant % 4);
+        const int experts_for_ep[] = {0, 10, 15, 20, 30, 0, 0, 0, 36};  // never a multiple of ep (> 1)
+        c.spec.E = experts_for_ep[ep];
+        const int ks[] = {1, 2, 8};
+        c.spec.K = std::min(ks[variant % 3], c.spec.E);
+        c.spec.act = variant % 3;
+        if (placement == EP_MOE_PLACEMENT_ROUND_ROBIN) {  // round robin needs expert groups
+          c.spec.groups = c.spec.E % 2 == 0 ? 2 : 3;
+          c.spec.topk_group = std::max(1, c.spec.groups - 1);
+        }
+        c.spec.Is = variant % 2 ? 20 + variant : 0;
+        c.spec.shared_gate = c.spec.Is > 0 && variant % 4 == 1;
+        const int dts[][2] = {{ref::F32, ref::F32}, {ref::BF16, ref::BF16}, {ref::F16, ref::F16},
+                              {ref::BF16, ref::F32}, {ref::F32, ref::BF16}, {ref::F16, ref::BF16}};
+        c.wdt = dts[variant % 6][0];
+        c.adt = dts[variant % 6][1];
+        c.given_topk = variant % 5 == 2;
+        c.fused_gate_up = variant % 3 == 1;
+        c.dp_same_handle = variant % 2 == 0;
+        c.all_decode = variant % 4 == 3;
+        c.tokens = uneven_tokens(dp, variant, c.max_tokens);
+        c.forwards = 2;
+        ++variant;
+        harness::run_case(c, rng(), &worst);
+      }
+    }
+  }
+  WARN("worst relative error over the matrix: " << worst);
+}
+
+TEST_CASE("routing variants: sigmoid, bias, grouped top-k, no renormalisation, scaling", "[forward][routing]") {
+  struct R {
+    bool sigmoid, bias, renorm;
+    int groups, topk_group;
+    double scale;
+  };
+  const R rs[] = {{true, true, true, 4, 2, 2.5},    // DeepSeek-V3 style
+                  {false, false, false, 0, 0, 1.0},  // no renormalisation
+                  {false, false, true, 4, 1, 1.0},   // DeepSeek-V2 style group max
+                  {true, false, true, 0, 0, 0.5},
+                  {false, true, true, 0, 0, 1.0}};
+  for (const R& r : rs) {
+    for (int ep : {1, 4}) {
+      Case c;
+      c.ep = ep;
+      c.spec.H = 48;
+      c.spec.I = 20;
+      c.spec.E = 16;
+      c.spec.K = 4;
+      c.spec.sigmoid = r.sigmoid;
+      c.spec.use_bias = r.bias;
+      c.spec.renormalize = r.renorm;
+      c.spec.groups = r.groups;
+      c.spec.topk_group = r.topk_group;
+      c.spec.scale = r.scale;
+      c.spec.Is = 16;
+      c.tokens = {7};
+      harness::run_case(c, rng());
+    }
+  }
+}
+
+TEST_CASE("DP gather modes follow seed 001: padded for prefill/graph/mixed, compact when all decode",
+          "[forward][dp]") {
+  struct M {
+    bool decode, prefill, graph;
+    int expect_gather;  // 1 padded, 2 compact
+  };
+  const M ms[] = {{true, false, false, 2}, {false, false, false, 1}, {true, true, false, 1}, {true, false, true, 1}};
+  for (const M& m : ms) {
+    for (bool same : {true, false}) {
+      Case c;
+      c.ep = 4;
+      c.dp = 4;
+      c.dp_same_handle = same;
+      c.spec.H = 32;
+      c.spec.I = 16;
+      c.spec.E = 12;
+      c.spec.K = 2;
+      c.spec.Is = 8;
+      c.all_decode = m.decode;
+      c.is_prefill = m.prefill;
+      c.is_graph = m.graph;
+      c.tokens = {3, 0, 1, 6};
+      const auto res = harness::run_case(c, rng());
+      for (const auto& r : res) CHECK(r.gather == m.expect_gather);
+    }
+  }
+  // DP 2 inside EP 4 (attention TP 2 per replica): gathered over a split group.
+  Case c;
+  c.ep = 4;
+  c.dp = 2;
+  c.spec.H = 32;
+  c.spec.I = 16;
+  c.spec.E = 12;
+  c.spec.K = 3;
+  c.tokens = {0, 5};
+  c.all_decode = true;
+  harness::run_case(c, rng());
+}
+
+TEST_CASE("zero tokens on every rank, and at max_tokens", "[forward][edge]") {
+  for (int ep : {1, 3, 4}) {
+    Case c;
+    c.ep = ep;
+    c.dp = ep == 4 ? 4 : 1;
+    c.spec.H = 32;
+    c.spec.I = 16;
+    c.spec.E = 9;
+    c.spec.K = 2;
+    c.spec.Is = 12;
+    c.tokens.assign(static_cast<size_t>(c.dp), 0);
+    harness::run_case(c, rng());
+    c.tokens.assign(static_cast<size_t>(c.dp), c.max_tokens);
+    harness::run_case(c, rng());
+  }
+}
+
+TEST_CASE("token skip computes each pair exactly once; weight-0 computes every pair on every rank",
+          "[forward][skip]") {
+  for (int mode : {EP_MOE_SKIP_TOKENS, EP_MOE_SKIP_WEIGHT_ZERO}) {
+    Case c;
+    c.ep = 4;
+    c.skip_mode = mode;
+    c.spec.H = 32;
+    c.spec.I = 16;
+    c.spec.E = 16;
+    c.spec.K = 4;
+    c.tokens = {11};
+    const auto res = harness::run_case(c, rng());
+    int64_t pairs = 0, skipped = 0;
+    for (const auto& r : res) {
+      pairs += r.local_pairs;
+      skipped += r.skipped;
+      CHECK(r.tokens == 11);
+      if (mode == EP_MOE_SKIP_WEIGHT_ZERO) {
+        CHECK(r.local_pairs == 11 * 4);
+        CHECK(r.skipped == 0);
+      }
+    }
+    if (mode == EP_MOE_SKIP_TOKENS) {
+      CHECK(pairs == 11 * 4);
+      CHECK(skipped == 11 * 4 * 3);
+    }
+  }
+}
+
+TEST_CASE("the result does not depend on the EP size", "[forward][invariance]") {
+  // Same weights and inputs (same seed) at EP 1, 2, 4 and 8: outputs agree.
+  std::vector<std::vector<float>> outs;
+  const uint32_t seed = rng()();
+  for (int ep : {1, 2, 4, 8}) {
+    Case c;
+    c.ep = ep;
+    c.spec.H = 40;
+    c.spec.I = 24;
+    c.spec.E = 24;
+    c.spec.K = 3;
+    c.spec.Is = 16;
+    c.tokens = {9};
+    std::mt19937 g(seed);
+    outs.push_back(harness::run_case(c, g).back().out);
+  }
+  for (size_t i = 1; i < outs.size(); ++i) {
+    REQUIRE(outs[i].size() == outs[0].size());
+    double err = 0, scale = 1e-6;
+    for (size_t j = 0; j < outs[0].size(); ++j) {
+      err = std::max(err, static_cast<double>(std::fabs(outs[i][j] - outs[0][j])));
+      scale = std::max(scale, static_cast<double>(std::fabs(outs[0][j])));
+    }
+    CHECK(err / scale <= 1e-5);
+  }
+}
+
+TEST_CASE("kernels: every CPU ISA path and several threads agree with the reference", "[forward][isa]") {
+  // EP_MOE_CPU_ISA lowers the kernels the layer picks at create time.
+  for (const char* isa : {"generic", "avx2", "avx512"}) {
+    setenv("EP_MOE_CPU_ISA", isa, 1);
+    for (int wdt : {ref::F32, ref::BF16, ref::F16}) {
+      Case c;
+      c.ep = 2;
+      c.threads = 3;
+      c.wdt = wdt;
+      c.spec.H = 70;
+      c.spec.I = 37;
+      c.spec.E = 6;
+      c.spec.K = 2;
+      c.spec.Is = 29;
+      c.max_tokens = 40;
+      c.tokens = {37};
+      harness::run_case(c, rng());
+    }
+  }
+  unsetenv("EP_MOE_CPU_ISA");
+}
+
+TEST_CASE("redundant replicas: each pair goes to one replica and the output is unchanged", "[forward][replicas]") {
+  for (int ep : {2, 3, 4}) {
+    for (int redundant : {1, 5}) {
+      Case c;
+      c.ep = ep;
+      c.redundant = redundant;
+      c.spec.H = 32;
+      c.spec.I = 16;
+      c.spec.E = 10;
+      c.spec.K = 3;
+      c.spec.Is = 8;
+      c.tokens = {13};
+      const auto res = harness::run_case(c, rng());
+      int64_t pairs = 0;
+      for (const auto& r : res) pairs += r.local_pairs;
+      CHECK(pairs == 13 * 3);  // computed once, not once per replica
+    }
+  }
+  // A custom table whose last rank holds only replicas (of experts 0 and 5);
+  // ranks hold 3, 3 and 2 slots.
+  Case c;
+  c.ep = 3;
+  c.placement = EP_MOE_PLACEMENT_CUSTOM;
+  c.custom_slots = {0, 1, 2, 3, 4, 5, 0, 5};
+  c.spec.H = 32;
+  c.spec.I = 16;
+  c.spec.E = 6;
+  c.spec.K = 2;
+  c.tokens = {15};
+  const auto res = harness::run_case(c, rng());
+  int64_t pairs = 0;
+  for (const auto& r : res) pairs += r.local_pairs;
+  CHECK(pairs == 15 * 2);
+  // Replicas share the load: the rank holding only replicas computed pairs too.
+  for (const auto& r : res) CHECK(r.local_pairs > 0);
+}
