@@ -1,0 +1,428 @@
+// The layer's C API: configuration checks, weight checks, forward checks
+// (nothing written, handle still usable), failure propagation across ranks,
+// timeouts and abort during a forward, and the partial-sum mode.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../multirank/harness.hpp"
+#include "ep_moe/ep_moe.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct MapHolder {
+  ep_moe_expert_map_t* m = nullptr;
+  MapHolder(int ep, int rank, int E, int shared = 0) {
+    ep_moe_expert_map_config_t c;
+    ep_moe_expert_map_config_init(&c);
+    c.ep_size = ep;
+    c.ep_rank = rank;
+    c.global_num_experts = E;
+    c.num_fused_shared_experts = shared;
+    REQUIRE(ep_moe_expert_map_create(&m, &c) == EP_MOE_OK);
+  }
+  ~MapHolder() { ep_moe_expert_map_destroy(m); }
+};
+
+ep_moe_layer_config_t small_config() {
+  ep_moe_layer_config_t c;
+  REQUIRE(ep_moe_layer_config_init(&c) == EP_MOE_OK);
+  c.hidden_size = 16;
+  c.intermediate_size = 8;
+  c.num_experts = 4;
+  c.top_k = 2;
+  c.max_tokens = 8;
+  return c;
+}
+
+// A ready single-rank layer with random weights.
+struct Ready {
+  harness::Case c;
+  ref::Weights w;
+  ep_moe_layer_t* layer = nullptr;
+  explicit Ready(std::mt19937& rng, int shared = 8) {
+    c.spec.H = 16;
+    c.spec.I = 8;
+    c.spec.E = 4;
+    c.spec.K = 2;
+    c.spec.Is = shared;
+    c.max_tokens = 8;
+    w = ref::random_weights(c.spec, ref::F32, rng);
+    MapHolder m(1, 0, 4);
+    const auto lc = harness::layer_config(c);
+    REQUIRE(ep_moe_layer_create(&layer, &lc, m.m, nullptr, nullptr) == EP_MOE_OK);
+    int stored = 0;
+    REQUIRE(harness::load_weights(layer, c, w, &stored).empty());
+  }
+  ~Ready() { ep_moe_layer_destroy(layer); }
+};
+
+}  // namespace
+
+TEST_CASE("layer config errors name the field", "[layer][errors]") {
+  MapHolder m(1, 0, 4);
+  struct Case {
+    const char* field;
+    void (*bad)(ep_moe_layer_config_t&);
+  };
+  const Case cases[] = {
+      {"hidden_size", [](ep_moe_layer_config_t& c) { c.hidden_size = 0; }},
+      {"intermediate_size", [](ep_moe_layer_config_t& c) { c.intermediate_size = -1; }},
+      {"num_experts", [](ep_moe_layer_config_t& c) { c.num_experts = 5; }},
+      {"top_k", [](ep_moe_layer_config_t& c) { c.top_k = 5; }},
+      {"top_k", [](ep_moe_layer_config_t& c) { c.top_k = 0; }},
+      {"activation", [](ep_moe_layer_config_t& c) { c.activation = 3; }},
+      {"weight_dtype", [](ep_moe_layer_config_t& c) { c.weight_dtype = EP_MOE_DTYPE_I32; }},
+      {"act_dtype", [](ep_moe_layer_config_t& c) { c.act_dtype = 9; }},
+      {"router_dtype", [](ep_moe_layer_config_t& c) { c.router_dtype = -1; }},
+      {"scoring", [](ep_moe_layer_config_t& c) { c.scoring = 2; }},
+      {"num_expert_group", [](ep_moe_layer_config_t& c) { c.num_expert_group = 3; }},
+      {"topk_group", [](ep_moe_layer_config_t& c) {
+         c.num_expert_group = 2;
+         c.topk_group = 3;
+       }},
+      {"top_k", [](ep_moe_layer_config_t& c) {
+         c.num_expert_group = 4;
+         c.topk_group = 1;
+       }},
+      {"routed_scaling_factor", [](ep_moe_layer_config_t& c) { c.routed_scaling_factor = std::nanf(""); }},
+      {"shared_intermediate_size", [](ep_moe_layer_config_t& c) { c.shared_intermediate_size = -3; }},
+      {"shared_expert_gate", [](ep_moe_layer_config_t& c) { c.shared_expert_gate = 1; }},
+      {"max_tokens", [](ep_moe_layer_config_t& c) { c.max_tokens = 0; }},
+      {"num_threads", [](ep_moe_layer_config_t& c) { c.num_threads = -1; }},
+      {"skip_mode", [](ep_moe_layer_config_t& c) { c.skip_mode = 7; }},
+  };
+  for (const auto& k : cases) {
+    INFO(k.field);
+    auto c = small_config();
+    k.bad(c);
+    ep_moe_layer_t* l = nullptr;
+    CHECK(ep_moe_layer_create(&l, &c, m.m, nullptr, nullptr) == EP_MOE_ERR_INVALID_ARGUMENT);
+    CHECK(l == nullptr);
+    CHECK(std::string(ep_moe_last_error()).find(k.field) != std::string::npos);
+  }
+  auto c = small_config();
+  ep_moe_layer_t* l = nullptr;
+  CHECK(ep_moe_layer_create(&l, nullptr, m.m, nullptr, nullptr) == EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(ep_moe_layer_create(nullptr, &c, m.m, nullptr, nullptr) == EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(ep_moe_layer_create(&l, &c, nullptr, nullptr, nullptr) == EP_MOE_ERR_INVALID_HANDLE);
+  c.struct_size = 0;
+  CHECK(ep_moe_layer_create(&l, &c, m.m, nullptr, nullptr) == EP_MOE_ERR_STRUCT_SIZE);
+  // A map with fused shared experts is for runtimes with their own kernels.
+  MapHolder fused(1, 0, 4, 1);
+  c = small_config();
+  CHECK(ep_moe_layer_create(&l, &c, fused.m, nullptr, nullptr) == EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(ep_moe_last_error()).find("fused shared") != std::string::npos);
+  // Communicators must agree with the map.
+  ep_moe_comm_t* w2[2];
+  REQUIRE(ep_moe_comm_create_local(w2, 2, nullptr) == EP_MOE_OK);
+  CHECK(ep_moe_layer_create(&l, &c, m.m, w2[0], nullptr) == EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(ep_moe_last_error()).find("ep_comm is rank 0 of 2") != std::string::npos);
+  MapHolder m2(2, 0, 4);
+  CHECK(ep_moe_layer_create(&l, &c, m2.m, nullptr, w2[0]) == EP_MOE_ERR_INVALID_ARGUMENT);
+  ep_moe_comm_t* w3[3];
+  REQUIRE(ep_moe_comm_create_local(w3, 3, nullptr) == EP_MOE_OK);
+  CHECK(ep_moe_layer_create(&l, &c, m2.m, w2[0], w3[0]) == EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(ep_moe_last_error()).find("does not divide") != std::string::npos);
+  CHECK(l == nullptr);
+  for (auto* h : w2) ep_moe_comm_destroy(h);
+  for (auto* h : w3) ep_moe_comm_destroy(h);
+}
+
+TEST_CASE("set_weight checks shapes, ids, dtypes and the configuration", "[layer][errors]") {
+  MapHolder m(2, 1, 4);  // rank 1 of 2: experts 2, 3
+  auto c = small_config();
+  ep_moe_layer_t* l = nullptr;
+  REQUIRE(ep_moe_layer_create(&l, &c, m.m, nullptr, nullptr) == EP_MOE_OK);
+  std::vector<float> buf(16 * 16, 0.5f);
+  int32_t stored = 7;
+  CHECK(ep_moe_layer_set_weight(&stored, l, EP_MOE_WEIGHT_EXPERT_GATE, 2, buf.data(), EP_MOE_DTYPE_F32, 8, 16) == EP_MOE_OK);
+  CHECK(stored == 1);
+  CHECK(ep_moe_layer_set_weight(&stored, l, EP_MOE_WEIGHT_EXPERT_GATE, 0, buf.data(), EP_MOE_DTYPE_F32, 8, 16) == EP_MOE_OK);
+  CHECK(stored == 0);  // expert 0 lives on rank 0: skipped, and the call says so
+  stored = 7;
+  CHECK(ep_moe_layer_set_weight(&stored, l, EP_MOE_WEIGHT_EXPERT_GATE, 2, buf.data(), EP_MOE_DTYPE_F32, 16, 8) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(ep_moe_layer_last_error(l)).find("must be [8, 16], got [16, 8]") != std::string::npos);
+  CHECK(stored == 7);
+  CHECK(ep_moe_layer_set_weight(&stored, l, EP_MOE_WEIGHT_EXPERT_DOWN, 4, buf.data(), EP_MOE_DTYPE_F32, 16, 8) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(ep_moe_layer_set_weight(&stored, l, EP_MOE_WEIGHT_EXPERT_DOWN, -1, buf.data(), EP_MOE_DTYPE_F32, 16, 8) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(ep_moe_layer_set_weight(&stored, l, EP_MOE_WEIGHT_EXPERT_DOWN, 2, nullptr, EP_MOE_DTYPE_F32, 16, 8) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(ep_moe_layer_set_weight(&stored, l, EP_MOE_WEIGHT_EXPERT_DOWN, 2, buf.data(), EP_MOE_DTYPE_I64, 16, 8) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(ep_moe_layer_set_weight(&stored, l, static_cast<ep_moe_weight_t>(99), 2, buf.data(), EP_MOE_DTYPE_F32, 16, 8) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(ep_moe_layer_set_weight(&stored, l, EP_MOE_WEIGHT_SHARED_UP, -1, buf.data(), EP_MOE_DTYPE_F32, 8, 16) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(ep_moe_last_error()).find("no shared expert") != std::string::npos);
+  CHECK(ep_moe_layer_set_weight(&stored, l, EP_MOE_WEIGHT_SCORE_BIAS, -1, buf.data(), EP_MOE_DTYPE_F32, 1, 4) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(ep_moe_last_error()).find("use_score_bias = 0") != std::string::npos);
+  CHECK(ep_moe_layer_set_weight(&stored, nullptr, EP_MOE_WEIGHT_EXPERT_DOWN, 2, buf.data(), EP_MOE_DTYPE_F32, 16, 8) ==
+        EP_MOE_ERR_INVALID_HANDLE);
+  CHECK(stored == 7);
+  int64_t v = -1;
+  CHECK(ep_moe_layer_get_attr(&v, l, EP_MOE_LAYER_ATTR_READY) == EP_MOE_OK);
+  CHECK(v == 0);
+  CHECK(ep_moe_layer_get_attr(&v, l, EP_MOE_LAYER_ATTR_NUM_LOCAL_EXPERTS) == EP_MOE_OK);
+  CHECK(v == 2);
+  CHECK(ep_moe_layer_get_attr(&v, l, static_cast<ep_moe_layer_attr_t>(55)) == EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(ep_moe_layer_get_attr(nullptr, l, EP_MOE_LAYER_ATTR_READY) == EP_MOE_ERR_INVALID_ARGUMENT);
+  // Forward before every weight is set: STATE, naming what is missing.
+  ep_moe_forward_args_t a;
+  ep_moe_forward_args_init(&a);
+  CHECK(ep_moe_layer_forward(l, &a) == EP_MOE_ERR_STATE);
+  CHECK(std::string(ep_moe_layer_last_error(l)).find("expert 2 (local 0) has no up_proj") != std::string::npos);
+  ep_moe_layer_destroy(l);
+  CHECK(ep_moe_layer_forward(l, &a) == EP_MOE_ERR_INVALID_HANDLE);
+  ep_moe_layer_destroy(l);
+  CHECK(std::string(ep_moe_layer_last_error(nullptr)) == "layer is NULL");
+}
+
+TEST_CASE("bad forward input: clear status, nothing written, the layer stays usable", "[layer][errors]") {
+  std::mt19937 rng(Catch::rngSeed() + 11);
+  Ready r(rng);
+  const int T = 3, H = 16, E = 4, K = 2;
+  std::vector<float> hid(static_cast<size_t>(T * H), 0.25f), logits(static_cast<size_t>(T * E), 0.1f);
+  logits[1] = 0.7f;
+  std::vector<int32_t> ids = {0, 1, 2, 3, 1, 2};
+  std::vector<float> wts(6, 0.5f);
+  std::vector<float> out(static_cast<size_t>(T * H), 42.0f);
+  auto base = [&] {
+    ep_moe_forward_args_t a;
+    ep_moe_forward_args_init(&a);
+    a.num_tokens = T;
+    a.hidden = hid.data();
+    a.router_logits = logits.data();
+    a.out = out.data();
+    return a;
+  };
+  struct Case {
+    const char* needle;
+    ep_moe_status_t status;
+    std::function<void(ep_moe_forward_args_t&)> bad;
+  };
+  std::vector<float> nan_logits = logits;
+  nan_logits[5] = std::nanf("");
+  std::vector<int32_t> bad_ids = {0, 1, 2, 4, 1, 2};
+  std::vector<float> inf_w = wts;
+  inf_w[3] = std::numeric_limits<float>::infinity();
+  const Case cases[] = {
+      {"num_tokens", EP_MOE_ERR_INVALID_ARGUMENT, [](ep_moe_forward_args_t& a) { a.num_tokens = 9; }},
+      {"num_tokens", EP_MOE_ERR_INVALID_ARGUMENT, [](ep_moe_forward_args_t& a) { a.num_tokens = -1; }},
+      {"hidden is NULL", EP_MOE_ERR_INVALID_ARGUMENT, [](ep_moe_forward_args_t& a) { a.hidden = nullptr; }},
+      {"out is NULL", EP_MOE_ERR_INVALID_ARGUMENT, [](ep_moe_forward_args_t& a) { a.out = nullptr; }},
+      {"not both", EP_MOE_ERR_INVALID_ARGUMENT,
+       [&](ep_moe_forward_args_t& a) {
+         a.topk_ids = ids.data();
+         a.topk_weights = wts.data();
+       }},
+      {"topk_ids and topk_weights are needed", EP_MOE_ERR_INVALID_ARGUMENT,
+       [](ep_moe_forward_args_t& a) { a.router_logits = nullptr; }},
+      {"router_logits[token 1, expert 1] is NaN", EP_MOE_ERR_INVALID_ARGUMENT,
+       [&](ep_moe_forward_args_t& a) { a.router_logits = nan_logits.data(); }},
+      {"topk_ids[token 1, slot 1] = 4", EP_MOE_ERR_INVALID_ARGUMENT,
+       [&](ep_moe_forward_args_t& a) {
+         a.router_logits = nullptr;
+         a.topk_ids = bad_ids.data();
+         a.topk_weights = wts.data();
+       }},
+      {"topk_weights[token 1, slot 1] is not finite", EP_MOE_ERR_INVALID_ARGUMENT,
+       [&](ep_moe_forward_args_t& a) {
+         a.router_logits = nullptr;
+         a.topk_ids = ids.data();
+         a.topk_weights = inf_w.data();
+       }},
+      {"struct_size", EP_MOE_ERR_STRUCT_SIZE, [](ep_moe_forward_args_t& a) { a.struct_size = 1; }},
+      {"dp_token_counts[0] = 2", EP_MOE_ERR_INVALID_ARGUMENT,
+       [](ep_moe_forward_args_t& a) {
+         static const int32_t counts[] = {2};
+         a.dp_token_counts = counts;
+       }},
+  };
+  for (const auto& k : cases) {
+    INFO(k.needle);
+    auto a = base();
+    k.bad(a);
+    CHECK(ep_moe_layer_forward(r.layer, &a) == k.status);
+    CHECK(std::string(ep_moe_layer_last_error(r.layer)).find(k.needle) != std::string::npos);
+    CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 42.0f; }));
+  }
+  CHECK(ep_moe_layer_forward(r.layer, nullptr) == EP_MOE_ERR_INVALID_ARGUMENT);
+  // Still usable: a good call produces the reference output.
+  auto a = base();
+  REQUIRE(ep_moe_layer_forward(r.layer, &a) == EP_MOE_OK);
+  for (int t = 0; t < T; ++t) {
+    std::vector<int> rid;
+    std::vector<double> rw;
+    ref::route(r.c.spec, logits.data() + t * E, r.w, rid, rw, 0.0);
+    std::vector<double> y(static_cast<size_t>(H));
+    ref::moe_token(r.c.spec, r.w, hid.data() + t * H, rid, rw, y.data());
+    for (int i = 0; i < H; ++i) CHECK(std::fabs(out[static_cast<size_t>(t * H + i)] - y[static_cast<size_t>(i)]) <= 1e-4 * (1 + std::fabs(y[static_cast<size_t>(i)])));
+  }
+  (void)K;
+}
+
+TEST_CASE("one rank's bad input: it gets the error, the others REMOTE at once, next step works",
+          "[layer][errors][multirank]") {
+  std::mt19937 rng(Catch::rngSeed() + 12);
+  harness::Case c;
+  c.ep = 4;
+  c.spec.H = 24;
+  c.spec.I = 12;
+  c.spec.E = 8;
+  c.spec.K = 2;
+  c.spec.Is = 8;
+  c.tokens = {5};
+  const ref::Weights w = ref::random_weights(c.spec, ref::F32, rng);
+  const harness::Inputs in = harness::make_inputs(c, w, rng);
+  for (int dp : {1, 4}) {
+    INFO("dp=" << dp);
+    c.dp = dp;
+    c.tokens.assign(static_cast<size_t>(dp), 5);
+    std::vector<ep_moe_comm_t*> world(4);
+    REQUIRE(ep_moe_comm_create_local(world.data(), 4, nullptr) == EP_MOE_OK);
+    std::vector<ep_moe_status_t> first(4), second(4);
+    std::vector<std::string> msg(4);
+    std::vector<double> err(4, 1e9);
+    const auto t0 = Clock::now();
+    harness::run_ranks(4, [&](int r) {
+      MapHolder m(4, r, 8);
+      const auto lc = harness::layer_config(c);
+      ep_moe_layer_t* l = nullptr;
+      if (ep_moe_layer_create(&l, &lc, m.m, world[static_cast<size_t>(r)], dp > 1 ? world[static_cast<size_t>(r)] : nullptr) != EP_MOE_OK) return;
+      int stored = 0;
+      harness::load_weights(l, c, w, &stored);
+      std::vector<float> logits = in.logits[0];
+      if (r == 2) logits[3] = std::nanf("");
+      std::vector<int32_t> counts(static_cast<size_t>(dp), 5);
+      std::vector<float> out(static_cast<size_t>(5 * 24));
+      ep_moe_forward_args_t a;
+      ep_moe_forward_args_init(&a);
+      a.num_tokens = 5;
+      a.hidden = in.hidden[0].data();
+      a.router_logits = logits.data();
+      a.out = out.data();
+      if (dp > 1) a.dp_token_counts = counts.data();
+      first[static_cast<size_t>(r)] = ep_moe_layer_forward(l, &a);
+      msg[static_cast<size_t>(r)] = ep_moe_layer_last_error(l);
+      a.router_logits = in.logits[0].data();
+      second[static_cast<size_t>(r)] = ep_moe_layer_forward(l, &a);
+      double e = 0;
+      for (size_t i = 0; i < out.size(); ++i) e = std::max(e, std::fabs(out[i] - in.expect[0][i]));
+      err[static_cast<size_t>(r)] = e;
+      ep_moe_layer_destroy(l);
+    });
+    CHECK(Clock::now() - t0 < std::chrono::seconds(5));  // well under the 60 s timeout
+    for (int r = 0; r < 4; ++r) {
+      INFO("rank " << r << ": " << msg[static_cast<size_t>(r)]);
+      CHECK(first[static_cast<size_t>(r)] == (r == 2 ? EP_MOE_ERR_INVALID_ARGUMENT : EP_MOE_ERR_REMOTE));
+      if (r != 2) CHECK(msg[static_cast<size_t>(r)].find("rank 2") != std::string::npos);
+      CHECK(second[static_cast<size_t>(r)] == EP_MOE_OK);
+      CHECK(err[static_cast<size_t>(r)] < 1e-3);
+    }
+    for (auto* h : world) ep_moe_comm_destroy(h);
+  }
+}
+
+TEST_CASE("a rank that never calls forward: the others time out; abort ends a blocked forward",
+          "[layer][timeout][abort]") {
+  std::mt19937 rng(Catch::rngSeed() + 13);
+  harness::Case c;
+  c.spec.H = 16;
+  c.spec.I = 8;
+  c.spec.E = 8;
+  c.spec.K = 2;
+  const ref::Weights w = ref::random_weights(c.spec, ref::F32, rng);
+  for (bool use_abort : {false, true}) {
+    INFO("abort=" << use_abort);
+    ep_moe_comm_config_t cc;
+    ep_moe_comm_config_init(&cc);
+    cc.timeout_ms = use_abort ? 30000 : 400;
+    std::vector<ep_moe_comm_t*> world(4);
+    REQUIRE(ep_moe_comm_create_local(world.data(), 4, &cc) == EP_MOE_OK);
+    std::vector<ep_moe_status_t> st(4, EP_MOE_OK);
+    std::thread aborter;
+    if (use_abort)
+      aborter = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        ep_moe_comm_abort(world[3]);
+      });
+    const auto t0 = Clock::now();
+    harness::run_ranks(3, [&](int r) {  // rank 3 never joins
+      MapHolder m(4, r, 8);
+      const auto lc = harness::layer_config(c);
+      ep_moe_layer_t* l = nullptr;
+      if (ep_moe_layer_create(&l, &lc, m.m, world[static_cast<size_t>(r)], nullptr) != EP_MOE_OK) return;
+      int stored = 0;
+      harness::load_weights(l, c, w, &stored);
+      std::vector<float> hid(16 * 2, 0.5f), logits(16, 0.0f), out(16 * 2, 0.0f);
+      ep_moe_forward_args_t a;
+      ep_moe_forward_args_init(&a);
+      a.num_tokens = 2;
+      a.hidden = hid.data();
+      a.router_logits = logits.data();
+      a.out = out.data();
+      st[static_cast<size_t>(r)] = ep_moe_layer_forward(l, &a);
+      ep_moe_layer_destroy(l);
+    });
+    if (aborter.joinable()) aborter.join();
+    const auto took = Clock::now() - t0;
+    CHECK(took < std::chrono::milliseconds(use_abort ? 2000 : 400 + 1000));
+    for (int r = 0; r < 3; ++r) {
+      if (use_abort) CHECK(st[static_cast<size_t>(r)] == EP_MOE_ERR_ABORTED);
+      else CHECK((st[static_cast<size_t>(r)] == EP_MOE_ERR_TIMEOUT || st[static_cast<size_t>(r)] == EP_MOE_ERR_REMOTE));
+    }
+    for (auto* h : world) ep_moe_comm_destroy(h);
+  }
+}
+
+TEST_CASE("without ep_comm the layer returns this rank's partial sum for the caller to reduce",
+          "[layer][partial]") {
+  std::mt19937 rng(Catch::rngSeed() + 14);
+  harness::Case c;
+  c.spec.H = 24;
+  c.spec.I = 12;
+  c.spec.E = 7;
+  c.spec.K = 3;
+  c.spec.Is = 10;
+  c.tokens = {6};
+  const ref::Weights w = ref::random_weights(c.spec, ref::F32, rng);
+  const harness::Inputs in = harness::make_inputs(c, w, rng);
+  std::vector<double> sum(in.expect[0].size(), 0.0);
+  for (int r = 0; r < 3; ++r) {
+    MapHolder m(3, r, 7);
+    const auto lc = harness::layer_config(c);
+    ep_moe_layer_t* l = nullptr;
+    REQUIRE(ep_moe_layer_create(&l, &lc, m.m, nullptr, nullptr) == EP_MOE_OK);
+    int stored = 0;
+    REQUIRE(harness::load_weights(l, c, w, &stored).empty());
+    int64_t shard = 0;
+    ep_moe_layer_get_attr(&shard, l, EP_MOE_LAYER_ATTR_SHARED_SHARD_SIZE);
+    CHECK(shard == (r == 0 ? 4 : 3));  // 10 columns over 3 ranks
+    std::vector<float> out(sum.size());
+    ep_moe_forward_args_t a;
+    ep_moe_forward_args_init(&a);
+    a.num_tokens = 6;
+    a.hidden = in.hidden[0].data();
+    a.router_logits = in.logits[0].data();
+    a.out = out.data();
+    REQUIRE(ep_moe_layer_forward(l, &a) == EP_MOE_OK);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += out[i];
+    ep_moe_layer_destroy(l);
+  }
+  for (size_t i = 0; i < sum.size(); ++i) CHECK(std::fabs(sum[i] - in.expect[0][i]) <= 1e-4);
+}
