@@ -82,7 +82,11 @@ typedef enum ep_moe_status {
   EP_MOE_ERR_IO = 11,               /**< A file could not be opened or read. */
   EP_MOE_ERR_FORMAT = 12,           /**< A file or buffer is malformed. */
   EP_MOE_ERR_NOT_FOUND = 13,        /**< A named item (tensor, key) does not exist. */
-  EP_MOE_ERR_STATE = 14             /**< The call is not valid in the handle's current state. */
+  EP_MOE_ERR_STATE = 14, /**< The call is not valid in the handle's current state. */
+  /** \cond RANGE */
+  EP_MOE_STATUS_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
+  EP_MOE_STATUS_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  /** \endcond */
 } ep_moe_status_t;
 
 /**
@@ -125,7 +129,11 @@ typedef enum ep_moe_feature {
   EP_MOE_FEATURE_CUDA = 1u << 1,     /**< CUDA backend built. */
   EP_MOE_FEATURE_NCCL = 1u << 2,     /**< NCCL communicator built. */
   EP_MOE_FEATURE_CUBLASLT = 1u << 3, /**< cuBLASLt expert GEMMs built. */
-  EP_MOE_FEATURE_MPI = 1u << 4       /**< MPI communicator built. */
+  EP_MOE_FEATURE_MPI = 1u << 4, /**< MPI communicator built. */
+  /** \cond RANGE */
+  EP_MOE_FEATURE_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
+  EP_MOE_FEATURE_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  /** \endcond */
 } ep_moe_feature_t;
 
 /**
@@ -142,7 +150,11 @@ typedef enum ep_moe_log_level {
   EP_MOE_LOG_ERROR = 0, /**< An operation failed. */
   EP_MOE_LOG_WARN = 1,  /**< Something was changed or ignored (e.g. a placement fallback). */
   EP_MOE_LOG_INFO = 2,  /**< One line per significant event (a layout, a mode choice). */
-  EP_MOE_LOG_DEBUG = 3  /**< Details for debugging. */
+  EP_MOE_LOG_DEBUG = 3, /**< Details for debugging. */
+  /** \cond RANGE */
+  EP_MOE_LOG_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
+  EP_MOE_LOG_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  /** \endcond */
 } ep_moe_log_level_t;
 
 /**
@@ -177,7 +189,11 @@ typedef enum ep_moe_dtype {
   EP_MOE_DTYPE_BF16 = 1, /**< bfloat16 (upper half of a binary32). */
   EP_MOE_DTYPE_F16 = 2,  /**< IEEE binary16. */
   EP_MOE_DTYPE_I32 = 3,  /**< int32_t (collectives only). */
-  EP_MOE_DTYPE_I64 = 4   /**< int64_t (collectives only). */
+  EP_MOE_DTYPE_I64 = 4, /**< int64_t (collectives only). */
+  /** \cond RANGE */
+  EP_MOE_DTYPE_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
+  EP_MOE_DTYPE_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  /** \endcond */
 } ep_moe_dtype_t;
 
 /** @} */
@@ -213,7 +229,11 @@ typedef enum ep_moe_placement {
   /** An explicit physical-slot -> logical-expert table for all ranks
    *  (ep_moe_expert_map_config_t::custom_slots); slots may repeat an expert
    *  (redundant replicas). */
-  EP_MOE_PLACEMENT_CUSTOM = 2
+  EP_MOE_PLACEMENT_CUSTOM = 2,
+  /** \cond RANGE */
+  EP_MOE_PLACEMENT_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
+  EP_MOE_PLACEMENT_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  /** \endcond */
 } ep_moe_placement_t;
 
 /** \brief Configuration of an expert map; fill with
@@ -324,7 +344,11 @@ typedef enum ep_moe_map_attr {
   EP_MOE_MAP_ATTR_REQUESTED_PLACEMENT = 8,  /**< Placement the config asked for. */
   EP_MOE_MAP_ATTR_FELL_BACK = 9,            /**< 1 when the requested placement fell back to linear. */
   EP_MOE_MAP_ATTR_NUM_REDUNDANT = 10,       /**< P - E. */
-  EP_MOE_MAP_ATTR_MAX_SLOTS_PER_RANK = 11   /**< Largest number of routed slots on any rank. */
+  EP_MOE_MAP_ATTR_MAX_SLOTS_PER_RANK = 11, /**< Largest number of routed slots on any rank. */
+  /** \cond RANGE */
+  EP_MOE_MAP_ATTR_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
+  EP_MOE_MAP_ATTR_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  /** \endcond */
 } ep_moe_map_attr_t;
 
 /**
@@ -396,7 +420,11 @@ typedef enum ep_moe_map_table {
   /** Number of slots of each rank. Length ep_size. */
   EP_MOE_MAP_TABLE_SLOTS_PER_RANK = 6,
   /** Number of replicas (slots) of each global expert. Length E. */
-  EP_MOE_MAP_TABLE_REPLICA_COUNT = 7
+  EP_MOE_MAP_TABLE_REPLICA_COUNT = 7,
+  /** \cond RANGE */
+  EP_MOE_MAP_TABLE_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
+  EP_MOE_MAP_TABLE_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  /** \endcond */
 } ep_moe_map_table_t;
 
 /**
@@ -452,7 +480,11 @@ typedef enum ep_moe_remap_mode {
    *  routed experts writes -1. */
   EP_MOE_REMAP_SPREAD = 0,
   /** Local id -1, weight 0: for kernels that skip negative ids. */
-  EP_MOE_REMAP_MINUS_ONE = 1
+  EP_MOE_REMAP_MINUS_ONE = 1,
+  /** \cond RANGE */
+  EP_MOE_REMAP_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
+  EP_MOE_REMAP_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  /** \endcond */
 } ep_moe_remap_mode_t;
 
 /**
@@ -715,13 +747,21 @@ typedef struct ep_moe_layer ep_moe_layer_t;
 typedef enum ep_moe_activation {
   EP_MOE_ACT_SILU = 0,     /**< SiLU (Qwen, DeepSeek, Mixtral). */
   EP_MOE_ACT_GELU = 1,     /**< GELU, erf form. */
-  EP_MOE_ACT_GELU_TANH = 2 /**< GELU, tanh approximation. */
+  EP_MOE_ACT_GELU_TANH = 2, /**< GELU, tanh approximation. */
+  /** \cond RANGE */
+  EP_MOE_ACT_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
+  EP_MOE_ACT_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  /** \endcond */
 } ep_moe_activation_t;
 
 /** \brief How router logits become expert scores. */
 typedef enum ep_moe_scoring {
   EP_MOE_SCORING_SOFTMAX = 0, /**< Softmax over all experts. */
-  EP_MOE_SCORING_SIGMOID = 1  /**< Independent sigmoid per expert (DeepSeek-V3). */
+  EP_MOE_SCORING_SIGMOID = 1, /**< Independent sigmoid per expert (DeepSeek-V3). */
+  /** \cond RANGE */
+  EP_MOE_SCORING_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
+  EP_MOE_SCORING_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  /** \endcond */
 } ep_moe_scoring_t;
 
 /** \brief What happens to (token, expert) pairs whose expert is on another rank. */
@@ -730,7 +770,11 @@ typedef enum ep_moe_skip_mode {
   EP_MOE_SKIP_TOKENS = 0,
   /** The seed's strategy, kept to measure the difference: they are computed
    *  on local expert `id % n_local` with weight 0. */
-  EP_MOE_SKIP_WEIGHT_ZERO = 1
+  EP_MOE_SKIP_WEIGHT_ZERO = 1,
+  /** \cond RANGE */
+  EP_MOE_SKIP_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
+  EP_MOE_SKIP_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  /** \endcond */
 } ep_moe_skip_mode_t;
 
 /** \brief Configuration of a layer; fill with ep_moe_layer_config_init() first. */
@@ -839,7 +883,11 @@ typedef enum ep_moe_weight {
   EP_MOE_WEIGHT_SHARED_DOWN = 6,          /**< Shared expert down_proj, full size [H, Is]. */
   EP_MOE_WEIGHT_SHARED_GATE_UP = 7,       /**< Shared expert fused gate_up_proj, [2 Is, H]. */
   EP_MOE_WEIGHT_SHARED_EXPERT_GATE = 8,   /**< Sigmoid gate of the shared expert, [1, H]. */
-  EP_MOE_WEIGHT_SCORE_BIAS = 9            /**< Score-correction bias, [1, E]. */
+  EP_MOE_WEIGHT_SCORE_BIAS = 9, /**< Score-correction bias, [1, E]. */
+  /** \cond RANGE */
+  EP_MOE_WEIGHT_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
+  EP_MOE_WEIGHT_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  /** \endcond */
 } ep_moe_weight_t;
 
 /**
@@ -939,7 +987,11 @@ typedef enum ep_moe_layer_attr {
   EP_MOE_LAYER_ATTR_LAST_SKIPPED_PAIRS = 6, /**< Pairs the last forward skipped as non-local. */
   EP_MOE_LAYER_ATTR_LAST_GATHER = 7,        /**< Last DP gather: 0 none, 1 padded, 2 compact. */
   EP_MOE_LAYER_ATTR_SHARED_SHARD_SIZE = 8,  /**< Columns of the shared intermediate held here. */
-  EP_MOE_LAYER_ATTR_CPU_ISA = 9             /**< CPU kernels in use: 0 generic, 1 AVX2, 2 AVX-512. */
+  EP_MOE_LAYER_ATTR_CPU_ISA = 9, /**< CPU kernels in use: 0 generic, 1 AVX2, 2 AVX-512. */
+  /** \cond RANGE */
+  EP_MOE_LAYER_ATTR_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
+  EP_MOE_LAYER_ATTR_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  /** \endcond */
 } ep_moe_layer_attr_t;
 
 /**

@@ -56,6 +56,7 @@ const std::vector<int32_t>& table_of(const ExpertMap& m, ep_moe_map_table_t t) {
     case EP_MOE_MAP_TABLE_SLOT_RANK: return m.slot_rank();
     case EP_MOE_MAP_TABLE_SLOTS_PER_RANK: return m.slots_per_rank();
     case EP_MOE_MAP_TABLE_REPLICA_COUNT: return m.replica_count();
+    default: break;
   }
   fail(EP_MOE_ERR_INVALID_ARGUMENT, "table %d is not an ep_moe_map_table_t value", static_cast<int>(t));
 }

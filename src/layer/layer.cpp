@@ -47,6 +47,7 @@ const char* weight_name(ep_moe_weight_t w) {
     case EP_MOE_WEIGHT_SHARED_GATE_UP: return "shared gate_up_proj";
     case EP_MOE_WEIGHT_SHARED_EXPERT_GATE: return "shared_expert_gate";
     case EP_MOE_WEIGHT_SCORE_BIAS: return "score-correction bias";
+    default: break;
   }
   return "unknown weight";
 }
@@ -217,6 +218,7 @@ bool Layer::set_weight(ep_moe_weight_t which, int32_t expert, const void* data, 
       EP_MOE_CHECK_ARG(cfg_.use_score_bias, "score-correction bias given, but the config has use_score_bias = 0");
       expect(1, cfg_.num_experts);
       break;
+    default: break;
   }
   EP_MOE_CHECK_ARG(data != nullptr, "data is NULL");
 
@@ -592,6 +594,7 @@ int64_t Layer::attr(ep_moe_layer_attr_t a) const {
     case EP_MOE_LAYER_ATTR_LAST_GATHER: return static_cast<int64_t>(last_gather_);
     case EP_MOE_LAYER_ATTR_SHARED_SHARD_SIZE: return shared_count_;
     case EP_MOE_LAYER_ATTR_CPU_ISA: return static_cast<int64_t>(kern_.isa);
+    default: break;
   }
   fail(EP_MOE_ERR_INVALID_ARGUMENT, "attr %d is not an ep_moe_layer_attr_t value", static_cast<int>(a));
 }

@@ -76,6 +76,7 @@ std::vector<uint8_t> make_buf(int r, size_t n, ep_moe_dtype_t t, size_t first = 
         std::memcpy(&b[i * 8], &x, 8);
         break;
       }
+      default: break;
     }
   }
   return b;

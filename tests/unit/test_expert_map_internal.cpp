@@ -6,7 +6,7 @@
 
 using namespace ep_moe;
 
-TEST_CASE("split_count/split_start tile [0, n) for every n and parts", "[unit][map]") {
+TEST_CASE("split_count and split_start tile 0..n for every n and parts", "[unit][map]") {
   for (int32_t parts = 1; parts <= 17; ++parts) {
     for (int32_t n = 0; n <= 300; ++n) {
       int32_t next = 0;
