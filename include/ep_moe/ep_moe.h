@@ -987,7 +987,8 @@ typedef enum ep_moe_layer_attr {
   EP_MOE_LAYER_ATTR_LAST_SKIPPED_PAIRS = 6, /**< Pairs the last forward skipped as non-local. */
   EP_MOE_LAYER_ATTR_LAST_GATHER = 7,        /**< Last DP gather: 0 none, 1 padded, 2 compact. */
   EP_MOE_LAYER_ATTR_SHARED_SHARD_SIZE = 8,  /**< Columns of the shared intermediate held here. */
-  EP_MOE_LAYER_ATTR_CPU_ISA = 9, /**< CPU kernels in use: 0 generic, 1 AVX2, 2 AVX-512. */
+  EP_MOE_LAYER_ATTR_CPU_ISA = 9,             /**< CPU kernels in use: 0 generic, 1 AVX2, 2 AVX-512. */
+  EP_MOE_LAYER_ATTR_LAST_ACTIVE_EXPERTS = 10, /**< Local experts with at least one pair in the last forward. */
   /** \cond RANGE */
   EP_MOE_LAYER_ATTR_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
   EP_MOE_LAYER_ATTR_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */

@@ -567,6 +567,8 @@ void Layer::forward(const ep_moe_forward_args_t& a) {
     last_local_pairs_ = local_pairs;
     last_skipped_ = skipped;
     last_gather_ = gather;
+    last_active_ = 0;
+    for (const auto& j : jobs_) last_active_ += j.gate_up != &shared_.gate_up;
   } catch (const Error& e) {
     for (int s = next_stage; s < n_stages; ++s) stages[s]->fail_collective(e.status(), e.what());
     throw;
@@ -594,6 +596,7 @@ int64_t Layer::attr(ep_moe_layer_attr_t a) const {
     case EP_MOE_LAYER_ATTR_LAST_GATHER: return static_cast<int64_t>(last_gather_);
     case EP_MOE_LAYER_ATTR_SHARED_SHARD_SIZE: return shared_count_;
     case EP_MOE_LAYER_ATTR_CPU_ISA: return static_cast<int64_t>(kern_.isa);
+    case EP_MOE_LAYER_ATTR_LAST_ACTIVE_EXPERTS: return last_active_;
     default: break;
   }
   fail(EP_MOE_ERR_INVALID_ARGUMENT, "attr %d is not an ep_moe_layer_attr_t value", static_cast<int>(a));

@@ -78,7 +78,7 @@ class Layer {
   std::vector<float> weights_, pair_weights_, shared_weights_;
   std::vector<cpu::ExpertJob> jobs_;
 
-  int64_t last_tokens_ = 0, last_local_pairs_ = 0, last_skipped_ = 0;
+  int64_t last_tokens_ = 0, last_local_pairs_ = 0, last_skipped_ = 0, last_active_ = 0;
   Gather last_gather_ = Gather::None;
 };
 

@@ -1,0 +1,187 @@
+// Model presets and deterministic random weights shared by the demo and the
+// benchmark. Public API only.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ep_moe/ep_moe.h"
+
+namespace presets {
+
+struct Model {
+  const char* name;
+  int hidden, intermediate, experts, top_k;
+  int groups, topk_group;   // grouped top-k (0 = off)
+  bool sigmoid, bias;       // DeepSeek-V3 scoring
+  float scale;              // routed scaling factor
+  int shared_intermediate;  // 0 = no shared expert
+  bool shared_gate;         // Qwen2-MoE sigmoid gate
+  int default_ep;           // EP size the benchmark simulates by default
+  const char* note;
+};
+
+// Expert layouts from each checkpoint's config.json.
+inline const std::vector<Model>& models() {
+  static const std::vector<Model> m = {
+      {"qwen3-30b-a3b", 2048, 768, 128, 8, 0, 0, false, false, 1.0f, 0, false, 4,
+       "Qwen3-30B-A3B: 128 experts, top-8, no shared expert"},
+      {"qwen2-57b-a14b", 3584, 2560, 64, 8, 0, 0, false, false, 1.0f, 20480, true, 4,
+       "Qwen2-57B-A14B: 64 experts, top-8, gated shared expert"},
+      {"deepseek-v3", 7168, 2048, 256, 8, 8, 4, true, true, 2.5f, 2048, false, 32,
+       "DeepSeek-V3: 256 experts in 8 groups, top-8 of 4 groups, sigmoid + bias, 1 shared expert"},
+      {"mixtral-8x7b", 4096, 14336, 8, 2, 0, 0, false, false, 1.0f, 0, false, 4,
+       "Mixtral-8x7B: 8 experts, top-2"},
+  };
+  return m;
+}
+
+inline const Model* find(const std::string& name) {
+  for (const auto& m : models())
+    if (name == m.name) return &m;
+  return nullptr;
+}
+
+// splitmix64: a fast, seedable generator; the same (seed, stream) always
+// gives the same numbers, so every rank builds identical weights.
+struct Rng {
+  uint64_t s;
+  Rng(uint64_t seed, uint64_t stream) : s(seed * 0x9E3779B97F4A7C15ull ^ (stream + 0x632BE59BD9B4E019ull)) {}
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [-a, a).
+  float uniform(float a) { return a * (static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f); }
+};
+
+inline void fill(std::vector<float>& v, size_t n, uint64_t seed, uint64_t stream, float scale) {
+  v.resize(n);
+  Rng r(seed, stream);
+  for (auto& x : v) x = r.uniform(scale);
+}
+
+// Gives a layer every tensor it needs from deterministic random weights;
+// experts without a slot on this rank are neither generated nor read.
+// Returns an empty string or the error.
+inline std::string load_random_weights(ep_moe_layer_t* layer, const ep_moe_expert_map_t* map, const Model& m,
+                                       int shared, uint64_t seed) {
+  const int H = m.hidden, I = m.intermediate;
+  // Uniform(-a, a) has variance a^2/3: a = sqrt(3/fan_in) keeps outputs O(1).
+  const float a_in = std::sqrt(3.0f / static_cast<float>(H)), a_down = std::sqrt(3.0f / static_cast<float>(I));
+  std::vector<float> buf;
+  auto put = [&](ep_moe_weight_t w, int e, int rows, int cols, uint64_t stream, float a) -> bool {
+    fill(buf, static_cast<size_t>(rows) * static_cast<size_t>(cols), seed, stream, a);
+    return ep_moe_layer_set_weight(nullptr, layer, w, e, buf.data(), EP_MOE_DTYPE_F32, rows, cols) == EP_MOE_OK;
+  };
+  for (int e = 0; e < m.experts; ++e) {
+    int32_t local = 0;
+    if (ep_moe_expert_map_is_local(&local, map, e) != EP_MOE_OK) return ep_moe_last_error();
+    if (!local) continue;
+    const uint64_t base = static_cast<uint64_t>(e) * 8;
+    if (!put(EP_MOE_WEIGHT_EXPERT_GATE, e, I, H, base + 0, a_in) || !put(EP_MOE_WEIGHT_EXPERT_UP, e, I, H, base + 1, a_in) ||
+        !put(EP_MOE_WEIGHT_EXPERT_DOWN, e, H, I, base + 2, a_down))
+      return ep_moe_layer_last_error(layer);
+  }
+  if (shared > 0) {
+    const uint64_t base = 1ull << 40;
+    const float a_sd = std::sqrt(3.0f / static_cast<float>(shared));
+    if (!put(EP_MOE_WEIGHT_SHARED_GATE, -1, shared, H, base, a_in) || !put(EP_MOE_WEIGHT_SHARED_UP, -1, shared, H, base + 1, a_in) ||
+        !put(EP_MOE_WEIGHT_SHARED_DOWN, -1, H, shared, base + 2, a_sd))
+      return ep_moe_layer_last_error(layer);
+    if (m.shared_gate && !put(EP_MOE_WEIGHT_SHARED_EXPERT_GATE, -1, 1, H, base + 3, a_in))
+      return ep_moe_layer_last_error(layer);
+  }
+  if (m.bias && !put(EP_MOE_WEIGHT_SCORE_BIAS, -1, 1, m.experts, (1ull << 40) + 7, 0.05f))
+    return ep_moe_layer_last_error(layer);
+  return "";
+}
+
+inline ep_moe_layer_config_t layer_config(const Model& m, int shared, ep_moe_dtype_t wdt, ep_moe_dtype_t adt,
+                                          int max_tokens, int threads) {
+  ep_moe_layer_config_t c;
+  ep_moe_layer_config_init(&c);
+  c.hidden_size = m.hidden;
+  c.intermediate_size = m.intermediate;
+  c.num_experts = m.experts;
+  c.top_k = m.top_k;
+  c.weight_dtype = wdt;
+  c.act_dtype = adt;
+  c.scoring = m.sigmoid ? EP_MOE_SCORING_SIGMOID : EP_MOE_SCORING_SOFTMAX;
+  c.renormalize = 1;
+  c.num_expert_group = m.groups;
+  c.topk_group = m.topk_group;
+  c.use_score_bias = m.bias;
+  c.routed_scaling_factor = m.scale;
+  c.shared_intermediate_size = shared;
+  c.shared_expert_gate = shared > 0 && m.shared_gate;
+  c.max_tokens = max_tokens;
+  c.num_threads = threads;
+  return c;
+}
+
+inline bool parse_dtype(const std::string& s, ep_moe_dtype_t* out) {
+  if (s == "f32") *out = EP_MOE_DTYPE_F32;
+  else if (s == "bf16") *out = EP_MOE_DTYPE_BF16;
+  else if (s == "f16") *out = EP_MOE_DTYPE_F16;
+  else return false;
+  return true;
+}
+
+// Activations of dtype `dt` from floats.
+inline std::vector<uint8_t> encode(const std::vector<float>& v, ep_moe_dtype_t dt) {
+  std::vector<uint8_t> out(v.size() * (dt == EP_MOE_DTYPE_F32 ? 4 : 2));
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint32_t u;
+    std::memcpy(&u, &v[i], 4);
+    if (dt == EP_MOE_DTYPE_F32) {
+      std::memcpy(&out[4 * i], &u, 4);
+    } else if (dt == EP_MOE_DTYPE_BF16) {
+      const uint16_t h = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+      std::memcpy(&out[2 * i], &h, 2);
+    } else {  // f16 for |v| well inside the normal range, round to nearest
+      const uint32_t sign = (u >> 16) & 0x8000u;
+      int e = static_cast<int>((u >> 23) & 0xff) - 127 + 15;
+      uint32_t man = u & 0x7fffffu;
+      uint16_t h;
+      if (e <= 0) h = static_cast<uint16_t>(sign);
+      else if (e >= 31) h = static_cast<uint16_t>(sign | 0x7c00u);
+      else {
+        uint32_t r = (static_cast<uint32_t>(e) << 10 | (man >> 13)) + ((man >> 12) & 1u);
+        h = static_cast<uint16_t>(sign | r);
+      }
+      std::memcpy(&out[2 * i], &h, 2);
+    }
+  }
+  return out;
+}
+
+inline std::vector<float> decode(const std::vector<uint8_t>& b, ep_moe_dtype_t dt) {
+  const size_t n = b.size() / (dt == EP_MOE_DTYPE_F32 ? 4 : 2);
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (dt == EP_MOE_DTYPE_F32) {
+      std::memcpy(&out[i], &b[4 * i], 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, &b[2 * i], 2);
+      if (dt == EP_MOE_DTYPE_BF16) {
+        const uint32_t u = static_cast<uint32_t>(h) << 16;
+        std::memcpy(&out[i], &u, 4);
+      } else {
+        const int e = (h >> 10) & 31, man = h & 1023;
+        const float v = e == 0 ? std::ldexp(static_cast<float>(man), -24)
+                               : std::ldexp(static_cast<float>(1024 + man), e - 25);
+        out[i] = (h & 0x8000) ? -v : v;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace presets
