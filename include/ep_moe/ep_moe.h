@@ -21,9 +21,10 @@
  *   untouched and its handle usable.
  * - Out-parameters come first and are named `out` (or `out_<what>`).
  * - Handles are opaque. `ep_moe_<x>_create()` allocates one; the matching
- *   `ep_moe_<x>_destroy()` frees it and accepts NULL. A handle passed as a
- *   `const` pointer may be used from several threads at once; a handle passed
- *   as a non-const pointer needs the caller's synchronisation.
+ *   `ep_moe_<x>_destroy()` frees it and accepts NULL. Functions taking a
+ *   `const` handle may run on it from several threads at once; a function
+ *   taking a non-const handle must not overlap with any other call on that
+ *   handle (the caller synchronises), except ep_moe_comm_abort().
  * - Configuration structs start with `size_t struct_size` and must be filled
  *   by their `*_config_init()` function before fields are changed. A struct
  *   whose `struct_size` this library does not know is rejected with

@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 
+#include "../common/seed.hpp"
 #include "map_helpers.hpp"
 
 namespace {
@@ -382,7 +383,7 @@ void seed_mask_and_remap(const std::vector<int32_t>& ids, const std::vector<floa
 }  // namespace
 
 TEST_CASE("mask_and_remap matches the seed for linear placement", "[remap]") {
-  std::mt19937 rng(Catch::rngSeed() + 17);
+  std::mt19937 rng(test_seed() + 17);
   for (int ep : {1, 2, 3, 4, 8}) {
     for (int E : {8, 60, 64}) {
       const int T = 1 + static_cast<int>(rng() % 37), K = 1 + static_cast<int>(rng() % 8);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../multirank/harness.hpp"
+#include "../common/seed.hpp"
 #include "ep_moe/ep_moe.h"
 
 namespace {
@@ -193,7 +194,7 @@ TEST_CASE("set_weight checks shapes, ids, dtypes and the configuration", "[layer
 }
 
 TEST_CASE("bad forward input: clear status, nothing written, the layer stays usable", "[layer][errors]") {
-  std::mt19937 rng(Catch::rngSeed() + 11);
+  std::mt19937 rng(test_seed() + 11);
   Ready r(rng);
   const int T = 3, H = 16, E = 4, K = 2;
   std::vector<float> hid(static_cast<size_t>(T * H), 0.25f), logits(static_cast<size_t>(T * E), 0.1f);
@@ -278,7 +279,7 @@ TEST_CASE("bad forward input: clear status, nothing written, the layer stays usa
 
 TEST_CASE("one rank's bad input: it gets the error, the others REMOTE at once, next step works",
           "[layer][errors][multirank]") {
-  std::mt19937 rng(Catch::rngSeed() + 12);
+  std::mt19937 rng(test_seed() + 12);
   harness::Case c;
   c.ep = 4;
   c.spec.H = 24;
@@ -340,7 +341,7 @@ TEST_CASE("one rank's bad input: it gets the error, the others REMOTE at once, n
 
 TEST_CASE("a rank that never calls forward: the others time out; abort ends a blocked forward",
           "[layer][timeout][abort]") {
-  std::mt19937 rng(Catch::rngSeed() + 13);
+  std::mt19937 rng(test_seed() + 13);
   harness::Case c;
   c.spec.H = 16;
   c.spec.I = 8;
@@ -392,7 +393,7 @@ TEST_CASE("a rank that never calls forward: the others time out; abort ends a bl
 
 TEST_CASE("without ep_comm the layer returns this rank's partial sum for the caller to reduce",
           "[layer][partial]") {
-  std::mt19937 rng(Catch::rngSeed() + 14);
+  std::mt19937 rng(test_seed() + 14);
   harness::Case c;
   c.spec.H = 24;
   c.spec.I = 12;

@@ -1,5 +1,6 @@
 // The MoE layer forward pass across in-process EP/DP ranks, through the C
 // API, against the double-precision dense reference.
+#include "../common/seed.hpp"
 #include "harness.hpp"
 
 using harness::Case;
@@ -7,7 +8,7 @@ using harness::Case;
 namespace {
 
 std::mt19937& rng() {
-  static std::mt19937 g(Catch::rngSeed() ? Catch::rngSeed() : std::random_device{}());
+  static std::mt19937 g(test_seed());
   return g;
 }
 
