@@ -138,15 +138,7 @@ ep_moe_status_t ep_moe_comm_set_timeout(ep_moe_comm_t* comm, int32_t timeout_ms)
   });
 }
 
-const char* ep_moe_comm_last_error(const ep_moe_comm_t* comm) {
-  if (comm == nullptr) return "comm is NULL";
-  if (!is_live(comm, Kind::Comm)) return "comm is not a live ep_moe_comm_t";
-  try {
-    return thread_copy(comm->error());
-  } catch (...) {
-    return "out of memory while copying the error message";
-  }
-}
+const char* ep_moe_comm_last_error(const ep_moe_comm_t* comm) { return handle_last_error(comm, comm, Kind::Comm); }
 
 ep_moe_status_t ep_moe_comm_all_reduce(void* out, const void* in, size_t count, ep_moe_dtype_t dtype,
                                        ep_moe_comm_t* comm, void* stream) {

@@ -112,15 +112,7 @@ ep_moe_status_t ep_moe_expert_map_update(ep_moe_expert_map_t* map, const ep_moe_
   });
 }
 
-const char* ep_moe_expert_map_last_error(const ep_moe_expert_map_t* map) {
-  if (map == nullptr) return "map is NULL";
-  if (!is_live(map, Kind::ExpertMap)) return "map is not a live ep_moe_expert_map_t";
-  try {
-    return thread_copy(map->error());
-  } catch (...) {
-    return "out of memory while copying the error message";
-  }
-}
+const char* ep_moe_expert_map_last_error(const ep_moe_expert_map_t* map) { return handle_last_error(map, map, Kind::ExpertMap); }
 
 ep_moe_status_t ep_moe_expert_map_get_attr(int32_t* out, const ep_moe_expert_map_t* map, ep_moe_map_attr_t attr) {
   return guard(__func__, map, Kind::ExpertMap, [&] {

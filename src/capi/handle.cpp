@@ -47,6 +47,16 @@ const char* kind_name(Kind kind) {
   return "handle";
 }
 
+const char* handle_last_error(const HandleBase* h, const void* raw, Kind kind) {
+  if (raw == nullptr) return "the handle is NULL";
+  if (!is_live(raw, kind)) return "the handle is not live (destroyed, or another type)";
+  try {
+    return thread_copy(h->error());
+  } catch (...) {
+    return "out of memory while copying the error message";
+  }
+}
+
 void set_thread_error(const std::string& msg) { t_error = msg; }
 const char* thread_error() { return t_error.c_str(); }
 const char* thread_copy(std::string s) {

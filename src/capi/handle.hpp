@@ -50,6 +50,10 @@ const char* thread_error();
 // Copies `s` into a thread-local buffer and returns it (for *_last_error).
 const char* thread_copy(std::string s);
 
+// Body of every ep_moe_<x>_last_error(): a thread-local copy of the handle's
+// message, or a fixed text for NULL and dead handles. Never throws.
+const char* handle_last_error(const HandleBase* h, const void* raw, Kind kind);
+
 // Validates a handle pointer; throws INVALID_HANDLE.
 template <class H>
 H* checked(H* h, Kind kind, const char* what) {

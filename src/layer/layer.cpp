@@ -299,6 +299,17 @@ std::string Layer::missing_weight() const {
   return "";
 }
 
+cpu::ExpertJob Layer::job(const Expert& x, int32_t inter, const int32_t* rows, const float* weights, int64_t n) {
+  cpu::ExpertJob j;
+  j.gate_up = &x.gate_up;
+  j.down = &x.down;
+  j.inter = inter;
+  j.rows = rows;
+  j.weights = weights;
+  j.n = n;
+  return j;
+}
+
 int32_t Layer::pick_slot(int32_t expert, int64_t token, int32_t k) const {
   const int32_t b = replica_begin_[static_cast<size_t>(expert)];
   const int32_t n = replica_begin_[static_cast<size_t>(expert) + 1] - b;
@@ -502,15 +513,9 @@ void Layer::forward(const ep_moe_forward_args_t& a) {
     jobs_.clear();
     for (int32_t l = 0; l < n_local; ++l) {
       const int64_t b = pair_count_[static_cast<size_t>(l)], n = pair_count_[static_cast<size_t>(l) + 1] - b;
-      if (n == 0) continue;
-      cpu::ExpertJob j;
-      j.gate_up = &experts_[static_cast<size_t>(l)].gate_up;
-      j.down = &experts_[static_cast<size_t>(l)].down;
-      j.inter = cfg_.intermediate_size;
-      j.rows = pair_rows_.data() + b;
-      j.weights = pair_weights_.data() + b;
-      j.n = n;
-      jobs_.push_back(j);
+      if (n > 0)
+        jobs_.push_back(job(experts_[static_cast<size_t>(l)], cfg_.intermediate_size, pair_rows_.data() + b,
+                            pair_weights_.data() + b, n));
     }
     if (shared_count_ > 0) {
       int64_t n = 0;
@@ -527,16 +532,7 @@ void Layer::forward(const ep_moe_forward_args_t& a) {
         shared_weights_[static_cast<size_t>(n)] = g;
         ++n;
       }
-      if (n > 0) {
-        cpu::ExpertJob j;
-        j.gate_up = &shared_.gate_up;
-        j.down = &shared_.down;
-        j.inter = shared_count_;
-        j.rows = shared_rows_.data();
-        j.weights = shared_weights_.data();
-        j.n = n;
-        jobs_.push_back(j);
-      }
+      if (n > 0) jobs_.push_back(job(shared_, shared_count_, shared_rows_.data(), shared_weights_.data(), n));
     }
     ffn_->run(*pool_, jobs_, x, H, acc, H, act_);
 

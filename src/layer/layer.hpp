@@ -46,6 +46,7 @@ class Layer {
   void set_gate_up_part(Expert& x, int half, const cpu::Source& src, int32_t inter, int32_t k);
   void finish_gate_up(Expert& x, int32_t inter, int32_t k);
   int32_t pick_slot(int32_t expert, int64_t token, int32_t k) const;
+  static cpu::ExpertJob job(const Expert& x, int32_t inter, const int32_t* rows, const float* weights, int64_t n);
 
   ep_moe_layer_config_t cfg_;
   ExpertMap map_;

@@ -386,5 +386,5 @@ TEST_CASE("communicator argument checks", "[comm][errors]") {
   ep_moe_comm_destroy(h[0]);
   CHECK(ep_moe_comm_barrier(dead) == EP_MOE_ERR_INVALID_HANDLE);
   CHECK(ep_moe_comm_abort(nullptr) == EP_MOE_ERR_INVALID_HANDLE);
-  CHECK(std::string(ep_moe_comm_last_error(nullptr)) == "comm is NULL");
+  CHECK(std::string(ep_moe_comm_last_error(nullptr)) == "the handle is NULL");
 }

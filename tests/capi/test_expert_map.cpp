@@ -594,7 +594,7 @@ TEST_CASE("queries reject NULL, destroyed and out-of-range arguments and leave o
   CHECK(std::string(ep_moe_last_error()).find("not a live") != std::string::npos);
   ep_moe_expert_map_destroy(gone);  // destroying twice is ignored
   ep_moe_expert_map_destroy(nullptr);
-  CHECK(std::string(ep_moe_expert_map_last_error(nullptr)) == "map is NULL");
+  CHECK(std::string(ep_moe_expert_map_last_error(nullptr)) == "the handle is NULL");
   CHECK(ep_moe_expert_map_update(nullptr, &cfg) == EP_MOE_ERR_INVALID_HANDLE);
   CHECK(ep_moe_expert_map_update(m.get(), nullptr) == EP_MOE_ERR_INVALID_ARGUMENT);
 }

@@ -190,7 +190,7 @@ TEST_CASE("set_weight checks shapes, ids, dtypes and the configuration", "[layer
   ep_moe_layer_destroy(l);
   CHECK(ep_moe_layer_forward(l, &a) == EP_MOE_ERR_INVALID_HANDLE);
   ep_moe_layer_destroy(l);
-  CHECK(std::string(ep_moe_layer_last_error(nullptr)) == "layer is NULL");
+  CHECK(std::string(ep_moe_layer_last_error(nullptr)) == "the handle is NULL");
 }
 
 TEST_CASE("bad forward input: clear status, nothing written, the layer stays usable", "[layer][errors]") {

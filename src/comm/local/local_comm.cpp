@@ -62,6 +62,19 @@ struct Slot {
   std::string fail_message;
 };
 
+Slot data_slot(Op op, const void* in, void* out, size_t count, ep_moe_dtype_t dtype, const size_t* counts = nullptr,
+               const size_t* out_counts = nullptr) {
+  Slot s;
+  s.op = op;
+  s.in = in;
+  s.out = out;
+  s.count = count;
+  s.dtype = dtype;
+  s.counts = counts;
+  s.out_counts = out_counts;
+  return s;
+}
+
 struct Group;
 
 // Shared by a world group and every group split from it: one abort breaks all.
@@ -138,13 +151,7 @@ class LocalComm final : public Comm {
   const char* backend() const override { return "local"; }
 
   void all_reduce(void* out, const void* in, size_t count, ep_moe_dtype_t dtype) override {
-    Slot s;
-    s.op = Op::AllReduce;
-    s.in = in;
-    s.out = out;
-    s.count = count;
-    s.dtype = dtype;
-    run(std::move(s), [&](std::vector<Slot>& sl) {
+    run(data_slot(Op::AllReduce, in, out, count, dtype), [&](std::vector<Slot>& sl) {
       check_same_count(sl);
       // Rank r reduces its share of the elements and writes it to everyone.
       const size_t n = group_->size;
@@ -160,13 +167,7 @@ class LocalComm final : public Comm {
   }
 
   void reduce_scatter(void* out, const void* in, size_t count, ep_moe_dtype_t dtype) override {
-    Slot s;
-    s.op = Op::ReduceScatter;
-    s.in = in;
-    s.out = out;
-    s.count = count;
-    s.dtype = dtype;
-    run(std::move(s), [&](std::vector<Slot>& sl) {
+    run(data_slot(Op::ReduceScatter, in, out, count, dtype), [&](std::vector<Slot>& sl) {
       check_same_count(sl);
       std::vector<const void*> srcs(sl.size());
       for (size_t p = 0; p < sl.size(); ++p) srcs[p] = sl[p].in;
@@ -175,13 +176,7 @@ class LocalComm final : public Comm {
   }
 
   void all_gather(void* out, const void* in, size_t count, ep_moe_dtype_t dtype) override {
-    Slot s;
-    s.op = Op::AllGather;
-    s.in = in;
-    s.out = out;
-    s.count = count;
-    s.dtype = dtype;
-    run(std::move(s), [&](std::vector<Slot>& sl) {
+    run(data_slot(Op::AllGather, in, out, count, dtype), [&](std::vector<Slot>& sl) {
       check_same_count(sl);
       const size_t bytes = count * dtype_size(dtype);
       for (size_t p = 0; p < sl.size(); ++p)
@@ -190,13 +185,7 @@ class LocalComm final : public Comm {
   }
 
   void all_gather_v(void* out, const void* in, const size_t* counts, ep_moe_dtype_t dtype) override {
-    Slot s;
-    s.op = Op::AllGatherV;
-    s.in = in;
-    s.out = out;
-    s.counts = counts;
-    s.dtype = dtype;
-    run(std::move(s), [&](std::vector<Slot>& sl) {
+    run(data_slot(Op::AllGatherV, in, out, 0, dtype, counts), [&](std::vector<Slot>& sl) {
       const size_t n = sl.size();
       for (size_t p = 0; p < n; ++p)
         for (size_t q = 0; q < n; ++q)
@@ -216,14 +205,7 @@ class LocalComm final : public Comm {
 
   void all_to_all_v(void* out, const size_t* out_counts, const void* in, const size_t* in_counts,
                     ep_moe_dtype_t dtype) override {
-    Slot s;
-    s.op = Op::AllToAllV;
-    s.in = in;
-    s.out = out;
-    s.counts = in_counts;
-    s.out_counts = out_counts;
-    s.dtype = dtype;
-    run(std::move(s), [&](std::vector<Slot>& sl) {
+    run(data_slot(Op::AllToAllV, in, out, 0, dtype, in_counts, out_counts), [&](std::vector<Slot>& sl) {
       const size_t n = sl.size();
       for (size_t p = 0; p < n; ++p)
         for (size_t q = 0; q < n; ++q)
