@@ -2,6 +2,9 @@
 # variable EP_MOE_HAVE_<X>, turned into a compile definition and reported at
 # run time by ep_moe_has_feature().
 
+# --- nlohmann/json (header-only, Debian's nlohmann-json3-dev) ---------------
+find_package(nlohmann_json 3.9 REQUIRED)
+
 # --- CUDA toolkit, cuBLASLt, NCCL ------------------------------------------
 set(EP_MOE_HAVE_CUDA FALSE)
 set(EP_MOE_HAVE_CUBLASLT FALSE)

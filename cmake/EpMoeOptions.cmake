@@ -9,6 +9,7 @@ option(EP_MOE_BUILD_TESTS "Build the tests" ${PROJECT_IS_TOP_LEVEL})
 option(EP_MOE_BUILD_EXAMPLES "Build the demo and examples" ${PROJECT_IS_TOP_LEVEL})
 option(EP_MOE_BUILD_BENCH "Build the benchmark" ${PROJECT_IS_TOP_LEVEL})
 option(EP_MOE_WERROR "Treat compiler warnings as errors" OFF)
+option(EP_MOE_BUILD_FUZZERS "Build the libFuzzer targets of the parsers (clang only)" OFF)
 set(EP_MOE_SANITIZE "" CACHE STRING "Sanitizers for library and tests: '', 'address;undefined' or 'thread'")
 
 find_package(Doxygen QUIET)

@@ -1,9 +1,30 @@
 #!/usr/bin/env bash
 # Every test on a fresh machine: install what is missing, build the CI
-# configuration (warnings are errors) and run the whole test suite.
+# configuration (warnings are errors) and run the whole test suite, then
+# build the parser fuzzers (clang, ASan+UBSan) and fuzz each for a fixed time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
-cmake --preset ci
+
+# The reference Python writers (numpy, safetensors, gguf from PyPI) in a venv
+# under build/; where they cannot be installed their tests report "skipped".
+venv=build/pyref-venv
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import numpy, safetensors, gguf" 2>/dev/null; then
+  mkdir -p build
+  if python3 -m venv "$venv" >/dev/null 2>&1 &&
+     "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy safetensors gguf >/dev/null 2>&1; then
+    :
+  else
+    echo "note: numpy/safetensors/gguf could not be installed; the reference-writer tests will be skipped" >&2
+  fi
+fi
+python_arg=()
+[ -x "$venv/bin/python" ] && python_arg=(-DEP_MOE_PYTHON="$PWD/$venv/bin/python")
+
+cmake --preset ci "${python_arg[@]}"
 cmake --build --preset ci
 ctest --preset ci
+
+cmake --preset fuzz -DEP_MOE_FUZZ_SECONDS="${EP_MOE_FUZZ_SECONDS:-20}"
+cmake --build --preset fuzz
+ctest --preset fuzz

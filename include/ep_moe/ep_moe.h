@@ -884,7 +884,10 @@ typedef enum ep_moe_weight {
   EP_MOE_WEIGHT_SHARED_DOWN = 6,          /**< Shared expert down_proj, full size [H, Is]. */
   EP_MOE_WEIGHT_SHARED_GATE_UP = 7,       /**< Shared expert fused gate_up_proj, [2 Is, H]. */
   EP_MOE_WEIGHT_SHARED_EXPERT_GATE = 8,   /**< Sigmoid gate of the shared expert, [1, H]. */
-  EP_MOE_WEIGHT_SCORE_BIAS = 9, /**< Score-correction bias, [1, E]. */
+  EP_MOE_WEIGHT_SCORE_BIAS = 9,           /**< Score-correction bias, [1, E]. */
+  EP_MOE_WEIGHT_ROUTER = 10,              /**< Router (gate) weight, [E, H], kept in f32: with it,
+                                               forward computes the logits when given neither
+                                               router_logits nor topk_ids. */
   /** \cond RANGE */
   EP_MOE_WEIGHT_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
   EP_MOE_WEIGHT_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
@@ -926,7 +929,8 @@ typedef struct ep_moe_forward_args {
   int64_t num_tokens;
   /** [T, H] hidden states of act_dtype. */
   const void* hidden;
-  /** [T, E] router logits of router_dtype; NULL when topk_ids is given. */
+  /** [T, E] router logits of router_dtype; NULL when topk_ids is given or
+   *  when the layer holds a router weight (::EP_MOE_WEIGHT_ROUTER). */
   const void* router_logits;
   /** [T, K] global expert ids chosen by the caller; NULL when router_logits
    *  is given. */
@@ -990,6 +994,7 @@ typedef enum ep_moe_layer_attr {
   EP_MOE_LAYER_ATTR_SHARED_SHARD_SIZE = 8,  /**< Columns of the shared intermediate held here. */
   EP_MOE_LAYER_ATTR_CPU_ISA = 9,             /**< CPU kernels in use: 0 generic, 1 AVX2, 2 AVX-512. */
   EP_MOE_LAYER_ATTR_LAST_ACTIVE_EXPERTS = 10, /**< Local experts with at least one pair in the last forward. */
+  EP_MOE_LAYER_ATTR_BYTES_LOADED = 11,        /**< Bytes read from checkpoint files by ep_moe_layer_load(). */
   /** \cond RANGE */
   EP_MOE_LAYER_ATTR_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
   EP_MOE_LAYER_ATTR_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
@@ -1005,6 +1010,210 @@ typedef enum ep_moe_layer_attr {
  */
 EP_MOE_API ep_moe_status_t ep_moe_layer_get_attr(int64_t* out, const ep_moe_layer_t* layer,
                                                  ep_moe_layer_attr_t attr);
+
+/** @} */
+
+/** \defgroup ep_moe_checkpoint Checkpoints
+ *  \brief Reading MoE layers from safetensors and GGUF checkpoints, each rank
+ *  only its own experts.
+ *
+ * Formats: a `.safetensors` file, a sharded checkpoint through its
+ * `model.safetensors.index.json`, a directory holding either, or a GGUF (v2
+ * or v3) file. Every header is validated when the checkpoint is opened;
+ * tensor data is read only by ep_moe_layer_load(), only the byte ranges the
+ * rank needs. Loadable element types: F32, F16, BF16, and Q8_0 (GGUF,
+ * dequantised while loading). The layer configuration comes from the
+ * checkpoint (HF `config.json` beside it, or GGUF metadata) and tensor shapes.
+ *
+ * An open checkpoint may be used by several threads at once (all functions
+ * taking it are const), e.g. by every in-process rank loading its layer.
+ *  @{ */
+
+/** \brief An open checkpoint. Opaque. */
+typedef struct ep_moe_checkpoint ep_moe_checkpoint_t;
+
+/** \brief Expert tensor naming schemes. */
+typedef enum ep_moe_naming {
+  EP_MOE_NAMING_AUTO = 0,                /**< Detect from the tensor names (default). */
+  EP_MOE_NAMING_HF = 1,                  /**< `layers.L.mlp.experts.e.{gate,up,down}_proj.weight` (Qwen2/3-MoE, DeepSeek). */
+  EP_MOE_NAMING_MIXTRAL = 2,             /**< `layers.L.block_sparse_moe.experts.e.{w1,w3,w2}.weight`. */
+  EP_MOE_NAMING_HF_FUSED = 3,            /**< `layers.L.mlp.experts.gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I]. */
+  EP_MOE_NAMING_HF_FUSED_TRANSPOSED = 4, /**< The same names stored [E, H, 2I] and [E, I, H]. */
+  EP_MOE_NAMING_GGUF = 5, /**< `blk.L.ffn_{gate,up,down}_exps.weight` [E, I, H] ... */
+  /** \cond RANGE */
+  EP_MOE_NAMING_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
+  EP_MOE_NAMING_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  /** \endcond */
+} ep_moe_naming_t;
+
+/** \brief How to open a checkpoint; fill with ep_moe_checkpoint_config_init() first. */
+typedef struct ep_moe_checkpoint_config {
+  /** Size of this struct as the caller compiled it. */
+  size_t struct_size;
+  /** ::ep_moe_naming_t; ::EP_MOE_NAMING_AUTO detects it. */
+  int32_t naming;
+  /** Only HF tensors whose name starts with this prefix (the part before
+   *  `layers.`, e.g. "model.language_model."); NULL or "" detects it. Copied. */
+  const char* name_prefix;
+} ep_moe_checkpoint_config_t;
+
+/**
+ * \brief Fills a checkpoint config with defaults and sets its struct_size.
+ * \param[out] out The struct to fill.
+ * \return ::EP_MOE_OK, or ::EP_MOE_ERR_INVALID_ARGUMENT when `out` is NULL.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_checkpoint_config_init(ep_moe_checkpoint_config_t* out);
+
+/**
+ * \brief Opens a checkpoint and validates every header of it.
+ * \param[out] out    Receives the handle (owned by the caller; free it with
+ *                    ep_moe_checkpoint_close()).
+ * \param[in]  path   A file or directory (see \ref ep_moe_checkpoint).
+ * \param[in]  config Options, or NULL for the defaults.
+ * \return ::EP_MOE_OK; ::EP_MOE_ERR_IO (cannot open or read);
+ *         ::EP_MOE_ERR_FORMAT (a malformed file: the message names the file
+ *         and the tensor); ::EP_MOE_ERR_NOT_FOUND (no checkpoint at the path,
+ *         or no tensors of a forced naming); ::EP_MOE_ERR_INVALID_ARGUMENT.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_checkpoint_open(ep_moe_checkpoint_t** out, const char* path,
+                                                  const ep_moe_checkpoint_config_t* config);
+
+/**
+ * \brief Closes a checkpoint. NULL is accepted. Layers loaded from it keep
+ *        their weights.
+ * \param[in] checkpoint The handle; invalid after the call.
+ */
+EP_MOE_API void ep_moe_checkpoint_close(ep_moe_checkpoint_t* checkpoint);
+
+/**
+ * \brief The message of the last failed call on this checkpoint.
+ * \param[in] checkpoint The handle (NULL gives a fixed message).
+ * \return A NUL-terminated copy, valid in the calling thread until its next
+ *         ep_moe call; "" when no call on the handle failed.
+ */
+EP_MOE_API const char* ep_moe_checkpoint_last_error(const ep_moe_checkpoint_t* checkpoint);
+
+/** \brief Integer attributes of a checkpoint, for ep_moe_checkpoint_get_attr(). */
+typedef enum ep_moe_checkpoint_attr {
+  EP_MOE_CHECKPOINT_ATTR_FORMAT = 0,         /**< 0 safetensors, 1 GGUF. */
+  EP_MOE_CHECKPOINT_ATTR_NAMING = 1,         /**< The ::ep_moe_naming_t in use. */
+  EP_MOE_CHECKPOINT_ATTR_NUM_FILES = 2,      /**< Data files. */
+  EP_MOE_CHECKPOINT_ATTR_NUM_TENSORS = 3,    /**< Tensors in all files. */
+  EP_MOE_CHECKPOINT_ATTR_NUM_MOE_LAYERS = 4, /**< Layers with routed experts. */
+  EP_MOE_CHECKPOINT_ATTR_NUM_LAYERS = 5,     /**< Decoder layers (config, or the highest index + 1). */
+  EP_MOE_CHECKPOINT_ATTR_HEADER_BYTES = 6, /**< Bytes read to open it (headers, index, config). */
+  /** \cond RANGE */
+  EP_MOE_CHECKPOINT_ATTR_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
+  EP_MOE_CHECKPOINT_ATTR_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  /** \endcond */
+} ep_moe_checkpoint_attr_t;
+
+/**
+ * \brief Reads one integer attribute of a checkpoint.
+ * \param[out] out        Receives the value.
+ * \param[in]  checkpoint The handle.
+ * \param[in]  attr       Which attribute.
+ * \return ::EP_MOE_OK, ::EP_MOE_ERR_INVALID_HANDLE or ::EP_MOE_ERR_INVALID_ARGUMENT.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_checkpoint_get_attr(int64_t* out, const ep_moe_checkpoint_t* checkpoint,
+                                                      ep_moe_checkpoint_attr_t attr);
+
+/**
+ * \brief Lists the indices of the layers that hold routed experts, ascending.
+ * \param[out] out       Buffer for up to `out_len` indices; may be NULL when
+ *                       `out_len` is 0.
+ * \param[in]  out_len   Capacity of `out`.
+ * \param[out] out_count Receives the number of MoE layers (which may exceed
+ *                       `out_len`; then only the first `out_len` are written).
+ * \param[in]  checkpoint The handle.
+ * \return ::EP_MOE_OK, ::EP_MOE_ERR_INVALID_HANDLE or ::EP_MOE_ERR_INVALID_ARGUMENT.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_checkpoint_moe_layers(int32_t* out, size_t out_len, size_t* out_count,
+                                                       const ep_moe_checkpoint_t* checkpoint);
+
+/**
+ * \brief Fills the model-shape fields of a layer config from the checkpoint.
+ *
+ * Sets hidden_size, intermediate_size, num_experts, top_k (when declared),
+ * activation, weight_dtype (the experts' dtype; f32 for Q8_0), scoring,
+ * renormalize, num_expert_group, topk_group, use_score_bias,
+ * routed_scaling_factor, shared_intermediate_size and shared_expert_gate.
+ * act_dtype, router_dtype, max_tokens, num_threads and skip_mode are kept.
+ * \param[in,out] config     Initialised with ep_moe_layer_config_init().
+ * \param[in]     checkpoint The handle.
+ * \param[in]     layer      A layer index from ep_moe_checkpoint_moe_layers().
+ * \return ::EP_MOE_OK; ::EP_MOE_ERR_NOT_FOUND (no experts in that layer);
+ *         ::EP_MOE_ERR_FORMAT (inconsistent shapes); ::EP_MOE_ERR_STRUCT_SIZE;
+ *         ::EP_MOE_ERR_INVALID_HANDLE; ::EP_MOE_ERR_INVALID_ARGUMENT. On
+ *         failure `config` is unchanged.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_checkpoint_layer_config(ep_moe_layer_config_t* config,
+                                                         const ep_moe_checkpoint_t* checkpoint, int32_t layer);
+
+/** \brief Where a weight lives in a checkpoint (for inspection tools). */
+typedef struct ep_moe_tensor_info {
+  /** Size of this struct as the caller compiled it; set by ep_moe_tensor_info_init(). */
+  size_t struct_size;
+  /** Name of the tensor holding the weight (NUL-terminated, truncated to fit). */
+  char name[256];
+  /** Element type as the file names it ("BF16", "Q8_0", ...). */
+  char dtype[16];
+  /** Dimensions of that tensor, outermost first. */
+  int32_t n_dims;
+  /** The first n_dims entries are valid. */
+  int64_t dims[8];
+  /** Bytes of the whole tensor. */
+  int64_t tensor_bytes;
+  /** Bytes of this weight within it (one expert's block of a 3-D tensor). */
+  int64_t bytes;
+  /** Index of the file holding it. */
+  int32_t file_index;
+  /** Nonzero when the weight is stored transposed ([cols, rows]). */
+  int32_t transposed;
+} ep_moe_tensor_info_t;
+
+/**
+ * \brief Fills a tensor info with zeros and sets its struct_size.
+ * \param[out] out The struct to fill.
+ * \return ::EP_MOE_OK, or ::EP_MOE_ERR_INVALID_ARGUMENT when `out` is NULL.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_tensor_info_init(ep_moe_tensor_info_t* out);
+
+/**
+ * \brief Describes where one weight of a layer is stored.
+ * \param[in,out] out        Initialised with ep_moe_tensor_info_init(); filled.
+ * \param[in]     checkpoint The handle.
+ * \param[in]     layer      A MoE layer index.
+ * \param[in]     which      ::ep_moe_weight_t. For checkpoints with fused
+ *                           gate_up tensors, ask for ::EP_MOE_WEIGHT_EXPERT_GATE_UP.
+ * \param[in]     expert     Global expert id for routed weights, else -1.
+ * \return ::EP_MOE_OK; ::EP_MOE_ERR_NOT_FOUND when the checkpoint has no such
+ *         weight; ::EP_MOE_ERR_INVALID_ARGUMENT; ::EP_MOE_ERR_INVALID_HANDLE.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_checkpoint_tensor_info(ep_moe_tensor_info_t* out,
+                                                        const ep_moe_checkpoint_t* checkpoint, int32_t layer,
+                                                        ep_moe_weight_t which, int32_t expert);
+
+/**
+ * \brief Loads this rank's part of a checkpoint layer into a layer.
+ *
+ * Reads only: the experts with a slot on this rank, the router, the
+ * score-correction bias and the shared-expert gate when configured, and this
+ * rank's shard of the shared expert (gate/up rows, down columns). The bytes
+ * read are added to ::EP_MOE_LAYER_ATTR_BYTES_LOADED. Shapes must match the
+ * layer's configuration (see ep_moe_checkpoint_layer_config()).
+ * \param[in,out] layer       The layer.
+ * \param[in]     checkpoint  The open checkpoint (not retained).
+ * \param[in]     layer_index A MoE layer index of the checkpoint.
+ * \return ::EP_MOE_OK; ::EP_MOE_ERR_INVALID_ARGUMENT (shapes differ from the
+ *         configuration); ::EP_MOE_ERR_NOT_FOUND (a needed tensor is
+ *         missing); ::EP_MOE_ERR_UNSUPPORTED (an element type that cannot be
+ *         loaded); ::EP_MOE_ERR_IO; ::EP_MOE_ERR_FORMAT;
+ *         ::EP_MOE_ERR_INVALID_HANDLE. A failed load may leave some weights
+ *         set; ::EP_MOE_LAYER_ATTR_READY tells whether the layer is complete.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_layer_load(ep_moe_layer_t* layer, const ep_moe_checkpoint_t* checkpoint,
+                                             int32_t layer_index);
 
 /** @} */
 

@@ -43,6 +43,7 @@ const char* kind_name(Kind kind) {
     case Kind::ExpertMap: return "ep_moe_expert_map_t";
     case Kind::Comm: return "ep_moe_comm_t";
     case Kind::Layer: return "ep_moe_layer_t";
+    case Kind::Checkpoint: return "ep_moe_checkpoint_t";
   }
   return "handle";
 }

@@ -16,7 +16,7 @@
 namespace ep_moe {
 namespace capi {
 
-enum class Kind : unsigned { ExpertMap = 1, Comm = 2, Layer = 3 };
+enum class Kind : unsigned { ExpertMap = 1, Comm = 2, Layer = 3, Checkpoint = 4 };
 
 // Every public handle type derives from this.
 struct HandleBase {

@@ -6,6 +6,7 @@
 #include "capi/handle.hpp"
 #include "comm/comm.hpp"
 #include "core/expert_map.hpp"
+#include "io/checkpoint.hpp"
 #include "layer/layer.hpp"
 
 struct ep_moe_expert_map : ep_moe::capi::HandleBase {
@@ -21,4 +22,9 @@ struct ep_moe_comm : ep_moe::capi::HandleBase {
 struct ep_moe_layer : ep_moe::capi::HandleBase {
   ep_moe_layer() : HandleBase(ep_moe::capi::Kind::Layer) {}
   std::unique_ptr<ep_moe::Layer> layer;
+};
+
+struct ep_moe_checkpoint : ep_moe::capi::HandleBase {
+  ep_moe_checkpoint() : HandleBase(ep_moe::capi::Kind::Checkpoint) {}
+  std::unique_ptr<ep_moe::io::Checkpoint> ck;
 };

@@ -28,10 +28,11 @@ __attribute__((format(printf, 1, 2)))
 #endif
 std::string format(const char* fmt, ...);
 
+[[noreturn]]
 #if defined(__GNUC__)
 __attribute__((format(printf, 2, 3)))
 #endif
-[[noreturn]] void fail(ep_moe_status_t status, const char* fmt, ...);
+void fail(ep_moe_status_t status, const char* fmt, ...);
 
 // Throws INVALID_ARGUMENT with the formatted message unless `cond` holds.
 #define EP_MOE_CHECK_ARG(cond, ...)                               \

@@ -35,6 +35,8 @@ void store_row(void* dst, ep_moe_dtype_t dt, const float* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) store_elem(dst, dt, i, src[i]);
 }
 
+}  // namespace
+
 const char* weight_name(ep_moe_weight_t w) {
   switch (w) {
     case EP_MOE_WEIGHT_EXPERT_GATE: return "expert gate_proj";
@@ -47,11 +49,11 @@ const char* weight_name(ep_moe_weight_t w) {
     case EP_MOE_WEIGHT_SHARED_GATE_UP: return "shared gate_up_proj";
     case EP_MOE_WEIGHT_SHARED_EXPERT_GATE: return "shared_expert_gate";
     case EP_MOE_WEIGHT_SCORE_BIAS: return "score-correction bias";
+    case EP_MOE_WEIGHT_ROUTER: return "router (gate) weight";
     default: break;
   }
   return "unknown weight";
 }
-}  // namespace
 
 Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm, Comm* dp_comm)
     : cfg_(c), map_(map), ep_(ep_comm), dp_(dp_comm), kern_(cpu::kernels_for(cpu::detect_isa())) {
@@ -158,6 +160,7 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
   if (c.act_dtype != EP_MOE_DTYPE_F32) partial_.resize(static_cast<size_t>(max_all_ * H) * es);
   if (dp_is_ep_) scatter_out_.resize(static_cast<size_t>(c.max_tokens) * static_cast<size_t>(H) * es);
   ids_.resize(static_cast<size_t>(max_all_ * K));
+  logits_.resize(static_cast<size_t>(c.max_tokens) * static_cast<size_t>(c.num_experts));
   weights_.resize(static_cast<size_t>(max_all_ * K));
   pair_rows_.resize(static_cast<size_t>(max_all_ * K));
   pair_weights_.resize(static_cast<size_t>(max_all_ * K));
@@ -182,59 +185,74 @@ void Layer::set_gate_up_part(Expert& x, int half, const cpu::Source& src, int32_
   (half == 0 ? x.has_gate : x.has_up) = true;
 }
 
-bool Layer::set_weight(ep_moe_weight_t which, int32_t expert, const void* data, ep_moe_dtype_t dtype, int64_t rows,
-                       int64_t cols) {
+void Layer::expected_shape(ep_moe_weight_t which, int64_t* rows, int64_t* cols) const {
   const int32_t H = cfg_.hidden_size, I = cfg_.intermediate_size, Is = cfg_.shared_intermediate_size;
-  const auto wdt = static_cast<ep_moe_dtype_t>(cfg_.weight_dtype);
-  EP_MOE_CHECK_ARG(dtype_is_float(dtype), "dtype %d is not f32, bf16 or f16", static_cast<int>(dtype));
-  auto expect = [&](int64_t r, int64_t c) {
-    EP_MOE_CHECK_ARG(rows == r && cols == c, "%s must be [%lld, %lld], got [%lld, %lld]", weight_name(which),
-                     static_cast<long long>(r), static_cast<long long>(c), static_cast<long long>(rows),
-                     static_cast<long long>(cols));
-  };
-  const bool routed = which <= EP_MOE_WEIGHT_EXPERT_GATE_UP;
-  const bool shared = which >= EP_MOE_WEIGHT_SHARED_GATE && which <= EP_MOE_WEIGHT_SHARED_GATE_UP;
-  EP_MOE_CHECK_ARG(which >= EP_MOE_WEIGHT_EXPERT_GATE && which <= EP_MOE_WEIGHT_SCORE_BIAS,
-                   "which %d is not an ep_moe_weight_t value", static_cast<int>(which));
-  if (routed)
-    EP_MOE_CHECK_ARG(expert >= 0 && expert < cfg_.num_experts, "expert %d is outside [0, %d)", expert,
-                     cfg_.num_experts);
-  if (shared) EP_MOE_CHECK_ARG(Is > 0, "%s given, but the layer has no shared expert", weight_name(which));
-
   switch (which) {
     case EP_MOE_WEIGHT_EXPERT_GATE:
-    case EP_MOE_WEIGHT_EXPERT_UP: expect(I, H); break;
-    case EP_MOE_WEIGHT_EXPERT_DOWN: expect(H, I); break;
-    case EP_MOE_WEIGHT_EXPERT_GATE_UP: expect(2 * static_cast<int64_t>(I), H); break;
+    case EP_MOE_WEIGHT_EXPERT_UP: *rows = I; *cols = H; return;
+    case EP_MOE_WEIGHT_EXPERT_DOWN: *rows = H; *cols = I; return;
+    case EP_MOE_WEIGHT_EXPERT_GATE_UP: *rows = 2 * static_cast<int64_t>(I); *cols = H; return;
     case EP_MOE_WEIGHT_SHARED_GATE:
-    case EP_MOE_WEIGHT_SHARED_UP: expect(Is, H); break;
-    case EP_MOE_WEIGHT_SHARED_DOWN: expect(H, Is); break;
-    case EP_MOE_WEIGHT_SHARED_GATE_UP: expect(2 * static_cast<int64_t>(Is), H); break;
-    case EP_MOE_WEIGHT_SHARED_EXPERT_GATE:
-      EP_MOE_CHECK_ARG(cfg_.shared_expert_gate, "shared_expert_gate given, but the config has shared_expert_gate = 0");
-      expect(1, H);
-      break;
-    case EP_MOE_WEIGHT_SCORE_BIAS:
-      EP_MOE_CHECK_ARG(cfg_.use_score_bias, "score-correction bias given, but the config has use_score_bias = 0");
-      expect(1, cfg_.num_experts);
-      break;
+    case EP_MOE_WEIGHT_SHARED_UP: *rows = Is; *cols = H; return;
+    case EP_MOE_WEIGHT_SHARED_DOWN: *rows = H; *cols = Is; return;
+    case EP_MOE_WEIGHT_SHARED_GATE_UP: *rows = 2 * static_cast<int64_t>(Is); *cols = H; return;
+    case EP_MOE_WEIGHT_SHARED_EXPERT_GATE: *rows = 1; *cols = H; return;
+    case EP_MOE_WEIGHT_SCORE_BIAS: *rows = 1; *cols = cfg_.num_experts; return;
+    case EP_MOE_WEIGHT_ROUTER: *rows = cfg_.num_experts; *cols = H; return;
     default: break;
   }
-  EP_MOE_CHECK_ARG(data != nullptr, "data is NULL");
+  fail(EP_MOE_ERR_INVALID_ARGUMENT, "which %d is not an ep_moe_weight_t value", static_cast<int>(which));
+}
 
-  if (routed) {
+void Layer::check_weight(ep_moe_weight_t which, int32_t expert) const {
+  int64_t r, c;
+  expected_shape(which, &r, &c);  // rejects unknown values
+  if (which <= EP_MOE_WEIGHT_EXPERT_GATE_UP)
+    EP_MOE_CHECK_ARG(expert >= 0 && expert < cfg_.num_experts, "expert %d is outside [0, %d)", expert,
+                     cfg_.num_experts);
+  if (which >= EP_MOE_WEIGHT_SHARED_GATE && which <= EP_MOE_WEIGHT_SHARED_GATE_UP)
+    EP_MOE_CHECK_ARG(cfg_.shared_intermediate_size > 0, "%s given, but the layer has no shared expert",
+                     weight_name(which));
+  if (which == EP_MOE_WEIGHT_SHARED_EXPERT_GATE)
+    EP_MOE_CHECK_ARG(cfg_.shared_expert_gate, "shared_expert_gate given, but the config has shared_expert_gate = 0");
+  if (which == EP_MOE_WEIGHT_SCORE_BIAS)
+    EP_MOE_CHECK_ARG(cfg_.use_score_bias, "score-correction bias given, but the config has use_score_bias = 0");
+}
+
+bool Layer::set_weight(ep_moe_weight_t which, int32_t expert, const void* data, ep_moe_dtype_t dtype, int64_t rows,
+                       int64_t cols) {
+  EP_MOE_CHECK_ARG(dtype_is_float(dtype), "dtype %d is not f32, bf16 or f16", static_cast<int>(dtype));
+  check_weight(which, expert);
+  int64_t r, c;
+  expected_shape(which, &r, &c);
+  EP_MOE_CHECK_ARG(rows == r && cols == c, "%s must be [%lld, %lld], got [%lld, %lld]", weight_name(which),
+                   static_cast<long long>(r), static_cast<long long>(c), static_cast<long long>(rows),
+                   static_cast<long long>(cols));
+  EP_MOE_CHECK_ARG(data != nullptr, "data is NULL");
+  return store(which, expert, cpu::Source{data, dtype, cols}, false);
+}
+
+bool Layer::wants(ep_moe_weight_t which, int32_t expert) const {
+  if (which <= EP_MOE_WEIGHT_EXPERT_GATE_UP) return map_.is_local(expert);
+  if (which >= EP_MOE_WEIGHT_SHARED_GATE && which <= EP_MOE_WEIGHT_SHARED_GATE_UP) return shared_count_ > 0;
+  return true;
+}
+
+bool Layer::store(ep_moe_weight_t which, int32_t expert, cpu::Source src, bool shard_relative) {
+  const int32_t H = cfg_.hidden_size, I = cfg_.intermediate_size, Is = cfg_.shared_intermediate_size;
+  const auto wdt = static_cast<ep_moe_dtype_t>(cfg_.weight_dtype);
+  if (!wants(which, expert)) return false;  // another rank's expert, or no shared shard here
+  if (which <= EP_MOE_WEIGHT_EXPERT_GATE_UP) {
     const auto& l2g = map_.local_to_global();
-    bool stored = false;
     for (size_t l = 0; l < experts_.size(); ++l) {
       if (l2g[l] != expert) continue;
       Expert& x = experts_[l];
-      const cpu::Source src{data, dtype, cols};
       switch (which) {
         case EP_MOE_WEIGHT_EXPERT_GATE: set_gate_up_part(x, 0, src, I, H); break;
         case EP_MOE_WEIGHT_EXPERT_UP: set_gate_up_part(x, 1, src, I, H); break;
         case EP_MOE_WEIGHT_EXPERT_GATE_UP: {
           cpu::Source up = src;
-          up.row0 = I;
+          up.row0 += I;  // logical rows, whatever the storage order
           set_gate_up_part(x, 0, src, I, H);
           set_gate_up_part(x, 1, up, I, H);
           break;
@@ -244,40 +262,49 @@ bool Layer::set_weight(ep_moe_weight_t which, int32_t expert, const void* data, 
           x.has_down = true;
           break;
       }
-      stored = true;
     }
-    return stored;
+    return true;
   }
-  if (shared) {
-    if (shared_count_ == 0) return false;  // this rank holds no columns of the shared intermediate
-    cpu::Source src{data, dtype, cols};
+  if (which >= EP_MOE_WEIGHT_SHARED_GATE && which <= EP_MOE_WEIGHT_SHARED_GATE_UP) {
+    // Full-size sources are narrowed to this rank's shard here; a loader that
+    // already read only the shard passes shard-relative coordinates.
+    const int64_t first = shard_relative ? 0 : shared_begin_;
+    const int64_t up_rows = shard_relative ? shared_count_ : Is;
     switch (which) {
       case EP_MOE_WEIGHT_SHARED_GATE:
       case EP_MOE_WEIGHT_SHARED_UP:
-        src.row0 = shared_begin_;
+        src.row0 += first;
         set_gate_up_part(shared_, which == EP_MOE_WEIGHT_SHARED_GATE ? 0 : 1, src, shared_count_, H);
         break;
       case EP_MOE_WEIGHT_SHARED_GATE_UP: {
-        src.row0 = shared_begin_;
         cpu::Source up = src;
-        up.row0 = Is + shared_begin_;
+        src.row0 += first;
+        up.row0 += up_rows + first;
         set_gate_up_part(shared_, 0, src, shared_count_, H);
         set_gate_up_part(shared_, 1, up, shared_count_, H);
         break;
       }
       default:  // down [H, Is]: this rank's columns
-        src.col0 = shared_begin_;
+        src.col0 += first;
         cpu::pack(shared_.down, src, H, shared_count_, kern_.nr, wdt);
         shared_.has_down = true;
         break;
     }
     return true;
   }
-  std::vector<float>& dst = which == EP_MOE_WEIGHT_SCORE_BIAS ? bias_ : shared_gate_;
-  for (size_t i = 0; i < dst.size(); ++i) {
-    dst[i] = load_elem(data, dtype, static_cast<int64_t>(i));
-    EP_MOE_CHECK_ARG(std::isfinite(dst[i]), "%s[%zu] is not finite", weight_name(which), i);
+  if (which == EP_MOE_WEIGHT_ROUTER) {
+    // Routing is sensitive: the router is kept in f32 whatever weight_dtype says.
+    cpu::pack(router_, src, cfg_.num_experts, H, kern_.nr, EP_MOE_DTYPE_F32);
+    has_router_ = true;
+    return true;
   }
+  std::vector<float>& dst = which == EP_MOE_WEIGHT_SCORE_BIAS ? bias_ : shared_gate_;
+  std::vector<float> v(dst.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i] = cpu::source_at(src, 0, static_cast<int64_t>(i));
+    EP_MOE_CHECK_ARG(std::isfinite(v[i]), "%s[%zu] is not finite", weight_name(which), i);
+  }
+  dst = std::move(v);
   (which == EP_MOE_WEIGHT_SCORE_BIAS ? has_bias_ : has_shared_gate_) = true;
   if (which == EP_MOE_WEIGHT_SCORE_BIAS) routing_.bias = bias_.data();
   return true;
@@ -297,6 +324,26 @@ std::string Layer::missing_weight() const {
   if (cfg_.shared_expert_gate && !has_shared_gate_) return "the shared expert gate weight is not set";
   if (cfg_.use_score_bias && !has_bias_) return "the score-correction bias is not set";
   return "";
+}
+
+void Layer::compute_logits(const float* x, int64_t T, float* logits) {
+  const int nr = kern_.nr, mr = kern_.mr;
+  const int64_t H = cfg_.hidden_size, E = cfg_.num_experts;
+  const size_t blocks = static_cast<size_t>((T + mr - 1) / mr);
+  pool_->parallel_for(blocks, [&](size_t b, int) {
+    const float* a[16];
+    float c[16 * 32];
+    const int64_t t0 = static_cast<int64_t>(b) * mr;
+    const int m = static_cast<int>(std::min<int64_t>(mr, T - t0));
+    for (int i = 0; i < m; ++i) a[i] = x + (t0 + i) * H;
+    for (int32_t p = 0; p < router_.panels(); ++p) {
+      kern_.tile[EP_MOE_DTYPE_F32](m, a, static_cast<int>(H), router_.panel(p), c);
+      const int64_t col0 = static_cast<int64_t>(p) * nr;
+      const int64_t n = std::min<int64_t>(nr, E - col0);
+      for (int i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) logits[(t0 + i) * E + col0 + j] = c[i * nr + j];
+    }
+  });
 }
 
 cpu::ExpertJob Layer::job(const Expert& x, int32_t inter, const int32_t* rows, const float* weights, int64_t n) {
@@ -331,9 +378,10 @@ void Layer::validate_forward(const ep_moe_forward_args_t& a, int64_t* dp_offset,
     if (a.router_logits) {
       EP_MOE_CHECK_ARG(a.topk_ids == nullptr && a.topk_weights == nullptr,
                        "give router_logits or topk_ids/topk_weights, not both");
-    } else {
+    } else if (a.topk_ids != nullptr || a.topk_weights != nullptr || !has_router_) {
       EP_MOE_CHECK_ARG(a.topk_ids != nullptr && a.topk_weights != nullptr,
-                       "router_logits is NULL, so topk_ids and topk_weights are needed");
+                       "router_logits is NULL, so topk_ids and topk_weights are needed (or a router weight, "
+                       "EP_MOE_WEIGHT_ROUTER)");
     }
   }
   *gather = Gather::None;
@@ -395,6 +443,11 @@ void Layer::forward(const ep_moe_forward_args_t& a) {
     if (T > 0) {
       if (a.router_logits) {
         route(a.router_logits, static_cast<ep_moe_dtype_t>(cfg_.router_dtype), T, routing_, ids, w);
+      } else if (!a.topk_ids) {  // the layer's own router: logits = x Wr^T in f32
+        for (int64_t t = 0; t < T; ++t)
+          convert_row(x + t * H, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), adt, H);
+        compute_logits(x, T, logits_.data());
+        route(logits_.data(), EP_MOE_DTYPE_F32, T, routing_, ids, w);
       } else {
         check_topk(a.topk_ids, a.topk_weights, T, cfg_.top_k, cfg_.num_experts);
         std::memcpy(ids, a.topk_ids, static_cast<size_t>(T * K) * 4);
@@ -583,6 +636,7 @@ int64_t Layer::attr(ep_moe_layer_attr_t a) const {
       for (const Expert& x : experts_) b += static_cast<int64_t>(x.gate_up.bytes() + x.down.bytes());
       b += static_cast<int64_t>(shared_.gate_up.bytes() + shared_.down.bytes());
       b += static_cast<int64_t>((shared_gate_.size() + bias_.size()) * sizeof(float));
+      b += static_cast<int64_t>(router_.bytes());
       return b;
     }
     case EP_MOE_LAYER_ATTR_READY: return missing_weight().empty() ? 1 : 0;
@@ -593,6 +647,7 @@ int64_t Layer::attr(ep_moe_layer_attr_t a) const {
     case EP_MOE_LAYER_ATTR_SHARED_SHARD_SIZE: return shared_count_;
     case EP_MOE_LAYER_ATTR_CPU_ISA: return static_cast<int64_t>(kern_.isa);
     case EP_MOE_LAYER_ATTR_LAST_ACTIVE_EXPERTS: return last_active_;
+    case EP_MOE_LAYER_ATTR_BYTES_LOADED: return static_cast<int64_t>(bytes_loaded_);
     default: break;
   }
   fail(EP_MOE_ERR_INVALID_ARGUMENT, "attr %d is not an ep_moe_layer_attr_t value", static_cast<int>(a));

@@ -16,8 +16,11 @@
 #include "cpu/pack.hpp"
 #include "cpu/thread_pool.hpp"
 #include "ep_moe/ep_moe.h"
+#include "io/checkpoint.hpp"
 
 namespace ep_moe {
+
+const char* weight_name(ep_moe_weight_t w);
 
 class Layer {
  public:
@@ -27,6 +30,15 @@ class Layer {
   // Returns true when stored, false when skipped as a non-local expert.
   bool set_weight(ep_moe_weight_t which, int32_t expert, const void* data, ep_moe_dtype_t dtype, int64_t rows,
                   int64_t cols);
+
+  // Loads this rank's part of MoE layer `layer_index` of a checkpoint;
+  // returns the bytes read from its files (src/layer/load.cpp).
+  uint64_t load(const io::Checkpoint& ck, int32_t layer_index);
+
+  // The [rows, cols] a weight must have (throws for an unknown `which`).
+  void expected_shape(ep_moe_weight_t which, int64_t* rows, int64_t* cols) const;
+  // Whether this rank keeps anything of the weight (a local expert, a shard).
+  bool wants(ep_moe_weight_t which, int32_t expert) const;
 
   void forward(const ep_moe_forward_args_t& args);
 
@@ -43,9 +55,14 @@ class Layer {
   enum class Gather : int { None = 0, Padded = 1, Compact = 2 };
 
   void validate_forward(const ep_moe_forward_args_t& a, int64_t* dp_offset, int64_t* dp_padded, Gather* gather) const;
+  void check_weight(ep_moe_weight_t which, int32_t expert) const;
+  // Stores a weight read through `src`; shared-expert sources are
+  // shard-relative when `shard_relative`, else full size.
+  bool store(ep_moe_weight_t which, int32_t expert, cpu::Source src, bool shard_relative);
   void set_gate_up_part(Expert& x, int half, const cpu::Source& src, int32_t inter, int32_t k);
   void finish_gate_up(Expert& x, int32_t inter, int32_t k);
   int32_t pick_slot(int32_t expert, int64_t token, int32_t k) const;
+  void compute_logits(const float* x, int64_t T, float* logits);
   static cpu::ExpertJob job(const Expert& x, int32_t inter, const int32_t* rows, const float* weights, int64_t n);
 
   ep_moe_layer_config_t cfg_;
@@ -67,6 +84,8 @@ class Layer {
   std::vector<float> shared_gate_;  // [H] when cfg.shared_expert_gate
   bool has_shared_gate_ = false;
   std::vector<float> bias_;         // [E] when cfg.use_score_bias
+  cpu::PackedWeight router_;        // [E, H] f32, when given
+  bool has_router_ = false;
   bool has_bias_ = false;
   // Replica slots of each expert, for choosing one replica per pair.
   std::vector<int32_t> replica_begin_, replica_slots_;
@@ -76,9 +95,10 @@ class Layer {
   size_t row_bytes_ = 0;  // one gathered row: hidden + ids + weights
   AlignedBuffer send_rows_, recv_rows_, x_f32_, acc_, partial_, scatter_out_;
   std::vector<int32_t> ids_, pair_rows_, pair_count_, shared_rows_;
-  std::vector<float> weights_, pair_weights_, shared_weights_;
+  std::vector<float> weights_, pair_weights_, shared_weights_, logits_;
   std::vector<cpu::ExpertJob> jobs_;
 
+  uint64_t bytes_loaded_ = 0;
   int64_t last_tokens_ = 0, last_local_pairs_ = 0, last_skipped_ = 0, last_active_ = 0;
   Gather last_gather_ = Gather::None;
 };

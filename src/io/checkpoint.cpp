@@ -1,0 +1,622 @@
+#include "io/checkpoint.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+#include <dirent.h>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <tuple>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "io/safetensors.hpp"
+
+namespace ep_moe {
+namespace io {
+
+namespace {
+
+// Roles of tensors within a layer. Per-expert roles carry the expert id;
+// 3-D roles hold every expert (outermost dimension) and use expert -1.
+enum Role : int {
+  R_GATE = 0, R_UP, R_DOWN, R_ROUTER, R_BIAS, R_S_GATE, R_S_UP, R_S_DOWN, R_S_EXPERT_GATE,
+  R3_GATE, R3_UP, R3_DOWN, R3_GATE_UP
+};
+
+bool is_dir(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+bool is_file(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+std::string dir_of(const std::string& p) {
+  const auto slash = p.rfind('/');
+  return slash == std::string::npos ? "." : (slash == 0 ? "/" : p.substr(0, slash));
+}
+
+std::string read_small_file(const std::string& path, uint64_t cap) {
+  FileSource f(path);
+  if (f.size() > cap)
+    fail(EP_MOE_ERR_FORMAT, "%s: %llu bytes is above the %llu-byte limit for this file", path.c_str(),
+         static_cast<unsigned long long>(f.size()), static_cast<unsigned long long>(cap));
+  std::string s(static_cast<size_t>(f.size()), '\0');
+  f.read(0, &s[0], s.size());
+  return s;
+}
+
+// Reads "<digits>." at pos; advances past the dot.
+bool take_index(const std::string& s, size_t& pos, int32_t* out) {
+  size_t p = pos;
+  int64_t v = 0;
+  while (p < s.size() && s[p] >= '0' && s[p] <= '9') {
+    v = v * 10 + (s[p] - '0');
+    if (v > (1 << 24)) return false;
+    ++p;
+  }
+  if (p == pos || p >= s.size() || s[p] != '.') return false;
+  *out = static_cast<int32_t>(v);
+  pos = p + 1;
+  return true;
+}
+
+struct Parsed {
+  Naming scheme;
+  int32_t layer, expert;
+  int role;
+};
+
+// HF names: <prefix>layers.<L>.<rest>.
+bool parse_hf(const std::string& name, std::string* prefix, Parsed* out) {
+  const size_t at = name.find("layers.");
+  if (at == std::string::npos) return false;
+  size_t pos = at + 7;
+  int32_t L;
+  if (!take_index(name, pos, &L)) return false;
+  const std::string rest = name.substr(pos);
+  *prefix = name.substr(0, at);
+  out->layer = L;
+  out->expert = -1;
+  static const struct {
+    const char* suffix;
+    Naming scheme;
+    int role;
+  } fixed[] = {
+      {"mlp.gate.weight", Naming::Auto, R_ROUTER},
+      {"block_sparse_moe.gate.weight", Naming::Mixtral, R_ROUTER},
+      {"mlp.gate.e_score_correction_bias", Naming::Auto, R_BIAS},
+      {"mlp.shared_expert.gate_proj.weight", Naming::Auto, R_S_GATE},
+      {"mlp.shared_expert.up_proj.weight", Naming::Auto, R_S_UP},
+      {"mlp.shared_expert.down_proj.weight", Naming::Auto, R_S_DOWN},
+      {"mlp.shared_experts.gate_proj.weight", Naming::Auto, R_S_GATE},
+      {"mlp.shared_experts.up_proj.weight", Naming::Auto, R_S_UP},
+      {"mlp.shared_experts.down_proj.weight", Naming::Auto, R_S_DOWN},
+      {"mlp.shared_expert_gate.weight", Naming::Auto, R_S_EXPERT_GATE},
+      {"mlp.experts.gate_up_proj", Naming::HfFused, R3_GATE_UP},
+      {"mlp.experts.gate_up_proj.weight", Naming::HfFused, R3_GATE_UP},
+      {"mlp.experts.down_proj", Naming::HfFused, R3_DOWN},
+      {"mlp.experts.down_proj.weight", Naming::HfFused, R3_DOWN},
+      {"mlp.experts.gate_proj", Naming::HfFused, R3_GATE},
+      {"mlp.experts.up_proj", Naming::HfFused, R3_UP},
+  };
+  for (const auto& f : fixed)
+    if (rest == f.suffix) {
+      out->scheme = f.scheme;
+      out->role = f.role;
+      return true;
+    }
+  static const struct {
+    const char* head;
+    Naming scheme;
+    const char* names[3];
+  } per_expert[] = {
+      {"mlp.experts.", Naming::HfPerExpert, {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}},
+      {"block_sparse_moe.experts.", Naming::Mixtral, {"w1.weight", "w3.weight", "w2.weight"}},
+  };
+  for (const auto& pe : per_expert) {
+    const size_t hl = std::strlen(pe.head);
+    if (rest.compare(0, hl, pe.head) != 0) continue;
+    size_t p = hl;
+    int32_t e;
+    if (!take_index(rest, p, &e)) continue;
+    const std::string tail = rest.substr(p);
+    for (int r = 0; r < 3; ++r)
+      if (tail == pe.names[r]) {
+        out->scheme = pe.scheme;
+        out->role = R_GATE + r;
+        out->expert = e;
+        return true;
+      }
+  }
+  return false;
+}
+
+bool parse_gguf_name(const std::string& name, Parsed* out) {
+  if (name.compare(0, 4, "blk.") != 0) return false;
+  size_t pos = 4;
+  int32_t L;
+  if (!take_index(name, pos, &L)) return false;
+  const std::string rest = name.substr(pos);
+  static const struct {
+    const char* suffix;
+    int role;
+  } names[] = {
+      {"ffn_gate_exps.weight", R3_GATE},      {"ffn_up_exps.weight", R3_UP},
+      {"ffn_down_exps.weight", R3_DOWN},      {"ffn_gate_up_exps.weight", R3_GATE_UP},
+      {"ffn_gate_inp.weight", R_ROUTER},      {"exp_probs_b.bias", R_BIAS},
+      {"ffn_gate_shexp.weight", R_S_GATE},    {"ffn_up_shexp.weight", R_S_UP},
+      {"ffn_down_shexp.weight", R_S_DOWN},    {"ffn_gate_inp_shexp.weight", R_S_EXPERT_GATE},
+  };
+  for (const auto& n : names)
+    if (rest == n.suffix) {
+      out->scheme = Naming::Gguf;
+      out->layer = L;
+      out->expert = -1;
+      out->role = n.role;
+      return true;
+    }
+  return false;
+}
+
+double get_num(const std::map<std::string, double>& m, const char* k, double dflt, bool* found = nullptr) {
+  auto it = m.find(k);
+  if (found) *found = it != m.end();
+  return it == m.end() ? dflt : it->second;
+}
+
+}  // namespace
+
+const char* naming_name(Naming n) {
+  switch (n) {
+    case Naming::Auto: return "auto";
+    case Naming::HfPerExpert: return "hf-per-expert";
+    case Naming::Mixtral: return "mixtral";
+    case Naming::HfFused: return "hf-fused";
+    case Naming::HfFusedTransposed: return "hf-fused-transposed";
+    case Naming::Gguf: return "gguf";
+  }
+  return "?";
+}
+
+void parse_hf_config(const std::string& text, const std::string& name, std::map<std::string, double>* nums,
+                     std::map<std::string, std::string>* strs) {
+  nlohmann::json root;
+  try {
+    root = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(EP_MOE_ERR_FORMAT, "%s: not valid JSON: %s", name.c_str(), e.what());
+  }
+  if (!root.is_object()) fail(EP_MOE_ERR_FORMAT, "%s: not a JSON object", name.c_str());
+  // Multimodal models keep the language model's settings in text_config.
+  auto collect = [&](const nlohmann::json& obj) {
+    for (auto it = obj.begin(); it != obj.end(); ++it) {
+      if (it.value().is_number()) (*nums)[it.key()] = it.value().get<double>();
+      else if (it.value().is_boolean()) (*nums)[it.key()] = it.value().get<bool>() ? 1.0 : 0.0;
+      else if (it.value().is_string()) (*strs)[it.key()] = it.value().get<std::string>();
+    }
+  };
+  collect(root);
+  const auto tc = root.find("text_config");
+  if (tc != root.end() && tc->is_object()) collect(*tc);
+}
+
+std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& path, Naming naming, const std::string& prefix) {
+  std::unique_ptr<Checkpoint> ck(new Checkpoint());
+  std::string file = path, index;
+  std::string dir = path;
+  if (is_dir(path)) {
+    if (is_file(path + "/model.safetensors.index.json")) {
+      index = path + "/model.safetensors.index.json";
+    } else if (is_file(path + "/model.safetensors")) {
+      file = path + "/model.safetensors";
+    } else {
+      // A directory with exactly one .gguf or one .safetensors file.
+      std::vector<std::string> ggufs, sts;
+      if (DIR* d = ::opendir(path.c_str())) {
+        while (dirent* e = ::readdir(d)) {
+          const std::string n = e->d_name;
+          if (ends_with(n, ".gguf")) ggufs.push_back(path + "/" + n);
+          if (ends_with(n, ".safetensors")) sts.push_back(path + "/" + n);
+        }
+        ::closedir(d);
+      }
+      if (ggufs.size() + sts.size() != 1)
+        fail(EP_MOE_ERR_NOT_FOUND,
+             "%s: no checkpoint found (looked for model.safetensors.index.json, model.safetensors, or exactly one "
+             ".gguf or .safetensors file; found %zu)",
+             path.c_str(), ggufs.size() + sts.size());
+      file = ggufs.empty() ? sts[0] : ggufs[0];
+    }
+  } else {
+    dir = dir_of(path);
+    if (ends_with(path, ".json")) index = path;
+  }
+
+  if (!index.empty()) {
+    const std::string text = read_small_file(index, 64ull << 20);
+    ck->header_bytes_ += text.size();
+    nlohmann::json root;
+    try {
+      root = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      fail(EP_MOE_ERR_FORMAT, "%s: not valid JSON: %s", index.c_str(), e.what());
+    }
+    const auto wm = root.is_object() ? root.find("weight_map") : root.end();
+    if (wm == root.end() || !wm->is_object()) fail(EP_MOE_ERR_FORMAT, "%s: no weight_map object", index.c_str());
+    std::map<std::string, int> file_ids;
+    std::vector<std::pair<std::string, std::string>> expect;  // tensor -> file
+    for (auto it = wm->begin(); it != wm->end(); ++it) {
+      if (!it.value().is_string())
+        fail(EP_MOE_ERR_FORMAT, "%s: weight_map entry '%s' is not a file name", index.c_str(), it.key().c_str());
+      const std::string f = it.value().get<std::string>();
+      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+        fail(EP_MOE_ERR_FORMAT, "%s: weight_map entry '%s' names '%s', not a file beside the index", index.c_str(),
+             it.key().c_str(), f.c_str());
+      if (!file_ids.count(f)) file_ids.emplace(f, 0);
+      expect.emplace_back(it.key(), f);
+    }
+    int next = 0;
+    for (auto& kv : file_ids) {
+      kv.second = next++;
+      ck->files_.emplace_back(new FileSource(dir + "/" + kv.first));
+      SafetensorsFile sf = parse_safetensors(*ck->files_.back(), kv.second);
+      ck->header_bytes_ += sf.data_start;
+      for (auto& t : sf.tensors) ck->tensors_.push_back(std::move(t));
+    }
+    std::map<std::string, int> where;
+    for (size_t i = 0; i < ck->tensors_.size(); ++i)
+      if (!where.emplace(ck->tensors_[i].name, ck->tensors_[i].file).second)
+        fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s' is stored in more than one file", index.c_str(),
+             ck->tensors_[i].name.c_str());
+    for (const auto& e : expect) {
+      auto it = where.find(e.first);
+      if (it == where.end() || it->second != file_ids[e.second])
+        fail(EP_MOE_ERR_FORMAT, "%s: weight_map puts tensor '%s' in %s, which does not hold it", index.c_str(),
+             e.first.c_str(), e.second.c_str());
+    }
+    ck->format_ = Format::Safetensors;
+  } else {
+    ck->files_.emplace_back(new FileSource(file));
+    const ByteSource& src = *ck->files_.back();
+    uint8_t magic[4] = {0, 0, 0, 0};
+    if (src.size() >= 4) src.read(0, magic, 4);
+    // GGUF by its magic, or by its name (so a damaged GGUF says "bad magic").
+    if (std::memcmp(magic, "GGUF", 4) == 0 || ends_with(file, ".gguf")) {
+      ck->format_ = Format::Gguf;
+      ck->gguf_ = parse_gguf(src, 0);
+      ck->header_bytes_ += ck->gguf_.data_start;
+      ck->tensors_ = ck->gguf_.tensors;
+    } else {
+      ck->format_ = Format::Safetensors;
+      SafetensorsFile sf = parse_safetensors(src, 0);
+      ck->header_bytes_ += sf.data_start;
+      ck->tensors_ = std::move(sf.tensors);
+    }
+  }
+
+  if (ck->format_ == Format::Gguf) {
+    if (const GgufValue* a = ck->gguf_.find("general.architecture")) ck->arch_ = a->s;
+  } else {
+    ck->read_hf_config(dir);
+  }
+  ck->index_names(naming, prefix);
+  return ck;
+}
+
+void Checkpoint::read_hf_config(const std::string& dir) {
+  const std::string p = dir + "/config.json";
+  if (!is_file(p)) return;
+  parse_hf_config(read_small_file(p, 16ull << 20), p, &cfg_num_, &cfg_str_);
+  has_config_ = true;
+}
+
+void Checkpoint::index_names(Naming want, const std::string& prefix) {
+  if (format_ == Format::Gguf && want != Naming::Auto && want != Naming::Gguf)
+    fail(EP_MOE_ERR_INVALID_ARGUMENT, "naming %s does not apply to a GGUF file", naming_name(want));
+  if (format_ == Format::Safetensors && want == Naming::Gguf)
+    fail(EP_MOE_ERR_INVALID_ARGUMENT, "naming gguf does not apply to a safetensors checkpoint");
+
+  // First pass: which scheme and prefix hold the routed experts.
+  std::map<std::pair<Naming, std::string>, size_t> votes;
+  std::vector<std::tuple<size_t, Parsed, std::string>> parsed;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    Parsed p{};
+    std::string pre;
+    const bool ok = format_ == Format::Gguf ? parse_gguf_name(tensors_[i].name, &p) : parse_hf(tensors_[i].name, &pre, &p);
+    if (!ok) continue;
+    if (!prefix.empty() && pre != prefix) continue;
+    if (p.role <= R_DOWN || p.role >= R3_GATE) ++votes[{p.scheme, pre}];
+    parsed.emplace_back(i, p, pre);
+  }
+  Naming scheme = Naming::Auto;
+  std::string pre_best;
+  size_t best = 0;
+  for (const auto& v : votes) {
+    Naming s = v.first.first;
+    if (want != Naming::Auto && !(s == want || (s == Naming::HfFused && want == Naming::HfFusedTransposed))) continue;
+    if (v.second > best) {
+      best = v.second;
+      scheme = s;
+      pre_best = v.first.second;
+    }
+  }
+  if (best == 0) {
+    if (want != Naming::Auto)
+      fail(EP_MOE_ERR_NOT_FOUND, "%s: no expert tensors named like the %s scheme%s%s", files_[0]->name().c_str(),
+           naming_name(want), prefix.empty() ? "" : " under prefix ", prefix.c_str());
+    // A checkpoint without experts is legal; it simply has no MoE layers.
+    naming_ = want;
+    return;
+  }
+  naming_ = want == Naming::HfFusedTransposed ? want : scheme;
+  naming_forced_ = want != Naming::Auto;
+  prefix_ = pre_best;
+
+  std::set<int32_t> layers;
+  for (const auto& e : parsed) {
+    const Parsed& p = std::get<1>(e);
+    if (std::get<2>(e) != pre_best) continue;
+    const bool expert_role = p.role <= R_DOWN || p.role >= R3_GATE;
+    if (expert_role && p.scheme != scheme) continue;  // another scheme's expert names
+    if (p.scheme == Naming::Mixtral && scheme != Naming::Mixtral) continue;
+    const auto key = std::make_tuple(p.layer, p.role, p.expert);
+    if (!roles_.emplace(key, std::get<0>(e)).second)
+      fail(EP_MOE_ERR_FORMAT, "%s: two tensors play the same role in layer %d", files_[0]->name().c_str(), p.layer);
+    num_layers_ = std::max(num_layers_, p.layer + 1);
+    if (expert_role) {
+      layers.insert(p.layer);
+      int32_t& cnt = expert_count_[p.layer];
+      if (p.expert >= 0) {
+        cnt = std::max(cnt, p.expert + 1);
+      } else {
+        const TensorInfo& t = tensors_[std::get<0>(e)];
+        if (t.shape.size() != 3)
+          fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s' should be 3-D [experts, ...], it has %zu dimensions",
+               file(t.file).name().c_str(), t.name.c_str(), t.shape.size());
+        cnt = std::max<int32_t>(cnt, static_cast<int32_t>(t.shape[0]));
+      }
+    }
+  }
+  moe_layers_.assign(layers.begin(), layers.end());
+  if (format_ == Format::Gguf) {
+    if (const GgufValue* v = gguf_.find(arch_ + ".block_count")) num_layers_ = std::max<int32_t>(num_layers_, static_cast<int32_t>(v->as_int()));
+  } else {
+    num_layers_ = std::max<int32_t>(num_layers_, static_cast<int32_t>(get_num(cfg_num_, "num_hidden_layers", 0)));
+  }
+  log(EP_MOE_LOG_INFO, "checkpoint %s: %zu tensors in %zu file(s), naming %s%s%s, %zu MoE layers",
+      files_[0]->name().c_str(), tensors_.size(), files_.size(), naming_name(naming_), prefix_.empty() ? "" : ", prefix ",
+      prefix_.c_str(), moe_layers_.size());
+}
+
+bool Checkpoint::is_moe_layer(int32_t layer) const {
+  return std::binary_search(moe_layers_.begin(), moe_layers_.end(), layer);
+}
+
+const TensorInfo* Checkpoint::tensor(int32_t layer, int role, int32_t expert) const {
+  auto it = roles_.find(std::make_tuple(layer, role, expert));
+  return it == roles_.end() ? nullptr : &tensors_[it->second];
+}
+
+int64_t Checkpoint::hidden_hint(int32_t layer) const {
+  if (const TensorInfo* r = tensor(layer, R_ROUTER, -1))
+    if (r->shape.size() == 2) return r->shape[1];
+  if (format_ == Format::Gguf) {
+    if (const GgufValue* v = gguf_.find(arch_ + ".embedding_length")) return v->as_int();
+    return 0;
+  }
+  return static_cast<int64_t>(get_num(cfg_num_, "hidden_size", 0));
+}
+
+bool Checkpoint::fused_transposed(int32_t layer) const {
+  const TensorInfo* gu3 = tensor(layer, R3_GATE_UP, -1);
+  const TensorInfo* d3 = tensor(layer, R3_DOWN, -1);
+  if (naming_ == Naming::HfFusedTransposed) return true;
+  if (naming_forced_ || !gu3 || gu3->shape.size() != 3) return false;
+  const int64_t H = hidden_hint(layer);
+  const int64_t a = gu3->shape[1], b = gu3->shape[2];
+  if (H > 0 && b == H && a != H) return false;  // [E, 2I, H]
+  if (H > 0 && a == H && b != H) return true;   // [E, H, 2I]
+  if (H > 0 && d3 && d3->shape.size() == 3) return d3->shape[1] != H;  // down [E, H, I] or [E, I, H]
+  // No hidden size to compare with: Qwen3-VL-style checkpoints (under a
+  // language_model prefix) store the transposed layout.
+  return prefix_.find("language_model") != std::string::npos;
+}
+
+LayerShape Checkpoint::layer_shape(int32_t layer) const {
+  if (!is_moe_layer(layer))
+    fail(EP_MOE_ERR_NOT_FOUND, "%s: layer %d has no routed experts (MoE layers: %zu)", files_[0]->name().c_str(), layer,
+         moe_layers_.size());
+  LayerShape s;
+  s.experts = expert_count_.at(layer);
+  const std::string& fname = files_[0]->name();
+  auto dims2 = [&](const TensorInfo* t, int64_t* r, int64_t* c) {
+    if (t->shape.size() == 1) {
+      *r = 1;
+      *c = t->shape[0];
+    } else if (t->shape.size() == 2) {
+      *r = t->shape[0];
+      *c = t->shape[1];
+    } else {
+      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s' should be 2-D", fname.c_str(), t->name.c_str());
+    }
+  };
+  int64_t H = hidden_hint(layer), I = 0;
+  if (const TensorInfo* router = tensor(layer, R_ROUTER, -1)) {
+    int64_t r, c;
+    dims2(router, &r, &c);
+    if (r != s.experts)
+      fail(EP_MOE_ERR_FORMAT, "%s: router '%s' has %lld rows but layer %d has %d experts", fname.c_str(),
+           router->name.c_str(), static_cast<long long>(r), layer, s.experts);
+    s.router = true;
+  }
+  const TensorInfo* g = tensor(layer, R_GATE, 0);
+  const TensorInfo* g3 = tensor(layer, R3_GATE, -1);
+  const TensorInfo* gu3 = tensor(layer, R3_GATE_UP, -1);
+  const TensorInfo* d = tensor(layer, R_DOWN, 0);
+  if (g) {
+    int64_t r, c;
+    dims2(g, &r, &c);
+    I = r;
+    H = c;
+    s.expert_elem = g->elem;
+  } else if (g3) {
+    I = g3->shape[1];
+    H = g3->shape[2];
+    s.expert_elem = g3->elem;
+  } else if (gu3) {
+    s.expert_elem = gu3->elem;
+    const bool transposed = fused_transposed(layer);
+    const int64_t two_i = transposed ? gu3->shape[2] : gu3->shape[1];
+    H = transposed ? gu3->shape[1] : gu3->shape[2];
+    if (two_i % 2) fail(EP_MOE_ERR_FORMAT, "%s: '%s' has an odd gate_up dimension %lld", fname.c_str(), gu3->name.c_str(),
+                        static_cast<long long>(two_i));
+    I = two_i / 2;
+  } else if (d) {
+    int64_t r, c;
+    dims2(d, &r, &c);
+    H = r;
+    I = c;
+    s.expert_elem = d->elem;
+  }
+  if (H <= 0 || I <= 0 || H > (1 << 24) || I > (1 << 24))
+    fail(EP_MOE_ERR_FORMAT, "%s: cannot tell the hidden/intermediate sizes of layer %d", fname.c_str(), layer);
+  s.hidden = static_cast<int32_t>(H);
+  s.inter = static_cast<int32_t>(I);
+
+  if (const TensorInfo* sg = tensor(layer, R_S_GATE, -1)) {
+    int64_t r, c;
+    dims2(sg, &r, &c);
+    s.shared_inter = static_cast<int32_t>(r);
+  }
+  s.shared_gate = tensor(layer, R_S_EXPERT_GATE, -1) != nullptr;
+  s.score_bias = tensor(layer, R_BIAS, -1) != nullptr;
+
+  if (format_ == Format::Gguf) {
+    auto num = [&](const char* key, double dflt) {
+      const GgufValue* v = gguf_.find(arch_ + "." + key);
+      return v ? v->as_float() : dflt;
+    };
+    s.top_k = static_cast<int32_t>(num("expert_used_count", 0));
+    s.renormalize = num("expert_weights_norm", arch_ == "qwen2moe" ? 0 : 1) != 0 ? 1 : 0;
+    s.scale = static_cast<float>(num("expert_weights_scale", 1.0));
+    if (s.scale == 0.0f) s.scale = 1.0f;
+    s.scoring = num("expert_gating_func", 1) == 2 ? EP_MOE_SCORING_SIGMOID : EP_MOE_SCORING_SOFTMAX;
+    const int32_t ng = static_cast<int32_t>(num("expert_group_count", 0));
+    if (ng > 1) {
+      s.groups = ng;
+      s.topk_group = static_cast<int32_t>(num("expert_group_used_count", ng));
+    }
+  } else {
+    s.top_k = static_cast<int32_t>(get_num(cfg_num_, "num_experts_per_tok", 0));
+    s.renormalize = get_num(cfg_num_, "norm_topk_prob", 1) != 0 ? 1 : 0;
+    s.scale = static_cast<float>(get_num(cfg_num_, "routed_scaling_factor", 1.0));
+    auto sf = cfg_str_.find("scoring_func");
+    if (sf != cfg_str_.end() && sf->second == "sigmoid") s.scoring = EP_MOE_SCORING_SIGMOID;
+    auto tm = cfg_str_.find("topk_method");
+    const bool greedy = tm != cfg_str_.end() && tm->second == "greedy";
+    const int32_t ng = static_cast<int32_t>(get_num(cfg_num_, "n_group", 0));
+    if (ng > 1 && !greedy) {
+      s.groups = ng;
+      s.topk_group = static_cast<int32_t>(get_num(cfg_num_, "topk_group", ng));
+    }
+    auto act = cfg_str_.find("hidden_act");
+    if (act != cfg_str_.end()) {
+      if (act->second == "gelu") s.activation = EP_MOE_ACT_GELU;
+      else if (act->second == "gelu_pytorch_tanh" || act->second == "gelu_new" || act->second == "gelu_fast")
+        s.activation = EP_MOE_ACT_GELU_TANH;
+    }
+  }
+  return s;
+}
+
+bool Checkpoint::locate(int32_t layer, ep_moe_weight_t which, int32_t expert, Slice* out) const {
+  const LayerShape s = layer_shape(layer);
+  const int64_t H = s.hidden, I = s.inter;
+  const std::string& fname = files_[0]->name();
+  auto whole = [&](const TensorInfo* t, int64_t rows, int64_t cols) {
+    int64_t r = 1, c = 1;
+    if (t->shape.size() == 2) {
+      r = t->shape[0];
+      c = t->shape[1];
+    } else if (t->shape.size() == 1) {
+      c = t->shape[0];
+    } else {
+      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s' should be 2-D", fname.c_str(), t->name.c_str());
+    }
+    if (r != rows || c != cols)
+      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s' is [%lld, %lld], expected [%lld, %lld]", file(t->file).name().c_str(),
+           t->name.c_str(), static_cast<long long>(r), static_cast<long long>(c), static_cast<long long>(rows),
+           static_cast<long long>(cols));
+    out->tensor = t;
+    out->offset = t->offset;
+    out->rows = rows;
+    out->cols = cols;
+    out->transposed = false;
+    return true;
+  };
+  // Expert e of a 3-D tensor [E, a, b] viewed as [rows, cols].
+  auto sub = [&](const TensorInfo* t, int64_t rows, int64_t cols, bool transposed) {
+    const int64_t a = transposed ? cols : rows, b = transposed ? rows : cols;
+    if (t->shape.size() != 3 || t->shape[1] != a || t->shape[2] != b)
+      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s' should be [%d, %lld, %lld]", file(t->file).name().c_str(),
+           t->name.c_str(), s.experts, static_cast<long long>(a), static_cast<long long>(b));
+    out->tensor = t;
+    out->offset = t->offset + elem_bytes(t->elem, static_cast<uint64_t>(expert) * static_cast<uint64_t>(a * b));
+    if (t->elem == Elem::Other) out->offset = t->offset;  // the loader rejects it by name
+    out->rows = rows;
+    out->cols = cols;
+    out->transposed = transposed;
+    return true;
+  };
+  const bool fused_t = fused_transposed(layer);
+  switch (which) {
+    case EP_MOE_WEIGHT_EXPERT_GATE:
+    case EP_MOE_WEIGHT_EXPERT_UP:
+    case EP_MOE_WEIGHT_EXPERT_DOWN:
+    case EP_MOE_WEIGHT_EXPERT_GATE_UP: {
+      if (expert < 0 || expert >= s.experts)
+        fail(EP_MOE_ERR_INVALID_ARGUMENT, "expert %d is outside [0, %d) of layer %d", expert, s.experts, layer);
+      if (which == EP_MOE_WEIGHT_EXPERT_GATE_UP) {
+        const TensorInfo* t = tensor(layer, R3_GATE_UP, -1);
+        return t ? sub(t, 2 * I, H, fused_t) : false;
+      }
+      const int role = which == EP_MOE_WEIGHT_EXPERT_GATE ? R_GATE : which == EP_MOE_WEIGHT_EXPERT_UP ? R_UP : R_DOWN;
+      const int64_t rows = which == EP_MOE_WEIGHT_EXPERT_DOWN ? H : I, cols = which == EP_MOE_WEIGHT_EXPERT_DOWN ? I : H;
+      if (const TensorInfo* t = tensor(layer, role, expert)) return whole(t, rows, cols);
+      if (const TensorInfo* t = tensor(layer, role - R_GATE + R3_GATE, -1)) {
+        const bool tr = which == EP_MOE_WEIGHT_EXPERT_DOWN && fused_t;
+        return sub(t, rows, cols, tr);
+      }
+      return false;
+    }
+    case EP_MOE_WEIGHT_ROUTER:
+      if (const TensorInfo* t = tensor(layer, R_ROUTER, -1)) return whole(t, s.experts, H);
+      return false;
+    case EP_MOE_WEIGHT_SCORE_BIAS:
+      if (const TensorInfo* t = tensor(layer, R_BIAS, -1)) return whole(t, 1, s.experts);
+      return false;
+    case EP_MOE_WEIGHT_SHARED_GATE:
+      if (const TensorInfo* t = tensor(layer, R_S_GATE, -1)) return whole(t, s.shared_inter, H);
+      return false;
+    case EP_MOE_WEIGHT_SHARED_UP:
+      if (const TensorInfo* t = tensor(layer, R_S_UP, -1)) return whole(t, s.shared_inter, H);
+      return false;
+    case EP_MOE_WEIGHT_SHARED_DOWN:
+      if (const TensorInfo* t = tensor(layer, R_S_DOWN, -1)) return whole(t, H, s.shared_inter);
+      return false;
+    case EP_MOE_WEIGHT_SHARED_EXPERT_GATE:
+      if (const TensorInfo* t = tensor(layer, R_S_EXPERT_GATE, -1)) return whole(t, 1, H);
+      return false;
+    default: break;
+  }
+  return false;
+}
+
+}  // namespace io
+}  // namespace ep_moe

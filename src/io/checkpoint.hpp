@@ -1,0 +1,118 @@
+// A checkpoint on disk (safetensors file, sharded safetensors with an index,
+// or GGUF) seen as MoE layers: which tensor holds which weight of which
+// expert, where its bytes are, and the layer configuration it declares.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "ep_moe/ep_moe.h"
+#include "io/gguf.hpp"
+#include "io/source.hpp"
+#include "io/tensor.hpp"
+
+namespace ep_moe {
+namespace io {
+
+enum class Format : int { Safetensors = 0, Gguf = 1 };
+
+// Tensor naming schemes (values of ep_moe_naming_t).
+enum class Naming : int {
+  Auto = 0,
+  HfPerExpert = 1,        // {p}layers.L.mlp.experts.e.{gate,up,down}_proj.weight
+  Mixtral = 2,            // {p}layers.L.block_sparse_moe.experts.e.{w1,w3,w2}.weight
+  HfFused = 3,            // {p}layers.L.mlp.experts.gate_up_proj [E, 2I, H], down_proj [E, H, I]
+  HfFusedTransposed = 4,  // the same names, stored [E, H, 2I] and [E, I, H]
+  Gguf = 5                // blk.L.ffn_{gate,up,down}_exps.weight [E, I, H] ...
+};
+const char* naming_name(Naming n);
+
+// One weight matrix: a [rows, cols] view (checkpoint orientation, as
+// ep_moe_layer_set_weight takes it) of bytes in a tensor.
+struct Slice {
+  const TensorInfo* tensor = nullptr;
+  uint64_t offset = 0;      // absolute file offset of element (0, 0)
+  int64_t rows = 0, cols = 0;
+  bool transposed = false;  // stored [cols, rows]
+};
+
+// What a checkpoint says about one MoE layer's configuration.
+struct LayerShape {
+  int32_t hidden = 0, inter = 0, experts = 0, top_k = 0, shared_inter = 0;
+  bool shared_gate = false, score_bias = false, router = false;
+  int32_t activation = EP_MOE_ACT_SILU;
+  int32_t scoring = EP_MOE_SCORING_SOFTMAX;
+  int32_t renormalize = 1;
+  int32_t groups = 0, topk_group = 0;
+  float scale = 1.0f;
+  Elem expert_elem = Elem::Other;
+};
+
+class Checkpoint {
+ public:
+  // Opens a path: a .safetensors file, a model.safetensors.index.json, a
+  // directory holding either, or a GGUF file. Every header is parsed and
+  // validated here. `naming` Auto detects the scheme; `prefix` (may be
+  // empty) restricts HF names to those starting with it.
+  static std::unique_ptr<Checkpoint> open(const std::string& path, Naming naming, const std::string& prefix);
+
+  Format format() const { return format_; }
+  Naming naming() const { return naming_; }
+  const std::string& prefix() const { return prefix_; }
+  size_t num_files() const { return files_.size(); }
+  const ByteSource& file(int i) const { return *files_[static_cast<size_t>(i)]; }
+  size_t num_tensors() const { return tensors_.size(); }
+  uint64_t header_bytes() const { return header_bytes_; }
+  int32_t num_layers() const { return num_layers_; }
+
+  // Layer indices that hold routed experts, ascending.
+  const std::vector<int32_t>& moe_layers() const { return moe_layers_; }
+  bool is_moe_layer(int32_t layer) const;
+
+  // The configuration of one MoE layer (throws NOT_FOUND for a layer
+  // without experts, FORMAT for inconsistent shapes).
+  LayerShape layer_shape(int32_t layer) const;
+
+  // Locates a weight: routed tensors by expert (fused gate_up is reported
+  // for EP_MOE_WEIGHT_EXPERT_GATE_UP when the checkpoint stores it so);
+  // returns false when the checkpoint has no such tensor.
+  bool locate(int32_t layer, ep_moe_weight_t which, int32_t expert, Slice* out) const;
+
+ private:
+  Checkpoint() = default;
+  void index_names(Naming want, const std::string& prefix);
+  void read_hf_config(const std::string& dir);
+  const TensorInfo* tensor(int32_t layer, int role, int32_t expert) const;
+  int64_t hidden_hint(int32_t layer) const;
+  bool fused_transposed(int32_t layer) const;
+
+  Format format_ = Format::Safetensors;
+  Naming naming_ = Naming::Auto;
+  bool naming_forced_ = false;
+  std::string prefix_;
+  std::vector<std::unique_ptr<ByteSource>> files_;
+  std::vector<TensorInfo> tensors_;
+  uint64_t header_bytes_ = 0;
+  int32_t num_layers_ = 0;
+  std::vector<int32_t> moe_layers_;
+  // (layer, role, expert) -> index into tensors_; expert -1 for non-expert tensors.
+  std::map<std::tuple<int32_t, int, int32_t>, size_t> roles_;
+  std::map<int32_t, int32_t> expert_count_;  // per layer, from the tensors
+  // Declared configuration.
+  std::map<std::string, double> cfg_num_;
+  std::map<std::string, std::string> cfg_str_;
+  bool has_config_ = false;
+  GgufFile gguf_;
+  std::string arch_;
+};
+
+// Loads an HF config.json (capped at 16 MiB); exposed for tests.
+void parse_hf_config(const std::string& text, const std::string& name, std::map<std::string, double>* nums,
+                     std::map<std::string, std::string>* strs);
+
+}  // namespace io
+}  // namespace ep_moe

@@ -1,0 +1,77 @@
+// Random-access byte sources the parsers and the loader read from: a file
+// (pread, thread-safe) or a memory buffer (tests, fuzzing). Every read is
+// bounds-checked and throws ep_moe::Error naming the source.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ep_moe {
+namespace io {
+
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+  virtual uint64_t size() const = 0;
+  // Reads exactly n bytes at offset; throws FORMAT past the end, IO on a
+  // failed read.
+  virtual void read(uint64_t offset, void* dst, size_t n) const = 0;
+  const std::string& name() const { return name_; }
+
+ protected:
+  std::string name_;
+};
+
+class FileSource final : public ByteSource {
+ public:
+  explicit FileSource(const std::string& path);  // throws IO naming the path
+  ~FileSource() override;
+  FileSource(const FileSource&) = delete;
+  FileSource& operator=(const FileSource&) = delete;
+  uint64_t size() const override { return size_; }
+  void read(uint64_t offset, void* dst, size_t n) const override;
+
+ private:
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
+class MemorySource final : public ByteSource {
+ public:
+  MemorySource(const void* data, size_t size, std::string name);  // borrows data
+  uint64_t size() const override { return size_; }
+  void read(uint64_t offset, void* dst, size_t n) const override;
+
+ private:
+  const uint8_t* data_;
+  uint64_t size_;
+};
+
+// Sequential little-endian reader over a source with a small buffer, for
+// headers: every read checks the bytes that remain.
+class Cursor {
+ public:
+  Cursor(const ByteSource& src, uint64_t pos) : src_(src), pos_(pos) {}
+  uint64_t pos() const { return pos_; }
+  uint64_t remaining() const { return src_.size() - pos_; }
+  void bytes(void* dst, size_t n);
+  void skip(uint64_t n);
+  uint8_t u8();
+  uint32_t u32();
+  uint64_t u64();
+  // A length-prefixed string (u64 length); longer than max_len is FORMAT.
+  std::string string(uint64_t max_len, const char* what);
+
+ private:
+  void fill(size_t need);
+  const ByteSource& src_;
+  uint64_t pos_;
+  std::vector<uint8_t> buf_;
+  uint64_t buf_pos_ = 0;  // file offset of buf_[0]
+};
+
+}  // namespace io
+}  // namespace ep_moe

@@ -1,0 +1,189 @@
+// Loading one rank's part of a checkpoint layer: only the byte ranges of the
+// experts this rank holds, the router, the bias, the shared expert's gate and
+// this rank's shard of the shared expert.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "layer/layer.hpp"
+
+namespace ep_moe {
+
+namespace {
+
+using io::Elem;
+
+// A window of a slice read into memory, ready to be packed.
+struct Loaded {
+  std::vector<uint8_t> buf;
+  ep_moe_dtype_t dtype = EP_MOE_DTYPE_F32;
+  int64_t cols = 0;  // row length of buf (or, transposed, of the stored rows)
+  bool transposed = false;
+};
+
+ep_moe_dtype_t dtype_of(const io::TensorInfo& t, const io::Checkpoint& ck) {
+  switch (t.elem) {
+    case Elem::F32: return EP_MOE_DTYPE_F32;
+    case Elem::F16: return EP_MOE_DTYPE_F16;
+    case Elem::BF16: return EP_MOE_DTYPE_BF16;
+    case Elem::Q8_0: return EP_MOE_DTYPE_F32;  // dequantised on load
+    case Elem::Other: break;
+  }
+  fail(EP_MOE_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; only F32, F16, BF16 (and Q8_0 in GGUF) can be loaded",
+       ck.file(t.file).name().c_str(), t.name.c_str(), t.type_name.c_str());
+}
+
+// Q8_0 rows (blocks of an f16 scale and 32 int8) to f32.
+void dequant_q8_0(const uint8_t* src, int64_t count, float* dst) {
+  for (int64_t b = 0; b < count / 32; ++b) {
+    const uint8_t* blk = src + b * 34;
+    uint16_t d16;
+    std::memcpy(&d16, blk, 2);
+    const float d = f16_to_f32(d16);
+    for (int i = 0; i < 32; ++i) dst[b * 32 + i] = d * static_cast<float>(static_cast<int8_t>(blk[2 + i]));
+  }
+}
+
+class Reader {
+ public:
+  explicit Reader(const io::Checkpoint& ck) : ck_(ck) {}
+  uint64_t bytes() const { return bytes_; }
+
+  // Rows [r0, r0 + nr) and columns [c0, c0 + nc) of a slice.
+  Loaded read(const io::Slice& s, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+    const io::TensorInfo& t = *s.tensor;
+    const ep_moe_dtype_t dt = dtype_of(t, ck_);
+    const io::ByteSource& f = ck_.file(t.file);
+    Loaded out;
+    out.dtype = dt;
+    if (s.transposed) {  // stored [cols, rows]: whole slices only
+      if (r0 != 0 || nr != s.rows || c0 != 0 || nc != s.cols)
+        fail(EP_MOE_ERR_INTERNAL, "windows of transposed tensors are not supported");
+      out.transposed = true;
+      out.cols = s.rows;  // the stored row length
+      fetch(f, t, s.offset, s.rows * s.cols, &out.buf);
+      return out;
+    }
+    // Whole rows are contiguous; a column window of a plain type is read row
+    // by row. Q8_0 blocks cannot be split, so its rows are read whole.
+    const bool whole_rows = nc == s.cols || t.elem == Elem::Q8_0;
+    const int64_t row_elems = s.cols;
+    const uint64_t row_bytes = io::elem_bytes(t.elem, static_cast<uint64_t>(row_elems));
+    if (whole_rows) {
+      fetch(f, t, s.offset + static_cast<uint64_t>(r0) * row_bytes, nr * row_elems, &out.buf);
+      out.cols = row_elems;
+      if (nc != s.cols) {  // narrow the dequantised rows
+        std::vector<uint8_t> narrow(static_cast<size_t>(nr * nc) * 4);
+        for (int64_t r = 0; r < nr; ++r)
+          std::memcpy(narrow.data() + static_cast<size_t>(r * nc) * 4, out.buf.data() + static_cast<size_t>(r * row_elems + c0) * 4,
+                      static_cast<size_t>(nc) * 4);
+        out.buf.swap(narrow);
+        out.cols = nc;
+      }
+      return out;
+    }
+    const size_t es = dtype_size(dt);
+    out.buf.resize(static_cast<size_t>(nr * nc) * es);
+    for (int64_t r = 0; r < nr; ++r) {
+      const uint64_t off = s.offset + static_cast<uint64_t>(r0 + r) * row_bytes + static_cast<uint64_t>(c0) * es;
+      f.read(off, out.buf.data() + static_cast<size_t>(r * nc) * es, static_cast<size_t>(nc) * es);
+      bytes_ += static_cast<uint64_t>(nc) * es;
+    }
+    out.cols = nc;
+    return out;
+  }
+
+ private:
+  void fetch(const io::ByteSource& f, const io::TensorInfo& t, uint64_t offset, int64_t count, std::vector<uint8_t>* dst) {
+    const uint64_t n = io::elem_bytes(t.elem, static_cast<uint64_t>(count));
+    if (offset < t.offset || offset + n > t.offset + t.bytes)
+      fail(EP_MOE_ERR_INTERNAL, "read outside tensor '%s'", t.name.c_str());
+    std::vector<uint8_t> raw(static_cast<size_t>(n));
+    f.read(offset, raw.data(), raw.size());
+    bytes_ += n;
+    if (t.elem == Elem::Q8_0) {
+      dst->resize(static_cast<size_t>(count) * 4);
+      dequant_q8_0(raw.data(), count, reinterpret_cast<float*>(dst->data()));
+    } else {
+      dst->swap(raw);
+    }
+  }
+
+  const io::Checkpoint& ck_;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace
+
+uint64_t Layer::load(const io::Checkpoint& ck, int32_t L) {
+  const io::LayerShape s = ck.layer_shape(L);
+  const char* fname = ck.file(0).name().c_str();
+  auto mismatch = [&](const char* what, int64_t have, int64_t want) {
+    fail(EP_MOE_ERR_INVALID_ARGUMENT, "%s layer %d has %s %lld, but the layer was configured with %lld", fname, L, what,
+         static_cast<long long>(have), static_cast<long long>(want));
+  };
+  if (s.hidden != cfg_.hidden_size) mismatch("hidden size", s.hidden, cfg_.hidden_size);
+  if (s.inter != cfg_.intermediate_size) mismatch("expert intermediate size", s.inter, cfg_.intermediate_size);
+  if (s.experts != cfg_.num_experts) mismatch("experts", s.experts, cfg_.num_experts);
+  if (cfg_.shared_intermediate_size > 0 && s.shared_inter != cfg_.shared_intermediate_size)
+    mismatch("shared-expert intermediate size", s.shared_inter, cfg_.shared_intermediate_size);
+
+  Reader rd(ck);
+  auto need = [&](ep_moe_weight_t which, int32_t e, io::Slice* sl) {
+    if (!ck.locate(L, which, e, sl))
+      fail(EP_MOE_ERR_NOT_FOUND, "%s layer %d has no %s%s", fname, L, weight_name(which),
+           e >= 0 ? format(" for expert %d", e).c_str() : "");
+  };
+  auto put = [&](ep_moe_weight_t which, int32_t e, const Loaded& ld, bool shard_relative) {
+    cpu::Source src{ld.buf.data(), ld.dtype, ld.cols};
+    src.transposed = ld.transposed;
+    store(which, e, src, shard_relative);
+  };
+
+  // Routed experts: only those with a slot on this rank.
+  for (int32_t e = 0; e < cfg_.num_experts; ++e) {
+    if (!wants(EP_MOE_WEIGHT_EXPERT_DOWN, e)) continue;
+    io::Slice sl;
+    if (ck.locate(L, EP_MOE_WEIGHT_EXPERT_GATE_UP, e, &sl)) {
+      put(EP_MOE_WEIGHT_EXPERT_GATE_UP, e, rd.read(sl, 0, sl.rows, 0, sl.cols), false);
+    } else {
+      for (ep_moe_weight_t w : {EP_MOE_WEIGHT_EXPERT_GATE, EP_MOE_WEIGHT_EXPERT_UP}) {
+        need(w, e, &sl);
+        put(w, e, rd.read(sl, 0, sl.rows, 0, sl.cols), false);
+      }
+    }
+    need(EP_MOE_WEIGHT_EXPERT_DOWN, e, &sl);
+    put(EP_MOE_WEIGHT_EXPERT_DOWN, e, rd.read(sl, 0, sl.rows, 0, sl.cols), false);
+  }
+
+  io::Slice sl;
+  if (ck.locate(L, EP_MOE_WEIGHT_ROUTER, -1, &sl)) put(EP_MOE_WEIGHT_ROUTER, -1, rd.read(sl, 0, sl.rows, 0, sl.cols), false);
+  if (cfg_.use_score_bias) {
+    need(EP_MOE_WEIGHT_SCORE_BIAS, -1, &sl);
+    put(EP_MOE_WEIGHT_SCORE_BIAS, -1, rd.read(sl, 0, 1, 0, sl.cols), false);
+  }
+  if (cfg_.shared_intermediate_size > 0) {
+    // Only this rank's shard: gate/up rows and down columns.
+    for (ep_moe_weight_t w : {EP_MOE_WEIGHT_SHARED_GATE, EP_MOE_WEIGHT_SHARED_UP, EP_MOE_WEIGHT_SHARED_DOWN}) {
+      need(w, -1, &sl);
+      if (shared_count_ == 0) continue;
+      const bool down = w == EP_MOE_WEIGHT_SHARED_DOWN;
+      const Loaded ld = down ? rd.read(sl, 0, sl.rows, shared_begin_, shared_count_)
+                             : rd.read(sl, shared_begin_, shared_count_, 0, sl.cols);
+      put(w, -1, ld, true);
+    }
+    if (cfg_.shared_expert_gate) {
+      need(EP_MOE_WEIGHT_SHARED_EXPERT_GATE, -1, &sl);
+      put(EP_MOE_WEIGHT_SHARED_EXPERT_GATE, -1, rd.read(sl, 0, 1, 0, sl.cols), false);
+    }
+  }
+  bytes_loaded_ += rd.bytes();
+  log(EP_MOE_LOG_INFO, "[EP rank %d/%d] loaded layer %d from %s: %llu bytes", map_.ep_rank(), map_.ep_size(), L, fname,
+      static_cast<unsigned long long>(rd.bytes()));
+  return rd.bytes();
+}
+
+}  // namespace ep_moe
