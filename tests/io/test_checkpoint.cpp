@@ -37,7 +37,7 @@ Written write_model(Scheme scheme, const std::string& dtype, ref::Spec spec, boo
   out.m.w = ref::random_weights(spec, ref::F32, rng());
   auto ts = writers::moe_tensors(out.m, scheme, rng());
   const std::string dir = writers::temp_dir("ckpt");
-  if (scheme == Scheme::Gguf) {
+  if (scheme == Scheme::Gguf || scheme == Scheme::GgufFused) {
     out.path = dir + "/model.gguf";
     writers::write_file(out.path, writers::gguf_bytes(ts, writers::gguf_meta(out.m)));
     return out;
@@ -196,7 +196,8 @@ TEST_CASE("every naming scheme and element type loads at several EP sizes and ma
       {Scheme::Mixtral, "F16", false, false, false}, {Scheme::DeepSeek, "F32", true, false, true},
       {Scheme::Fused, "BF16", true, false, false},   {Scheme::FusedTransposed, "F32", false, false, false},
       {Scheme::Gguf, "Q8_0", true, true, false},     {Scheme::Gguf, "BF16", false, false, true},
-      {Scheme::Gguf, "F16", true, false, false},
+      {Scheme::Gguf, "F16", true, false, false},     {Scheme::GgufFused, "Q8_0", false, false, false},
+      {Scheme::Stacked, "BF16", true, false, false},
   };
   for (const C& c : cases) {
     ref::Spec s;
@@ -221,10 +222,11 @@ TEST_CASE("every naming scheme and element type loads at several EP sizes and ma
       CkHolder ck(wr.path);
       int64_t v = -1;
       REQUIRE(ep_moe_checkpoint_get_attr(&v, ck.c, EP_MOE_CHECKPOINT_ATTR_FORMAT) == EP_MOE_OK);
-      CHECK(v == (c.scheme == Scheme::Gguf ? 1 : 0));
+      const bool gguf = c.scheme == Scheme::Gguf || c.scheme == Scheme::GgufFused;
+      CHECK(v == (gguf ? 1 : 0));
       REQUIRE(ep_moe_checkpoint_get_attr(&v, ck.c, EP_MOE_CHECKPOINT_ATTR_NAMING) == EP_MOE_OK);
       const int naming[] = {EP_MOE_NAMING_HF, EP_MOE_NAMING_MIXTRAL, EP_MOE_NAMING_HF, EP_MOE_NAMING_HF_FUSED,
-                            EP_MOE_NAMING_HF_FUSED, EP_MOE_NAMING_GGUF};
+                            EP_MOE_NAMING_HF_FUSED, EP_MOE_NAMING_GGUF, EP_MOE_NAMING_GGUF, EP_MOE_NAMING_HF_FUSED};
       CHECK(v == naming[static_cast<int>(c.scheme)]);
       REQUIRE(ep_moe_checkpoint_get_attr(&v, ck.c, EP_MOE_CHECKPOINT_ATTR_NUM_MOE_LAYERS) == EP_MOE_OK);
       CHECK(v == 1);
@@ -258,7 +260,8 @@ TEST_CASE("every naming scheme and element type loads at several EP sizes and ma
       const auto bytes = run_loaded(wr, ep, 9);
       for (int r = 0; r < ep; ++r) {
         INFO("ep " << ep << " rank " << r);
-        CHECK(bytes[static_cast<size_t>(r)] == expected_bytes(wr.m, c.scheme == Scheme::Gguf, ep, r));
+        CHECK(bytes[static_cast<size_t>(r)] ==
+              expected_bytes(wr.m, c.scheme == Scheme::Gguf || c.scheme == Scheme::GgufFused, ep, r));
       }
     }
   }

@@ -166,7 +166,7 @@ inline std::string temp_dir(const std::string& tag) {
 
 // ---- MoE checkpoints in every naming scheme --------------------------------
 
-enum class Scheme { Qwen, Mixtral, DeepSeek, Fused, FusedTransposed, Gguf };
+enum class Scheme { Qwen, Mixtral, DeepSeek, Fused, FusedTransposed, Gguf, GgufFused, Stacked };
 
 struct Model {
   ref::Spec spec;
@@ -210,7 +210,7 @@ inline std::vector<Tensor> moe_tensors(Model& m, Scheme scheme, std::mt19937& rn
   m.router.resize(static_cast<size_t>(s.E * s.H));
   for (auto& x : m.router) x = n(rng) / std::sqrt(static_cast<float>(s.H));
 
-  if (scheme == Scheme::Gguf) {
+  if (scheme == Scheme::Gguf || scheme == Scheme::GgufFused) {
     add("token_embd.weight", emb, {37, s.H}, "F32");
     add("blk.0.ffn_down.weight", dense, {s.H, 24}, "F32");
     const std::string b = "blk." + L + ".";
@@ -222,10 +222,23 @@ inline std::vector<Tensor> moe_tensors(Model& m, Scheme scheme, std::mt19937& rn
       u.insert(u.end(), m.w.up[static_cast<size_t>(e)].begin(), m.w.up[static_cast<size_t>(e)].end());
       d.insert(d.end(), m.w.down[static_cast<size_t>(e)].begin(), m.w.down[static_cast<size_t>(e)].end());
     }
-    add(b + "ffn_gate_exps.weight", g, {s.E, s.I, s.H}, dt);
-    add(b + "ffn_up_exps.weight", u, {s.E, s.I, s.H}, dt);
-    add(b + "ffn_down_exps.weight", d, {s.E, s.H, s.I}, dt);
     const size_t gi = static_cast<size_t>(s.I) * s.H, di = static_cast<size_t>(s.H) * s.I;
+    if (scheme == Scheme::GgufFused) {  // [E, 2I, H]: each expert's gate rows, then its up rows
+      std::vector<float> gu;
+      for (int e = 0; e < s.E; ++e) {
+        gu.insert(gu.end(), g.begin() + static_cast<long>(e * gi), g.begin() + static_cast<long>((e + 1) * gi));
+        gu.insert(gu.end(), u.begin() + static_cast<long>(e * gi), u.begin() + static_cast<long>((e + 1) * gi));
+      }
+      add(b + "ffn_gate_up_exps.weight", gu, {s.E, 2 * s.I, s.H}, dt);
+      for (int e = 0; e < s.E; ++e) {
+        std::copy(gu.begin() + static_cast<long>(2 * e * gi), gu.begin() + static_cast<long>((2 * e + 1) * gi), g.begin() + static_cast<long>(e * gi));
+        std::copy(gu.begin() + static_cast<long>((2 * e + 1) * gi), gu.begin() + static_cast<long>((2 * e + 2) * gi), u.begin() + static_cast<long>(e * gi));
+      }
+    } else {
+      add(b + "ffn_gate_exps.weight", g, {s.E, s.I, s.H}, dt);
+      add(b + "ffn_up_exps.weight", u, {s.E, s.I, s.H}, dt);
+    }
+    add(b + "ffn_down_exps.weight", d, {s.E, s.H, s.I}, dt);
     for (int e = 0; e < s.E; ++e) {  // write back the stored values
       std::copy(g.begin() + static_cast<long>(e * gi), g.begin() + static_cast<long>((e + 1) * gi), m.w.gate[static_cast<size_t>(e)].begin());
       std::copy(u.begin() + static_cast<long>(e * gi), u.begin() + static_cast<long>((e + 1) * gi), m.w.up[static_cast<size_t>(e)].begin());
@@ -279,6 +292,22 @@ inline std::vector<Tensor> moe_tensors(Model& m, Scheme scheme, std::mt19937& rn
         std::vector<float> y(d.begin() + static_cast<long>(e * di), d.begin() + static_cast<long>((e + 1) * di));
         if (tr) y = transpose(y, s.I, s.H);
         m.w.down[static_cast<size_t>(e)] = y;
+      }
+    } else if (scheme == Scheme::Stacked) {  // separate 3-D gate/up/down [E, I, H], [E, H, I]
+      std::vector<float> g, u, d;
+      for (int e = 0; e < s.E; ++e) {
+        g.insert(g.end(), m.w.gate[static_cast<size_t>(e)].begin(), m.w.gate[static_cast<size_t>(e)].end());
+        u.insert(u.end(), m.w.up[static_cast<size_t>(e)].begin(), m.w.up[static_cast<size_t>(e)].end());
+        d.insert(d.end(), m.w.down[static_cast<size_t>(e)].begin(), m.w.down[static_cast<size_t>(e)].end());
+      }
+      add(lp + "mlp.experts.gate_proj", g, {s.E, s.I, s.H}, dt);
+      add(lp + "mlp.experts.up_proj", u, {s.E, s.I, s.H}, dt);
+      add(lp + "mlp.experts.down_proj", d, {s.E, s.H, s.I}, dt);
+      const size_t gi = static_cast<size_t>(s.I) * s.H;
+      for (int e = 0; e < s.E; ++e) {
+        std::copy(g.begin() + static_cast<long>(e * gi), g.begin() + static_cast<long>((e + 1) * gi), m.w.gate[static_cast<size_t>(e)].begin());
+        std::copy(u.begin() + static_cast<long>(e * gi), u.begin() + static_cast<long>((e + 1) * gi), m.w.up[static_cast<size_t>(e)].begin());
+        std::copy(d.begin() + static_cast<long>(e * gi), d.begin() + static_cast<long>((e + 1) * gi), m.w.down[static_cast<size_t>(e)].begin());
       }
     } else {
       for (int e = 0; e < s.E; ++e) {
