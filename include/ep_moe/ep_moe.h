@@ -130,7 +130,9 @@ typedef enum ep_moe_feature {
   EP_MOE_FEATURE_CUDA = 1u << 1,     /**< CUDA backend built. */
   EP_MOE_FEATURE_NCCL = 1u << 2,     /**< NCCL communicator built. */
   EP_MOE_FEATURE_CUBLASLT = 1u << 3, /**< cuBLASLt expert GEMMs built. */
-  EP_MOE_FEATURE_MPI = 1u << 4, /**< MPI communicator built. */
+  EP_MOE_FEATURE_MPI = 1u << 4,       /**< MPI communicator built. */
+  EP_MOE_FEATURE_LOCAL_COMM = 1u << 5, /**< In-process communicator (always built). */
+  EP_MOE_FEATURE_CALLBACKS = 1u << 6,  /**< Host-callback communicator (always built). */
   /** \cond RANGE */
   EP_MOE_FEATURE_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
   EP_MOE_FEATURE_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
@@ -574,6 +576,162 @@ EP_MOE_API ep_moe_status_t ep_moe_comm_config_init(ep_moe_comm_config_t* out);
  */
 EP_MOE_API ep_moe_status_t ep_moe_comm_create_local(ep_moe_comm_t** out, int32_t size,
                                                     const ep_moe_comm_config_t* config);
+
+/**
+ * \brief Creates a communicator from the caller's MPI communicator (the
+ *        `mpi` backend; ::EP_MOE_FEATURE_MPI).
+ *
+ * ep_moe duplicates the communicator (so its traffic never mixes with the
+ * caller's) and uses only non-blocking collectives polled against the
+ * timeout. MPI must be initialised; the rank's calls must come from a thread
+ * the MPI threading level allows. Reductions are computed by ep_moe (f32 in
+ * rank order), so results are bit-identical to the in-process backend's.
+ * ep_moe_comm_abort() ends this process's blocked call; the other processes
+ * see a timeout. Collective call (MPI_Comm_dup).
+ * \param[out] out           Receives the handle (owned by the caller).
+ * \param[in]  mpi_comm      Address of the caller's `MPI_Comm`.
+ * \param[in]  mpi_comm_size `sizeof(MPI_Comm)` as the caller compiled it (a
+ *                           check that caller and library use the same MPI).
+ * \param[in]  config        Settings, or NULL for the defaults.
+ * \return ::EP_MOE_OK; ::EP_MOE_ERR_UNSUPPORTED (built without MPI);
+ *         ::EP_MOE_ERR_STATE (MPI not initialised);
+ *         ::EP_MOE_ERR_INVALID_ARGUMENT; ::EP_MOE_ERR_REMOTE (an MPI error).
+ */
+EP_MOE_API ep_moe_status_t ep_moe_comm_create_mpi(ep_moe_comm_t** out, const void* mpi_comm, size_t mpi_comm_size,
+                                                  const ep_moe_comm_config_t* config);
+
+/**
+ * \brief Creates a communicator over the caller's NCCL communicator (the
+ *        `nccl` backend; ::EP_MOE_FEATURE_NCCL). Buffers are device memory;
+ *        collectives are enqueued on the `stream` given to each call, and the
+ *        call waits for them (polling, with the timeout) unless the stream is
+ *        being captured into a CUDA graph.
+ * \param[out] out       Receives the handle (owned by the caller).
+ * \param[in]  nccl_comm The caller's `ncclComm_t`, borrowed: never destroyed
+ *                       or aborted by ep_moe; it must outlive the handle.
+ * \param[in]  config    Settings, or NULL for the defaults.
+ * \return ::EP_MOE_OK; ::EP_MOE_ERR_UNSUPPORTED (built without NCCL, or no
+ *         CUDA device); ::EP_MOE_ERR_INVALID_ARGUMENT.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_comm_create_nccl(ep_moe_comm_t** out, void* nccl_comm,
+                                                   const ep_moe_comm_config_t* config);
+
+/**
+ * \brief Creates an NCCL unique id (on one rank; send it to the others).
+ * \param[out] out      Buffer for the id.
+ * \param[in]  out_size Its size: at least 128 bytes (`sizeof(ncclUniqueId)`).
+ * \return ::EP_MOE_OK, ::EP_MOE_ERR_UNSUPPORTED, ::EP_MOE_ERR_INVALID_ARGUMENT
+ *         or ::EP_MOE_ERR_REMOTE.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_nccl_get_unique_id(void* out, size_t out_size);
+
+/**
+ * \brief Creates an NCCL communicator of its own from a unique id (collective
+ *        over the `size` ranks; each calls it with its rank on its current
+ *        CUDA device). ep_moe owns it: ep_moe_comm_destroy() destroys it, and
+ *        a rank's failure aborts it so the peers never wait forever.
+ * \param[out] out            Receives the handle.
+ * \param[in]  unique_id      From ep_moe_nccl_get_unique_id().
+ * \param[in]  unique_id_size Bytes of `unique_id` (128).
+ * \param[in]  rank           This rank, in [0, size).
+ * \param[in]  size           Number of ranks.
+ * \param[in]  config         Settings (the timeout bounds the initialisation too), or NULL.
+ * \return ::EP_MOE_OK; ::EP_MOE_ERR_UNSUPPORTED; ::EP_MOE_ERR_TIMEOUT;
+ *         ::EP_MOE_ERR_REMOTE; ::EP_MOE_ERR_INVALID_ARGUMENT.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_comm_create_nccl_from_id(ep_moe_comm_t** out, const void* unique_id,
+                                                           size_t unique_id_size, int32_t rank, int32_t size,
+                                                           const ep_moe_comm_config_t* config);
+
+/**
+ * \brief The host runtime's collectives as callbacks (the `callbacks`
+ *        backend). Fill with ep_moe_comm_callbacks_init() first.
+ *
+ * Every operation starts a collective and returns at once: it stores a
+ * request in `*out_request` (NULL when it completed already); ep_moe then
+ * polls `test` until the request is done, the communicator's timeout passes
+ * (then `cancel`, if given, is called) or the communicator is aborted.
+ * Buffers are those given to ep_moe; byte counts are per rank, blocks are
+ * packed in rank order. Every function returns ::EP_MOE_OK or an error
+ * status (which breaks the communicator). `user_data` is passed to each call.
+ */
+typedef struct ep_moe_comm_callbacks {
+  /** Size of this struct as the caller compiled it (the table's version). */
+  size_t struct_size;
+  /** This rank in the host's group. */
+  int32_t rank;
+  /** Ranks in the host's group. */
+  int32_t size;
+  /** Ranks of the group in this process (threads per rank are chosen from
+   *  it); 0 means 1. */
+  int32_t ranks_in_process;
+  /** Passed to every callback. */
+  void* user_data;
+  /** Required: gather `bytes` from every rank into `out` (size * bytes). */
+  ep_moe_status_t (*all_gather)(void** out_request, void* out, const void* in, size_t bytes, void* user_data);
+  /** Required: gather `bytes[p]` from rank p, packed in rank order. */
+  ep_moe_status_t (*all_gather_v)(void** out_request, void* out, const void* in, const size_t* bytes,
+                                  void* user_data);
+  /** Required: send `in_bytes[p]` to rank p, receive `out_bytes[p]` from it. */
+  ep_moe_status_t (*all_to_all_v)(void** out_request, void* out, const size_t* out_bytes, const void* in,
+                                  const size_t* in_bytes, void* user_data);
+  /** Optional (NULL: ep_moe reduces through all_to_all_v/all_gather_v): sum
+   *  `count` elements of `dtype`. */
+  ep_moe_status_t (*all_reduce)(void** out_request, void* out, const void* in, size_t count, ep_moe_dtype_t dtype,
+                                void* stream, void* user_data);
+  /** Optional: sum and scatter `count` elements per rank. */
+  ep_moe_status_t (*reduce_scatter)(void** out_request, void* out, const void* in, size_t count,
+                                    ep_moe_dtype_t dtype, void* stream, void* user_data);
+  /** Optional: a barrier (NULL: the header exchange ep_moe does anyway serves). */
+  ep_moe_status_t (*barrier)(void** out_request, void* user_data);
+  /** Required: `*out_done` = 1 when the request completed (it is then released). */
+  ep_moe_status_t (*test)(int32_t* out_done, void* request, void* user_data);
+  /** Optional: give up a request after a timeout or abort. */
+  void (*cancel)(void* request, void* user_data);
+} ep_moe_comm_callbacks_t;
+
+/**
+ * \brief Fills a callbacks table with NULLs and sets its struct_size.
+ * \param[out] out The table to fill.
+ * \return ::EP_MOE_OK, or ::EP_MOE_ERR_INVALID_ARGUMENT when `out` is NULL.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_comm_callbacks_init(ep_moe_comm_callbacks_t* out);
+
+/**
+ * \brief Creates a communicator that runs on the host's callbacks.
+ * \param[out] out       Receives the handle (owned by the caller).
+ * \param[in]  callbacks The table; copied (the functions and user_data must
+ *                       stay valid for the handle's lifetime).
+ * \param[in]  config    Settings, or NULL for the defaults.
+ * \return ::EP_MOE_OK; ::EP_MOE_ERR_INVALID_ARGUMENT naming a missing
+ *         required callback or a bad rank/size; ::EP_MOE_ERR_STRUCT_SIZE.
+ *         Such a communicator cannot be split (::EP_MOE_ERR_UNSUPPORTED).
+ */
+EP_MOE_API ep_moe_status_t ep_moe_comm_create_callbacks(ep_moe_comm_t** out, const ep_moe_comm_callbacks_t* callbacks,
+                                                        const ep_moe_comm_config_t* config);
+
+/**
+ * \brief Whether the communicator is broken, and by whom.
+ *
+ * May be called from any thread, also while another thread is blocked in a
+ * collective on the same handle (e.g. by a watchdog).
+ * \param[out] out_status ::EP_MOE_OK while healthy, else the status that
+ *                        broke it (::EP_MOE_ERR_TIMEOUT, ::EP_MOE_ERR_ABORTED,
+ *                        ::EP_MOE_ERR_REMOTE).
+ * \param[out] out_peer   The rank that failed or did not arrive, or -1 when
+ *                        the backend cannot tell; may be NULL.
+ * \param[in]  comm       The handle.
+ * \return ::EP_MOE_OK, ::EP_MOE_ERR_INVALID_HANDLE or ::EP_MOE_ERR_INVALID_ARGUMENT.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_comm_get_async_error(ep_moe_status_t* out_status, int32_t* out_peer,
+                                                       const ep_moe_comm_t* comm);
+
+/**
+ * \brief The backend of a communicator: "local", "mpi", "nccl" or "callbacks".
+ * \param[in] comm The handle.
+ * \return A static string; "invalid handle" for a NULL or dead handle.
+ */
+EP_MOE_API const char* ep_moe_comm_backend(const ep_moe_comm_t* comm);
 
 /**
  * \brief Splits a communicator into sub-groups (collective over `comm`).

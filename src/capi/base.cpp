@@ -41,7 +41,7 @@ const char* ep_moe_status_string(ep_moe_status_t status) {
 const char* ep_moe_last_error(void) { return thread_error(); }
 
 int ep_moe_has_feature(uint32_t features) {
-  uint32_t built = EP_MOE_FEATURE_CPU;
+  uint32_t built = EP_MOE_FEATURE_CPU | EP_MOE_FEATURE_LOCAL_COMM | EP_MOE_FEATURE_CALLBACKS;
 #if defined(EP_MOE_HAVE_CUDA)
   built |= EP_MOE_FEATURE_CUDA;
 #endif

@@ -4,6 +4,10 @@
 
 #include "capi/handle.hpp"
 #include "capi/objects.hpp"
+#include "comm/callbacks/callback_transport.hpp"
+#include "comm/message_comm.hpp"
+#include "comm/mpi/mpi_transport.hpp"
+#include "comm/nccl/nccl_comm.hpp"
 #include "common/dtype.hpp"
 
 using namespace ep_moe;
@@ -142,7 +146,6 @@ const char* ep_moe_comm_last_error(const ep_moe_comm_t* comm) { return handle_la
 
 ep_moe_status_t ep_moe_comm_all_reduce(void* out, const void* in, size_t count, ep_moe_dtype_t dtype,
                                        ep_moe_comm_t* comm, void* stream) {
-  (void)stream;
   return collective(
       __func__, comm,
       [&](Comm&) {
@@ -150,12 +153,11 @@ ep_moe_status_t ep_moe_comm_all_reduce(void* out, const void* in, size_t count, 
         need(out, count, "out");
         need(in, count, "in");
       },
-      [&](Comm& c) { c.all_reduce(out, in, count, dtype); });
+      [&](Comm& c) { c.all_reduce(out, in, count, dtype, stream); });
 }
 
 ep_moe_status_t ep_moe_comm_reduce_scatter(void* out, const void* in, size_t count, ep_moe_dtype_t dtype,
                                            ep_moe_comm_t* comm, void* stream) {
-  (void)stream;
   return collective(
       __func__, comm,
       [&](Comm& c) {
@@ -163,12 +165,11 @@ ep_moe_status_t ep_moe_comm_reduce_scatter(void* out, const void* in, size_t cou
         need(out, count, "out");
         need(in, checked_mul(count, static_cast<size_t>(c.size()), "count * size"), "in");
       },
-      [&](Comm& c) { c.reduce_scatter(out, in, count, dtype); });
+      [&](Comm& c) { c.reduce_scatter(out, in, count, dtype, stream); });
 }
 
 ep_moe_status_t ep_moe_comm_all_gather(void* out, const void* in, size_t count, ep_moe_dtype_t dtype,
                                        ep_moe_comm_t* comm, void* stream) {
-  (void)stream;
   return collective(
       __func__, comm,
       [&](Comm& c) {
@@ -176,12 +177,11 @@ ep_moe_status_t ep_moe_comm_all_gather(void* out, const void* in, size_t count, 
         need(in, count, "in");
         need(out, checked_mul(count, static_cast<size_t>(c.size()), "count * size"), "out");
       },
-      [&](Comm& c) { c.all_gather(out, in, count, dtype); });
+      [&](Comm& c) { c.all_gather(out, in, count, dtype, stream); });
 }
 
 ep_moe_status_t ep_moe_comm_all_gather_v(void* out, const void* in, const size_t* counts, ep_moe_dtype_t dtype,
                                          ep_moe_comm_t* comm, void* stream) {
-  (void)stream;
   return collective(
       __func__, comm,
       [&](Comm& c) {
@@ -195,13 +195,12 @@ ep_moe_status_t ep_moe_comm_all_gather_v(void* out, const void* in, const size_t
         need(in, counts[c.rank()], "in");
         need(out, total, "out");
       },
-      [&](Comm& c) { c.all_gather_v(out, in, counts, dtype); });
+      [&](Comm& c) { c.all_gather_v(out, in, counts, dtype, stream); });
 }
 
 ep_moe_status_t ep_moe_comm_all_to_all_v(void* out, const size_t* out_counts, const void* in,
                                          const size_t* in_counts, ep_moe_dtype_t dtype, ep_moe_comm_t* comm,
                                          void* stream) {
-  (void)stream;
   return collective(
       __func__, comm,
       [&](Comm& c) {
@@ -218,11 +217,92 @@ ep_moe_status_t ep_moe_comm_all_to_all_v(void* out, const size_t* out_counts, co
         need(in, tin, "in");
         need(out, tout, "out");
       },
-      [&](Comm& c) { c.all_to_all_v(out, out_counts, in, in_counts, dtype); });
+      [&](Comm& c) { c.all_to_all_v(out, out_counts, in, in_counts, dtype, stream); });
 }
 
 ep_moe_status_t ep_moe_comm_barrier(ep_moe_comm_t* comm) {
-  return collective(__func__, comm, [](Comm&) {}, [](Comm& c) { c.barrier(); });
+  return collective(__func__, comm, [](Comm&) {}, [](Comm& c) { c.barrier(nullptr); });
+}
+
+namespace {
+int timeout_of(const ep_moe_comm_config_t* config) {
+  if (!config) return 60000;
+  const auto& c = checked_config(config, "config");
+  EP_MOE_CHECK_ARG(c.timeout_ms >= 1 && c.timeout_ms <= kMaxTimeoutMs, "config->timeout_ms must be in [1, %d], got %d",
+                   kMaxTimeoutMs, c.timeout_ms);
+  return c.timeout_ms;
+}
+
+void publish(ep_moe_comm_t** out, std::unique_ptr<Comm> c) {
+  auto h = std::make_unique<ep_moe_comm>();
+  h->comm = std::move(c);
+  register_handle(h.get());
+  *out = h.release();
+}
+}  // namespace
+
+ep_moe_status_t ep_moe_comm_create_mpi(ep_moe_comm_t** out, const void* mpi_comm, size_t mpi_comm_size,
+                                       const ep_moe_comm_config_t* config) {
+  return guard(__func__, nullptr, Kind::Comm, [&] {
+    checked_out(out, "out");
+    const int timeout = timeout_of(config);
+    publish(out, std::unique_ptr<Comm>(new MessageComm(make_mpi_transport(mpi_comm, mpi_comm_size), timeout)));
+  });
+}
+
+ep_moe_status_t ep_moe_comm_create_nccl(ep_moe_comm_t** out, void* nccl_comm, const ep_moe_comm_config_t* config) {
+  return guard(__func__, nullptr, Kind::Comm, [&] {
+    checked_out(out, "out");
+    const int timeout = timeout_of(config);
+    publish(out, make_nccl_comm(nccl_comm, timeout));
+  });
+}
+
+ep_moe_status_t ep_moe_nccl_get_unique_id(void* out, size_t out_size) {
+  return guard(__func__, nullptr, Kind::Comm, [&] { nccl_unique_id(out, out_size); });
+}
+
+ep_moe_status_t ep_moe_comm_create_nccl_from_id(ep_moe_comm_t** out, const void* unique_id, size_t unique_id_size,
+                                                int32_t rank, int32_t size, const ep_moe_comm_config_t* config) {
+  return guard(__func__, nullptr, Kind::Comm, [&] {
+    checked_out(out, "out");
+    const int timeout = timeout_of(config);
+    publish(out, make_nccl_comm_from_id(unique_id, unique_id_size, rank, size, timeout));
+  });
+}
+
+ep_moe_status_t ep_moe_comm_callbacks_init(ep_moe_comm_callbacks_t* out) {
+  return guard(__func__, nullptr, Kind::Comm, [&] {
+    checked_out(out, "out");
+    std::memset(out, 0, sizeof *out);
+    out->struct_size = sizeof *out;
+  });
+}
+
+ep_moe_status_t ep_moe_comm_create_callbacks(ep_moe_comm_t** out, const ep_moe_comm_callbacks_t* callbacks,
+                                             const ep_moe_comm_config_t* config) {
+  return guard(__func__, nullptr, Kind::Comm, [&] {
+    checked_out(out, "out");
+    const auto& cb = checked_config(callbacks, "callbacks");
+    const int timeout = timeout_of(config);
+    publish(out, std::unique_ptr<Comm>(new MessageComm(make_callback_transport(cb), timeout)));
+  });
+}
+
+ep_moe_status_t ep_moe_comm_get_async_error(ep_moe_status_t* out_status, int32_t* out_peer, const ep_moe_comm_t* comm) {
+  return guard(__func__, comm, Kind::Comm, [&] {
+    checked(comm, Kind::Comm, "comm");
+    checked_out(out_status, "out_status");
+    int peer = -1;
+    const ep_moe_status_t s = comm->comm->async_error(&peer, nullptr);
+    *out_status = s;
+    if (out_peer) *out_peer = peer;
+  });
+}
+
+const char* ep_moe_comm_backend(const ep_moe_comm_t* comm) {
+  if (comm == nullptr || !is_live(comm, Kind::Comm)) return "invalid handle";
+  return comm->comm->backend();
 }
 
 }  // extern "C"

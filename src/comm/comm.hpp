@@ -25,13 +25,19 @@ class Comm {
   // A backend name for messages ("local", "mpi", ...).
   virtual const char* backend() const = 0;
 
-  virtual void all_reduce(void* out, const void* in, size_t count, ep_moe_dtype_t dtype) = 0;
-  virtual void reduce_scatter(void* out, const void* in, size_t count, ep_moe_dtype_t dtype) = 0;
-  virtual void all_gather(void* out, const void* in, size_t count, ep_moe_dtype_t dtype) = 0;
-  virtual void all_gather_v(void* out, const void* in, const size_t* counts, ep_moe_dtype_t dtype) = 0;
+  // `stream` carries a cudaStream_t for device backends; host backends ignore it.
+  virtual void all_reduce(void* out, const void* in, size_t count, ep_moe_dtype_t dtype, void* stream) = 0;
+  virtual void reduce_scatter(void* out, const void* in, size_t count, ep_moe_dtype_t dtype, void* stream) = 0;
+  virtual void all_gather(void* out, const void* in, size_t count, ep_moe_dtype_t dtype, void* stream) = 0;
+  virtual void all_gather_v(void* out, const void* in, const size_t* counts, ep_moe_dtype_t dtype, void* stream) = 0;
   virtual void all_to_all_v(void* out, const size_t* out_counts, const void* in, const size_t* in_counts,
-                            ep_moe_dtype_t dtype) = 0;
-  virtual void barrier() = 0;
+                            ep_moe_dtype_t dtype, void* stream) = 0;
+  virtual void barrier(void* stream) = 0;
+  // Whether buffers live in device memory (NCCL) or host memory.
+  virtual bool device_memory() const { return false; }
+  // The error that broke the group, if any, and the peer that caused it
+  // (-1 when unknown). EP_MOE_OK while the group is healthy.
+  virtual ep_moe_status_t async_error(int* peer, std::string* message) const = 0;
   // Collective: ranks with equal color >= 0 form a new group (ordered by key,
   // then rank); a negative color returns nullptr.
   virtual std::unique_ptr<Comm> split(int color, int key) = 0;

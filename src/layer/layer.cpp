@@ -477,7 +477,7 @@ void Layer::forward(const ep_moe_forward_args_t& a) {
       const size_t words = row_bytes_ / 4;
       ++next_stage;
       if (gather == Gather::Padded) {
-        dp_->all_gather(recv_rows_.data(), send, static_cast<size_t>(padded) * words, EP_MOE_DTYPE_I32);
+        dp_->all_gather(recv_rows_.data(), send, static_cast<size_t>(padded) * words, EP_MOE_DTYPE_I32, a.stream);
         T_all = padded * dp_size_;
       } else {
         size_t counts[4096];
@@ -492,7 +492,7 @@ void Layer::forward(const ep_moe_forward_args_t& a) {
           cp[i] = static_cast<size_t>(a.dp_token_counts[i]) * words;
           T_all += a.dp_token_counts[i];
         }
-        dp_->all_gather_v(recv_rows_.data(), send, cp, EP_MOE_DTYPE_I32);
+        dp_->all_gather_v(recv_rows_.data(), send, cp, EP_MOE_DTYPE_I32, a.stream);
       }
       const char* recv = recv_rows_.data<char>();
       for (int64_t t = 0; t < T_all; ++t) {
@@ -601,10 +601,10 @@ void Layer::forward(const ep_moe_forward_args_t& a) {
     if (ep_) {
       ++next_stage;
       if (dp_size_ > 1 && gather == Gather::Padded && dp_is_ep_) {
-        ep_->reduce_scatter(scatter_out_.data(), partial, static_cast<size_t>(padded * H), adt);
+        ep_->reduce_scatter(scatter_out_.data(), partial, static_cast<size_t>(padded * H), adt, a.stream);
         result = scatter_out_.data();
       } else {
-        ep_->all_reduce(partial, partial, static_cast<size_t>(T_all * H), adt);
+        ep_->all_reduce(partial, partial, static_cast<size_t>(T_all * H), adt, a.stream);
         row0 = dp_offset;
       }
     }

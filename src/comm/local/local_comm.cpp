@@ -98,6 +98,7 @@ struct Group {
   bool broken = false;
   ep_moe_status_t broken_status = EP_MOE_OK;
   std::string broken_message;
+  int broken_peer = -1;  // first rank that did not arrive, when known
   std::shared_ptr<Family> family;
 
   // Split bookkeeping: groups being formed, by (split number, color).
@@ -150,7 +151,7 @@ class LocalComm final : public Comm {
   int ranks_in_process() const override { return group_->size; }
   const char* backend() const override { return "local"; }
 
-  void all_reduce(void* out, const void* in, size_t count, ep_moe_dtype_t dtype) override {
+  void all_reduce(void* out, const void* in, size_t count, ep_moe_dtype_t dtype, void*) override {
     run(data_slot(Op::AllReduce, in, out, count, dtype), [&](std::vector<Slot>& sl) {
       check_same_count(sl);
       // Rank r reduces its share of the elements and writes it to everyone.
@@ -166,7 +167,7 @@ class LocalComm final : public Comm {
     });
   }
 
-  void reduce_scatter(void* out, const void* in, size_t count, ep_moe_dtype_t dtype) override {
+  void reduce_scatter(void* out, const void* in, size_t count, ep_moe_dtype_t dtype, void*) override {
     run(data_slot(Op::ReduceScatter, in, out, count, dtype), [&](std::vector<Slot>& sl) {
       check_same_count(sl);
       std::vector<const void*> srcs(sl.size());
@@ -175,7 +176,7 @@ class LocalComm final : public Comm {
     });
   }
 
-  void all_gather(void* out, const void* in, size_t count, ep_moe_dtype_t dtype) override {
+  void all_gather(void* out, const void* in, size_t count, ep_moe_dtype_t dtype, void*) override {
     run(data_slot(Op::AllGather, in, out, count, dtype), [&](std::vector<Slot>& sl) {
       check_same_count(sl);
       const size_t bytes = count * dtype_size(dtype);
@@ -184,7 +185,7 @@ class LocalComm final : public Comm {
     });
   }
 
-  void all_gather_v(void* out, const void* in, const size_t* counts, ep_moe_dtype_t dtype) override {
+  void all_gather_v(void* out, const void* in, const size_t* counts, ep_moe_dtype_t dtype, void*) override {
     run(data_slot(Op::AllGatherV, in, out, 0, dtype, counts), [&](std::vector<Slot>& sl) {
       const size_t n = sl.size();
       for (size_t p = 0; p < n; ++p)
@@ -204,7 +205,7 @@ class LocalComm final : public Comm {
   }
 
   void all_to_all_v(void* out, const size_t* out_counts, const void* in, const size_t* in_counts,
-                    ep_moe_dtype_t dtype) override {
+                    ep_moe_dtype_t dtype, void*) override {
     run(data_slot(Op::AllToAllV, in, out, 0, dtype, in_counts, out_counts), [&](std::vector<Slot>& sl) {
       const size_t n = sl.size();
       for (size_t p = 0; p < n; ++p)
@@ -226,7 +227,7 @@ class LocalComm final : public Comm {
     });
   }
 
-  void barrier() override {
+  void barrier(void*) override {
     Slot s;
     s.op = Op::Barrier;
     run(std::move(s), [](std::vector<Slot>&) {});
@@ -281,6 +282,13 @@ class LocalComm final : public Comm {
 
   void abort() noexcept override { group_->family->abort(); }
 
+  ep_moe_status_t async_error(int* peer, std::string* message) const override {
+    std::lock_guard<std::mutex> lock(group_->mutex);
+    *peer = group_->broken_peer;
+    if (message) *message = group_->broken_message;
+    return group_->broken ? group_->broken_status : EP_MOE_OK;
+  }
+
  private:
   using Clock = std::chrono::steady_clock;
 
@@ -315,6 +323,8 @@ class LocalComm final : public Comm {
             if (!missing.empty()) missing += ", ";
             missing += std::to_string(p);
           }
+        for (int p = 0; p < g.size && g.broken_peer < 0; ++p)
+          if (g.seq[static_cast<size_t>(p)] < g.seq[static_cast<size_t>(rank_)]) g.broken_peer = p;
         if (missing.empty()) missing = "(all entered; a peer is stuck in its work phase)";
         std::string msg = format("rank %d timed out after %d ms in %s of %s #%llu waiting for rank(s) %s", rank_,
                                  timeout_ms_, what, op_name(op),
