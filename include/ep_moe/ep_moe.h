@@ -193,6 +193,7 @@ typedef enum ep_moe_dtype {
   EP_MOE_DTYPE_F16 = 2,  /**< IEEE binary16. */
   EP_MOE_DTYPE_I32 = 3,  /**< int32_t (collectives only). */
   EP_MOE_DTYPE_I64 = 4, /**< int64_t (collectives only). */
+  EP_MOE_DTYPE_U8 = 5,  /**< uint8_t, raw bytes (collectives only; sums wrap). */
   /** \cond RANGE */
   EP_MOE_DTYPE_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
   EP_MOE_DTYPE_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
@@ -936,6 +937,26 @@ typedef enum ep_moe_skip_mode {
   /** \endcond */
 } ep_moe_skip_mode_t;
 
+/** \brief How token rows reach the experts of other ranks. */
+typedef enum ep_moe_dispatch_mode {
+  /** The seeds' flow: tokens are on every rank (or gathered from the DP
+   *  replicas), each rank computes its experts' pairs, ONE all-reduce or
+   *  reduce-scatter sums the partials (the default). */
+  EP_MOE_DISPATCH_ALLGATHER = 0,
+  /** DeepEP-style: tokens stay on their rank; each token row goes once to
+   *  every rank that owns one of its experts (a local replica is preferred),
+   *  the weighted partial sums come back and are added in token order. Each
+   *  rank holds the whole shared expert and runs it on its own tokens. */
+  EP_MOE_DISPATCH_ALLTOALL = 1,
+  /** Per step, the mode that moves fewer bytes, decided the same way on every
+   *  rank from the exchanged send counts (see ::EP_MOE_LAYER_ATTR_LAST_DISPATCH). */
+  EP_MOE_DISPATCH_AUTO = 2,
+  /** \cond RANGE */
+  EP_MOE_DISPATCH_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
+  EP_MOE_DISPATCH_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  /** \endcond */
+} ep_moe_dispatch_mode_t;
+
 /** \brief Configuration of a layer; fill with ep_moe_layer_config_init() first. */
 typedef struct ep_moe_layer_config {
   /** Size of this struct as the caller compiled it; set by ep_moe_layer_config_init(). */
@@ -986,6 +1007,11 @@ typedef struct ep_moe_layer_config {
   int32_t num_threads;
   /** ::ep_moe_skip_mode_t. Default ::EP_MOE_SKIP_TOKENS. */
   int32_t skip_mode;
+  /** ::ep_moe_dispatch_mode_t. The all-to-all and auto modes need `ep_comm`,
+   *  and `dp_comm` NULL or the EP group's handle (every rank its own DP
+   *  replica); they keep the shared expert whole on every rank. Default
+   *  ::EP_MOE_DISPATCH_ALLGATHER. */
+  int32_t dispatch_mode;
 } ep_moe_layer_config_t;
 
 /**
@@ -1153,6 +1179,9 @@ typedef enum ep_moe_layer_attr {
   EP_MOE_LAYER_ATTR_CPU_ISA = 9,             /**< CPU kernels in use: 0 generic, 1 AVX2, 2 AVX-512. */
   EP_MOE_LAYER_ATTR_LAST_ACTIVE_EXPERTS = 10, /**< Local experts with at least one pair in the last forward. */
   EP_MOE_LAYER_ATTR_BYTES_LOADED = 11,        /**< Bytes read from checkpoint files by ep_moe_layer_load(). */
+  EP_MOE_LAYER_ATTR_LAST_DISPATCH = 12,       /**< ::ep_moe_dispatch_mode_t the last forward used (never AUTO). */
+  EP_MOE_LAYER_ATTR_LAST_ALLTOALL_BYTES = 13, /**< Auto mode: bytes the all-to-all flow would have moved in the last step (all ranks). */
+  EP_MOE_LAYER_ATTR_LAST_ALLGATHER_BYTES = 14, /**< Auto mode: the same for the all-gather flow. */
   /** \cond RANGE */
   EP_MOE_LAYER_ATTR_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
   EP_MOE_LAYER_ATTR_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */

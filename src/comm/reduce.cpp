@@ -63,6 +63,7 @@ void sum_into(void* dst, const void* const* srcs, int ns, size_t off, size_t n, 
       break;
     case EP_MOE_DTYPE_I32: sum_int<int32_t>(dst, srcs, ns, off, n); break;
     case EP_MOE_DTYPE_I64: sum_int<int64_t>(dst, srcs, ns, off, n); break;
+    case EP_MOE_DTYPE_U8: sum_int<uint8_t>(dst, srcs, ns, off, n); break;
     default: break;
   }
 }

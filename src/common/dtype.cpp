@@ -8,6 +8,7 @@ const char* dtype_name(ep_moe_dtype_t t) {
     case EP_MOE_DTYPE_F16: return "f16";
     case EP_MOE_DTYPE_I32: return "i32";
     case EP_MOE_DTYPE_I64: return "i64";
+    case EP_MOE_DTYPE_U8: return "u8";
     default: break;
   }
   return "unknown";

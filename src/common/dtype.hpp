@@ -13,13 +13,14 @@ inline bool dtype_is_float(ep_moe_dtype_t t) {
   return t == EP_MOE_DTYPE_F32 || t == EP_MOE_DTYPE_BF16 || t == EP_MOE_DTYPE_F16;
 }
 inline bool dtype_valid(ep_moe_dtype_t t) {
-  return dtype_is_float(t) || t == EP_MOE_DTYPE_I32 || t == EP_MOE_DTYPE_I64;
+  return dtype_is_float(t) || t == EP_MOE_DTYPE_I32 || t == EP_MOE_DTYPE_I64 || t == EP_MOE_DTYPE_U8;
 }
 inline size_t dtype_size(ep_moe_dtype_t t) {
   switch (t) {
     case EP_MOE_DTYPE_BF16:
     case EP_MOE_DTYPE_F16: return 2;
     case EP_MOE_DTYPE_I64: return 8;
+    case EP_MOE_DTYPE_U8: return 1;
     default: return 4;
   }
 }

@@ -116,6 +116,17 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
     dp_is_ep_ = dp_ == ep_;
   }
 
+  EP_MOE_CHECK_ARG(c.dispatch_mode >= EP_MOE_DISPATCH_ALLGATHER && c.dispatch_mode <= EP_MOE_DISPATCH_AUTO,
+                   "dispatch_mode %d is not an ep_moe_dispatch_mode_t value", c.dispatch_mode);
+  dispatch_ = c.dispatch_mode;
+  if (dispatch_ != EP_MOE_DISPATCH_ALLGATHER) {
+    EP_MOE_CHECK_ARG(ep_ != nullptr, "dispatch_mode all-to-all/auto needs an ep_comm");
+    EP_MOE_CHECK_ARG(dp_ == nullptr || dp_ == ep_,
+                     "dispatch_mode all-to-all/auto needs dp_comm NULL or the ep_comm handle itself (every rank its "
+                     "own DP replica); use all-gather for other DP layouts");
+    EP_MOE_CHECK_ARG(c.skip_mode == EP_MOE_SKIP_TOKENS, "skip_mode weight-0 exists only for the all-gather dispatch");
+    shared_replicated_ = true;
+  }
   routing_.num_experts = c.num_experts;
   routing_.top_k = c.top_k;
   routing_.sigmoid = c.scoring == EP_MOE_SCORING_SIGMOID;
@@ -127,8 +138,10 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
 
   experts_.resize(static_cast<size_t>(map.num_local_routed()));
   if (c.shared_intermediate_size > 0) {
-    shared_begin_ = split_start(c.shared_intermediate_size, map.ep_size(), map.ep_rank());
-    shared_count_ = split_count(c.shared_intermediate_size, map.ep_size(), map.ep_rank());
+    // All-gather: TP-sharded over the EP group (seed 000); all-to-all: whole.
+    shared_begin_ = shared_replicated_ ? 0 : split_start(c.shared_intermediate_size, map.ep_size(), map.ep_rank());
+    shared_count_ = shared_replicated_ ? c.shared_intermediate_size
+                                       : split_count(c.shared_intermediate_size, map.ep_size(), map.ep_rank());
     if (c.shared_expert_gate) shared_gate_.assign(static_cast<size_t>(c.hidden_size), 0.0f);
   }
   if (c.use_score_bias) bias_.assign(static_cast<size_t>(c.num_experts), 0.0f);
@@ -147,28 +160,50 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
 
   // Threads and workspace.
   pool_ = std::make_unique<cpu::ThreadPool>(cpu::default_threads(c.num_threads, ep_ ? ep_->ranks_in_process() : 1));
-  const int64_t H = c.hidden_size, K = c.top_k;
+  const int64_t H = c.hidden_size, K = c.top_k, T = c.max_tokens;
   const size_t es = dtype_size(static_cast<ep_moe_dtype_t>(c.act_dtype));
-  max_all_ = static_cast<int64_t>(c.max_tokens) * dp_size_;
+  const int64_t ep = map.ep_size();
+  const bool a2a = dispatch_ != EP_MOE_DISPATCH_ALLGATHER;
+  const int64_t fanout = std::min<int64_t>(ep, K);  // rows a token sends (all-to-all)
+  max_all_ = T * dp_size_;
+  const int64_t max_rows = std::max<int64_t>(max_all_, a2a ? ep * T : 0);  // rows experts may see
   row_bytes_ = round_up(static_cast<size_t>(H) * es + static_cast<size_t>(K) * 8, 4);
-  if (dp_size_ > 1) {
-    send_rows_.resize(static_cast<size_t>(c.max_tokens) * row_bytes_);
-    recv_rows_.resize(static_cast<size_t>(max_all_) * row_bytes_);
-  }
-  x_f32_.resize(static_cast<size_t>(max_all_ * H) * 4);
-  acc_.resize(static_cast<size_t>(max_all_ * H) * 4);
+  const int64_t send_rows = std::max<int64_t>(dp_size_ > 1 ? T : 0, a2a ? T * fanout : 0);
+  if (send_rows > 0) send_rows_.resize(static_cast<size_t>(send_rows) * row_bytes_);
+  if (dp_size_ > 1 || a2a) recv_rows_.resize(static_cast<size_t>(max_rows) * row_bytes_);
+  x_f32_.resize(static_cast<size_t>(max_rows * H) * 4);
+  acc_.resize(static_cast<size_t>(max_rows * H) * 4);
+  own_x_.resize(static_cast<size_t>(T * H) * 4);
   if (c.act_dtype != EP_MOE_DTYPE_F32) partial_.resize(static_cast<size_t>(max_all_ * H) * es);
-  if (dp_is_ep_) scatter_out_.resize(static_cast<size_t>(c.max_tokens) * static_cast<size_t>(H) * es);
-  ids_.resize(static_cast<size_t>(max_all_ * K));
-  logits_.resize(static_cast<size_t>(c.max_tokens) * static_cast<size_t>(c.num_experts));
-  weights_.resize(static_cast<size_t>(max_all_ * K));
-  pair_rows_.resize(static_cast<size_t>(max_all_ * K));
-  pair_weights_.resize(static_cast<size_t>(max_all_ * K));
+  if (dp_is_ep_) scatter_out_.resize(static_cast<size_t>(T * H) * es);
+  if (a2a) {
+    own_acc_.resize(static_cast<size_t>(T * H) * 4);
+    ret_send_.resize(static_cast<size_t>(ep * T * H) * es);
+    ret_recv_.resize(static_cast<size_t>(T * fanout * H) * es);
+    send_tok_.resize(static_cast<size_t>(T * fanout));
+    dest_.resize(static_cast<size_t>(T * K));
+    row_ids_.resize(static_cast<size_t>(K));
+    send_count_.resize(static_cast<size_t>(ep));
+    send_off_.resize(static_cast<size_t>(ep) + 1);
+    stamp_.resize(static_cast<size_t>(ep));
+    cursor64_.resize(static_cast<size_t>(ep));
+    count_row_.resize(static_cast<size_t>(ep) + 1);
+    count_matrix_.resize(static_cast<size_t>(ep * (ep + 1)));
+    recv_words_.resize(static_cast<size_t>(ep));
+    recv_count_.resize(static_cast<size_t>(ep));
+  }
+  counts_.resize(static_cast<size_t>(std::max<int64_t>(ep, dp_size_)));
+  ids_.resize(static_cast<size_t>(max_rows * K));
+  weights_.resize(static_cast<size_t>(max_rows * K));
+  logits_.resize(static_cast<size_t>(T) * static_cast<size_t>(c.num_experts));
+  pair_rows_.resize(static_cast<size_t>(max_rows * K));
+  pair_weights_.resize(static_cast<size_t>(max_rows * K));
   pair_count_.resize(experts_.size() + 1);
-  shared_rows_.resize(static_cast<size_t>(max_all_));
-  shared_weights_.resize(static_cast<size_t>(max_all_));
+  cursor_.resize(experts_.size());
+  shared_rows_.resize(static_cast<size_t>(max_rows));
+  shared_weights_.resize(static_cast<size_t>(max_rows));
   jobs_.reserve(experts_.size() + 1);
-  const int64_t chunk = std::min<int64_t>(kMaxChunkPairs, max_all_ * (K + 1));
+  const int64_t chunk = std::min<int64_t>(kMaxChunkPairs, max_rows * (K + 1));
   ffn_ = std::make_unique<cpu::FfnRunner>(kern_, c.hidden_size, std::max(c.intermediate_size, shared_count_), chunk);
 
   log(EP_MOE_LOG_INFO,
@@ -418,213 +453,432 @@ void Layer::validate_forward(const ep_moe_forward_args_t& a, int64_t* dp_offset,
   if (!missing.empty()) fail(EP_MOE_ERR_STATE, "weights incomplete: %s", missing.c_str());
 }
 
-void Layer::forward(const ep_moe_forward_args_t& a) {
-  // The collectives every rank runs, in order; on failure the ones not yet
-  // entered are joined as failures so that no peer waits for this rank.
-  Comm* stages[2] = {nullptr, nullptr};
-  int n_stages = 0;
-  if (dp_size_ > 1) stages[n_stages++] = dp_;
-  if (ep_) stages[n_stages++] = ep_;
-  int next_stage = 0;
+namespace {
+// The collectives of one forward step, in order. On failure those not yet
+// entered are joined as failures, so no peer waits for this rank.
+struct Stages {
+  Comm* list[4] = {nullptr, nullptr, nullptr, nullptr};
+  int n = 0, next = 0;
+  void add(Comm* c) { list[n++] = c; }
+  Comm* enter() { return list[next++]; }
+  void fail_rest(ep_moe_status_t s, const char* msg) noexcept {
+    for (int i = next; i < n; ++i) list[i]->fail_collective(s, msg);
+  }
+};
+}  // namespace
 
+void Layer::route_tokens(const ep_moe_forward_args_t& a) {
+  const int64_t T = a.num_tokens, H = cfg_.hidden_size, K = cfg_.top_k;
+  const auto adt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
+  const size_t es = dtype_size(adt);
+  if (T == 0) return;
+  int32_t* ids = ids_.data();
+  float* w = weights_.data();
+  if (a.router_logits) {
+    route(a.router_logits, static_cast<ep_moe_dtype_t>(cfg_.router_dtype), T, routing_, ids, w);
+  } else if (!a.topk_ids) {  // the layer's own router: logits = x Wr^T in f32
+    float* x = own_x_.data<float>();
+    for (int64_t t = 0; t < T; ++t)
+      convert_row(x + t * H, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), adt, H);
+    compute_logits(x, T, logits_.data());
+    route(logits_.data(), EP_MOE_DTYPE_F32, T, routing_, ids, w);
+  } else {
+    check_topk(a.topk_ids, a.topk_weights, T, cfg_.top_k, cfg_.num_experts);
+    std::memcpy(ids, a.topk_ids, static_cast<size_t>(T * K) * 4);
+    std::memcpy(w, a.topk_weights, static_cast<size_t>(T * K) * 4);
+  }
+}
+
+void Layer::forward(const ep_moe_forward_args_t& a) {
+  Stages st;
+  const bool decide = dispatch_ != EP_MOE_DISPATCH_ALLGATHER;
+  if (decide) {
+    st.add(ep_);  // the exchange of send counts comes first
+  } else {
+    if (dp_size_ > 1) st.add(dp_);
+    if (ep_) st.add(ep_);
+  }
   try {
     int64_t dp_offset = 0, padded = 0;
     Gather gather = Gather::None;
     validate_forward(a, &dp_offset, &padded, &gather);
-
-    const int64_t T = a.num_tokens, H = cfg_.hidden_size, K = cfg_.top_k;
-    const auto adt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
-    const size_t es = dtype_size(adt);
-    float* x = x_f32_.data<float>();
-    int32_t* ids = ids_.data();
-    float* w = weights_.data();
-
-    // 1. Route this rank's tokens (or check the caller's choice).
-    if (T > 0) {
-      if (a.router_logits) {
-        route(a.router_logits, static_cast<ep_moe_dtype_t>(cfg_.router_dtype), T, routing_, ids, w);
-      } else if (!a.topk_ids) {  // the layer's own router: logits = x Wr^T in f32
-        for (int64_t t = 0; t < T; ++t)
-          convert_row(x + t * H, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), adt, H);
-        compute_logits(x, T, logits_.data());
-        route(logits_.data(), EP_MOE_DTYPE_F32, T, routing_, ids, w);
+    route_tokens(a);
+    int32_t mode = EP_MOE_DISPATCH_ALLGATHER;
+    if (decide) {
+      plan_sends(a.num_tokens);
+      exchange_counts(st.enter(), a);
+      mode = dispatch_ == EP_MOE_DISPATCH_AUTO ? cheaper_mode(a, gather, padded) : EP_MOE_DISPATCH_ALLTOALL;
+      if (mode == EP_MOE_DISPATCH_ALLGATHER) {
+        if (dp_size_ > 1) st.add(dp_);
+        st.add(ep_);
       } else {
-        check_topk(a.topk_ids, a.topk_weights, T, cfg_.top_k, cfg_.num_experts);
-        std::memcpy(ids, a.topk_ids, static_cast<size_t>(T * K) * 4);
-        std::memcpy(w, a.topk_weights, static_cast<size_t>(T * K) * 4);
+        st.add(ep_);
+        st.add(ep_);
       }
     }
-
-    // 2. DP gather: one collective moving [hidden | ids | weights] rows.
-    int64_t T_all = T;
-    if (dp_size_ > 1) {
-      const int64_t send_n = gather == Gather::Padded ? padded : T;
-      char* send = send_rows_.data<char>();
-      for (int64_t t = 0; t < send_n; ++t) {
-        char* row = send + static_cast<size_t>(t) * row_bytes_;
-        int32_t* rid = reinterpret_cast<int32_t*>(row + H * static_cast<int64_t>(es));
-        float* rw = reinterpret_cast<float*>(rid + K);
-        if (t < T) {
-          std::memcpy(row, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es),
-                      static_cast<size_t>(H) * es);
-          std::memcpy(rid, ids + t * K, static_cast<size_t>(K) * 4);
-          std::memcpy(rw, w + t * K, static_cast<size_t>(K) * 4);
-        } else {  // padding row: never computed
-          std::memset(row, 0, row_bytes_);
-          for (int64_t k = 0; k < K; ++k) rid[k] = -1;
-        }
-      }
-      const size_t words = row_bytes_ / 4;
-      ++next_stage;
-      if (gather == Gather::Padded) {
-        dp_->all_gather(recv_rows_.data(), send, static_cast<size_t>(padded) * words, EP_MOE_DTYPE_I32, a.stream);
-        T_all = padded * dp_size_;
-      } else {
-        size_t counts[4096];
-        std::vector<size_t> big;
-        size_t* cp = counts;
-        if (dp_size_ > 4096) {
-          big.resize(static_cast<size_t>(dp_size_));
-          cp = big.data();
-        }
-        T_all = 0;
-        for (int i = 0; i < dp_size_; ++i) {
-          cp[i] = static_cast<size_t>(a.dp_token_counts[i]) * words;
-          T_all += a.dp_token_counts[i];
-        }
-        dp_->all_gather_v(recv_rows_.data(), send, cp, EP_MOE_DTYPE_I32, a.stream);
-      }
-      const char* recv = recv_rows_.data<char>();
-      for (int64_t t = 0; t < T_all; ++t) {
-        const char* row = recv + static_cast<size_t>(t) * row_bytes_;
-        const int32_t* rid = reinterpret_cast<const int32_t*>(row + H * static_cast<int64_t>(es));
-        std::memcpy(ids + t * K, rid, static_cast<size_t>(K) * 4);
-        std::memcpy(w + t * K, rid + K, static_cast<size_t>(K) * 4);
-        if (rid[0] >= 0) convert_row(x + t * H, row, adt, H);
-      }
+    if (mode == EP_MOE_DISPATCH_ALLGATHER) {
+      forward_allgather(a, &st, dp_offset, padded, gather);
     } else {
-      for (int64_t t = 0; t < T; ++t)
-        convert_row(x + t * H, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), adt, H);
+      forward_alltoall(a, &st);
     }
-
-    // 3. Plan: count and place the pairs whose chosen slot is on this rank.
-    const int32_t n_local = static_cast<int32_t>(experts_.size());
-    const int32_t my_begin = map_.rank_slot_begin()[static_cast<size_t>(map_.ep_rank())];
-    const bool weight_zero = cfg_.skip_mode == EP_MOE_SKIP_WEIGHT_ZERO;
-    const auto& slot_rank = map_.slot_rank();
-    std::fill(pair_count_.begin(), pair_count_.end(), 0);
-    int64_t tokens = 0, skipped = 0;
-    auto local_of = [&](int64_t t, int64_t k, float* weight) -> int32_t {
-      const int32_t e = ids[t * K + k];
-      const int32_t slot = pick_slot(e, t, static_cast<int32_t>(k));
-      *weight = w[t * K + k];
-      if (slot_rank[static_cast<size_t>(slot)] == map_.ep_rank()) return slot - my_begin;
-      if (weight_zero && n_local > 0) {  // the seed: computed anyway, weight 0
-        *weight = 0.0f;
-        return e % n_local;
-      }
-      return -1;
-    };
-    for (int64_t t = 0; t < T_all; ++t) {
-      if (ids[t * K] < 0) continue;  // DP padding
-      ++tokens;
-      for (int64_t k = 0; k < K; ++k) {
-        float wt;
-        const int32_t l = local_of(t, k, &wt);
-        if (l >= 0) ++pair_count_[static_cast<size_t>(l) + 1];
-        if (l < 0) ++skipped;
-      }
-    }
-    for (int32_t l = 0; l < n_local; ++l) pair_count_[static_cast<size_t>(l) + 1] += pair_count_[static_cast<size_t>(l)];
-    const int64_t local_pairs = pair_count_[static_cast<size_t>(n_local)];
-    {
-      std::vector<int32_t>& pos = pair_rows_;  // filled through a cursor per expert
-      int32_t cursor_small[256];
-      std::vector<int32_t> cursor_big;
-      int32_t* cursor = cursor_small;
-      if (n_local > 256) {
-        cursor_big.resize(static_cast<size_t>(n_local));
-        cursor = cursor_big.data();
-      }
-      for (int32_t l = 0; l < n_local; ++l) cursor[l] = pair_count_[static_cast<size_t>(l)];
-      for (int64_t t = 0; t < T_all; ++t) {
-        if (ids[t * K] < 0) continue;
-        for (int64_t k = 0; k < K; ++k) {
-          float wt;
-          const int32_t l = local_of(t, k, &wt);
-          if (l < 0) continue;
-          const int32_t at = cursor[l]++;
-          pos[static_cast<size_t>(at)] = static_cast<int32_t>(t);
-          pair_weights_[static_cast<size_t>(at)] = wt;
-        }
-      }
-    }
-
-    // 4. Experts + combine (+ this rank's shard of the shared expert) into acc.
-    float* acc = acc_.data<float>();
-    std::memset(acc, 0, static_cast<size_t>(T_all * H) * 4);
-    jobs_.clear();
-    for (int32_t l = 0; l < n_local; ++l) {
-      const int64_t b = pair_count_[static_cast<size_t>(l)], n = pair_count_[static_cast<size_t>(l) + 1] - b;
-      if (n > 0)
-        jobs_.push_back(job(experts_[static_cast<size_t>(l)], cfg_.intermediate_size, pair_rows_.data() + b,
-                            pair_weights_.data() + b, n));
-    }
-    if (shared_count_ > 0) {
-      int64_t n = 0;
-      for (int64_t t = 0; t < T_all; ++t) {
-        if (ids[t * K] < 0) continue;
-        float g = 1.0f;
-        if (cfg_.shared_expert_gate) {
-          float dot = 0.0f;
-          const float* xr = x + t * H;
-          for (int64_t i = 0; i < H; ++i) dot += xr[i] * shared_gate_[static_cast<size_t>(i)];
-          g = 1.0f / (1.0f + std::exp(-dot));
-        }
-        shared_rows_[static_cast<size_t>(n)] = static_cast<int32_t>(t);
-        shared_weights_[static_cast<size_t>(n)] = g;
-        ++n;
-      }
-      if (n > 0) jobs_.push_back(job(shared_, shared_count_, shared_rows_.data(), shared_weights_.data(), n));
-    }
-    ffn_->run(*pool_, jobs_, x, H, acc, H, act_);
-
-    // 5. ONE reduction of (routed + shared) partials, then this rank's rows.
-    void* partial = acc;
-    if (adt != EP_MOE_DTYPE_F32) {
-      partial = partial_.data();
-      for (int64_t t = 0; t < T_all; ++t)
-        store_row(static_cast<char*>(partial) + t * H * static_cast<int64_t>(es), adt, acc + t * H, H);
-    }
-    const void* result = partial;
-    int64_t row0 = 0;
-    if (ep_) {
-      ++next_stage;
-      if (dp_size_ > 1 && gather == Gather::Padded && dp_is_ep_) {
-        ep_->reduce_scatter(scatter_out_.data(), partial, static_cast<size_t>(padded * H), adt, a.stream);
-        result = scatter_out_.data();
-      } else {
-        ep_->all_reduce(partial, partial, static_cast<size_t>(T_all * H), adt, a.stream);
-        row0 = dp_offset;
-      }
-    }
-    if (T > 0)
-      std::memmove(a.out, static_cast<const char*>(result) + row0 * H * static_cast<int64_t>(es),
-                   static_cast<size_t>(T * H) * es);
-
-    last_tokens_ = tokens;
-    last_local_pairs_ = local_pairs;
-    last_skipped_ = skipped;
-    last_gather_ = gather;
-    last_active_ = 0;
-    for (const auto& j : jobs_) last_active_ += j.gate_up != &shared_.gate_up;
+    last_gather_ = mode == EP_MOE_DISPATCH_ALLGATHER ? gather : Gather::None;
+    last_dispatch_ = mode;
   } catch (const Error& e) {
-    for (int s = next_stage; s < n_stages; ++s) stages[s]->fail_collective(e.status(), e.what());
+    st.fail_rest(e.status(), e.what());
     throw;
   } catch (const std::exception& e) {
-    for (int s = next_stage; s < n_stages; ++s) stages[s]->fail_collective(EP_MOE_ERR_INTERNAL, e.what());
+    st.fail_rest(EP_MOE_ERR_INTERNAL, e.what());
     throw;
   }
+}
+
+int64_t Layer::plan_pairs(int64_t rows, const int32_t* ids, const float* w, bool assigned, int64_t* skipped) {
+  const int64_t K = cfg_.top_k;
+  const int32_t n_local = static_cast<int32_t>(experts_.size());
+  const int32_t my_begin = map_.rank_slot_begin()[static_cast<size_t>(map_.ep_rank())];
+  const bool weight_zero = cfg_.skip_mode == EP_MOE_SKIP_WEIGHT_ZERO;
+  const auto& slot_rank = map_.slot_rank();
+  // Local slot of pair (t, k), or -1 when another rank computes it. `assigned`
+  // rows (all-to-all) carry -1 for pairs sent elsewhere.
+  auto local_of = [&](int64_t t, int64_t k, float* weight) -> int32_t {
+    const int32_t e = ids[t * K + k];
+    *weight = w[t * K + k];
+    if (assigned) return e < 0 ? -1 : map_.global_to_local(e);
+    const int32_t slot = pick_slot(e, t, static_cast<int32_t>(k));
+    if (slot_rank[static_cast<size_t>(slot)] == map_.ep_rank()) return slot - my_begin;
+    if (weight_zero && n_local > 0) {  // the seed: computed anyway, weight 0
+      *weight = 0.0f;
+      return e % n_local;
+    }
+    return -1;
+  };
+  std::fill(pair_count_.begin(), pair_count_.end(), 0);
+  *skipped = 0;
+  for (int64_t t = 0; t < rows; ++t) {
+    if (!assigned && ids[t * K] < 0) continue;  // DP padding
+    for (int64_t k = 0; k < K; ++k) {
+      float wt;
+      const int32_t l = local_of(t, k, &wt);
+      if (l >= 0) ++pair_count_[static_cast<size_t>(l) + 1];
+      else if (!assigned) ++*skipped;
+    }
+  }
+  for (int32_t l = 0; l < n_local; ++l) pair_count_[static_cast<size_t>(l) + 1] += pair_count_[static_cast<size_t>(l)];
+  for (int32_t l = 0; l < n_local; ++l) cursor_[static_cast<size_t>(l)] = pair_count_[static_cast<size_t>(l)];
+  for (int64_t t = 0; t < rows; ++t) {
+    if (!assigned && ids[t * K] < 0) continue;
+    for (int64_t k = 0; k < K; ++k) {
+      float wt;
+      const int32_t l = local_of(t, k, &wt);
+      if (l < 0) continue;
+      const int32_t at = cursor_[static_cast<size_t>(l)]++;
+      pair_rows_[static_cast<size_t>(at)] = static_cast<int32_t>(t);
+      pair_weights_[static_cast<size_t>(at)] = wt;
+    }
+  }
+  return pair_count_[static_cast<size_t>(n_local)];
+}
+
+void Layer::add_expert_jobs() {
+  jobs_.clear();
+  for (size_t l = 0; l < experts_.size(); ++l) {
+    const int64_t b = pair_count_[l], n = pair_count_[l + 1] - b;
+    if (n > 0)
+      jobs_.push_back(job(experts_[l], cfg_.intermediate_size, pair_rows_.data() + b, pair_weights_.data() + b, n));
+  }
+}
+
+void Layer::add_shared_job(const float* x, int64_t row0, int64_t n_rows, const int32_t* ids) {
+  if (shared_count_ == 0) return;
+  const int64_t H = cfg_.hidden_size, K = cfg_.top_k;
+  int64_t n = 0;
+  for (int64_t t = row0; t < row0 + n_rows; ++t) {
+    if (ids && ids[t * K] < 0) continue;  // DP padding
+    float g = 1.0f;
+    if (cfg_.shared_expert_gate) {
+      float dot = 0.0f;
+      const float* xr = x + t * H;
+      for (int64_t i = 0; i < H; ++i) dot += xr[i] * shared_gate_[static_cast<size_t>(i)];
+      g = 1.0f / (1.0f + std::exp(-dot));
+    }
+    shared_rows_[static_cast<size_t>(n)] = static_cast<int32_t>(t);
+    shared_weights_[static_cast<size_t>(n)] = g;
+    ++n;
+  }
+  if (n > 0) jobs_.push_back(job(shared_, shared_count_, shared_rows_.data(), shared_weights_.data(), n));
+}
+
+void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int64_t dp_offset, int64_t padded,
+                              Gather gather) {
+  Stages& st = *static_cast<Stages*>(stages);
+  const int64_t T = a.num_tokens, H = cfg_.hidden_size, K = cfg_.top_k;
+  const auto adt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
+  const size_t es = dtype_size(adt);
+  float* x = x_f32_.data<float>();
+  int32_t* ids = ids_.data();
+  float* w = weights_.data();
+
+  // DP gather: one collective moving [hidden | ids | weights] rows.
+  int64_t T_all = T;
+  if (dp_size_ > 1) {
+    const int64_t send_n = gather == Gather::Padded ? padded : T;
+    char* send = send_rows_.data<char>();
+    for (int64_t t = 0; t < send_n; ++t) {
+      if (t < T) {
+        pack_row(send + static_cast<size_t>(t) * row_bytes_, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es),
+                 ids + t * K, w + t * K);
+      } else {  // padding row: never computed
+        char* row = send + static_cast<size_t>(t) * row_bytes_;
+        std::memset(row, 0, row_bytes_);
+        int32_t* rid = reinterpret_cast<int32_t*>(row + H * static_cast<int64_t>(es));
+        for (int64_t k = 0; k < K; ++k) rid[k] = -1;
+      }
+    }
+    const size_t words = row_bytes_ / 4;
+    Comm* dp = st.enter();
+    if (gather == Gather::Padded) {
+      dp->all_gather(recv_rows_.data(), send, static_cast<size_t>(padded) * words, EP_MOE_DTYPE_I32, a.stream);
+      T_all = padded * dp_size_;
+    } else {
+      T_all = 0;
+      for (int i = 0; i < dp_size_; ++i) {
+        counts_[static_cast<size_t>(i)] = static_cast<size_t>(a.dp_token_counts[i]) * words;
+        T_all += a.dp_token_counts[i];
+      }
+      dp->all_gather_v(recv_rows_.data(), send, counts_.data(), EP_MOE_DTYPE_I32, a.stream);
+    }
+    for (int64_t t = 0; t < T_all; ++t) unpack_row(recv_rows_.data<char>() + static_cast<size_t>(t) * row_bytes_, t, x);
+  } else {
+    for (int64_t t = 0; t < T; ++t)
+      convert_row(x + t * H, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), adt, H);
+  }
+
+  // Plan the pairs this rank computes, then experts + shared into acc.
+  int64_t skipped = 0;
+  const int64_t local_pairs = plan_pairs(T_all, ids, w, false, &skipped);
+  float* acc = acc_.data<float>();
+  std::memset(acc, 0, static_cast<size_t>(T_all * H) * 4);
+  add_expert_jobs();
+  if (!shared_replicated_) {
+    add_shared_job(x, 0, T_all, ids);  // this rank's shard, every token
+  } else if (dp_size_ > 1) {
+    add_shared_job(x, dp_offset, T, ids);  // the whole expert, this replica's tokens
+  } else {
+    const int32_t ep = map_.ep_size(), r = map_.ep_rank();  // the whole expert, a share of the tokens
+    add_shared_job(x, split_start(static_cast<int32_t>(T), ep, r), split_count(static_cast<int32_t>(T), ep, r), ids);
+  }
+  ffn_->run(*pool_, jobs_, x, H, acc, H, act_);
+
+  // ONE reduction of (routed + shared) partials, then this rank's rows.
+  void* partial = acc;
+  if (adt != EP_MOE_DTYPE_F32) {
+    partial = partial_.data();
+    for (int64_t t = 0; t < T_all; ++t)
+      store_row(static_cast<char*>(partial) + t * H * static_cast<int64_t>(es), adt, acc + t * H, H);
+  }
+  const void* result = partial;
+  int64_t row0 = 0;
+  if (ep_) {
+    Comm* ep = st.enter();
+    if (dp_size_ > 1 && gather == Gather::Padded && dp_is_ep_) {
+      ep->reduce_scatter(scatter_out_.data(), partial, static_cast<size_t>(padded * H), adt, a.stream);
+      result = scatter_out_.data();
+    } else {
+      ep->all_reduce(partial, partial, static_cast<size_t>(T_all * H), adt, a.stream);
+      row0 = dp_offset;
+    }
+  }
+  if (T > 0)
+    std::memmove(a.out, static_cast<const char*>(result) + row0 * H * static_cast<int64_t>(es),
+                 static_cast<size_t>(T * H) * es);
+
+  int64_t tokens = 0;
+  for (int64_t t = 0; t < T_all; ++t) tokens += ids[t * K] >= 0;
+  record(tokens, local_pairs, skipped);
+}
+
+void Layer::record(int64_t tokens, int64_t local_pairs, int64_t skipped) {
+  last_tokens_ = tokens;
+  last_local_pairs_ = local_pairs;
+  last_skipped_ = skipped;
+  last_active_ = 0;
+  for (const auto& j : jobs_) last_active_ += j.gate_up != &shared_.gate_up;
+}
+
+void Layer::pack_row(char* row, const char* hidden, const int32_t* ids, const float* w) const {
+  const int64_t H = cfg_.hidden_size, K = cfg_.top_k;
+  const size_t es = dtype_size(static_cast<ep_moe_dtype_t>(cfg_.act_dtype));
+  std::memcpy(row, hidden, static_cast<size_t>(H) * es);
+  std::memcpy(row + H * static_cast<int64_t>(es), ids, static_cast<size_t>(K) * 4);
+  std::memcpy(row + H * static_cast<int64_t>(es) + K * 4, w, static_cast<size_t>(K) * 4);
+}
+
+void Layer::unpack_row(const char* row, int64_t t, float* x) {
+  const int64_t H = cfg_.hidden_size, K = cfg_.top_k;
+  const auto adt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
+  const size_t es = dtype_size(adt);
+  const auto* rid = reinterpret_cast<const int32_t*>(row + H * static_cast<int64_t>(es));
+  std::memcpy(ids_.data() + t * K, rid, static_cast<size_t>(K) * 4);
+  std::memcpy(weights_.data() + t * K, rid + K, static_cast<size_t>(K) * 4);
+  convert_row(x + t * H, row, adt, H);
+}
+
+int32_t Layer::pick_slot_a2a(int32_t expert, int64_t token, int32_t k) const {
+  // Prefer a replica on this rank: the pair then never leaves it.
+  const int32_t b = replica_begin_[static_cast<size_t>(expert)];
+  const int32_t n = replica_begin_[static_cast<size_t>(expert) + 1] - b;
+  const auto& slot_rank = map_.slot_rank();
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t s = replica_slots_[static_cast<size_t>(b + i)];
+    if (slot_rank[static_cast<size_t>(s)] == map_.ep_rank()) return s;
+  }
+  return pick_slot(expert, token, k);
+}
+
+void Layer::plan_sends(int64_t T) {
+  const int64_t K = cfg_.top_k;
+  const int32_t ep = map_.ep_size();
+  const auto& slot_rank = map_.slot_rank();
+  const int32_t* ids = ids_.data();
+  std::fill(send_count_.begin(), send_count_.end(), 0);
+  std::fill(stamp_.begin(), stamp_.end(), -1);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t d = slot_rank[static_cast<size_t>(pick_slot_a2a(ids[t * K + k], t, static_cast<int32_t>(k)))];
+      dest_[static_cast<size_t>(t * K + k)] = d;
+      if (stamp_[static_cast<size_t>(d)] != t) {  // one row per (token, destination rank)
+        stamp_[static_cast<size_t>(d)] = t;
+        ++send_count_[static_cast<size_t>(d)];
+      }
+    }
+  send_off_[0] = 0;
+  for (int32_t d = 0; d < ep; ++d) send_off_[static_cast<size_t>(d) + 1] = send_off_[static_cast<size_t>(d)] + send_count_[static_cast<size_t>(d)];
+  std::vector<int64_t>& cur = cursor64_;
+  for (int32_t d = 0; d < ep; ++d) cur[static_cast<size_t>(d)] = send_off_[static_cast<size_t>(d)];
+  std::fill(stamp_.begin(), stamp_.end(), -1);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t d = dest_[static_cast<size_t>(t * K + k)];
+      if (stamp_[static_cast<size_t>(d)] == t) continue;
+      stamp_[static_cast<size_t>(d)] = t;
+      send_tok_[static_cast<size_t>(cur[static_cast<size_t>(d)]++)] = static_cast<int32_t>(t);
+    }
+}
+
+void Layer::exchange_counts(Comm* ep, const ep_moe_forward_args_t& a) {
+  const int32_t n = map_.ep_size();
+  std::vector<int64_t>& mine = count_row_;
+  mine[0] = a.num_tokens;
+  for (int32_t d = 0; d < n; ++d) mine[static_cast<size_t>(d) + 1] = send_count_[static_cast<size_t>(d)];
+  ep->all_gather(count_matrix_.data(), mine.data(), static_cast<size_t>(n) + 1, EP_MOE_DTYPE_I64, a.stream);
+}
+
+int32_t Layer::cheaper_mode(const ep_moe_forward_args_t& a, Gather gather, int64_t padded) {
+  // Bytes that cross between ranks in this step, summed over the ranks; the
+  // same numbers on every rank, so every rank makes the same choice.
+  const int32_t n = map_.ep_size();
+  const double es = static_cast<double>(dtype_size(static_cast<ep_moe_dtype_t>(cfg_.act_dtype)));
+  const double H = cfg_.hidden_size, row = static_cast<double>(row_bytes_);
+  auto M = [&](int32_t p, int32_t c) { return static_cast<double>(count_matrix_[static_cast<size_t>(p) * (static_cast<size_t>(n) + 1) + static_cast<size_t>(c)]); };
+  double a2a = 0, tokens = 0;
+  for (int32_t p = 0; p < n; ++p) {
+    tokens += M(p, 0);
+    for (int32_t q = 0; q < n; ++q)
+      if (q != p) a2a += M(p, q + 1) * (row + H * es);  // rows out, partial sums back
+  }
+  double ag = 0;
+  const double frac = n > 1 ? static_cast<double>(n - 1) / n : 0.0;
+  if (dp_size_ > 1) {  // every rank is a replica: gather, then reduce(-scatter)
+    const double t_all = gather == Gather::Padded ? static_cast<double>(padded) * n : tokens;
+    ag += n * (t_all - (gather == Gather::Padded ? static_cast<double>(padded) : tokens / n)) * row;
+    ag += n * t_all * H * es * frac * (gather == Gather::Padded && dp_is_ep_ ? 1.0 : 2.0);
+  } else {  // the same tokens everywhere: one all-reduce
+    ag += n * M(map_.ep_rank(), 0) * H * es * frac * 2.0;
+  }
+  const int32_t mode = a2a < ag ? EP_MOE_DISPATCH_ALLTOALL : EP_MOE_DISPATCH_ALLGATHER;
+  last_bytes_alltoall_ = a2a;
+  last_bytes_allgather_ = ag;
+  if (mode != last_auto_choice_)
+    log(EP_MOE_LOG_INFO, "[EP rank %d/%d] dispatch %s: all-to-all moves %.0f bytes, all-gather %.0f", map_.ep_rank(),
+        n, mode == EP_MOE_DISPATCH_ALLTOALL ? "all-to-all" : "all-gather", a2a, ag);
+  last_auto_choice_ = mode;
+  (void)a;
+  return mode;
+}
+
+void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
+  Stages& st = *static_cast<Stages*>(stages);
+  const int64_t T = a.num_tokens, H = cfg_.hidden_size, K = cfg_.top_k;
+  const int32_t n = map_.ep_size(), me = map_.ep_rank();
+  const auto adt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
+  const size_t es = dtype_size(adt);
+  const size_t words = row_bytes_ / 4;
+  const int32_t* ids = ids_.data();
+  const float* w = weights_.data();
+
+  // 1. Pack one row per (token, destination): pairs computed elsewhere are -1.
+  char* send = send_rows_.data<char>();
+  std::vector<int32_t>& row_ids = row_ids_;
+  for (int32_t d = 0; d < n; ++d)
+    for (int64_t j = send_off_[static_cast<size_t>(d)]; j < send_off_[static_cast<size_t>(d) + 1]; ++j) {
+      const int64_t t = send_tok_[static_cast<size_t>(j)];
+      for (int64_t k = 0; k < K; ++k)
+        row_ids[static_cast<size_t>(k)] = dest_[static_cast<size_t>(t * K + k)] == d ? ids[t * K + k] : -1;
+      pack_row(send + static_cast<size_t>(j) * row_bytes_, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es),
+               row_ids.data(), w + t * K);
+    }
+  int64_t R = 0;
+  for (int32_t p = 0; p < n; ++p) {
+    const int64_t c = count_matrix_[static_cast<size_t>(p) * (static_cast<size_t>(n) + 1) + 1 + static_cast<size_t>(me)];
+    recv_count_[static_cast<size_t>(p)] = static_cast<size_t>(c);
+    R += c;
+  }
+  for (int32_t d = 0; d < n; ++d) {
+    counts_[static_cast<size_t>(d)] = static_cast<size_t>(send_count_[static_cast<size_t>(d)]) * words;
+    recv_words_[static_cast<size_t>(d)] = recv_count_[static_cast<size_t>(d)] * words;
+  }
+  st.enter()->all_to_all_v(recv_rows_.data(), recv_words_.data(), send, counts_.data(), EP_MOE_DTYPE_I32, a.stream);
+
+  // 2. Experts on the rows received; partial sums back in the same order.
+  float* x = x_f32_.data<float>();
+  for (int64_t r = 0; r < R; ++r) unpack_row(recv_rows_.data<char>() + static_cast<size_t>(r) * row_bytes_, r, x);
+  int64_t skipped = 0;
+  const int64_t local_pairs = plan_pairs(R, ids_.data(), weights_.data(), true, &skipped);
+  float* acc = acc_.data<float>();
+  std::memset(acc, 0, static_cast<size_t>(R * H) * 4);
+  add_expert_jobs();
+  ffn_->run(*pool_, jobs_, x, H, acc, H, act_);
+  record(R, local_pairs, 0);
+  char* back = ret_send_.data<char>();
+  for (int64_t r = 0; r < R; ++r) store_row(back + static_cast<size_t>(r * H) * es, adt, acc + r * H, H);
+  for (int32_t d = 0; d < n; ++d) {
+    counts_[static_cast<size_t>(d)] = recv_count_[static_cast<size_t>(d)] * static_cast<size_t>(H);
+    recv_words_[static_cast<size_t>(d)] = static_cast<size_t>(send_count_[static_cast<size_t>(d)]) * static_cast<size_t>(H);
+  }
+  st.enter()->all_to_all_v(ret_recv_.data(), recv_words_.data(), back, counts_.data(), adt, a.stream);
+
+  // 3. Own tokens: the shared expert (whole, replicated), then the partial
+  //    sums in destination-rank order.
+  float* ox = own_x_.data<float>();
+  float* oacc = own_acc_.data<float>();
+  std::memset(oacc, 0, static_cast<size_t>(T * H) * 4);
+  for (int64_t t = 0; t < T; ++t)
+    convert_row(ox + t * H, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), adt, H);
+  jobs_.clear();
+  add_shared_job(ox, 0, T, nullptr);
+  const bool any_shared = !jobs_.empty();
+  if (any_shared) ffn_->run(*pool_, jobs_, ox, H, oacc, H, act_);
+  const char* ret = ret_recv_.data<char>();
+  for (int64_t j = 0; j < send_off_[static_cast<size_t>(n)]; ++j) {
+    float* dst = oacc + static_cast<int64_t>(send_tok_[static_cast<size_t>(j)]) * H;
+    const char* src = ret + static_cast<size_t>(j * H) * es;
+    for (int64_t i = 0; i < H; ++i) dst[i] += load_elem(src, adt, i);
+  }
+  for (int64_t t = 0; t < T; ++t)
+    store_row(static_cast<char*>(a.out) + t * H * static_cast<int64_t>(es), adt, oacc + t * H, H);
+  int64_t sent_pairs = 0;
+  for (int64_t i = 0; i < T * K; ++i) sent_pairs += dest_[static_cast<size_t>(i)] != me;
+  last_skipped_ = sent_pairs;
 }
 
 int64_t Layer::attr(ep_moe_layer_attr_t a) const {
@@ -648,6 +902,9 @@ int64_t Layer::attr(ep_moe_layer_attr_t a) const {
     case EP_MOE_LAYER_ATTR_CPU_ISA: return static_cast<int64_t>(kern_.isa);
     case EP_MOE_LAYER_ATTR_LAST_ACTIVE_EXPERTS: return last_active_;
     case EP_MOE_LAYER_ATTR_BYTES_LOADED: return static_cast<int64_t>(bytes_loaded_);
+    case EP_MOE_LAYER_ATTR_LAST_DISPATCH: return last_dispatch_;
+    case EP_MOE_LAYER_ATTR_LAST_ALLTOALL_BYTES: return static_cast<int64_t>(last_bytes_alltoall_);
+    case EP_MOE_LAYER_ATTR_LAST_ALLGATHER_BYTES: return static_cast<int64_t>(last_bytes_allgather_);
     default: break;
   }
   fail(EP_MOE_ERR_INVALID_ARGUMENT, "attr %d is not an ep_moe_layer_attr_t value", static_cast<int>(a));

@@ -55,6 +55,20 @@ class Layer {
   enum class Gather : int { None = 0, Padded = 1, Compact = 2 };
 
   void validate_forward(const ep_moe_forward_args_t& a, int64_t* dp_offset, int64_t* dp_padded, Gather* gather) const;
+  // Forward steps (layer.cpp). `stages` is the step's list of collectives.
+  void route_tokens(const ep_moe_forward_args_t& a);
+  void forward_allgather(const ep_moe_forward_args_t& a, void* stages, int64_t dp_offset, int64_t padded, Gather gather);
+  void forward_alltoall(const ep_moe_forward_args_t& a, void* stages);
+  void plan_sends(int64_t tokens);
+  void exchange_counts(Comm* ep, const ep_moe_forward_args_t& a);
+  int32_t cheaper_mode(const ep_moe_forward_args_t& a, Gather gather, int64_t padded);
+  int64_t plan_pairs(int64_t rows, const int32_t* ids, const float* w, bool assigned, int64_t* skipped);
+  void add_expert_jobs();
+  void add_shared_job(const float* x, int64_t row0, int64_t n_rows, const int32_t* ids);
+  void record(int64_t tokens, int64_t local_pairs, int64_t skipped);
+  void pack_row(char* row, const char* hidden, const int32_t* ids, const float* w) const;
+  void unpack_row(const char* row, int64_t t, float* x);
+  int32_t pick_slot_a2a(int32_t expert, int64_t token, int32_t k) const;
   void check_weight(ep_moe_weight_t which, int32_t expert) const;
   // Stores a weight read through `src`; shared-expert sources are
   // shard-relative when `shard_relative`, else full size.
@@ -71,6 +85,8 @@ class Layer {
   Comm* dp_;
   int dp_size_ = 1, dp_rank_ = 0;
   bool dp_is_ep_ = false;
+  int32_t dispatch_ = EP_MOE_DISPATCH_ALLGATHER;
+  bool shared_replicated_ = false;  // all-to-all modes keep the whole shared expert
   RoutingParams routing_;
   cpu::Act act_;
 
@@ -94,6 +110,10 @@ class Layer {
   int64_t max_all_ = 0;   // tokens after the DP gather
   size_t row_bytes_ = 0;  // one gathered row: hidden + ids + weights
   AlignedBuffer send_rows_, recv_rows_, x_f32_, acc_, partial_, scatter_out_;
+  AlignedBuffer own_x_, own_acc_, ret_send_, ret_recv_;  // own tokens; all-to-all returns
+  std::vector<size_t> counts_, recv_words_, recv_count_;
+  std::vector<int64_t> send_count_, send_off_, stamp_, cursor64_, count_row_, count_matrix_;
+  std::vector<int32_t> send_tok_, dest_, cursor_, row_ids_;
   std::vector<int32_t> ids_, pair_rows_, pair_count_, shared_rows_;
   std::vector<float> weights_, pair_weights_, shared_weights_, logits_;
   std::vector<cpu::ExpertJob> jobs_;
@@ -101,6 +121,8 @@ class Layer {
   uint64_t bytes_loaded_ = 0;
   int64_t last_tokens_ = 0, last_local_pairs_ = 0, last_skipped_ = 0, last_active_ = 0;
   Gather last_gather_ = Gather::None;
+  int32_t last_dispatch_ = EP_MOE_DISPATCH_ALLGATHER, last_auto_choice_ = -1;
+  double last_bytes_alltoall_ = 0, last_bytes_allgather_ = 0;
 };
 
 }  // namespace ep_moe

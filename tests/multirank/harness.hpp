@@ -35,6 +35,7 @@ struct Case {
   bool given_topk = false;
   bool fused_gate_up = false;
   int skip_mode = EP_MOE_SKIP_TOKENS;
+  int dispatch = EP_MOE_DISPATCH_ALLGATHER;
   int threads = 0;
   int max_tokens = 16;
   std::vector<int> tokens;     // per DP replica
@@ -49,7 +50,7 @@ struct Case {
       << " act=" << spec.act << " wdt=" << wdt << " adt=" << adt << " sigmoid=" << spec.sigmoid
       << " groups=" << spec.groups << "/" << spec.topk_group << " bias=" << spec.use_bias << " Is=" << spec.Is
       << " sgate=" << spec.shared_gate << " topk_given=" << given_topk << " fused=" << fused_gate_up
-      << " skip=" << skip_mode << " decode=" << all_decode << " prefill=" << is_prefill << " graph=" << is_graph
+      << " skip=" << skip_mode << " dispatch=" << dispatch << " decode=" << all_decode << " prefill=" << is_prefill << " graph=" << is_graph
       << " tokens=[";
     for (size_t i = 0; i < tokens.size(); ++i) o << (i ? "," : "") << tokens[i];
     o << "]";
@@ -116,7 +117,7 @@ struct RankResult {
   ep_moe_status_t status = EP_MOE_OK;
   std::string error;
   std::vector<float> out;
-  int64_t local_pairs = 0, skipped = 0, tokens = 0, gather = -1;
+  int64_t local_pairs = 0, skipped = 0, tokens = 0, gather = -1, dispatch = -1;
   int stored = 0;
 };
 
@@ -189,6 +190,7 @@ inline ep_moe_layer_config_t layer_config(const Case& c) {
   lc.max_tokens = c.max_tokens;
   lc.num_threads = c.threads;
   lc.skip_mode = c.skip_mode;
+  lc.dispatch_mode = c.dispatch;
   return lc;
 }
 
@@ -294,6 +296,7 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
     ep_moe_layer_get_attr(&res.skipped, layer, EP_MOE_LAYER_ATTR_LAST_SKIPPED_PAIRS);
     ep_moe_layer_get_attr(&res.tokens, layer, EP_MOE_LAYER_ATTR_LAST_TOKENS);
     ep_moe_layer_get_attr(&res.gather, layer, EP_MOE_LAYER_ATTR_LAST_GATHER);
+    ep_moe_layer_get_attr(&res.dispatch, layer, EP_MOE_LAYER_ATTR_LAST_DISPATCH);
     ep_moe_layer_destroy(layer);
     if (dp && dp != ep) ep_moe_comm_destroy(dp);
   });

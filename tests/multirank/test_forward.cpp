@@ -269,3 +269,72 @@ TEST_CASE("redundant replicas: each pair goes to one replica and the output is u
   // Replicas share the load: the rank holding only replicas computed pairs too.
   for (const auto& r : res) CHECK(r.local_pairs > 0);
 }
+
+TEST_CASE("all-to-all and auto dispatch match the reference (and so the all-gather flow)", "[forward][alltoall]") {
+  int variant = 0;
+  for (int ep : {2, 3, 4, 8}) {
+    for (int dp : {1, ep}) {
+      for (int dispatch : {EP_MOE_DISPATCH_ALLTOALL, EP_MOE_DISPATCH_AUTO}) {
+        Case c;
+        c.ep = ep;
+        c.dp = dp;
+        c.dispatch = dispatch;
+        c.spec.H = 40 + 8 * (variant % 2);
+        c.spec.I = 24;
+        c.spec.E = 3 * ep + 1;
+        c.spec.K = variant % 3 == 0 ? 1 : variant % 3 == 1 ? 2 : std::min(8, c.spec.E);
+        c.spec.Is = variant % 2 ? 20 : 0;
+        c.spec.shared_gate = c.spec.Is > 0 && variant % 4 == 1;
+        const int dts[][2] = {{ref::F32, ref::F32}, {ref::BF16, ref::BF16}, {ref::F16, ref::F32}};
+        c.wdt = dts[variant % 3][0];
+        c.adt = dts[variant % 3][1];
+        c.redundant = variant % 4 == 2 ? ep : 0;  // replicas: local ones are preferred
+        c.given_topk = variant % 5 == 3;
+        c.all_decode = variant % 2 == 0;
+        c.tokens = uneven_tokens(dp, variant, c.max_tokens);
+        c.forwards = 2;
+        ++variant;
+        const auto res = harness::run_case(c, rng());
+        for (const auto& r : res) {
+          if (dispatch == EP_MOE_DISPATCH_ALLTOALL) CHECK(r.dispatch == EP_MOE_DISPATCH_ALLTOALL);
+          else CHECK((r.dispatch == EP_MOE_DISPATCH_ALLTOALL || r.dispatch == EP_MOE_DISPATCH_ALLGATHER));
+          CHECK(r.dispatch == res[0].dispatch);  // every rank made the same choice
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("all-to-all: each token row crosses once per owning rank; auto prefers it for sparse DP decode",
+          "[forward][alltoall]") {
+  // DP == EP == 4, 8 experts (2 per rank), top-1: a token goes to one rank.
+  Case c;
+  c.ep = 4;
+  c.dp = 4;
+  c.spec.H = 64;
+  c.spec.I = 16;
+  c.spec.E = 8;
+  c.spec.K = 1;
+  c.all_decode = true;
+  c.tokens = {2, 0, 1, 3};
+  c.dispatch = EP_MOE_DISPATCH_AUTO;
+  const auto res = harness::run_case(c, rng());
+  int64_t rows = 0;
+  for (const auto& r : res) rows += r.tokens;  // rows received by each rank
+  CHECK(rows == 6);                            // every token exactly once (top-1)
+  for (const auto& r : res) CHECK(r.dispatch == EP_MOE_DISPATCH_ALLTOALL);
+  // Every rank holds a replica of every expert: the local one is preferred,
+  // so no row leaves its rank.
+  Case rep = c;
+  rep.spec.E = 4;
+  rep.redundant = 12;
+  rep.dispatch = EP_MOE_DISPATCH_ALLTOALL;
+  rep.tokens = {3, 1, 0, 2};
+  const auto res_rep = harness::run_case(rep, rng());
+  for (int r = 0; r < 4; ++r) CHECK(res_rep[static_cast<size_t>(r)].tokens == rep.tokens[static_cast<size_t>(r)]);
+  // Non-DP (the same tokens everywhere): the all-gather flow moves less.
+  c.dp = 1;
+  c.tokens = {6};
+  const auto res2 = harness::run_case(c, rng());
+  for (const auto& r : res2) CHECK(r.dispatch == EP_MOE_DISPATCH_ALLGATHER);
+}

@@ -32,12 +32,15 @@ ncclDataType_t nccl_type(ep_moe_dtype_t t) {
     case EP_MOE_DTYPE_F16: return ncclFloat16;
     case EP_MOE_DTYPE_I32: return ncclInt32;
     case EP_MOE_DTYPE_I64: return ncclInt64;
+    case EP_MOE_DTYPE_U8: return ncclUint8;
     default: break;
   }
   fail(EP_MOE_ERR_INVALID_ARGUMENT, "dtype %d has no NCCL type", static_cast<int>(t));
 }
 
-size_t type_size(ep_moe_dtype_t t) { return t == EP_MOE_DTYPE_I64 ? 8 : (t == EP_MOE_DTYPE_F32 || t == EP_MOE_DTYPE_I32) ? 4 : 2; }
+size_t type_size(ep_moe_dtype_t t) {
+  return t == EP_MOE_DTYPE_I64 ? 8 : (t == EP_MOE_DTYPE_F32 || t == EP_MOE_DTYPE_I32) ? 4 : t == EP_MOE_DTYPE_U8 ? 1 : 2;
+}
 
 // Waits for a non-blocking communicator to leave ncclInProgress.
 void settle(ncclComm_t c, Clock::time_point deadline, const std::atomic<bool>& aborted, const char* what) {
