@@ -39,11 +39,14 @@ struct Group {
   ep_moe_comm_t* operator[](int r) const { return h[static_cast<size_t>(r)]; }
 };
 
-size_t esize(ep_moe_dtype_t t) { return t == EP_MOE_DTYPE_F32 || t == EP_MOE_DTYPE_I32 ? 4 : t == EP_MOE_DTYPE_I64 ? 8 : 2; }
+size_t esize(ep_moe_dtype_t t) {
+  return t == EP_MOE_DTYPE_F32 || t == EP_MOE_DTYPE_I32 ? 4 : t == EP_MOE_DTYPE_I64 ? 8 : t == EP_MOE_DTYPE_U8 ? 1 : 2;
+}
 
 // Rank r's input element i, as a double representable in every dtype.
 double value(int r, size_t i, ep_moe_dtype_t t) {
   const double v = static_cast<double>((static_cast<int>(i * 7 + static_cast<size_t>(r) * 13) % 41) - 20);
+  if (t == EP_MOE_DTYPE_U8) return static_cast<double>((i * 31 + static_cast<size_t>(r) * 97) % 256);
   return t == EP_MOE_DTYPE_I32 || t == EP_MOE_DTYPE_I64 ? v * 1000003.0 : v / 8.0 + 0.125 * r;
 }
 
@@ -77,6 +80,7 @@ std::vector<uint8_t> make_buf(int r, size_t n, ep_moe_dtype_t t, size_t first = 
         std::memcpy(&b[i * 8], &x, 8);
         break;
       }
+      case EP_MOE_DTYPE_U8: b[i] = static_cast<uint8_t>(v); break;
       default: break;
     }
   }
@@ -90,6 +94,12 @@ std::vector<uint8_t> expected_sum(int n, size_t count, ep_moe_dtype_t t, size_t 
   for (int r = 0; r < n; ++r) ins.push_back(make_buf(r, count, t, first));
   std::vector<uint8_t> out(count * esize(t));
   for (size_t i = 0; i < count; ++i) {
+    if (t == EP_MOE_DTYPE_U8) {
+      unsigned sum = 0;
+      for (int r = 0; r < n; ++r) sum += ins[static_cast<size_t>(r)][i];
+      out[i] = static_cast<uint8_t>(sum & 0xff);
+      continue;
+    }
     if (t == EP_MOE_DTYPE_I32 || t == EP_MOE_DTYPE_I64) {
       int64_t s = 0;
       for (int r = 0; r < n; ++r) {
@@ -120,7 +130,7 @@ std::vector<uint8_t> expected_sum(int n, size_t count, ep_moe_dtype_t t, size_t 
 }
 
 const ep_moe_dtype_t kAll[] = {EP_MOE_DTYPE_F32, EP_MOE_DTYPE_BF16, EP_MOE_DTYPE_F16, EP_MOE_DTYPE_I32,
-                               EP_MOE_DTYPE_I64};
+                               EP_MOE_DTYPE_I64, EP_MOE_DTYPE_U8};
 
 }  // namespace
 

@@ -42,6 +42,8 @@ struct Case {
   bool all_decode = false;     // dp_is_decode all set (compact gather unless graph/prefill)
   bool is_prefill = false, is_graph = false;
   int forwards = 1;            // forward calls on the same layers (fresh inputs each)
+  // Makes the EP world's handles (default: in-process ranks) and a cleanup.
+  std::function<void(int, std::vector<ep_moe_comm_t*>*, std::function<void()>*)> make_comms;
 
   std::string describe() const {
     std::ostringstream o;
@@ -203,7 +205,15 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
   for (int f = 0; f < c.forwards; ++f) steps.push_back(make_inputs(c, w, rng));
 
   std::vector<ep_moe_comm_t*> world(static_cast<size_t>(c.ep), nullptr);
-  REQUIRE(ep_moe_comm_create_local(world.data(), c.ep, nullptr) == EP_MOE_OK);
+  std::function<void()> cleanup;
+  if (c.make_comms) {
+    c.make_comms(c.ep, &world, &cleanup);
+  } else {
+    REQUIRE(ep_moe_comm_create_local(world.data(), c.ep, nullptr) == EP_MOE_OK);
+    cleanup = [&world] {
+      for (auto* h : world) ep_moe_comm_destroy(h);
+    };
+  }
   const int attn_tp = c.ep / c.dp;
   std::vector<RankResult> results(static_cast<size_t>(c.ep));
   std::vector<std::vector<std::vector<float>>> outs(static_cast<size_t>(c.forwards),
@@ -300,7 +310,7 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
     ep_moe_layer_destroy(layer);
     if (dp && dp != ep) ep_moe_comm_destroy(dp);
   });
-  for (auto* h : world) ep_moe_comm_destroy(h);
+  cleanup();
 
   for (int r = 0; r < c.ep; ++r) {
     INFO("rank " << r << ": " << setup_error[static_cast<size_t>(r)] << results[static_cast<size_t>(r)].error);
