@@ -6,7 +6,7 @@ set -euo pipefail
 what=${1:-test}
 
 build_pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev)
-test_pkgs=(catch2 doxygen clang libclang-rt-14-dev python3 python3-venv)
+test_pkgs=(catch2 doxygen clang libclang-rt-14-dev python3 python3-venv libopenmpi-dev openmpi-bin)
 
 pkgs=("${build_pkgs[@]}")
 if [ "$what" = test ]; then pkgs+=("${test_pkgs[@]}"); fi
