@@ -17,6 +17,12 @@
 #include "ep_moe/ep_moe.h"
 #include "presets.hpp"
 
+#if defined(EP_MOE_DEMO_MPI)
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#endif
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -28,6 +34,7 @@ struct Options {
   int placement = EP_MOE_PLACEMENT_LINEAR;
   ep_moe_dtype_t dtype = EP_MOE_DTYPE_BF16;
   bool plan = false;
+  bool mpi = false;  // one rank per MPI process (run under mpirun)
 };
 
 void usage() {
@@ -42,6 +49,7 @@ void usage() {
       "  --iters N           timed forward calls (default 3)\n"
       "  --placement P       linear (default) or round_robin\n"
       "  --plan              only print which experts each rank owns\n"
+      "  --mpi               one rank per MPI process: mpirun -np 4 ep_moe_demo --mpi\n"
       "  --list              list the model shapes\n");
 }
 
@@ -95,8 +103,59 @@ struct Run {
   std::string error;
 };
 
-// Runs the layer on `ep` in-process ranks: each rank loads its experts, then
-// `iters` timed forward calls on the same tokens.
+// One rank: load its experts, then `iters` timed forward calls (after one
+// warm-up) on the same tokens, each started together (barrier).
+std::string rank_body(const presets::Model& m, const Options& o, ep_moe_comm_t* comm, int ep, int r, int shared,
+                      const std::vector<uint8_t>& hidden, const std::vector<float>& logits, std::vector<uint8_t>* out,
+                      std::vector<double>* times, double* load_seconds) {
+  const auto t_load = Clock::now();
+  std::string err;
+  ep_moe_expert_map_t* map = make_map(m, o, ep, r);
+  if (!map) {
+    ep_moe_comm_abort(comm);
+    return "map";
+  }
+  const ep_moe_layer_config_t lc = presets::layer_config(m, shared, o.dtype, o.dtype, o.tokens, 0);
+  ep_moe_layer_t* layer = nullptr;
+  if (ep_moe_layer_create(&layer, &lc, map, comm, nullptr) != EP_MOE_OK) err = ep_moe_last_error();
+  else err = presets::load_random_weights(layer, map, m, shared, 2026);
+  ep_moe_expert_map_destroy(map);
+  if (!err.empty()) {
+    ep_moe_comm_abort(comm);  // the others must not wait for us
+    ep_moe_layer_destroy(layer);
+    return err;
+  }
+  *load_seconds = std::chrono::duration<double>(Clock::now() - t_load).count();
+  out->assign(hidden.size(), 0);
+  ep_moe_forward_args_t a;
+  ep_moe_forward_args_init(&a);
+  a.num_tokens = o.tokens;
+  a.hidden = hidden.data();
+  a.router_logits = logits.data();
+  a.out = out->data();
+  for (int it = 0; it <= o.iters; ++it) {
+    if (ep_moe_comm_barrier(comm) != EP_MOE_OK) {
+      err = ep_moe_comm_last_error(comm);
+      break;
+    }
+    const auto t0 = Clock::now();
+    if (ep_moe_layer_forward(layer, &a) != EP_MOE_OK) {
+      err = ep_moe_layer_last_error(layer);
+      break;
+    }
+    if (it > 0) times->push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  ep_moe_layer_destroy(layer);
+  return err;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The layer on `ep` in-process ranks, one thread each.
 Run run(const presets::Model& m, const Options& o, int ep, int shared, const std::vector<uint8_t>& hidden,
         const std::vector<float>& logits) {
   Run res;
@@ -107,57 +166,15 @@ Run run(const presets::Model& m, const Options& o, int ep, int shared, const std
   }
   res.outs.resize(static_cast<size_t>(ep));
   std::vector<std::string> errors(static_cast<size_t>(ep));
-  std::vector<double> times;
-  const auto t_load = Clock::now();
-  std::vector<double> load_done(static_cast<size_t>(ep), 0);
+  std::vector<std::vector<double>> times(static_cast<size_t>(ep));
+  std::vector<double> load(static_cast<size_t>(ep), 0);
   std::vector<std::thread> threads;
-  for (int r = 0; r < ep; ++r) {
+  for (int r = 0; r < ep; ++r)
     threads.emplace_back([&, r] {
-      std::string& err = errors[static_cast<size_t>(r)];
-      ep_moe_expert_map_t* map = make_map(m, o, ep, r);
-      if (!map) {
-        err = "map";
-        ep_moe_comm_abort(comms[static_cast<size_t>(r)]);
-        return;
-      }
-      const ep_moe_layer_config_t lc = presets::layer_config(m, shared, o.dtype, o.dtype, o.tokens, 0);
-      ep_moe_layer_t* layer = nullptr;
-      if (ep_moe_layer_create(&layer, &lc, map, comms[static_cast<size_t>(r)], nullptr) != EP_MOE_OK) {
-        err = ep_moe_last_error();
-      } else {
-        err = presets::load_random_weights(layer, map, m, shared, 2026);
-      }
-      ep_moe_expert_map_destroy(map);
-      if (!err.empty()) {
-        ep_moe_comm_abort(comms[static_cast<size_t>(r)]);  // the others must not wait for us
-        ep_moe_layer_destroy(layer);
-        return;
-      }
-      load_done[static_cast<size_t>(r)] = std::chrono::duration<double>(Clock::now() - t_load).count();
-      auto& out = res.outs[static_cast<size_t>(r)];
-      out.assign(hidden.size(), 0);
-      ep_moe_forward_args_t a;
-      ep_moe_forward_args_init(&a);
-      a.num_tokens = o.tokens;
-      a.hidden = hidden.data();
-      a.router_logits = logits.data();
-      a.out = out.data();
-      for (int it = 0; it <= o.iters; ++it) {  // the first call warms up
-        if (ep_moe_comm_barrier(comms[static_cast<size_t>(r)]) != EP_MOE_OK) {
-          err = ep_moe_comm_last_error(comms[static_cast<size_t>(r)]);
-          break;
-        }
-        const auto t0 = Clock::now();
-        if (ep_moe_layer_forward(layer, &a) != EP_MOE_OK) {
-          err = ep_moe_layer_last_error(layer);
-          break;
-        }
-        const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-        if (r == 0 && it > 0) times.push_back(dt);
-      }
-      ep_moe_layer_destroy(layer);
+      errors[static_cast<size_t>(r)] =
+          rank_body(m, o, comms[static_cast<size_t>(r)], ep, r, shared, hidden, logits, &res.outs[static_cast<size_t>(r)],
+                    &times[static_cast<size_t>(r)], &load[static_cast<size_t>(r)]);
     });
-  }
   for (auto& t : threads) t.join();
   for (auto* c : comms) ep_moe_comm_destroy(c);
   for (int r = 0; r < ep; ++r)
@@ -165,11 +182,81 @@ Run run(const presets::Model& m, const Options& o, int ep, int shared, const std
       res.error = "rank " + std::to_string(r) + ": " + errors[static_cast<size_t>(r)];
       return res;
     }
-  std::sort(times.begin(), times.end());
-  res.seconds = times.empty() ? 0 : times[times.size() / 2];
-  res.load_seconds = *std::max_element(load_done.begin(), load_done.end());
+  res.seconds = median(times[0]);
+  res.load_seconds = *std::max_element(load.begin(), load.end());
   return res;
 }
+
+double max_rel_error(const std::vector<uint8_t>& got_b, const std::vector<uint8_t>& want_b, ep_moe_dtype_t dt) {
+  const std::vector<float> got = presets::decode(got_b, dt), want = presets::decode(want_b, dt);
+  double scale = 1e-30, worst = 0;
+  for (float v : want) scale = std::max(scale, static_cast<double>(std::fabs(v)));
+  for (size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, static_cast<double>(std::fabs(got[i] - want[i])) / scale);
+  return worst;
+}
+
+double tolerance(ep_moe_dtype_t dt) { return dt == EP_MOE_DTYPE_F32 ? 1e-4 : dt == EP_MOE_DTYPE_F16 ? 5e-3 : 1e-2; }
+
+void report(const Options& o, const char* label, double seconds, double load_seconds, const Run& one, double worst,
+            double tol) {
+  std::printf("\n%-22s %12s %12s %14s\n", "", "forward ms", "tokens/s", "weights load s");
+  std::printf("%-22s %12.2f %12.1f %14.2f\n", label, seconds * 1e3, o.tokens / seconds, load_seconds);
+  std::printf("%-22s %12.2f %12.1f %14.2f\n", "single rank", one.seconds * 1e3, o.tokens / one.seconds,
+              one.load_seconds);
+  std::printf("\nmax |EP - single rank| / max |single rank| = %.3g (tolerance %.0e): %s\n", worst, tol,
+              worst <= tol ? "PASS" : "FAIL");
+  std::printf("(this machine has %u hardware threads; the ranks share them)\n", std::thread::hardware_concurrency());
+}
+
+#if defined(EP_MOE_DEMO_MPI)
+// Each MPI process is one rank; rank 0 also runs the single-rank reference.
+int run_mpi(const presets::Model& m, const Options& o, int shared, const std::vector<uint8_t>& hidden,
+            const std::vector<float>& logits) {
+  int rank = 0, size = 1;  // MPI_Init ran in main
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm world = MPI_COMM_WORLD;
+  ep_moe_comm_t* comm = nullptr;
+  if (!ok(ep_moe_comm_create_mpi(&comm, &world, sizeof world, nullptr), "ep_moe_comm_create_mpi")) {
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  if (rank == 0) std::printf("\nrunning on %d MPI ranks...\n", size);
+  std::vector<uint8_t> out;
+  std::vector<double> times;
+  double load = 0;
+  const std::string err = rank_body(m, o, comm, size, rank, shared, hidden, logits, &out, &times, &load);
+  int bad = err.empty() ? 0 : 1, any_bad = 0;
+  if (bad) std::fprintf(stderr, "rank %d failed: %s\n", rank, err.c_str());
+  MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  int rc = any_bad ? 1 : 0;
+  if (!any_bad) {
+    // Every rank's output equals rank 0's; rank 0's equals the single rank's.
+    std::vector<uint8_t> first = out;
+    MPI_Bcast(first.data(), static_cast<int>(first.size()), MPI_BYTE, 0, MPI_COMM_WORLD);
+    const int differs = first == out ? 0 : 1;
+    int n_differ = 0;
+    MPI_Reduce(&differs, &n_differ, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+    if (rank == 0) {
+      std::printf("running the same layer on a single rank for reference...\n");
+      const Run one = run(m, o, 1, shared, hidden, logits);
+      if (!one.error.empty()) {
+        std::fprintf(stderr, "single-rank run failed: %s\n", one.error.c_str());
+        rc = 1;
+      } else {
+        const double worst = max_rel_error(out, one.outs[0], o.dtype), tol = tolerance(o.dtype);
+        report(o, ("EP=" + std::to_string(size) + " MPI ranks").c_str(), median(times), load, one, worst, tol);
+        if (n_differ) std::printf("%d rank(s) hold an output different from rank 0's: FAIL\n", n_differ);
+        rc = worst <= tol && n_differ == 0 ? 0 : 1;
+      }
+    }
+    MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  }
+  ep_moe_comm_destroy(comm);
+  MPI_Finalize();
+  return rc;
+}
+#endif
 
 }  // namespace
 
@@ -208,6 +295,14 @@ int main(int argc, char** argv) {
         return 2;
       }
     } else if (a == "--plan") o.plan = true;
+    else if (a == "--mpi") {
+#if defined(EP_MOE_DEMO_MPI)
+      o.mpi = true;
+#else
+      std::fprintf(stderr, "--mpi: this demo was built without MPI (install libopenmpi-dev and rebuild)\n");
+      return 2;
+#endif
+    }
     else if (a == "--list") {
       for (const auto& m : presets::models()) std::printf("%-16s %s\n", m.name, m.note);
       return 0;
@@ -238,13 +333,24 @@ int main(int argc, char** argv) {
   }
   ep_moe_set_log_callback(log_to_stderr, EP_MOE_LOG_WARN, nullptr);
   const int shared = o.shared >= 0 ? o.shared : m->shared_intermediate;
-
-  std::printf("ep_moe %s demo: %s\n", ep_moe_version_string(), m->note);
-  std::printf("layer: H=%d I=%d E=%d top-%d, shared expert %d, %s weights and activations, EP=%d, %d tokens\n\n",
-              m->hidden, m->intermediate, m->experts, m->top_k, shared,
-              o.dtype == EP_MOE_DTYPE_F32 ? "f32" : o.dtype == EP_MOE_DTYPE_BF16 ? "bf16" : "f16", o.ep, o.tokens);
-  if (o.plan) return print_plan(*m, o);
-  print_plan(*m, o);
+  bool quiet = false;  // MPI ranks other than 0 print nothing
+#if defined(EP_MOE_DEMO_MPI)
+  if (o.mpi) {
+    MPI_Init(&argc, &argv);
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &o.ep);
+    quiet = rank != 0;
+  }
+#endif
+  if (!quiet) {
+    std::printf("ep_moe %s demo: %s\n", ep_moe_version_string(), m->note);
+    std::printf("layer: H=%d I=%d E=%d top-%d, shared expert %d, %s weights and activations, EP=%d, %d tokens\n\n",
+                m->hidden, m->intermediate, m->experts, m->top_k, shared,
+                o.dtype == EP_MOE_DTYPE_F32 ? "f32" : o.dtype == EP_MOE_DTYPE_BF16 ? "bf16" : "f16", o.ep, o.tokens);
+    if (o.plan && !o.mpi) return print_plan(*m, o);
+    print_plan(*m, o);
+  }
 
   // Random tokens and router logits.
   std::vector<float> hid(static_cast<size_t>(o.tokens) * m->hidden), logits(static_cast<size_t>(o.tokens) * m->experts);
@@ -252,6 +358,9 @@ int main(int argc, char** argv) {
   presets::fill(logits, logits.size(), 7, 2, 3.0f);
   const std::vector<uint8_t> hidden = presets::encode(hid, o.dtype);
 
+#if defined(EP_MOE_DEMO_MPI)
+  if (o.mpi) return run_mpi(*m, o, shared, hidden, logits);
+#endif
   std::printf("\nrunning on %d in-process ranks...\n", o.ep);
   const Run ep_run = run(*m, o, o.ep, shared, hidden, logits);
   if (!ep_run.error.empty()) {
@@ -264,27 +373,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "single-rank run failed: %s\n", one.error.c_str());
     return 1;
   }
-
   // Every EP rank must hold the same output, equal to the single-rank one.
-  const std::vector<float> expect = presets::decode(one.outs[0], o.dtype);
-  double scale = 1e-30, worst = 0;
-  for (float v : expect) scale = std::max(scale, static_cast<double>(std::fabs(v)));
-  for (const auto& out : ep_run.outs) {
-    const std::vector<float> got = presets::decode(out, o.dtype);
-    for (size_t i = 0; i < got.size(); ++i)
-      worst = std::max(worst, static_cast<double>(std::fabs(got[i] - expect[i])) / scale);
-  }
-  const double tol = o.dtype == EP_MOE_DTYPE_F32 ? 1e-4 : o.dtype == EP_MOE_DTYPE_F16 ? 5e-3 : 1e-2;
+  double worst = 0;
+  for (const auto& out : ep_run.outs) worst = std::max(worst, max_rel_error(out, one.outs[0], o.dtype));
+  const double tol = tolerance(o.dtype);
   const bool pass = worst <= tol;
-
-  std::printf("\n%-22s %12s %12s %14s\n", "", "forward ms", "tokens/s", "weights load s");
-  std::printf("%-22s %12.2f %12.1f %14.2f\n", ("EP=" + std::to_string(o.ep) + " in-process").c_str(),
-              ep_run.seconds * 1e3, o.tokens / ep_run.seconds, ep_run.load_seconds);
-  std::printf("%-22s %12.2f %12.1f %14.2f\n", "single rank", one.seconds * 1e3, o.tokens / one.seconds,
-              one.load_seconds);
-  std::printf("\nmax |EP - single rank| / max |single rank| = %.3g (tolerance %.0e): %s\n", worst, tol,
-              pass ? "PASS" : "FAIL");
-  std::printf("(this machine has %u hardware threads; in-process ranks share them)\n",
-              std::thread::hardware_concurrency());
+  report(o, ("EP=" + std::to_string(o.ep) + " in-process").c_str(), ep_run.seconds, ep_run.load_seconds, one, worst,
+         tol);
   return pass ? 0 : 1;
 }

@@ -5,8 +5,8 @@
 set -euo pipefail
 what=${1:-test}
 
-build_pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev)
-test_pkgs=(catch2 doxygen clang libclang-rt-14-dev python3 python3-venv libopenmpi-dev openmpi-bin)
+build_pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libopenmpi-dev openmpi-bin)
+test_pkgs=(catch2 doxygen clang libclang-rt-14-dev python3 python3-venv)
 
 pkgs=("${build_pkgs[@]}")
 if [ "$what" = test ]; then pkgs+=("${test_pkgs[@]}"); fi
