@@ -6,7 +6,7 @@ set -euo pipefail
 what=${1:-test}
 
 build_pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libopenmpi-dev openmpi-bin)
-test_pkgs=(catch2 doxygen clang libclang-rt-14-dev python3 python3-venv)
+test_pkgs=(catch2 doxygen clang libclang-rt-14-dev python3 python3-venv golang-go abigail-tools)
 
 pkgs=("${build_pkgs[@]}")
 if [ "$what" = test ]; then pkgs+=("${test_pkgs[@]}"); fi

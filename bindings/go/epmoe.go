@@ -1,0 +1,442 @@
+// Package epmoe is the Go binding of ep_moe, an expert-parallel
+// Mixture-of-Experts layer with a stable C API.
+//
+// Handles (ExpertMap, Comm, Layer, Checkpoint) are freed by Close(); a
+// finalizer is only a backstop. Errors are *Error values carrying the C
+// status and message; errors.Is(err, epmoe.ErrInvalidArgument) matches the
+// status. Tensors are slices whose lengths are checked against the shapes.
+//
+// Threading follows the C API: an ExpertMap or Checkpoint may be queried
+// from several goroutines; a Comm or Layer must be driven by one goroutine at
+// a time (one per rank), except Comm.Abort, which may be called from anywhere.
+package epmoe
+
+/*
+#cgo pkg-config: ep_moe
+#include <stdlib.h>
+#include <ep_moe/ep_moe.h>
+*/
+import "C"
+
+import (
+	"fmt"
+	"runtime"
+	"unsafe"
+)
+
+// Status is a C status code (EP_MOE_*).
+type Status int32
+
+// The statuses of the C API.
+const (
+	StatusOK              Status = C.EP_MOE_OK
+	StatusInvalidArgument Status = C.EP_MOE_ERR_INVALID_ARGUMENT
+	StatusOutOfMemory     Status = C.EP_MOE_ERR_OUT_OF_MEMORY
+	StatusUnsupported     Status = C.EP_MOE_ERR_UNSUPPORTED
+	StatusBufferTooSmall  Status = C.EP_MOE_ERR_BUFFER_TOO_SMALL
+	StatusStructSize      Status = C.EP_MOE_ERR_STRUCT_SIZE
+	StatusInvalidHandle   Status = C.EP_MOE_ERR_INVALID_HANDLE
+	StatusInternal        Status = C.EP_MOE_ERR_INTERNAL
+	StatusTimeout         Status = C.EP_MOE_ERR_TIMEOUT
+	StatusAborted         Status = C.EP_MOE_ERR_ABORTED
+	StatusRemote          Status = C.EP_MOE_ERR_REMOTE
+	StatusIO              Status = C.EP_MOE_ERR_IO
+	StatusFormat          Status = C.EP_MOE_ERR_FORMAT
+	StatusNotFound        Status = C.EP_MOE_ERR_NOT_FOUND
+	StatusState           Status = C.EP_MOE_ERR_STATE
+)
+
+func (s Status) String() string { return C.GoString(C.ep_moe_status_string(C.ep_moe_status_t(s))) }
+
+// Error is a failed call: its status and the library's message.
+type Error struct {
+	Status  Status
+	Message string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("ep_moe: %s: %s", e.Status, e.Message) }
+
+// Is makes errors.Is(err, ErrTimeout) and the like match by status.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Message == "" && t.Status == e.Status
+}
+
+// Sentinels for errors.Is.
+var (
+	ErrInvalidArgument = &Error{Status: StatusInvalidArgument}
+	ErrUnsupported     = &Error{Status: StatusUnsupported}
+	ErrInvalidHandle   = &Error{Status: StatusInvalidHandle}
+	ErrTimeout         = &Error{Status: StatusTimeout}
+	ErrAborted         = &Error{Status: StatusAborted}
+	ErrRemote          = &Error{Status: StatusRemote}
+	ErrIO              = &Error{Status: StatusIO}
+	ErrFormat          = &Error{Status: StatusFormat}
+	ErrNotFound        = &Error{Status: StatusNotFound}
+	ErrState           = &Error{Status: StatusState}
+)
+
+func check(s C.ep_moe_status_t, msg func() string) error {
+	if s == C.EP_MOE_OK {
+		return nil
+	}
+	return &Error{Status: Status(s), Message: msg()}
+}
+
+func threadError() string { return C.GoString(C.ep_moe_last_error()) }
+
+func invalid(format string, a ...interface{}) error {
+	return &Error{Status: StatusInvalidArgument, Message: fmt.Sprintf(format, a...)}
+}
+
+// Version returns the loaded library's version.
+func Version() (major, minor, patch int) {
+	v := int(C.ep_moe_version())
+	return v / 10000, (v / 100) % 100, v % 100
+}
+
+// Feature bits for HasFeature.
+const (
+	FeatureCPU       = uint32(C.EP_MOE_FEATURE_CPU)
+	FeatureCUDA      = uint32(C.EP_MOE_FEATURE_CUDA)
+	FeatureNCCL      = uint32(C.EP_MOE_FEATURE_NCCL)
+	FeatureMPI       = uint32(C.EP_MOE_FEATURE_MPI)
+	FeatureCallbacks = uint32(C.EP_MOE_FEATURE_CALLBACKS)
+)
+
+// HasFeature reports whether the library was built with every feature in mask.
+func HasFeature(mask uint32) bool { return C.ep_moe_has_feature(C.uint32_t(mask)) == 1 }
+
+// ------------------------------------------------------------ expert map --
+
+// ExpertMapConfig selects a placement (see ep_moe_expert_map_config_t).
+type ExpertMapConfig struct {
+	EPSize, EPRank, Experts int32
+	Placement               int32 // PlacementLinear (default), PlacementRoundRobin, PlacementCustom
+	FusedShared             int32
+	ExpertGroups            int32
+	Redundant               int32
+	CustomSlots             []int32 // with PlacementCustom
+	CustomSlotsPerRank      []int32 // optional
+}
+
+// Placements.
+const (
+	PlacementLinear     = int32(C.EP_MOE_PLACEMENT_LINEAR)
+	PlacementRoundRobin = int32(C.EP_MOE_PLACEMENT_ROUND_ROBIN)
+	PlacementCustom     = int32(C.EP_MOE_PLACEMENT_CUSTOM)
+)
+
+// Map tables (see ep_moe_map_table_t).
+const (
+	TableExpertMap     = C.EP_MOE_MAP_TABLE_EXPERT_MAP
+	TableExpertMask    = C.EP_MOE_MAP_TABLE_EXPERT_MASK
+	TableLocalToGlobal = C.EP_MOE_MAP_TABLE_LOCAL_TO_GLOBAL
+	TableGlobalToPhys  = C.EP_MOE_MAP_TABLE_GLOBAL_TO_PHYSICAL
+	TablePhysToGlobal  = C.EP_MOE_MAP_TABLE_PHYSICAL_TO_GLOBAL
+)
+
+// ExpertMap is one rank's expert map.
+type ExpertMap struct{ p *C.ep_moe_expert_map_t }
+
+// NewExpertMap creates the map of one rank.
+func NewExpertMap(cfg ExpertMapConfig) (*ExpertMap, error) {
+	var c C.ep_moe_expert_map_config_t
+	C.ep_moe_expert_map_config_init(&c)
+	c.ep_size = C.int32_t(cfg.EPSize)
+	c.ep_rank = C.int32_t(cfg.EPRank)
+	c.global_num_experts = C.int32_t(cfg.Experts)
+	c.placement = C.int32_t(cfg.Placement)
+	c.num_fused_shared_experts = C.int32_t(cfg.FusedShared)
+	c.num_expert_group = C.int32_t(cfg.ExpertGroups)
+	c.num_redundant_experts = C.int32_t(cfg.Redundant)
+	// The slot tables are copied by C into its own memory during the call.
+	if len(cfg.CustomSlots) > 0 {
+		c.custom_slots = (*C.int32_t)(unsafe.Pointer(&cfg.CustomSlots[0]))
+		c.num_custom_slots = C.int32_t(len(cfg.CustomSlots))
+	}
+	if len(cfg.CustomSlotsPerRank) > 0 {
+		c.custom_slots_per_rank = (*C.int32_t)(unsafe.Pointer(&cfg.CustomSlotsPerRank[0]))
+	}
+	var p *C.ep_moe_expert_map_t
+	err := check(C.ep_moe_expert_map_create(&p, &c), threadError)
+	runtime.KeepAlive(cfg.CustomSlots)
+	runtime.KeepAlive(cfg.CustomSlotsPerRank)
+	if err != nil {
+		return nil, err
+	}
+	m := &ExpertMap{p: p}
+	runtime.SetFinalizer(m, (*ExpertMap).Close)
+	return m, nil
+}
+
+// Close frees the map; it may be called more than once.
+func (m *ExpertMap) Close() {
+	if m.p != nil {
+		C.ep_moe_expert_map_destroy(m.p)
+		m.p = nil
+		runtime.SetFinalizer(m, nil)
+	}
+}
+
+func (m *ExpertMap) lastError() string { return C.GoString(C.ep_moe_expert_map_last_error(m.p)) }
+
+// LocalExperts returns how many routed experts this rank holds.
+func (m *ExpertMap) LocalExperts() (int32, error) {
+	var v C.int32_t
+	err := check(C.ep_moe_expert_map_get_attr(&v, m.p, C.EP_MOE_MAP_ATTR_NUM_LOCAL_ROUTED), m.lastError)
+	runtime.KeepAlive(m)
+	return int32(v), err
+}
+
+// GlobalToLocal returns this rank's local id of a global expert, or -1.
+func (m *ExpertMap) GlobalToLocal(global int32) (int32, error) {
+	var v C.int32_t
+	err := check(C.ep_moe_expert_map_global_to_local(&v, m.p, C.int32_t(global)), m.lastError)
+	runtime.KeepAlive(m)
+	return int32(v), err
+}
+
+// Table copies one of the map's tables.
+func (m *ExpertMap) Table(t C.ep_moe_map_table_t) ([]int32, error) {
+	var n C.size_t
+	if err := check(C.ep_moe_expert_map_table_length(&n, m.p, t), m.lastError); err != nil {
+		return nil, err
+	}
+	out := make([]int32, int(n))
+	var ptr *C.int32_t
+	if n > 0 {
+		ptr = (*C.int32_t)(unsafe.Pointer(&out[0]))
+	}
+	err := check(C.ep_moe_expert_map_copy_table(ptr, n, m.p, t), m.lastError)
+	runtime.KeepAlive(m)
+	return out, err
+}
+
+// Describe returns the compressed "local->global" description.
+func (m *ExpertMap) Describe() (string, error) {
+	var need C.size_t
+	if err := check(C.ep_moe_expert_map_describe(nil, 0, &need, m.p), m.lastError); err != nil {
+		return "", err
+	}
+	buf := make([]byte, int(need)+1)
+	err := check(C.ep_moe_expert_map_describe((*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)), nil, m.p), m.lastError)
+	runtime.KeepAlive(m)
+	return string(buf[:need]), err
+}
+
+// ------------------------------------------------------------ comm -------
+
+// Comm is one rank's communicator handle.
+type Comm struct{ p *C.ep_moe_comm_t }
+
+// LocalGroup creates size in-process ranks; element i is rank i.
+func LocalGroup(size int32, timeoutMs int32) ([]*Comm, error) {
+	if size < 1 {
+		return nil, invalid("size must be >= 1, got %d", size)
+	}
+	var cfg C.ep_moe_comm_config_t
+	C.ep_moe_comm_config_init(&cfg)
+	cfg.timeout_ms = C.int32_t(timeoutMs)
+	raw := (*[1 << 16]*C.ep_moe_comm_t)(C.malloc(C.size_t(size) * C.size_t(unsafe.Sizeof(uintptr(0)))))
+	defer C.free(unsafe.Pointer(raw))
+	if err := check(C.ep_moe_comm_create_local(&raw[0], C.int32_t(size), &cfg), threadError); err != nil {
+		return nil, err
+	}
+	out := make([]*Comm, size)
+	for i := range out {
+		c := &Comm{p: raw[i]}
+		runtime.SetFinalizer(c, (*Comm).Close)
+		out[i] = c
+	}
+	return out, nil
+}
+
+// Close frees the handle.
+func (c *Comm) Close() {
+	if c.p != nil {
+		C.ep_moe_comm_destroy(c.p)
+		c.p = nil
+		runtime.SetFinalizer(c, nil)
+	}
+}
+
+func (c *Comm) lastError() string { return C.GoString(C.ep_moe_comm_last_error(c.p)) }
+
+// Rank returns this rank's index.
+func (c *Comm) Rank() int32 {
+	var v C.int32_t
+	C.ep_moe_comm_get_rank(&v, c.p)
+	runtime.KeepAlive(c)
+	return int32(v)
+}
+
+// AllReduce sums data over all ranks, in place.
+func (c *Comm) AllReduce(data []float32) error {
+	var p unsafe.Pointer
+	if len(data) > 0 {
+		p = unsafe.Pointer(&data[0])
+	}
+	err := check(C.ep_moe_comm_all_reduce(p, p, C.size_t(len(data)), C.EP_MOE_DTYPE_F32, c.p, nil), c.lastError)
+	runtime.KeepAlive(data)
+	runtime.KeepAlive(c)
+	return err
+}
+
+// Barrier returns when every rank has called it.
+func (c *Comm) Barrier() error {
+	err := check(C.ep_moe_comm_barrier(c.p), c.lastError)
+	runtime.KeepAlive(c)
+	return err
+}
+
+// Abort makes blocked and later calls on the group fail; it may be called
+// from any goroutine, also while another is blocked on c.
+func (c *Comm) Abort() {
+	C.ep_moe_comm_abort(c.p)
+	runtime.KeepAlive(c)
+}
+
+// ------------------------------------------------------------ layer ------
+
+// LayerConfig mirrors ep_moe_layer_config_t's most used fields; zero values
+// keep the library's defaults.
+type LayerConfig struct {
+	Hidden, Intermediate, Experts, TopK int32
+	SharedIntermediate                  int32
+	MaxTokens                           int32
+	Threads                             int32
+	WeightDType, ActDType               DType
+	DispatchMode                        int32
+}
+
+// DType is an element type.
+type DType int32
+
+// Element types.
+const (
+	F32  DType = C.EP_MOE_DTYPE_F32
+	BF16 DType = C.EP_MOE_DTYPE_BF16
+	F16  DType = C.EP_MOE_DTYPE_F16
+)
+
+// Weight selects a tensor for SetWeight.
+type Weight int32
+
+// Weights (see ep_moe_weight_t).
+const (
+	WeightExpertGate   Weight = C.EP_MOE_WEIGHT_EXPERT_GATE
+	WeightExpertUp     Weight = C.EP_MOE_WEIGHT_EXPERT_UP
+	WeightExpertDown   Weight = C.EP_MOE_WEIGHT_EXPERT_DOWN
+	WeightExpertGateUp Weight = C.EP_MOE_WEIGHT_EXPERT_GATE_UP
+	WeightSharedGate   Weight = C.EP_MOE_WEIGHT_SHARED_GATE
+	WeightSharedUp     Weight = C.EP_MOE_WEIGHT_SHARED_UP
+	WeightSharedDown   Weight = C.EP_MOE_WEIGHT_SHARED_DOWN
+	WeightRouter       Weight = C.EP_MOE_WEIGHT_ROUTER
+)
+
+// Layer is one rank's MoE layer. Its communicator must stay open while the
+// layer is used.
+type Layer struct {
+	p                      *C.ep_moe_layer_t
+	hidden, experts, topK int
+	comm                   *Comm // kept reachable for the layer's lifetime
+}
+
+// NewLayer creates a layer for this rank; comm may be nil (partial sums).
+// dpIsEP passes comm as the DP group too (every rank its own DP replica).
+func NewLayer(cfg LayerConfig, m *ExpertMap, comm *Comm, dpIsEP bool) (*Layer, error) {
+	var c C.ep_moe_layer_config_t
+	C.ep_moe_layer_config_init(&c)
+	c.hidden_size = C.int32_t(cfg.Hidden)
+	c.intermediate_size = C.int32_t(cfg.Intermediate)
+	c.num_experts = C.int32_t(cfg.Experts)
+	c.top_k = C.int32_t(cfg.TopK)
+	c.shared_intermediate_size = C.int32_t(cfg.SharedIntermediate)
+	c.weight_dtype = C.int32_t(cfg.WeightDType)
+	c.act_dtype = C.int32_t(cfg.ActDType)
+	c.dispatch_mode = C.int32_t(cfg.DispatchMode)
+	if cfg.MaxTokens > 0 {
+		c.max_tokens = C.int32_t(cfg.MaxTokens)
+	}
+	c.num_threads = C.int32_t(cfg.Threads)
+	var ep, dp *C.ep_moe_comm_t
+	if comm != nil {
+		ep = comm.p
+		if dpIsEP {
+			dp = comm.p
+		}
+	}
+	var p *C.ep_moe_layer_t
+	err := check(C.ep_moe_layer_create(&p, &c, m.p, ep, dp), threadError)
+	runtime.KeepAlive(m)
+	if err != nil {
+		return nil, err
+	}
+	l := &Layer{p: p, hidden: int(cfg.Hidden), experts: int(cfg.Experts), topK: int(cfg.TopK), comm: comm}
+	runtime.SetFinalizer(l, (*Layer).Close)
+	return l, nil
+}
+
+// Close frees the layer.
+func (l *Layer) Close() {
+	if l.p != nil {
+		C.ep_moe_layer_destroy(l.p)
+		l.p = nil
+		runtime.SetFinalizer(l, nil)
+	}
+}
+
+func (l *Layer) lastError() string { return C.GoString(C.ep_moe_layer_last_error(l.p)) }
+
+// SetWeight gives one f32 weight [rows, cols]; it reports whether this rank
+// kept it (false: another rank's expert).
+func (l *Layer) SetWeight(which Weight, expert int32, data []float32, rows, cols int64) (bool, error) {
+	if rows < 0 || cols < 0 || int64(len(data)) != rows*cols {
+		return false, invalid("data has %d elements, not rows * cols = %d", len(data), rows*cols)
+	}
+	var p unsafe.Pointer
+	if len(data) > 0 {
+		p = unsafe.Pointer(&data[0])
+	}
+	var stored C.int32_t
+	err := check(C.ep_moe_layer_set_weight(&stored, l.p, C.ep_moe_weight_t(which), C.int32_t(expert), p,
+		C.EP_MOE_DTYPE_F32, C.int64_t(rows), C.int64_t(cols)), l.lastError)
+	runtime.KeepAlive(data)
+	runtime.KeepAlive(l)
+	return stored != 0, err
+}
+
+// Forward runs the layer on f32 hidden states [T, H] with router logits
+// [T, E] (or nil with the layer's own router weight) into out [T, H].
+func (l *Layer) Forward(hidden, logits, out []float32) error {
+	if l.hidden == 0 || len(hidden)%l.hidden != 0 {
+		return invalid("hidden has %d elements, not a multiple of H = %d", len(hidden), l.hidden)
+	}
+	t := len(hidden) / l.hidden
+	if len(out) != len(hidden) {
+		return invalid("out has %d elements, hidden %d", len(out), len(hidden))
+	}
+	if logits != nil && len(logits) != t*l.experts {
+		return invalid("logits have %d elements, not T * E = %d", len(logits), t*l.experts)
+	}
+	// The argument struct lives in C memory: Go pointers may be passed to C,
+	// but not stored in memory C keeps a pointer to across the call.
+	a := (*C.ep_moe_forward_args_t)(C.malloc(C.size_t(unsafe.Sizeof(C.ep_moe_forward_args_t{}))))
+	defer C.free(unsafe.Pointer(a))
+	C.ep_moe_forward_args_init(a)
+	a.num_tokens = C.int64_t(t)
+	if t > 0 {
+		a.hidden = unsafe.Pointer(&hidden[0])
+		a.out = unsafe.Pointer(&out[0])
+		if logits != nil {
+			a.router_logits = unsafe.Pointer(&logits[0])
+		}
+	}
+	err := check(C.ep_moe_layer_forward(l.p, a), l.lastError)
+	runtime.KeepAlive(hidden)
+	runtime.KeepAlive(logits)
+	runtime.KeepAlive(out)
+	runtime.KeepAlive(l)
+	return err
+}

@@ -1,0 +1,167 @@
+package epmoe
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+)
+
+const (
+	hSize, iSize, eCount, kTop, tTokens = 16, 8, 6, 2, 5
+)
+
+func value(a, b, m int) float32 { return 0.02 * float32((a*7+b*3)%m-m/2) }
+
+func TestExpertMapQuery(t *testing.T) {
+	m, err := NewExpertMap(ExpertMapConfig{EPSize: 4, EPRank: 1, Experts: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if d, _ := m.Describe(); d != "0->3, 1->4, 2->5" {
+		t.Fatalf("describe: %q", d)
+	}
+	if l, _ := m.GlobalToLocal(4); l != 1 {
+		t.Fatalf("global 4 -> local %d", l)
+	}
+	if n, _ := m.LocalExperts(); n != 3 {
+		t.Fatalf("local experts %d", n)
+	}
+	tab, err := m.Table(TableLocalToGlobal)
+	if err != nil || len(tab) != 3 || tab[0] != 3 || tab[2] != 5 {
+		t.Fatalf("table %v %v", tab, err)
+	}
+	if !HasFeature(FeatureCPU) {
+		t.Fatal("no CPU feature")
+	}
+}
+
+// runRank runs rank r of ep (comm may be nil for a single rank).
+func runRank(t *testing.T, ep, r int32, comm *Comm) []float32 {
+	m, err := NewExpertMap(ExpertMapConfig{EPSize: ep, EPRank: r, Experts: eCount})
+	if err != nil {
+		t.Error(err)
+		return nil
+	}
+	defer m.Close()
+	l, err := NewLayer(LayerConfig{Hidden: hSize, Intermediate: iSize, Experts: eCount, TopK: kTop, MaxTokens: tTokens, Threads: 1}, m, comm, false)
+	if err != nil {
+		t.Error(err)
+		return nil
+	}
+	defer l.Close()
+	g := make([]float32, iSize*hSize)
+	u := make([]float32, iSize*hSize)
+	d := make([]float32, hSize*iSize)
+	for e := 0; e < eCount; e++ {
+		for i := range g {
+			g[i], u[i], d[i] = value(e, i, 11), value(e+1, i, 13), value(e+2, i, 9)
+		}
+		for _, w := range []struct {
+			which      Weight
+			v          []float32
+			rows, cols int64
+		}{{WeightExpertGate, g, iSize, hSize}, {WeightExpertUp, u, iSize, hSize}, {WeightExpertDown, d, hSize, iSize}} {
+			if _, err := l.SetWeight(w.which, int32(e), w.v, w.rows, w.cols); err != nil {
+				t.Error(err)
+				return nil
+			}
+		}
+	}
+	x := make([]float32, tTokens*hSize)
+	logits := make([]float32, tTokens*eCount)
+	for i := range x {
+		x[i] = value(i, 1, 17)
+	}
+	for i := range logits {
+		logits[i] = 10 * value(i, 5, 23)
+	}
+	out := make([]float32, len(x))
+	if err := l.Forward(x, logits, out); err != nil {
+		t.Error(err)
+		return nil
+	}
+	return out
+}
+
+func TestTwoRankForwardMatchesOneRank(t *testing.T) {
+	comms, err := LocalGroup(2, 30000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outs := make([][]float32, 2)
+	var wg sync.WaitGroup
+	for r := 0; r < 2; r++ {
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			outs[r] = runRank(t, 2, int32(r), comms[r])
+		}(r)
+	}
+	wg.Wait()
+	for _, c := range comms {
+		c.Close()
+	}
+	one := runRank(t, 1, 0, nil)
+	if outs[0] == nil || outs[1] == nil || one == nil {
+		t.Fatal("a rank failed")
+	}
+	nonzero := false
+	for i := range one {
+		diff := outs[0][i] - one[i]
+		if diff < -1e-5 || diff > 1e-5 || outs[0][i] != outs[1][i] {
+			t.Fatalf("element %d: ranks %v %v, one rank %v", i, outs[0][i], outs[1][i], one[i])
+		}
+		nonzero = nonzero || one[i] != 0
+	}
+	if !nonzero {
+		t.Fatal("all-zero output")
+	}
+}
+
+func TestBadArgumentsAreErrorsWithTheMessage(t *testing.T) {
+	_, err := NewExpertMap(ExpertMapConfig{EPSize: 4, EPRank: 4, Experts: 8})
+	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "ep_rank") {
+		t.Fatalf("got %v", err)
+	}
+	var e *Error
+	if !errors.As(err, &e) || e.Status != StatusInvalidArgument {
+		t.Fatalf("not an *Error: %v", err)
+	}
+	m, _ := NewExpertMap(ExpertMapConfig{EPSize: 1, Experts: eCount})
+	defer m.Close()
+	l, err := NewLayer(LayerConfig{Hidden: hSize, Intermediate: iSize, Experts: eCount, TopK: kTop}, m, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	w := make([]float32, iSize*hSize)
+	if _, err := l.SetWeight(WeightExpertDown, 0, w, iSize, hSize); !errors.Is(err, ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "must be [16, 8], got [8, 16]") {
+		t.Fatalf("got %v", err)
+	}
+	x := make([]float32, hSize)
+	if err := l.Forward(x, make([]float32, eCount), make([]float32, hSize)); !errors.Is(err, ErrState) {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestAbortEndsABlockedCollective(t *testing.T) {
+	comms, err := LocalGroup(2, 30000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer comms[0].Close()
+	defer comms[1].Close()
+	done := make(chan error)
+	go func() { done <- comms[0].Barrier() }() // rank 1 never joins
+	comms[0].Abort()
+	if err := <-done; !errors.Is(err, ErrAborted) {
+		t.Fatalf("got %v", err)
+	}
+	v := []float32{1}
+	if err := comms[1].AllReduce(v); !errors.Is(err, ErrAborted) {
+		t.Fatalf("got %v", err)
+	}
+}

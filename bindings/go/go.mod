@@ -1,0 +1,3 @@
+module ep_moe.dev/epmoe
+
+go 1.19

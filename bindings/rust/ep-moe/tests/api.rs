@@ -1,0 +1,200 @@
+//! The safe bindings against the library: an expert map query, a 2-rank
+//! in-process forward equal (bit for bit) to the same forward run through
+//! the raw C API, and bad arguments surfacing as `Err` with the message.
+use ep_moe::sys;
+use ep_moe::*;
+use std::thread;
+
+const H: usize = 16;
+const I: usize = 8;
+const E: usize = 6;
+const K: usize = 2;
+const T: usize = 5;
+
+fn value(a: usize, b: usize, m: usize) -> f32 {
+    0.02 * (((a * 7 + b * 3) % m) as f32 - (m / 2) as f32)
+}
+
+fn weights(e: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let g = (0..I * H).map(|i| value(e, i, 11)).collect();
+    let u = (0..I * H).map(|i| value(e + 1, i, 13)).collect();
+    let d = (0..H * I).map(|i| value(e + 2, i, 9)).collect();
+    (g, u, d)
+}
+
+fn inputs() -> (Vec<f32>, Vec<f32>) {
+    let x = (0..T * H).map(|i| value(i, 1, 17)).collect();
+    let logits = (0..T * E).map(|i| 10.0 * value(i, 5, 23)).collect();
+    (x, logits)
+}
+
+fn layer_config() -> LayerConfig {
+    let mut c = LayerConfig::default();
+    c.hidden_size = H as i32;
+    c.intermediate_size = I as i32;
+    c.num_experts = E as i32;
+    c.top_k = K as i32;
+    c.max_tokens = T as i32;
+    c.num_threads = 1;
+    c
+}
+
+#[test]
+fn expert_map_query() {
+    let map = ExpertMap::new(&ExpertMapConfig::new(4, 1, 10)).unwrap();
+    assert_eq!(map.describe().unwrap(), "0->3, 1->4, 2->5");
+    assert_eq!(map.global_to_local(4).unwrap(), Some(1));
+    assert_eq!(map.global_to_local(9).unwrap(), None);
+    assert_eq!(map.attr(sys::EP_MOE_MAP_ATTR_NUM_LOCAL_ROUTED).unwrap(), 3);
+    assert_eq!(map.table(sys::EP_MOE_MAP_TABLE_LOCAL_TO_GLOBAL).unwrap(), vec![3, 4, 5]);
+    let custom = ExpertMap::new(&ExpertMapConfig::new(2, 1, 3).custom(vec![0, 1, 2, 0], vec![])).unwrap();
+    assert_eq!(custom.table(sys::EP_MOE_MAP_TABLE_LOCAL_TO_GLOBAL).unwrap(), vec![2, 0]);
+    let (major, minor, patch) = version();
+    assert_eq!((major, minor, patch), (sys::EP_MOE_VERSION_MAJOR, sys::EP_MOE_VERSION_MINOR, sys::EP_MOE_VERSION_PATCH));
+    assert!(has_feature(sys::EP_MOE_FEATURE_CPU as u32));
+}
+
+/// Rank `r` of `ep` through the safe API.
+fn rank_safe(ep: i32, r: i32, mut comm: Comm) -> Vec<f32> {
+    let map = ExpertMap::new(&ExpertMapConfig::new(ep, r, E as i32)).unwrap();
+    let mut layer = Layer::new(&layer_config(), &map, LayerComms::Ep(&mut comm)).unwrap();
+    for e in 0..E {
+        let (g, u, d) = weights(e);
+        layer.set_weight(sys::EP_MOE_WEIGHT_EXPERT_GATE, e as i32, &g, I as i64, H as i64).unwrap();
+        layer.set_weight(sys::EP_MOE_WEIGHT_EXPERT_UP, e as i32, &u, I as i64, H as i64).unwrap();
+        layer.set_weight(sys::EP_MOE_WEIGHT_EXPERT_DOWN, e as i32, &d, H as i64, I as i64).unwrap();
+    }
+    let (x, logits) = inputs();
+    let mut out = vec![0f32; T * H];
+    layer.forward(&x, Routing::Logits(&logits), &mut out, None).unwrap();
+    out
+}
+
+/// Rank `r` of `ep` through the raw C API only.
+fn rank_raw(ep: i32, r: i32, comm: usize) -> Vec<f32> {
+    let comm = comm as *mut sys::ep_moe_comm_t;
+    unsafe {
+        let mut mc: sys::ep_moe_expert_map_config_t = std::mem::zeroed();
+        sys::ep_moe_expert_map_config_init(&mut mc);
+        mc.ep_size = ep;
+        mc.ep_rank = r;
+        mc.global_num_experts = E as i32;
+        let mut map = std::ptr::null_mut();
+        assert_eq!(sys::ep_moe_expert_map_create(&mut map, &mc), sys::EP_MOE_OK);
+        let lc = layer_config();
+        let mut layer = std::ptr::null_mut();
+        assert_eq!(sys::ep_moe_layer_create(&mut layer, &*lc, map, comm, std::ptr::null_mut()), sys::EP_MOE_OK);
+        sys::ep_moe_expert_map_destroy(map);
+        for e in 0..E {
+            let (g, u, d) = weights(e);
+            for (which, v, rows, cols) in [
+                (sys::EP_MOE_WEIGHT_EXPERT_GATE, &g, I, H),
+                (sys::EP_MOE_WEIGHT_EXPERT_UP, &u, I, H),
+                (sys::EP_MOE_WEIGHT_EXPERT_DOWN, &d, H, I),
+            ] {
+                let s = sys::ep_moe_layer_set_weight(
+                    std::ptr::null_mut(),
+                    layer,
+                    which,
+                    e as i32,
+                    v.as_ptr() as *const _,
+                    sys::EP_MOE_DTYPE_F32,
+                    rows as i64,
+                    cols as i64,
+                );
+                assert_eq!(s, sys::EP_MOE_OK);
+            }
+        }
+        let (x, logits) = inputs();
+        let mut out = vec![0f32; T * H];
+        let mut a: sys::ep_moe_forward_args_t = std::mem::zeroed();
+        sys::ep_moe_forward_args_init(&mut a);
+        a.num_tokens = T as i64;
+        a.hidden = x.as_ptr() as *const _;
+        a.router_logits = logits.as_ptr() as *const _;
+        a.out = out.as_mut_ptr() as *mut _;
+        assert_eq!(sys::ep_moe_layer_forward(layer, &a), sys::EP_MOE_OK);
+        sys::ep_moe_layer_destroy(layer);
+        out
+    }
+}
+
+#[test]
+fn two_rank_forward_matches_the_c_api() {
+    let comms = Comm::local_group(2, 30000).unwrap();
+    assert_eq!(comms[1].rank(), 1);
+    assert_eq!(comms[0].size(), 2);
+    let safe: Vec<Vec<f32>> = comms
+        .into_iter()
+        .enumerate()
+        .map(|(r, c)| thread::spawn(move || rank_safe(2, r as i32, c)))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+
+    let mut raw = vec![std::ptr::null_mut(); 2];
+    unsafe { assert_eq!(sys::ep_moe_comm_create_local(raw.as_mut_ptr(), 2, std::ptr::null()), sys::EP_MOE_OK) };
+    let through_c: Vec<Vec<f32>> = raw
+        .iter()
+        .enumerate()
+        .map(|(r, &c)| {
+            let c = c as usize;
+            thread::spawn(move || rank_raw(2, r as i32, c))
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    for c in raw {
+        unsafe { sys::ep_moe_comm_destroy(c) };
+    }
+    assert_eq!(safe[0], through_c[0]);
+    assert_eq!(safe[1], through_c[1]);
+    assert_eq!(safe[0], safe[1]);
+    assert!(safe[0].iter().any(|v| *v != 0.0));
+}
+
+#[test]
+fn bad_arguments_are_errors_with_the_message() {
+    let e = ExpertMap::new(&ExpertMapConfig::new(4, 4, 8)).err().unwrap();
+    assert_eq!(e.status, Status::InvalidArgument);
+    assert!(e.message.contains("ep_rank"), "{}", e.message);
+
+    let map = ExpertMap::new(&ExpertMapConfig::new(1, 0, E as i32)).unwrap();
+    assert_eq!(map.global_to_local(99).err().unwrap().status, Status::InvalidArgument);
+    let mut layer = Layer::new(&layer_config(), &map, LayerComms::None).unwrap();
+    let w = vec![0f32; I * H];
+    let e = layer.set_weight(sys::EP_MOE_WEIGHT_EXPERT_DOWN, 0, &w, I as i64, H as i64).err().unwrap();
+    assert_eq!(e.status, Status::InvalidArgument);
+    assert!(e.message.contains("must be [16, 8], got [8, 16]"), "{}", e.message);
+    let e = layer.set_weight(sys::EP_MOE_WEIGHT_EXPERT_DOWN, 0, &w[..5], H as i64, I as i64).err().unwrap();
+    assert!(e.message.contains("rows * cols"), "{}", e.message);
+    // Forward before the weights are set.
+    let (x, logits) = inputs();
+    let mut out = vec![0f32; T * H];
+    let e = layer.forward(&x, Routing::Logits(&logits), &mut out, None).err().unwrap();
+    assert_eq!(e.status, Status::State);
+    assert!(e.message.contains("has no gate_proj"), "{}", e.message);
+    let e = Checkpoint::open("/nonexistent/model.safetensors").err().unwrap();
+    assert_eq!(e.status, Status::Io);
+    assert_eq!(format!("{}", e).split(':').next().unwrap(), "Io");
+}
+
+#[test]
+fn abort_from_another_thread_ends_a_blocked_collective() {
+    let mut comms = Comm::local_group(2, 30000).unwrap();
+    let mut c0 = comms.remove(0);
+    let aborter = c0.abort_handle();
+    let t = thread::spawn(move || {
+        thread::sleep(std::time::Duration::from_millis(100));
+        aborter.abort();
+    });
+    let e = c0.barrier().err().unwrap(); // rank 1 never joins
+    t.join().unwrap();
+    assert_eq!(e.status, Status::Aborted);
+    assert_eq!(c0.async_error().map(|(s, _)| s), Some(Status::Aborted));
+    let mut v = [Bf16::from_f32(1.5)];
+    assert_eq!(c0.all_reduce(&mut v).err().unwrap().status, Status::Aborted);
+    assert_eq!(Bf16::from_f32(1.5).to_f32(), 1.5);
+}
