@@ -15,6 +15,29 @@ package epmoe
 #cgo pkg-config: ep_moe
 #include <stdlib.h>
 #include <ep_moe/ep_moe.h>
+
+// cgo forbids Go memory that holds Go pointers from being passed to C, and
+// Go pointers from being stored in C memory. These helpers take the Go
+// buffers as direct arguments and build the structs that point to them on
+// the C stack, for the duration of the call only.
+static ep_moe_status_t epmoe_map_create(ep_moe_expert_map_t** out, ep_moe_expert_map_config_t cfg,
+                                        const int32_t* slots, int32_t num_slots, const int32_t* per_rank) {
+  cfg.custom_slots = slots;
+  cfg.num_custom_slots = num_slots;
+  cfg.custom_slots_per_rank = per_rank;
+  return ep_moe_expert_map_create(out, &cfg);
+}
+
+static ep_moe_status_t epmoe_forward(ep_moe_layer_t* layer, int64_t tokens, const void* hidden,
+                                     const void* logits, void* out) {
+  ep_moe_forward_args_t a;
+  ep_moe_forward_args_init(&a);
+  a.num_tokens = tokens;
+  a.hidden = hidden;
+  a.router_logits = logits;
+  a.out = out;
+  return ep_moe_layer_forward(layer, &a);
+}
 */
 import "C"
 
@@ -151,15 +174,15 @@ func NewExpertMap(cfg ExpertMapConfig) (*ExpertMap, error) {
 	c.num_expert_group = C.int32_t(cfg.ExpertGroups)
 	c.num_redundant_experts = C.int32_t(cfg.Redundant)
 	// The slot tables are copied by C into its own memory during the call.
+	var slots, perRank *C.int32_t
 	if len(cfg.CustomSlots) > 0 {
-		c.custom_slots = (*C.int32_t)(unsafe.Pointer(&cfg.CustomSlots[0]))
-		c.num_custom_slots = C.int32_t(len(cfg.CustomSlots))
+		slots = (*C.int32_t)(unsafe.Pointer(&cfg.CustomSlots[0]))
 	}
 	if len(cfg.CustomSlotsPerRank) > 0 {
-		c.custom_slots_per_rank = (*C.int32_t)(unsafe.Pointer(&cfg.CustomSlotsPerRank[0]))
+		perRank = (*C.int32_t)(unsafe.Pointer(&cfg.CustomSlotsPerRank[0]))
 	}
 	var p *C.ep_moe_expert_map_t
-	err := check(C.ep_moe_expert_map_create(&p, &c), threadError)
+	err := check(C.epmoe_map_create(&p, c, slots, C.int32_t(len(cfg.CustomSlots)), perRank), threadError)
 	runtime.KeepAlive(cfg.CustomSlots)
 	runtime.KeepAlive(cfg.CustomSlotsPerRank)
 	if err != nil {
@@ -338,9 +361,9 @@ const (
 // Layer is one rank's MoE layer. Its communicator must stay open while the
 // layer is used.
 type Layer struct {
-	p                      *C.ep_moe_layer_t
+	p                     *C.ep_moe_layer_t
 	hidden, experts, topK int
-	comm                   *Comm // kept reachable for the layer's lifetime
+	comm                  *Comm // kept reachable for the layer's lifetime
 }
 
 // NewLayer creates a layer for this rank; comm may be nil (partial sums).
@@ -420,23 +443,81 @@ func (l *Layer) Forward(hidden, logits, out []float32) error {
 	if logits != nil && len(logits) != t*l.experts {
 		return invalid("logits have %d elements, not T * E = %d", len(logits), t*l.experts)
 	}
-	// The argument struct lives in C memory: Go pointers may be passed to C,
-	// but not stored in memory C keeps a pointer to across the call.
-	a := (*C.ep_moe_forward_args_t)(C.malloc(C.size_t(unsafe.Sizeof(C.ep_moe_forward_args_t{}))))
-	defer C.free(unsafe.Pointer(a))
-	C.ep_moe_forward_args_init(a)
-	a.num_tokens = C.int64_t(t)
+	var hp, lp, op unsafe.Pointer
 	if t > 0 {
-		a.hidden = unsafe.Pointer(&hidden[0])
-		a.out = unsafe.Pointer(&out[0])
+		hp = unsafe.Pointer(&hidden[0])
+		op = unsafe.Pointer(&out[0])
 		if logits != nil {
-			a.router_logits = unsafe.Pointer(&logits[0])
+			lp = unsafe.Pointer(&logits[0])
 		}
 	}
-	err := check(C.ep_moe_layer_forward(l.p, a), l.lastError)
+	err := check(C.epmoe_forward(l.p, C.int64_t(t), hp, lp, op), l.lastError)
 	runtime.KeepAlive(hidden)
 	runtime.KeepAlive(logits)
 	runtime.KeepAlive(out)
 	runtime.KeepAlive(l)
 	return err
+}
+
+// ----------------------------------------------------- load balancing --
+
+// ExpertLoad returns the per-expert load of the window (see
+// ep_moe_layer_expert_load); acrossRanks sums over the EP group (every rank
+// calls it), reset starts a new window.
+func (l *Layer) ExpertLoad(acrossRanks, reset bool) ([]int64, error) {
+	out := make([]int64, l.experts)
+	var across, rst C.int32_t
+	if acrossRanks {
+		across = 1
+	}
+	if reset {
+		rst = 1
+	}
+	err := check(C.ep_moe_layer_expert_load((*C.int64_t)(unsafe.Pointer(&out[0])), C.size_t(len(out)), l.p, across, rst),
+		l.lastError)
+	runtime.KeepAlive(l)
+	return out, err
+}
+
+// Replace applies a new placement to the running layer (see
+// ep_moe_layer_replace; every rank of the group calls it). comm nil keeps
+// the current group; otherwise the layer moves to comm (elastic EP), which
+// must then stay open while the layer is used.
+func (l *Layer) Replace(m *ExpertMap, comm *Comm) error {
+	var c *C.ep_moe_comm_t
+	if comm != nil {
+		c = comm.p
+	}
+	err := check(C.ep_moe_layer_replace(l.p, m.p, c, nil, 0), l.lastError)
+	if err == nil && comm != nil {
+		l.comm = comm
+	}
+	runtime.KeepAlive(m)
+	runtime.KeepAlive(l)
+	return err
+}
+
+// Rebalance computes a balanced placement from per-expert load (see
+// ep_moe_rebalance): the custom slot table and its imbalance (max rank
+// load / mean).
+func Rebalance(load []float64, slots, ranks, ranksPerNode, groups int32) ([]int32, float64, error) {
+	if len(load) == 0 || slots <= 0 {
+		return nil, 0, invalid("load is empty or slots %d <= 0", slots)
+	}
+	var c C.ep_moe_rebalance_config_t
+	C.ep_moe_rebalance_config_init(&c)
+	c.num_experts = C.int32_t(len(load))
+	c.num_slots = C.int32_t(slots)
+	c.num_ranks = C.int32_t(ranks)
+	c.ranks_per_node = C.int32_t(ranksPerNode)
+	c.num_expert_groups = C.int32_t(groups)
+	out := make([]int32, slots)
+	var imbalance C.double
+	err := check(C.ep_moe_rebalance((*C.int32_t)(unsafe.Pointer(&out[0])), C.size_t(len(out)), &imbalance,
+		(*C.double)(unsafe.Pointer(&load[0])), C.size_t(len(load)), &c), threadError)
+	runtime.KeepAlive(load)
+	if err != nil {
+		return nil, 0, err
+	}
+	return out, float64(imbalance), nil
 }

@@ -39,6 +39,16 @@ func TestExpertMapQuery(t *testing.T) {
 
 // runRank runs rank r of ep (comm may be nil for a single rank).
 func runRank(t *testing.T, ep, r int32, comm *Comm) []float32 {
+	l := makeLayer(t, ep, r, comm)
+	if l == nil {
+		return nil
+	}
+	defer l.Close()
+	return forward(t, l)
+}
+
+// makeLayer creates rank r's layer with every weight set.
+func makeLayer(t *testing.T, ep, r int32, comm *Comm) *Layer {
 	m, err := NewExpertMap(ExpertMapConfig{EPSize: ep, EPRank: r, Experts: eCount})
 	if err != nil {
 		t.Error(err)
@@ -50,7 +60,6 @@ func runRank(t *testing.T, ep, r int32, comm *Comm) []float32 {
 		t.Error(err)
 		return nil
 	}
-	defer l.Close()
 	g := make([]float32, iSize*hSize)
 	u := make([]float32, iSize*hSize)
 	d := make([]float32, hSize*iSize)
@@ -65,10 +74,16 @@ func runRank(t *testing.T, ep, r int32, comm *Comm) []float32 {
 		}{{WeightExpertGate, g, iSize, hSize}, {WeightExpertUp, u, iSize, hSize}, {WeightExpertDown, d, hSize, iSize}} {
 			if _, err := l.SetWeight(w.which, int32(e), w.v, w.rows, w.cols); err != nil {
 				t.Error(err)
+				l.Close()
 				return nil
 			}
 		}
 	}
+	return l
+}
+
+// forward runs the layer on fixed inputs.
+func forward(t *testing.T, l *Layer) []float32 {
 	x := make([]float32, tTokens*hSize)
 	logits := make([]float32, tTokens*eCount)
 	for i := range x {
@@ -163,5 +178,79 @@ func TestAbortEndsABlockedCollective(t *testing.T) {
 	v := []float32{1}
 	if err := comms[1].AllReduce(v); !errors.Is(err, ErrAborted) {
 		t.Fatalf("got %v", err)
+	}
+}
+
+func TestLoadRebalanceReplace(t *testing.T) {
+	comms, err := LocalGroup(2, 30000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range comms {
+			c.Close()
+		}
+	}()
+	before, after := make([][]float32, 2), make([][]float32, 2)
+	loads := make([][]int64, 2)
+	var wg sync.WaitGroup
+	for r := 0; r < 2; r++ {
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			l := makeLayer(t, 2, int32(r), comms[r])
+			if l == nil {
+				return
+			}
+			defer l.Close()
+			before[r] = forward(t, l)
+			load, err := l.ExpertLoad(true, true)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			loads[r] = load
+			w := make([]float64, len(load))
+			for i, v := range load {
+				w[i] = float64(v)
+			}
+			slots, imbalance, err := Rebalance(w, 8, 2, 0, 0)
+			if err != nil || imbalance < 1 {
+				t.Error(err, imbalance)
+				return
+			}
+			m, err := NewExpertMap(ExpertMapConfig{EPSize: 2, EPRank: int32(r), Experts: eCount, Placement: PlacementCustom, CustomSlots: slots})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer m.Close()
+			if err := l.Replace(m, nil); err != nil {
+				t.Error(err)
+				return
+			}
+			after[r] = forward(t, l)
+		}(r)
+	}
+	wg.Wait()
+	if after[0] == nil || after[1] == nil {
+		t.Fatal("a rank failed")
+	}
+	var total int64
+	for _, v := range loads[0] {
+		total += v
+	}
+	if total != tTokens*kTop {
+		t.Fatalf("load %v sums to %d, want %d", loads[0], total, tTokens*kTop)
+	}
+	for r := 0; r < 2; r++ {
+		for i := range before[r] {
+			if d := before[r][i] - after[r][i]; d < -1e-5 || d > 1e-5 {
+				t.Fatalf("rank %d element %d: %v before, %v after", r, i, before[r][i], after[r][i])
+			}
+		}
+	}
+	if _, _, err := Rebalance([]float64{1, 2}, 3, 2, 0, 0); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("bad slots: %v", err)
 	}
 }

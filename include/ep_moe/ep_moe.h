@@ -1182,6 +1182,12 @@ typedef enum ep_moe_layer_attr {
   EP_MOE_LAYER_ATTR_LAST_DISPATCH = 12,       /**< ::ep_moe_dispatch_mode_t the last forward used (never AUTO). */
   EP_MOE_LAYER_ATTR_LAST_ALLTOALL_BYTES = 13, /**< Auto mode: bytes the all-to-all flow would have moved in the last step (all ranks). */
   EP_MOE_LAYER_ATTR_LAST_ALLGATHER_BYTES = 14, /**< Auto mode: the same for the all-gather flow. */
+  EP_MOE_LAYER_ATTR_LOAD_STEPS = 15,           /**< Forward calls counted in the expert-load window (see ep_moe_layer_expert_load()). */
+  EP_MOE_LAYER_ATTR_REPLACE_BYTES_SENT = 16,     /**< Weight bytes this rank sent to peers in the last ep_moe_layer_replace(). */
+  EP_MOE_LAYER_ATTR_REPLACE_BYTES_RECEIVED = 17, /**< Weight bytes this rank received from peers in the last ep_moe_layer_replace(). */
+  EP_MOE_LAYER_ATTR_REPLACE_BYTES_READ = 18,     /**< Bytes this rank read from the checkpoint in the last ep_moe_layer_replace(). */
+  EP_MOE_LAYER_ATTR_REPLACE_EXPERTS_KEPT = 19,   /**< Routed experts the last ep_moe_layer_replace() kept in place on this rank. */
+  EP_MOE_LAYER_ATTR_NUM_EXPERTS = 20,            /**< Logical routed experts E of the layer (the config's num_experts). */
   /** \cond RANGE */
   EP_MOE_LAYER_ATTR_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
   EP_MOE_LAYER_ATTR_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
@@ -1401,6 +1407,148 @@ EP_MOE_API ep_moe_status_t ep_moe_checkpoint_tensor_info(ep_moe_tensor_info_t* o
  */
 EP_MOE_API ep_moe_status_t ep_moe_layer_load(ep_moe_layer_t* layer, const ep_moe_checkpoint_t* checkpoint,
                                              int32_t layer_index);
+
+/** @} */
+
+/** \defgroup ep_moe_eplb Expert load balancing
+ *  \brief Load statistics, rebalancing, live re-placement and elastic EP.
+ *
+ * The loop a runtime runs every few thousand steps:
+ * 1. ep_moe_layer_expert_load() with `across_ranks` = 1 and `reset` = 1
+ *    (collective): the routed (token, expert) pairs of every logical expert
+ *    since the last reset, summed over the EP group.
+ * 2. ep_moe_rebalance() (local, deterministic: every rank computes the same
+ *    table from the same load): physical slot -> logical expert, with E/8 or
+ *    so redundant slots going to replicas of the hot experts.
+ * 3. ep_moe_expert_map_create() with ::EP_MOE_PLACEMENT_CUSTOM and that
+ *    table, then ep_moe_layer_replace() (collective): experts that change
+ *    rank are sent over the communicator; nothing else moves.
+ *
+ * A pair routed to an expert with several replicas goes to one of them by
+ * this rule, the same on every rank: in the all-gather flow, replica
+ * `(t * top_k + k) mod n` of the expert's n replicas (in slot order), t
+ * being the row in the gathered batch; in the all-to-all flow, the replica
+ * on the token's own rank when there is one, else the same rule with t the
+ * rank's own token index. Replicas thus share an expert's load about evenly.
+ *  @{ */
+
+/**
+ * \brief Reads (and optionally resets) the layer's per-expert load.
+ *
+ * Each forward adds, per logical expert, the (token, expert) pairs this
+ * rank computed (real pairs only: skipped and weight-0 pairs, and DP
+ * padding, are not counted). Summed over the EP group, every routed pair of
+ * the window counts once.
+ * \param[out] out          E counts (E = the layer's num_experts).
+ * \param[in]  out_len      Entries of `out`; at least E.
+ * \param[in,out] layer     The handle.
+ * \param[in]  across_ranks Nonzero: sum over the EP group with one
+ *                          all-reduce (collective: every rank of the EP
+ *                          communicator calls it with the same value);
+ *                          0: this rank's counts only.
+ * \param[in]  reset        Nonzero: start a new window (counts and
+ *                          ::EP_MOE_LAYER_ATTR_LOAD_STEPS to 0) after reading.
+ * \return ::EP_MOE_OK; ::EP_MOE_ERR_INVALID_ARGUMENT (`out` NULL or short);
+ *         ::EP_MOE_ERR_INVALID_HANDLE; a communicator status when the
+ *         all-reduce fails (the counts are then left as they were).
+ */
+EP_MOE_API ep_moe_status_t ep_moe_layer_expert_load(int64_t* out, size_t out_len, ep_moe_layer_t* layer,
+                                                    int32_t across_ranks, int32_t reset);
+
+/** \brief Parameters of ep_moe_rebalance(); fill with
+ *  ep_moe_rebalance_config_init() first. */
+typedef struct ep_moe_rebalance_config {
+  /** Size of this struct as the caller compiled it; set by ep_moe_rebalance_config_init(). */
+  size_t struct_size;
+  /** Logical experts E (entries of the load). */
+  int32_t num_experts;
+  /** Physical slots P >= E, a multiple of num_ranks (E + redundant slots). */
+  int32_t num_slots;
+  /** Ranks of the EP group. */
+  int32_t num_ranks;
+  /** Ranks per node; 0 means one node. Must divide num_ranks. */
+  int32_t ranks_per_node;
+  /** Expert groups (as the router's num_expert_group); 0 means none. With
+   *  more than one node and groups divisible by the nodes the placement is
+   *  hierarchical: whole groups to nodes, replicas within each node, then
+   *  to the node's ranks. Otherwise it is global over all ranks. */
+  int32_t num_expert_groups;
+} ep_moe_rebalance_config_t;
+
+/**
+ * \brief Fills a rebalance config with defaults (every count 0) and sets
+ *        its struct_size.
+ * \param[out] out The config.
+ * \return ::EP_MOE_OK or ::EP_MOE_ERR_INVALID_ARGUMENT (NULL).
+ */
+EP_MOE_API ep_moe_status_t ep_moe_rebalance_config_init(ep_moe_rebalance_config_t* out);
+
+/**
+ * \brief Computes a balanced placement from per-expert load.
+ *
+ * Each of the P - E redundant slots goes, in turn, to the expert whose
+ * load per replica is then the highest; the replicas (each carrying its
+ * expert's load / replicas) are then packed onto the ranks, P / num_ranks
+ * each, heaviest first into the least loaded rank with room. Deterministic:
+ * the same load and config give the same table on every rank and platform
+ * (ties go to the lower index). The result is the custom placement table of
+ * ep_moe_expert_map_config_t (slots [r*P/R, (r+1)*P/R) belong to rank r).
+ * \param[out] out_slots      P entries: physical slot -> logical expert.
+ * \param[in]  out_len        Entries of `out_slots`; at least P.
+ * \param[out] out_imbalance  Optional (NULL): the resulting max rank load /
+ *                            mean rank load (1.0 is perfect), under the
+ *                            even split among replicas.
+ * \param[in]  load           E finite, non-negative loads (e.g. the counts
+ *                            of ep_moe_layer_expert_load()).
+ * \param[in]  load_len       Entries of `load`; must equal num_experts.
+ * \param[in]  config         The shape.
+ * \return ::EP_MOE_OK; ::EP_MOE_ERR_INVALID_ARGUMENT naming the bad value;
+ *         ::EP_MOE_ERR_STRUCT_SIZE.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_rebalance(int32_t* out_slots, size_t out_len, double* out_imbalance,
+                                            const double* load, size_t load_len,
+                                            const ep_moe_rebalance_config_t* config);
+
+/**
+ * \brief Applies a new expert placement to a running layer (collective).
+ *
+ * Every rank of the new EP group calls it between forward calls, with its
+ * own rank's map of the same placement. Each rank keeps the experts it
+ * already holds; an expert it gains is sent by a rank that holds it (the
+ * least busy sender; ties to the lower rank), in rounds of at most 256 MiB
+ * over the communicator; an expert that no participant holds, and the
+ * shared expert's shard that no participant holds, is read from
+ * `checkpoint` when given. The shared expert is re-sharded over the new
+ * group. Router, score bias and shared gate stay as they are.
+ *
+ * Elastic EP: pass the communicator of the surviving (or grown) group as
+ * `new_ep_comm` and a map of that size. Ranks that left do not call it. A
+ * rank that joins creates a layer with the new map and communicator, sets
+ * its router/bias/gate weights, and calls this with that same map: it holds
+ * nothing, so everything it needs is sent to it.
+ *
+ * Atomic: on any failure, on any rank, every rank returns an error and
+ * keeps its old placement and weights. The load window is reset.
+ * \param[in,out] layer        The handle.
+ * \param[in]     new_map      This rank's map of the new placement (copied):
+ *                             same global_num_experts, no fused shared
+ *                             experts, ep_size/ep_rank matching the
+ *                             communicator.
+ * \param[in]     new_ep_comm  The new EP group (borrowed for the layer's
+ *                             lifetime from now on), or NULL to keep the
+ *                             current one. A DP communicator that was the
+ *                             EP handle itself follows it.
+ * \param[in]     checkpoint   Where missing weights may be read, or NULL.
+ * \param[in]     layer_index  The checkpoint's layer index (ignored
+ *                             without a checkpoint).
+ * \return ::EP_MOE_OK; ::EP_MOE_ERR_INVALID_ARGUMENT (maps that disagree
+ *         between ranks, sizes that do not match); ::EP_MOE_ERR_NOT_FOUND (an
+ *         expert or shared-expert shard no rank holds and no checkpoint);
+ *         ::EP_MOE_ERR_INVALID_HANDLE; checkpoint and communicator statuses.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_layer_replace(ep_moe_layer_t* layer, const ep_moe_expert_map_t* new_map,
+                                                ep_moe_comm_t* new_ep_comm, const ep_moe_checkpoint_t* checkpoint,
+                                                int32_t layer_index);
 
 /** @} */
 

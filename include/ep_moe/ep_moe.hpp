@@ -179,12 +179,61 @@ class layer {
     check(ep_moe_layer_get_attr(&v, ptr_.get(), a), ep_moe_layer_last_error(ptr_.get()));
     return v;
   }
+  /**
+   * \brief Per-expert load of the window (see ep_moe_layer_expert_load()).
+   * \param[in] across_ranks Sum over the EP group (collective).
+   * \param[in] reset        Start a new window after reading.
+   * \return num_experts counts.
+   */
+  std::vector<int64_t> expert_load(bool across_ranks, bool reset) {
+    std::vector<int64_t> out(static_cast<size_t>(attr(EP_MOE_LAYER_ATTR_NUM_EXPERTS)));
+    check(ep_moe_layer_expert_load(out.data(), out.size(), ptr_.get(), across_ranks ? 1 : 0, reset ? 1 : 0),
+          ep_moe_layer_last_error(ptr_.get()));
+    return out;
+  }
+  /**
+   * \brief Applies a new placement (collective; see ep_moe_layer_replace()).
+   * \param[in] map         This rank's map of the new placement.
+   * \param[in] new_ep_comm The new EP group, or nullptr to keep the current one.
+   * \param[in] checkpoint  Where missing weights may be read, or nullptr.
+   * \param[in] layer_index The checkpoint's layer index.
+   */
+  void replace(const expert_map& map, ep_moe_comm_t* new_ep_comm = nullptr,
+               const ep_moe_checkpoint_t* checkpoint = nullptr, int32_t layer_index = 0) {
+    check(ep_moe_layer_replace(ptr_.get(), map.get(), new_ep_comm, checkpoint, layer_index),
+          ep_moe_layer_last_error(ptr_.get()));
+  }
   /** \brief The C handle (still owned by this object). \return The handle. */
   ep_moe_layer_t* get() const noexcept { return ptr_.get(); }
 
  private:
   layer_ptr ptr_;
 };
+
+/**
+ * \brief A balanced placement from per-expert load (see ep_moe_rebalance()).
+ * \param[in] load          One load per logical expert.
+ * \param[in] num_slots     Physical slots (experts + redundant), a multiple of num_ranks.
+ * \param[in] num_ranks     Ranks of the EP group.
+ * \param[in] ranks_per_node Ranks per node, 0 for one node.
+ * \param[in] num_groups    Expert groups, 0 for none.
+ * \param[out] imbalance    Optional: max rank load / mean.
+ * \return The custom placement table (slot -> expert).
+ */
+inline std::vector<int32_t> rebalance(const std::vector<double>& load, int32_t num_slots, int32_t num_ranks,
+                                      int32_t ranks_per_node = 0, int32_t num_groups = 0,
+                                      double* imbalance = nullptr) {
+  ep_moe_rebalance_config_t c;
+  check(ep_moe_rebalance_config_init(&c), ep_moe_last_error());
+  c.num_experts = static_cast<int32_t>(load.size());
+  c.num_slots = num_slots;
+  c.num_ranks = num_ranks;
+  c.ranks_per_node = ranks_per_node;
+  c.num_expert_groups = num_groups;
+  std::vector<int32_t> out(num_slots > 0 ? static_cast<size_t>(num_slots) : 0);
+  check(ep_moe_rebalance(out.data(), out.size(), imbalance, load.data(), load.size(), &c), ep_moe_last_error());
+  return out;
+}
 
 }  // namespace ep_moe
 

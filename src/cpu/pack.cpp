@@ -1,5 +1,6 @@
 #include "cpu/pack.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/dtype.hpp"
@@ -50,6 +51,32 @@ void init_gate_up(PackedWeight& out, int32_t inter, int32_t k, int32_t nr, ep_mo
 void pack_gate_up_half(PackedWeight& out, const Source& src, int half, int32_t inter) {
   const int32_t h = out.nr / 2;
   for (int32_t r = 0; r < inter; ++r) put_row(out, r / h, half * h + r % h, src, r);
+}
+
+namespace {
+void copy_panel_col(const PackedWeight& w, int32_t p, int32_t j, void* dst) {
+  const size_t es = dtype_size(w.dtype);
+  const char* src = static_cast<const char*>(w.panel(p)) + static_cast<size_t>(j) * es;
+  char* d = static_cast<char*>(dst);
+  for (int32_t kk = 0; kk < w.k; ++kk) std::memcpy(d + static_cast<size_t>(kk) * es, src + static_cast<size_t>(kk) * w.nr * es, es);
+}
+}  // namespace
+
+void unpack_row(const PackedWeight& w, int32_t r, void* dst) { copy_panel_col(w, r / w.nr, r % w.nr, dst); }
+
+void unpack_gate_up_row(const PackedWeight& w, int half, int32_t r, void* dst) {
+  const int32_t h = w.nr / 2;
+  copy_panel_col(w, r / h, half * h + r % h, dst);
+}
+
+void unpack_col(const PackedWeight& w, int32_t c, void* dst) {
+  const size_t es = dtype_size(w.dtype);
+  char* d = static_cast<char*>(dst);
+  for (int32_t p = 0; p < w.panels(); ++p) {
+    const int32_t rows = std::min(w.nr, w.n - p * w.nr);
+    std::memcpy(d + static_cast<size_t>(p) * w.nr * es,
+                static_cast<const char*>(w.panel(p)) + static_cast<size_t>(c) * w.nr * es, static_cast<size_t>(rows) * es);
+  }
 }
 
 }  // namespace cpu

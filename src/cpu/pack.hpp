@@ -46,5 +46,14 @@ void pack(PackedWeight& out, const Source& src, int32_t n, int32_t k, int32_t nr
 void init_gate_up(PackedWeight& out, int32_t inter, int32_t k, int32_t nr, ep_moe_dtype_t dtype);
 void pack_gate_up_half(PackedWeight& out, const Source& src, int half, int32_t inter);
 
+// The inverse, for moving weights between ranks: raw elements (in the
+// weight's dtype, so nothing is rounded twice).
+// Row r of a plain packed [n, k] weight: k elements.
+void unpack_row(const PackedWeight& w, int32_t r, void* dst);
+// Column c of a plain packed [n, k] weight: n elements.
+void unpack_col(const PackedWeight& w, int32_t c, void* dst);
+// Row r of the gate (half 0) or up (half 1) of a gate/up pair: k elements.
+void unpack_gate_up_row(const PackedWeight& w, int half, int32_t r, void* dst);
+
 }  // namespace cpu
 }  // namespace ep_moe

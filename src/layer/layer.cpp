@@ -145,6 +145,7 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
     if (c.shared_expert_gate) shared_gate_.assign(static_cast<size_t>(c.hidden_size), 0.0f);
   }
   if (c.use_score_bias) bias_.assign(static_cast<size_t>(c.num_experts), 0.0f);
+  load_.assign(static_cast<size_t>(c.num_experts), 0);
 
   // Replica slots of each expert (one slot unless the map has replicas).
   const auto& p2g = map.physical_to_global();
@@ -523,6 +524,7 @@ void Layer::forward(const ep_moe_forward_args_t& a) {
     }
     last_gather_ = mode == EP_MOE_DISPATCH_ALLGATHER ? gather : Gather::None;
     last_dispatch_ = mode;
+    ++load_steps_;
   } catch (const Error& e) {
     st.fail_rest(e.status(), e.what());
     throw;
@@ -540,14 +542,16 @@ int64_t Layer::plan_pairs(int64_t rows, const int32_t* ids, const float* w, bool
   const auto& slot_rank = map_.slot_rank();
   // Local slot of pair (t, k), or -1 when another rank computes it. `assigned`
   // rows (all-to-all) carry -1 for pairs sent elsewhere.
-  auto local_of = [&](int64_t t, int64_t k, float* weight) -> int32_t {
+  auto local_of = [&](int64_t t, int64_t k, float* weight, bool* real) -> int32_t {
     const int32_t e = ids[t * K + k];
     *weight = w[t * K + k];
+    *real = true;
     if (assigned) return e < 0 ? -1 : map_.global_to_local(e);
     const int32_t slot = pick_slot(e, t, static_cast<int32_t>(k));
     if (slot_rank[static_cast<size_t>(slot)] == map_.ep_rank()) return slot - my_begin;
     if (weight_zero && n_local > 0) {  // the seed: computed anyway, weight 0
       *weight = 0.0f;
+      *real = false;
       return e % n_local;
     }
     return -1;
@@ -558,9 +562,11 @@ int64_t Layer::plan_pairs(int64_t rows, const int32_t* ids, const float* w, bool
     if (!assigned && ids[t * K] < 0) continue;  // DP padding
     for (int64_t k = 0; k < K; ++k) {
       float wt;
-      const int32_t l = local_of(t, k, &wt);
+      bool real;
+      const int32_t l = local_of(t, k, &wt, &real);
       if (l >= 0) ++pair_count_[static_cast<size_t>(l) + 1];
       else if (!assigned) ++*skipped;
+      if (l >= 0 && real) ++load_[static_cast<size_t>(ids[t * K + k])];  // the load window
     }
   }
   for (int32_t l = 0; l < n_local; ++l) pair_count_[static_cast<size_t>(l) + 1] += pair_count_[static_cast<size_t>(l)];
@@ -569,7 +575,8 @@ int64_t Layer::plan_pairs(int64_t rows, const int32_t* ids, const float* w, bool
     if (!assigned && ids[t * K] < 0) continue;
     for (int64_t k = 0; k < K; ++k) {
       float wt;
-      const int32_t l = local_of(t, k, &wt);
+      bool real;
+      const int32_t l = local_of(t, k, &wt, &real);
       if (l < 0) continue;
       const int32_t at = cursor_[static_cast<size_t>(l)]++;
       pair_rows_[static_cast<size_t>(at)] = static_cast<int32_t>(t);
@@ -881,6 +888,21 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   last_skipped_ = sent_pairs;
 }
 
+void Layer::expert_load(int64_t* out, bool across_ranks, bool reset) {
+  const size_t E = load_.size();
+  if (across_ranks && ep_) {
+    std::vector<int64_t> sum(load_);
+    ep_->all_reduce(sum.data(), sum.data(), E, EP_MOE_DTYPE_I64, nullptr);
+    std::copy(sum.begin(), sum.end(), out);
+  } else {
+    std::copy(load_.begin(), load_.end(), out);
+  }
+  if (reset) {
+    std::fill(load_.begin(), load_.end(), 0);
+    load_steps_ = 0;
+  }
+}
+
 int64_t Layer::attr(ep_moe_layer_attr_t a) const {
   switch (a) {
     case EP_MOE_LAYER_ATTR_NUM_LOCAL_EXPERTS: return static_cast<int64_t>(experts_.size());
@@ -905,6 +927,12 @@ int64_t Layer::attr(ep_moe_layer_attr_t a) const {
     case EP_MOE_LAYER_ATTR_LAST_DISPATCH: return last_dispatch_;
     case EP_MOE_LAYER_ATTR_LAST_ALLTOALL_BYTES: return static_cast<int64_t>(last_bytes_alltoall_);
     case EP_MOE_LAYER_ATTR_LAST_ALLGATHER_BYTES: return static_cast<int64_t>(last_bytes_allgather_);
+    case EP_MOE_LAYER_ATTR_LOAD_STEPS: return load_steps_;
+    case EP_MOE_LAYER_ATTR_REPLACE_BYTES_SENT: return replace_sent_;
+    case EP_MOE_LAYER_ATTR_REPLACE_BYTES_RECEIVED: return replace_received_;
+    case EP_MOE_LAYER_ATTR_REPLACE_BYTES_READ: return replace_read_;
+    case EP_MOE_LAYER_ATTR_REPLACE_EXPERTS_KEPT: return replace_kept_;
+    case EP_MOE_LAYER_ATTR_NUM_EXPERTS: return cfg_.num_experts;
     default: break;
   }
   fail(EP_MOE_ERR_INVALID_ARGUMENT, "attr %d is not an ep_moe_layer_attr_t value", static_cast<int>(a));

@@ -47,10 +47,32 @@ class Layer {
   // Empty when ready; else what is missing.
   std::string missing_weight() const;
 
+  // Per-logical-expert pairs computed here since the last reset; summed over
+  // the EP group (one all-reduce) when `across_ranks`. `out` has E entries.
+  void expert_load(int64_t* out, bool across_ranks, bool reset);
+
+  // Live re-placement (replace.cpp), collective over `comm` (the new EP
+  // group, or the current one). Returns the layer of the new placement; on
+  // any failure, on any rank, throws on every rank and leaves `this` as it
+  // was. `pre_status` not OK: this rank's arguments were bad (`pre_error`
+  // says how); it still takes part so that the peers fail too.
+  std::unique_ptr<Layer> replace(const ExpertMap* new_map, Comm* comm, const io::Checkpoint* ck, int32_t layer_index,
+                                 ep_moe_status_t pre_status, const std::string& pre_error);
+  Comm* ep_comm() const { return ep_; }
+  int32_t num_experts() const { return cfg_.num_experts; }
+
  private:
   struct Expert {
     cpu::PackedWeight gate_up, down;
     bool has_gate = false, has_up = false, has_down = false;
+    bool complete() const { return has_gate && has_up && has_down; }
+  };
+  // Which parts of a checkpoint layer to read: the routed experts flagged
+  // in `experts` (empty: every local one), this rank's shard of the shared
+  // expert, and the small replicated weights (router, bias, shared gate).
+  struct LoadParts {
+    std::vector<char> experts;
+    bool shared = true, others = true;
   };
   enum class Gather : int { None = 0, Padded = 1, Compact = 2 };
 
@@ -70,6 +92,13 @@ class Layer {
   void unpack_row(const char* row, int64_t t, float* x);
   int32_t pick_slot_a2a(int32_t expert, int64_t token, int32_t k) const;
   void check_weight(ep_moe_weight_t which, int32_t expert) const;
+  // Reads the chosen parts of a checkpoint layer (load.cpp).
+  uint64_t load_parts(const io::Checkpoint& ck, int32_t layer_index, const LoadParts& parts);
+  // Weights in the transfer format of replace.cpp: `n` units of
+  // [gate row | up row | down column], H elements each, in weight_dtype.
+  void extract_units(const Expert& x, int32_t j0, int32_t n, uint8_t* out) const;
+  void store_units(int32_t expert, const uint8_t* units);  // expert -1: the shared shard
+  static void copy_expert(Expert& dst, const Expert& src);
   // Stores a weight read through `src`; shared-expert sources are
   // shard-relative when `shard_relative`, else full size.
   bool store(ep_moe_weight_t which, int32_t expert, cpu::Source src, bool shard_relative);
@@ -119,6 +148,9 @@ class Layer {
   std::vector<cpu::ExpertJob> jobs_;
 
   uint64_t bytes_loaded_ = 0;
+  std::vector<int64_t> load_;  // [E] pairs computed here in the window
+  int64_t load_steps_ = 0;
+  int64_t replace_sent_ = 0, replace_received_ = 0, replace_read_ = 0, replace_kept_ = 0;
   int64_t last_tokens_ = 0, last_local_pairs_ = 0, last_skipped_ = 0, last_active_ = 0;
   Gather last_gather_ = Gather::None;
   int32_t last_dispatch_ = EP_MOE_DISPATCH_ALLGATHER, last_auto_choice_ = -1;

@@ -118,7 +118,9 @@ class Reader {
 
 }  // namespace
 
-uint64_t Layer::load(const io::Checkpoint& ck, int32_t L) {
+uint64_t Layer::load(const io::Checkpoint& ck, int32_t L) { return load_parts(ck, L, LoadParts{}); }
+
+uint64_t Layer::load_parts(const io::Checkpoint& ck, int32_t L, const LoadParts& parts) {
   const io::LayerShape s = ck.layer_shape(L);
   const char* fname = ck.file(0).name().c_str();
   auto mismatch = [&](const char* what, int64_t have, int64_t want) {
@@ -146,6 +148,7 @@ uint64_t Layer::load(const io::Checkpoint& ck, int32_t L) {
   // Routed experts: only those with a slot on this rank.
   for (int32_t e = 0; e < cfg_.num_experts; ++e) {
     if (!wants(EP_MOE_WEIGHT_EXPERT_DOWN, e)) continue;
+    if (!parts.experts.empty() && !parts.experts[static_cast<size_t>(e)]) continue;
     io::Slice sl;
     if (ck.locate(L, EP_MOE_WEIGHT_EXPERT_GATE_UP, e, &sl)) {
       put(EP_MOE_WEIGHT_EXPERT_GATE_UP, e, rd.read(sl, 0, sl.rows, 0, sl.cols), false);
@@ -160,12 +163,12 @@ uint64_t Layer::load(const io::Checkpoint& ck, int32_t L) {
   }
 
   io::Slice sl;
-  if (ck.locate(L, EP_MOE_WEIGHT_ROUTER, -1, &sl)) put(EP_MOE_WEIGHT_ROUTER, -1, rd.read(sl, 0, sl.rows, 0, sl.cols), false);
-  if (cfg_.use_score_bias) {
+  if (parts.others && ck.locate(L, EP_MOE_WEIGHT_ROUTER, -1, &sl)) put(EP_MOE_WEIGHT_ROUTER, -1, rd.read(sl, 0, sl.rows, 0, sl.cols), false);
+  if (parts.others && cfg_.use_score_bias) {
     need(EP_MOE_WEIGHT_SCORE_BIAS, -1, &sl);
     put(EP_MOE_WEIGHT_SCORE_BIAS, -1, rd.read(sl, 0, 1, 0, sl.cols), false);
   }
-  if (cfg_.shared_intermediate_size > 0) {
+  if (parts.shared && cfg_.shared_intermediate_size > 0) {
     // Only this rank's shard: gate/up rows and down columns.
     for (ep_moe_weight_t w : {EP_MOE_WEIGHT_SHARED_GATE, EP_MOE_WEIGHT_SHARED_UP, EP_MOE_WEIGHT_SHARED_DOWN}) {
       need(w, -1, &sl);
@@ -175,6 +178,8 @@ uint64_t Layer::load(const io::Checkpoint& ck, int32_t L) {
                              : rd.read(sl, shared_begin_, shared_count_, 0, sl.cols);
       put(w, -1, ld, true);
     }
+  }
+  if (parts.others && cfg_.shared_intermediate_size > 0) {
     if (cfg_.shared_expert_gate) {
       need(EP_MOE_WEIGHT_SHARED_EXPERT_GATE, -1, &sl);
       put(EP_MOE_WEIGHT_SHARED_EXPERT_GATE, -1, rd.read(sl, 0, 1, 0, sl.cols), false);

@@ -84,5 +84,12 @@ int main(void) {
   printf("ep_moe_tensor_info_t bytes %zu\n", offsetof(ep_moe_tensor_info_t, bytes));
   printf("ep_moe_tensor_info_t file_index %zu\n", offsetof(ep_moe_tensor_info_t, file_index));
   printf("ep_moe_tensor_info_t transposed %zu\n", offsetof(ep_moe_tensor_info_t, transposed));
+  printf("ep_moe_rebalance_config_t (sizeof) %zu\n", sizeof(ep_moe_rebalance_config_t));
+  printf("ep_moe_rebalance_config_t struct_size %zu\n", offsetof(ep_moe_rebalance_config_t, struct_size));
+  printf("ep_moe_rebalance_config_t num_experts %zu\n", offsetof(ep_moe_rebalance_config_t, num_experts));
+  printf("ep_moe_rebalance_config_t num_slots %zu\n", offsetof(ep_moe_rebalance_config_t, num_slots));
+  printf("ep_moe_rebalance_config_t num_ranks %zu\n", offsetof(ep_moe_rebalance_config_t, num_ranks));
+  printf("ep_moe_rebalance_config_t ranks_per_node %zu\n", offsetof(ep_moe_rebalance_config_t, ranks_per_node));
+  printf("ep_moe_rebalance_config_t num_expert_groups %zu\n", offsetof(ep_moe_rebalance_config_t, num_expert_groups));
   return 0;
 }

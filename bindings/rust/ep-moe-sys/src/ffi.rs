@@ -153,6 +153,12 @@ pub const EP_MOE_LAYER_ATTR_BYTES_LOADED: ep_moe_layer_attr_t = 11;
 pub const EP_MOE_LAYER_ATTR_LAST_DISPATCH: ep_moe_layer_attr_t = 12;
 pub const EP_MOE_LAYER_ATTR_LAST_ALLTOALL_BYTES: ep_moe_layer_attr_t = 13;
 pub const EP_MOE_LAYER_ATTR_LAST_ALLGATHER_BYTES: ep_moe_layer_attr_t = 14;
+pub const EP_MOE_LAYER_ATTR_LOAD_STEPS: ep_moe_layer_attr_t = 15;
+pub const EP_MOE_LAYER_ATTR_REPLACE_BYTES_SENT: ep_moe_layer_attr_t = 16;
+pub const EP_MOE_LAYER_ATTR_REPLACE_BYTES_RECEIVED: ep_moe_layer_attr_t = 17;
+pub const EP_MOE_LAYER_ATTR_REPLACE_BYTES_READ: ep_moe_layer_attr_t = 18;
+pub const EP_MOE_LAYER_ATTR_REPLACE_EXPERTS_KEPT: ep_moe_layer_attr_t = 19;
+pub const EP_MOE_LAYER_ATTR_NUM_EXPERTS: ep_moe_layer_attr_t = 20;
 pub const EP_MOE_LAYER_ATTR_ENUM_MIN_: ep_moe_layer_attr_t = -2147483648;
 pub const EP_MOE_LAYER_ATTR_ENUM_MAX_: ep_moe_layer_attr_t = 2147483647;
 
@@ -312,6 +318,17 @@ pub struct ep_moe_tensor_info_t {
     pub transposed: i32,
 }
 
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ep_moe_rebalance_config_t {
+    pub struct_size: usize,
+    pub num_experts: i32,
+    pub num_slots: i32,
+    pub num_ranks: i32,
+    pub ranks_per_node: i32,
+    pub num_expert_groups: i32,
+}
+
 #[link(name = "ep_moe")]
 extern "C" {
     pub fn ep_moe_version() -> u32;
@@ -374,4 +391,8 @@ extern "C" {
     pub fn ep_moe_tensor_info_init(out: *mut ep_moe_tensor_info_t) -> ep_moe_status_t;
     pub fn ep_moe_checkpoint_tensor_info(out: *mut ep_moe_tensor_info_t, checkpoint: *const ep_moe_checkpoint_t, layer: i32, which: ep_moe_weight_t, expert: i32) -> ep_moe_status_t;
     pub fn ep_moe_layer_load(layer: *mut ep_moe_layer_t, checkpoint: *const ep_moe_checkpoint_t, layer_index: i32) -> ep_moe_status_t;
+    pub fn ep_moe_layer_expert_load(out: *mut i64, out_len: usize, layer: *mut ep_moe_layer_t, across_ranks: i32, reset: i32) -> ep_moe_status_t;
+    pub fn ep_moe_rebalance_config_init(out: *mut ep_moe_rebalance_config_t) -> ep_moe_status_t;
+    pub fn ep_moe_rebalance(out_slots: *mut i32, out_len: usize, out_imbalance: *mut f64, load: *const f64, load_len: usize, config: *const ep_moe_rebalance_config_t) -> ep_moe_status_t;
+    pub fn ep_moe_layer_replace(layer: *mut ep_moe_layer_t, new_map: *const ep_moe_expert_map_t, new_ep_comm: *mut ep_moe_comm_t, checkpoint: *const ep_moe_checkpoint_t, layer_index: i32) -> ep_moe_status_t;
 }

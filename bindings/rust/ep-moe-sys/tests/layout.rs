@@ -99,4 +99,11 @@ fn struct_layouts_match_the_c_header() {
     assert_eq!(std::mem::offset_of!(ep_moe_tensor_info_t, bytes), get("ep_moe_tensor_info_t bytes"), "ep_moe_tensor_info_t.bytes");
     assert_eq!(std::mem::offset_of!(ep_moe_tensor_info_t, file_index), get("ep_moe_tensor_info_t file_index"), "ep_moe_tensor_info_t.file_index");
     assert_eq!(std::mem::offset_of!(ep_moe_tensor_info_t, transposed), get("ep_moe_tensor_info_t transposed"), "ep_moe_tensor_info_t.transposed");
+    assert_eq!(std::mem::size_of::<ep_moe_rebalance_config_t>(), get("ep_moe_rebalance_config_t (sizeof)"), "sizeof ep_moe_rebalance_config_t");
+    assert_eq!(std::mem::offset_of!(ep_moe_rebalance_config_t, struct_size), get("ep_moe_rebalance_config_t struct_size"), "ep_moe_rebalance_config_t.struct_size");
+    assert_eq!(std::mem::offset_of!(ep_moe_rebalance_config_t, num_experts), get("ep_moe_rebalance_config_t num_experts"), "ep_moe_rebalance_config_t.num_experts");
+    assert_eq!(std::mem::offset_of!(ep_moe_rebalance_config_t, num_slots), get("ep_moe_rebalance_config_t num_slots"), "ep_moe_rebalance_config_t.num_slots");
+    assert_eq!(std::mem::offset_of!(ep_moe_rebalance_config_t, num_ranks), get("ep_moe_rebalance_config_t num_ranks"), "ep_moe_rebalance_config_t.num_ranks");
+    assert_eq!(std::mem::offset_of!(ep_moe_rebalance_config_t, ranks_per_node), get("ep_moe_rebalance_config_t ranks_per_node"), "ep_moe_rebalance_config_t.ranks_per_node");
+    assert_eq!(std::mem::offset_of!(ep_moe_rebalance_config_t, num_expert_groups), get("ep_moe_rebalance_config_t num_expert_groups"), "ep_moe_rebalance_config_t.num_expert_groups");
 }

@@ -613,6 +613,84 @@ impl<'c> Layer<'c> {
         check(unsafe { sys::ep_moe_layer_get_attr(&mut v, self.ptr, attr) }, || self.err())?;
         Ok(v)
     }
+
+    /// The per-expert load of the window; `across_ranks` sums over the EP
+    /// group (collective), `reset` starts a new window.
+    pub fn expert_load(&mut self, across_ranks: bool, reset: bool) -> Result<Vec<i64>> {
+        let mut out = vec![0i64; self.experts];
+        // SAFETY: `out` has E entries.
+        check(
+            unsafe {
+                sys::ep_moe_layer_expert_load(out.as_mut_ptr(), out.len(), self.ptr, across_ranks as i32, reset as i32)
+            },
+            || self.err(),
+        )?;
+        Ok(out)
+    }
+
+    /// Applies a new placement over the current communicator (collective);
+    /// missing weights may come from `checkpoint`.
+    pub fn replace(&mut self, map: &ExpertMap, checkpoint: Option<&Checkpoint>, layer_index: i32) -> Result<()> {
+        let ck = checkpoint.map_or(ptr::null(), |c| c.ptr as *const _);
+        // SAFETY: live handles; the communicators stay borrowed for 'c.
+        check(
+            unsafe { sys::ep_moe_layer_replace(self.ptr, map.as_ptr(), ptr::null_mut(), ck, layer_index) },
+            || self.err(),
+        )
+    }
+
+    /// Moves the layer to a new EP group (elastic EP; collective over
+    /// `comm`). On failure the layer comes back unchanged with the error.
+    /// A DP group that was the EP handle itself follows; a separate one is
+    /// kept, hence `'c: 'n`.
+    pub fn replace_with_comm<'n>(
+        self,
+        map: &ExpertMap,
+        comm: &'n mut Comm,
+        checkpoint: Option<&Checkpoint>,
+        layer_index: i32,
+    ) -> std::result::Result<Layer<'n>, (Layer<'c>, Error)>
+    where
+        'c: 'n,
+    {
+        let ck = checkpoint.map_or(ptr::null(), |c| c.ptr as *const _);
+        // SAFETY: live handles; `comm` outlives the returned layer ('n).
+        let s = unsafe { sys::ep_moe_layer_replace(self.ptr, map.as_ptr(), comm.ptr(), ck, layer_index) };
+        if let Err(e) = check(s, || self.err()) {
+            return Err((self, e));
+        }
+        let next = Layer { ptr: self.ptr, hidden: self.hidden, experts: self.experts, top_k: self.top_k, _comms: PhantomData };
+        std::mem::forget(self);
+        Ok(next)
+    }
+}
+
+/// A balanced placement from per-expert load (`ep_moe_rebalance`): the
+/// custom placement table (slot -> expert) and its imbalance (max rank
+/// load / mean).
+pub fn rebalance(
+    load: &[f64],
+    num_slots: i32,
+    num_ranks: i32,
+    ranks_per_node: i32,
+    num_groups: i32,
+) -> Result<(Vec<i32>, f64)> {
+    // SAFETY: zeroed then initialised by the library.
+    let mut c: sys::ep_moe_rebalance_config_t = unsafe { std::mem::zeroed() };
+    check(unsafe { sys::ep_moe_rebalance_config_init(&mut c) }, thread_error)?;
+    c.num_experts = load.len() as i32;
+    c.num_slots = num_slots;
+    c.num_ranks = num_ranks;
+    c.ranks_per_node = ranks_per_node;
+    c.num_expert_groups = num_groups;
+    let mut out = vec![0i32; num_slots.max(0) as usize];
+    let mut imbalance = 0f64;
+    // SAFETY: the buffers have the lengths passed.
+    check(
+        unsafe { sys::ep_moe_rebalance(out.as_mut_ptr(), out.len(), &mut imbalance, load.as_ptr(), load.len(), &c) },
+        thread_error,
+    )?;
+    Ok((out, imbalance))
 }
 
 impl Drop for Layer<'_> {

@@ -198,3 +198,80 @@ fn abort_from_another_thread_ends_a_blocked_collective() {
     assert_eq!(c0.all_reduce(&mut v).err().unwrap().status, Status::Aborted);
     assert_eq!(Bf16::from_f32(1.5).to_f32(), 1.5);
 }
+
+/// Load statistics, a rebalanced placement applied live, then elastic 2 -> 1.
+#[test]
+fn load_rebalance_replace() {
+    let comms = Comm::local_group(2, 30000).unwrap();
+    let outs: Vec<(Vec<f32>, Vec<f32>, Vec<i64>)> = comms
+        .into_iter()
+        .enumerate()
+        .map(|(r, mut comm)| {
+            thread::spawn(move || {
+                let r = r as i32;
+                let map = ExpertMap::new(&ExpertMapConfig::new(2, r, E as i32)).unwrap();
+                let mut layer = Layer::new(&layer_config(), &map, LayerComms::Ep(&mut comm)).unwrap();
+                for e in 0..E {
+                    let (g, u, d) = weights(e);
+                    layer.set_weight(sys::EP_MOE_WEIGHT_EXPERT_GATE, e as i32, &g, I as i64, H as i64).unwrap();
+                    layer.set_weight(sys::EP_MOE_WEIGHT_EXPERT_UP, e as i32, &u, I as i64, H as i64).unwrap();
+                    layer.set_weight(sys::EP_MOE_WEIGHT_EXPERT_DOWN, e as i32, &d, H as i64, I as i64).unwrap();
+                }
+                let (x, logits) = inputs();
+                let mut before = vec![0f32; T * H];
+                layer.forward(&x, Routing::Logits(&logits), &mut before, None).unwrap();
+                let load = layer.expert_load(true, true).unwrap();
+                let (slots, imbalance) =
+                    rebalance(&load.iter().map(|&v| v as f64).collect::<Vec<_>>(), 8, 2, 0, 0).unwrap();
+                assert!(imbalance >= 1.0);
+                let next = ExpertMap::new(&ExpertMapConfig::new(2, r, E as i32).custom(slots, vec![])).unwrap();
+                layer.replace(&next, None, 0).unwrap();
+                let mut after = vec![0f32; T * H];
+                layer.forward(&x, Routing::Logits(&logits), &mut after, None).unwrap();
+                assert_eq!(layer.attr(sys::EP_MOE_LAYER_ATTR_REPLACE_BYTES_READ).unwrap(), 0);
+                (before, after, load)
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    // Every routed pair counted once: T * K in all.
+    assert_eq!(outs[0].2.iter().sum::<i64>(), (T * K) as i64);
+    assert_eq!(outs[0].2, outs[1].2);
+    for (before, after, _) in &outs {
+        for (a, b) in before.iter().zip(after) {
+            assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "{} vs {}", a, b);
+        }
+    }
+    let e = rebalance(&[1.0, 2.0], 3, 2, 0, 0).err().unwrap();
+    assert_eq!(e.status, Status::InvalidArgument);
+    assert!(e.message.contains("multiple"), "{}", e.message);
+}
+
+/// Elastic: a layer moves to another group (and a map that does not fit it
+/// leaves the layer as it was).
+#[test]
+fn replace_with_a_new_group() {
+    let mut solo = Comm::local_group(1, 30000).unwrap().pop().unwrap();
+    let mut layer_comm = Comm::local_group(1, 30000).unwrap().pop().unwrap();
+    let map = ExpertMap::new(&ExpertMapConfig::new(1, 0, E as i32)).unwrap();
+    let mut layer = Layer::new(&layer_config(), &map, LayerComms::Ep(&mut layer_comm)).unwrap();
+    for e in 0..E {
+        let (g, u, d) = weights(e);
+        layer.set_weight(sys::EP_MOE_WEIGHT_EXPERT_GATE, e as i32, &g, I as i64, H as i64).unwrap();
+        layer.set_weight(sys::EP_MOE_WEIGHT_EXPERT_UP, e as i32, &u, I as i64, H as i64).unwrap();
+        layer.set_weight(sys::EP_MOE_WEIGHT_EXPERT_DOWN, e as i32, &d, H as i64, I as i64).unwrap();
+    }
+    // A map that does not fit the group: the layer comes back unchanged.
+    let wrong = ExpertMap::new(&ExpertMapConfig::new(2, 1, E as i32)).unwrap();
+    let (mut layer, e) = layer.replace_with_comm(&wrong, &mut solo, None, 0).err().unwrap();
+    assert_eq!(e.status, Status::InvalidArgument);
+    let (x, logits) = inputs();
+    let mut before = vec![0f32; T * H];
+    layer.forward(&x, Routing::Logits(&logits), &mut before, None).unwrap();
+    let mut moved = layer.replace_with_comm(&map, &mut solo, None, 0).map_err(|(_, e)| e).unwrap();
+    let mut after = vec![0f32; T * H];
+    moved.forward(&x, Routing::Logits(&logits), &mut after, None).unwrap();
+    assert_eq!(before, after);
+}
