@@ -28,6 +28,12 @@ static ep_moe_status_t epmoe_map_create(ep_moe_expert_map_t** out, ep_moe_expert
   return ep_moe_expert_map_create(out, &cfg);
 }
 
+static ep_moe_status_t epmoe_rebalance(int32_t* out, size_t out_len, double* imbalance, const double* load,
+                                       size_t load_len, ep_moe_rebalance_config_t cfg, const int32_t* current) {
+  cfg.current_slots = current;
+  return ep_moe_rebalance(out, out_len, imbalance, load, load_len, &cfg);
+}
+
 static ep_moe_status_t epmoe_forward(ep_moe_layer_t* layer, int64_t tokens, const void* hidden,
                                      const void* logits, void* out) {
   ep_moe_forward_args_t a;
@@ -499,8 +505,9 @@ func (l *Layer) Replace(m *ExpertMap, comm *Comm) error {
 
 // Rebalance computes a balanced placement from per-expert load (see
 // ep_moe_rebalance): the custom slot table and its imbalance (max rank
-// load / mean).
-func Rebalance(load []float64, slots, ranks, ranksPerNode, groups int32) ([]int32, float64, error) {
+// load / mean). current (may be nil) is the placement in use: packs then
+// stay on the ranks that hold most of them.
+func Rebalance(load []float64, slots, ranks, ranksPerNode, groups int32, current []int32) ([]int32, float64, error) {
 	if len(load) == 0 || slots <= 0 {
 		return nil, 0, invalid("load is empty or slots %d <= 0", slots)
 	}
@@ -511,11 +518,17 @@ func Rebalance(load []float64, slots, ranks, ranksPerNode, groups int32) ([]int3
 	c.num_ranks = C.int32_t(ranks)
 	c.ranks_per_node = C.int32_t(ranksPerNode)
 	c.num_expert_groups = C.int32_t(groups)
+	c.num_current_slots = C.int32_t(len(current))
+	var cur *C.int32_t
+	if len(current) > 0 {
+		cur = (*C.int32_t)(unsafe.Pointer(&current[0]))
+	}
 	out := make([]int32, slots)
 	var imbalance C.double
-	err := check(C.ep_moe_rebalance((*C.int32_t)(unsafe.Pointer(&out[0])), C.size_t(len(out)), &imbalance,
-		(*C.double)(unsafe.Pointer(&load[0])), C.size_t(len(load)), &c), threadError)
+	err := check(C.epmoe_rebalance((*C.int32_t)(unsafe.Pointer(&out[0])), C.size_t(len(out)), &imbalance,
+		(*C.double)(unsafe.Pointer(&load[0])), C.size_t(len(load)), c, cur), threadError)
 	runtime.KeepAlive(load)
+	runtime.KeepAlive(current)
 	if err != nil {
 		return nil, 0, err
 	}

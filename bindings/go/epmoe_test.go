@@ -214,7 +214,7 @@ func TestLoadRebalanceReplace(t *testing.T) {
 			for i, v := range load {
 				w[i] = float64(v)
 			}
-			slots, imbalance, err := Rebalance(w, 8, 2, 0, 0)
+			slots, imbalance, err := Rebalance(w, 8, 2, 0, 0, nil)
 			if err != nil || imbalance < 1 {
 				t.Error(err, imbalance)
 				return
@@ -250,7 +250,7 @@ func TestLoadRebalanceReplace(t *testing.T) {
 			}
 		}
 	}
-	if _, _, err := Rebalance([]float64{1, 2}, 3, 2, 0, 0); !errors.Is(err, ErrInvalidArgument) {
+	if _, _, err := Rebalance([]float64{1, 2}, 3, 2, 0, 0, nil); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("bad slots: %v", err)
 	}
 }

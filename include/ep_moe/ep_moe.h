@@ -1426,7 +1426,7 @@ EP_MOE_API ep_moe_status_t ep_moe_layer_load(ep_moe_layer_t* layer, const ep_moe
  *
  * A pair routed to an expert with several replicas goes to one of them by
  * this rule, the same on every rank: in the all-gather flow, replica
- * `(t * top_k + k) mod n` of the expert's n replicas (in slot order), t
+ * `(t + k) mod n` of the expert's n replicas (in slot order), t
  * being the row in the gathered batch; in the all-to-all flow, the replica
  * on the token's own rank when there is one, else the same rule with t the
  * rank's own token index. Replicas thus share an expert's load about evenly.
@@ -1473,6 +1473,16 @@ typedef struct ep_moe_rebalance_config {
    *  hierarchical: whole groups to nodes, replicas within each node, then
    *  to the node's ranks. Otherwise it is global over all ranks. */
   int32_t num_expert_groups;
+  /** Entries of current_slots; 0 when there is none. */
+  int32_t num_current_slots;
+  /** Optional (NULL): the placement in use (slot -> expert, e.g. the
+   *  ::EP_MOE_MAP_TABLE_PHYSICAL_TO_GLOBAL table of the current map, split
+   *  over num_ranks like a custom table without per-rank counts). Each pack
+   *  of replicas then goes to the rank (and each pack of groups to the
+   *  node) that already holds most of it, so the re-placement moves as few
+   *  experts as the balance allows: the same load gives back the current
+   *  table's rank contents. Not read after the call. */
+  const int32_t* current_slots;
 } ep_moe_rebalance_config_t;
 
 /**
@@ -1491,7 +1501,9 @@ EP_MOE_API ep_moe_status_t ep_moe_rebalance_config_init(ep_moe_rebalance_config_
  * expert's load / replicas) are then packed onto the ranks, P / num_ranks
  * each, heaviest first into the least loaded rank with room. Deterministic:
  * the same load and config give the same table on every rank and platform
- * (ties go to the lower index). The result is the custom placement table of
+ * (ties go to the lower index; with ep_moe_rebalance_config_t::current_slots,
+ * packs are matched to the ranks that hold most of them). The result is the
+ * custom placement table of
  * ep_moe_expert_map_config_t (slots [r*P/R, (r+1)*P/R) belong to rank r).
  * \param[out] out_slots      P entries: physical slot -> logical expert.
  * \param[in]  out_len        Entries of `out_slots`; at least P.

@@ -218,11 +218,12 @@ class layer {
  * \param[in] ranks_per_node Ranks per node, 0 for one node.
  * \param[in] num_groups    Expert groups, 0 for none.
  * \param[out] imbalance    Optional: max rank load / mean.
+ * \param[in] current       The placement in use (slot -> expert), or empty.
  * \return The custom placement table (slot -> expert).
  */
 inline std::vector<int32_t> rebalance(const std::vector<double>& load, int32_t num_slots, int32_t num_ranks,
                                       int32_t ranks_per_node = 0, int32_t num_groups = 0,
-                                      double* imbalance = nullptr) {
+                                      double* imbalance = nullptr, const std::vector<int32_t>& current = {}) {
   ep_moe_rebalance_config_t c;
   check(ep_moe_rebalance_config_init(&c), ep_moe_last_error());
   c.num_experts = static_cast<int32_t>(load.size());
@@ -230,6 +231,8 @@ inline std::vector<int32_t> rebalance(const std::vector<double>& load, int32_t n
   c.num_ranks = num_ranks;
   c.ranks_per_node = ranks_per_node;
   c.num_expert_groups = num_groups;
+  c.num_current_slots = static_cast<int32_t>(current.size());
+  c.current_slots = current.empty() ? nullptr : current.data();
   std::vector<int32_t> out(num_slots > 0 ? static_cast<size_t>(num_slots) : 0);
   check(ep_moe_rebalance(out.data(), out.size(), imbalance, load.data(), load.size(), &c), ep_moe_last_error());
   return out;

@@ -87,11 +87,13 @@ static_assert(offsetof(ep_moe_tensor_info_t, tensor_bytes) == 352, "ABI: ep_moe_
 static_assert(offsetof(ep_moe_tensor_info_t, bytes) == 360, "ABI: ep_moe_tensor_info_t::bytes");
 static_assert(offsetof(ep_moe_tensor_info_t, file_index) == 368, "ABI: ep_moe_tensor_info_t::file_index");
 static_assert(offsetof(ep_moe_tensor_info_t, transposed) == 372, "ABI: ep_moe_tensor_info_t::transposed");
-static_assert(sizeof(ep_moe_rebalance_config_t) == 32, "ABI: sizeof(ep_moe_rebalance_config_t)");
+static_assert(sizeof(ep_moe_rebalance_config_t) == 40, "ABI: sizeof(ep_moe_rebalance_config_t)");
 static_assert(offsetof(ep_moe_rebalance_config_t, struct_size) == 0, "ABI: ep_moe_rebalance_config_t::struct_size");
 static_assert(offsetof(ep_moe_rebalance_config_t, num_experts) == 8, "ABI: ep_moe_rebalance_config_t::num_experts");
 static_assert(offsetof(ep_moe_rebalance_config_t, num_slots) == 12, "ABI: ep_moe_rebalance_config_t::num_slots");
 static_assert(offsetof(ep_moe_rebalance_config_t, num_ranks) == 16, "ABI: ep_moe_rebalance_config_t::num_ranks");
 static_assert(offsetof(ep_moe_rebalance_config_t, ranks_per_node) == 20, "ABI: ep_moe_rebalance_config_t::ranks_per_node");
 static_assert(offsetof(ep_moe_rebalance_config_t, num_expert_groups) == 24, "ABI: ep_moe_rebalance_config_t::num_expert_groups");
+static_assert(offsetof(ep_moe_rebalance_config_t, num_current_slots) == 28, "ABI: ep_moe_rebalance_config_t::num_current_slots");
+static_assert(offsetof(ep_moe_rebalance_config_t, current_slots) == 32, "ABI: ep_moe_rebalance_config_t::current_slots");
 #endif

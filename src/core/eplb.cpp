@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "common/error.hpp"
+#include "core/expert_map.hpp"
 
 namespace ep_moe {
 
@@ -50,6 +51,81 @@ void replicate(const std::vector<double>& w, int32_t slots, std::vector<int32_t>
 }
 }  // namespace
 
+namespace {
+// Assigns packs to owners maximising the overlap greedily: the pair with
+// the largest overlap first (ties: lower pack, then lower owner). Returns
+// owner_of[pack].
+std::vector<int32_t> match(const std::vector<std::vector<int32_t>>& overlap) {
+  const size_t n = overlap.size();
+  std::vector<int32_t> owner_of(n, -1);
+  std::vector<char> taken(n, 0);
+  for (size_t step = 0; step < n; ++step) {
+    int32_t best = -1;
+    size_t bp = 0, bo = 0;
+    for (size_t p = 0; p < n; ++p) {
+      if (owner_of[p] >= 0) continue;
+      for (size_t o = 0; o < n; ++o)
+        if (!taken[o] && overlap[p][o] > best) {
+          best = overlap[p][o];
+          bp = p;
+          bo = o;
+        }
+    }
+    owner_of[bp] = static_cast<int32_t>(bo);
+    taken[bo] = 1;
+  }
+  return owner_of;
+}
+}  // namespace
+
+// How far above the node's mean a rank may go to keep replicas where their
+// experts already are.
+constexpr double kKeepTolerance = 0.01;
+
+// Moves fewer weights without losing balance: starting from a balanced
+// packing (`pack`, ranks rank0.. of one node), swaps a replica placed on a
+// rank that does not hold its expert with a replica on a rank that does
+// (and does not hold that one's), whenever both ranks stay within `bound`.
+// Every swap keeps at least one more replica where its expert already is;
+// passes repeat until none applies. Deterministic (index order).
+void keep_in_place(const std::vector<double>& w, const std::vector<int32_t>& phys,
+                   const std::vector<int32_t>& experts, const std::vector<std::vector<char>>& holds, int32_t rank0,
+                   int32_t ranks, double bound, std::vector<int32_t>* pack) {
+  const size_t n = w.size();
+  std::vector<double> total(static_cast<size_t>(ranks), 0.0);
+  for (size_t i = 0; i < n; ++i) total[static_cast<size_t>((*pack)[i])] += w[i];
+  auto expert = [&](size_t i) { return static_cast<size_t>(experts[static_cast<size_t>(phys[i])]); };
+  auto held = [&](size_t i, int32_t r) { return holds[static_cast<size_t>(rank0 + r)][expert(i)] != 0; };
+  for (int pass = 0; pass < 64; ++pass) {
+    bool changed = false;
+    for (size_t x = 0; x < n; ++x) {
+      const int32_t r = (*pack)[x];
+      if (held(x, r)) continue;
+      size_t best = SIZE_MAX;
+      bool best_double = false;
+      for (size_t y = 0; y < n && !best_double; ++y) {
+        const int32_t h = (*pack)[y];
+        if (h == r || !held(x, h) || held(y, h)) continue;
+        if (total[static_cast<size_t>(r)] - w[x] + w[y] > bound || total[static_cast<size_t>(h)] - w[y] + w[x] > bound)
+          continue;
+        const bool dbl = held(y, r);  // y lands where its expert is, too
+        if (best == SIZE_MAX || dbl) {
+          best = y;
+          best_double = dbl;
+        }
+      }
+      if (best == SIZE_MAX) continue;
+      const int32_t h = (*pack)[best];
+      total[static_cast<size_t>(r)] += w[best] - w[x];
+      total[static_cast<size_t>(h)] += w[x] - w[best];
+      (*pack)[x] = h;
+      (*pack)[best] = r;
+      changed = true;
+    }
+    if (!changed) break;
+  }
+}
+
 std::vector<int32_t> rebalance(const std::vector<double>& load, const RebalanceParams& p) {
   const int32_t E = p.num_experts, P = p.num_slots, R = p.num_ranks;
   EP_MOE_CHECK_ARG(E >= 1 && E <= (1 << 20), "num_experts must be in [1, %d], got %d", 1 << 20, E);
@@ -62,6 +138,20 @@ std::vector<int32_t> rebalance(const std::vector<double>& load, const RebalanceP
   for (int32_t e = 0; e < E; ++e)
     EP_MOE_CHECK_ARG(std::isfinite(load[static_cast<size_t>(e)]) && load[static_cast<size_t>(e)] >= 0,
                      "load[%d] = %g is not a finite non-negative number", e, load[static_cast<size_t>(e)]);
+  for (size_t i = 0; i < p.current.size(); ++i)
+    EP_MOE_CHECK_ARG(p.current[i] >= 0 && p.current[i] < E, "current[%zu] = %d is not an expert in [0, %d)", i,
+                     p.current[i], E);
+  EP_MOE_CHECK_ARG(p.current.empty() || p.current.size() >= static_cast<size_t>(R),
+                   "the current placement has %zu slots, fewer than the %d ranks", p.current.size(), R);
+  // What each rank holds now.
+  std::vector<std::vector<char>> holds;
+  if (!p.current.empty()) {
+    holds.assign(static_cast<size_t>(R), std::vector<char>(static_cast<size_t>(E), 0));
+    const auto Pc = static_cast<int32_t>(p.current.size());
+    for (int32_t r = 0; r < R; ++r)
+      for (int32_t s = split_start(Pc, R, r); s < split_start(Pc, R, r) + split_count(Pc, R, r); ++s)
+        holds[static_cast<size_t>(r)][static_cast<size_t>(p.current[static_cast<size_t>(s)])] = 1;
+  }
   const int32_t rpn = p.ranks_per_node > 0 ? p.ranks_per_node : R;
   EP_MOE_CHECK_ARG(R % rpn == 0, "num_ranks %d is not a multiple of ranks_per_node %d", R, rpn);
   int32_t nodes = R / rpn;
@@ -83,12 +173,31 @@ std::vector<int32_t> rebalance(const std::vector<double>& load, const RebalanceP
   std::vector<int32_t> node_of_group, pos_in_node;
   balanced_packing(group_load, nodes, &node_of_group, &pos_in_node);
 
+  // With a current placement, each pack of groups goes to the node that
+  // holds most of its experts now.
+  std::vector<int32_t> node_of_pack(static_cast<size_t>(nodes));
+  for (int32_t q = 0; q < nodes; ++q) node_of_pack[static_cast<size_t>(q)] = q;
+  if (!holds.empty() && nodes > 1) {
+    std::vector<std::vector<int32_t>> ov(static_cast<size_t>(nodes), std::vector<int32_t>(static_cast<size_t>(nodes), 0));
+    for (int32_t e = 0; e < E; ++e) {
+      const int32_t q = node_of_group[static_cast<size_t>(e / group_size)];
+      for (int32_t node = 0; node < nodes; ++node) {
+        bool held = false;
+        for (int32_t i = 0; i < ranks_per_node && !held; ++i)
+          held = holds[static_cast<size_t>(node * ranks_per_node + i)][static_cast<size_t>(e)] != 0;
+        ov[static_cast<size_t>(q)][static_cast<size_t>(node)] += held;
+      }
+    }
+    node_of_pack = match(ov);
+  }
+
   std::vector<int32_t> slots(static_cast<size_t>(P), -1);
-  for (int32_t node = 0; node < nodes; ++node) {
+  for (int32_t q = 0; q < nodes; ++q) {
+    const int32_t node = node_of_pack[static_cast<size_t>(q)];
     // The node's experts, in group order.
     std::vector<int32_t> experts;
     for (int32_t g = 0; g < groups; ++g) {
-      if (node_of_group[static_cast<size_t>(g)] != node) continue;
+      if (node_of_group[static_cast<size_t>(g)] != q) continue;
       for (int32_t i = 0; i < group_size; ++i) experts.push_back(g * group_size + i);
     }
     std::sort(experts.begin(), experts.end());
@@ -103,8 +212,42 @@ std::vector<int32_t> rebalance(const std::vector<double>& load, const RebalanceP
     // 3. Replicas to the node's ranks.
     std::vector<int32_t> rank_of, pos;
     balanced_packing(phys_load, ranks_per_node, &rank_of, &pos);
+    // With a current placement, each pack goes to the node's rank that
+    // holds most of its experts now.
+    std::vector<int32_t> owner(static_cast<size_t>(ranks_per_node));
+    for (int32_t i = 0; i < ranks_per_node; ++i) owner[static_cast<size_t>(i)] = i;
+    if (!holds.empty()) {
+      std::vector<std::vector<int32_t>> ov(static_cast<size_t>(ranks_per_node),
+                                           std::vector<int32_t>(static_cast<size_t>(ranks_per_node), 0));
+      for (size_t s = 0; s < phys.size(); ++s) {
+        const int32_t e = experts[static_cast<size_t>(phys[s])];
+        for (int32_t i = 0; i < ranks_per_node; ++i)
+          ov[static_cast<size_t>(rank_of[s])][static_cast<size_t>(i)] +=
+              holds[static_cast<size_t>(node * ranks_per_node + i)][static_cast<size_t>(e)];
+      }
+      owner = match(ov);
+      // Then swaps that keep more replicas where their experts are, within
+      // the plain packing's heaviest rank (or the mean plus a tolerance).
+      std::vector<int32_t> local(phys.size());
+      std::vector<double> plain(static_cast<size_t>(ranks_per_node), 0.0);
+      double sum = 0;
+      for (size_t s2 = 0; s2 < phys.size(); ++s2) {
+        local[s2] = owner[static_cast<size_t>(rank_of[s2])];
+        plain[static_cast<size_t>(local[s2])] += phys_load[s2];
+        sum += phys_load[s2];
+      }
+      const double bound = std::max(*std::max_element(plain.begin(), plain.end()),
+                                    sum / ranks_per_node * (1.0 + kKeepTolerance));
+      keep_in_place(phys_load, phys, experts, holds, node * ranks_per_node, ranks_per_node, bound, &local);
+      std::vector<int32_t> count(static_cast<size_t>(ranks_per_node), 0);
+      for (size_t s2 = 0; s2 < phys.size(); ++s2) {
+        rank_of[s2] = local[s2];
+        pos[s2] = count[static_cast<size_t>(local[s2])]++;
+      }
+      for (int32_t i = 0; i < ranks_per_node; ++i) owner[static_cast<size_t>(i)] = i;
+    }
     for (size_t s = 0; s < phys.size(); ++s) {
-      const int32_t r = node * ranks_per_node + rank_of[s];
+      const int32_t r = node * ranks_per_node + owner[static_cast<size_t>(rank_of[s])];
       slots[static_cast<size_t>(r * slots_per_rank + pos[s])] = experts[static_cast<size_t>(phys[s])];
     }
   }

@@ -16,6 +16,11 @@ struct RebalanceParams {
   int32_t num_ranks = 1;       // R
   int32_t ranks_per_node = 0;  // 0: one node
   int32_t num_groups = 0;      // expert groups; hierarchical when it divides by the nodes
+  // The placement now in use (slot -> expert, split over num_ranks like a
+  // custom table without per-rank counts), or empty. Packs of replicas go
+  // to the ranks (and groups to the nodes) that already hold most of them,
+  // so a rebalance moves as little as it can without losing balance.
+  std::vector<int32_t> current;
 };
 
 // Returns slot -> expert for P slots, rank r owning slots [r*P/R, (r+1)*P/R).

@@ -1,6 +1,7 @@
 #include "cpu/pack.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "common/dtype.hpp"
@@ -30,17 +31,52 @@ void alloc(PackedWeight& out, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t d
   std::memset(out.data.data(), 0, out.data.size());
 }
 
+// Same dtype: raw element copies (the value round trip through f32 is
+// exact, so this only saves the conversions).
+template <class T>
+void put_row_raw(PackedWeight& out, int32_t p, int32_t j, const Source& s, int64_t row) {
+  T* dst = static_cast<T*>(const_cast<void*>(out.panel(p))) + j;
+  const T* src = static_cast<const T*>(s.data);
+  const int64_t nr = out.nr;
+  if (!s.transposed) {
+    const T* r = src + (s.row0 + row) * s.ld + s.col0;
+    for (int32_t kk = 0; kk < out.k; ++kk) dst[kk * nr] = r[kk];
+  } else {
+    const T* c = src + s.col0 * s.ld + s.row0 + row;
+    for (int32_t kk = 0; kk < out.k; ++kk) dst[kk * nr] = c[kk * s.ld];
+  }
+}
+
 // Writes source row `row` into column j of panel p.
 void put_row(PackedWeight& out, int32_t p, int32_t j, const Source& s, int64_t row) {
+  if (s.dtype == out.dtype) {
+    if (dtype_size(s.dtype) == 4) return put_row_raw<uint32_t>(out, p, j, s, row);
+    return put_row_raw<uint16_t>(out, p, j, s, row);
+  }
   char* dst = static_cast<char*>(const_cast<void*>(out.panel(p)));
   for (int32_t kk = 0; kk < out.k; ++kk)
     store_elem(dst, out.dtype, static_cast<int64_t>(kk) * out.nr + j, src_at(s, row, kk));
+}
+// Source rows [row, row + count) into columns [j, j + count) of panel p. A
+// transposed source of the same dtype has those rows contiguous in each of
+// its stored rows: one copy per k instead of `count` strided passes.
+void put_rows(PackedWeight& out, int32_t p, int32_t j, const Source& s, int64_t row, int32_t count) {
+  if (s.transposed && s.dtype == out.dtype) {
+    const size_t es = dtype_size(s.dtype);
+    char* dst = static_cast<char*>(const_cast<void*>(out.panel(p))) + static_cast<size_t>(j) * es;
+    const char* src = static_cast<const char*>(s.data) + static_cast<size_t>(s.col0 * s.ld + s.row0 + row) * es;
+    for (int32_t kk = 0; kk < out.k; ++kk)
+      std::memcpy(dst + static_cast<size_t>(kk) * out.nr * es, src + static_cast<size_t>(kk * s.ld) * es,
+                  static_cast<size_t>(count) * es);
+    return;
+  }
+  for (int32_t i = 0; i < count; ++i) put_row(out, p, j + i, s, row + i);
 }
 }  // namespace
 
 void pack(PackedWeight& out, const Source& src, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t dtype) {
   alloc(out, n, k, nr, dtype);
-  for (int32_t r = 0; r < n; ++r) put_row(out, r / nr, r % nr, src, r);
+  for (int32_t p = 0; p * nr < n; ++p) put_rows(out, p, 0, src, static_cast<int64_t>(p) * nr, std::min(nr, n - p * nr));
 }
 
 void init_gate_up(PackedWeight& out, int32_t inter, int32_t k, int32_t nr, ep_moe_dtype_t dtype) {
@@ -50,15 +86,22 @@ void init_gate_up(PackedWeight& out, int32_t inter, int32_t k, int32_t nr, ep_mo
 
 void pack_gate_up_half(PackedWeight& out, const Source& src, int half, int32_t inter) {
   const int32_t h = out.nr / 2;
-  for (int32_t r = 0; r < inter; ++r) put_row(out, r / h, half * h + r % h, src, r);
+  for (int32_t p = 0; p * h < inter; ++p)
+    put_rows(out, p, half * h, src, static_cast<int64_t>(p) * h, std::min(h, inter - p * h));
 }
 
 namespace {
+template <class T>
+void copy_panel_col_t(const PackedWeight& w, int32_t p, int32_t j, void* dst) {
+  const T* src = static_cast<const T*>(w.panel(p)) + j;
+  T* d = static_cast<T*>(dst);
+  const int64_t nr = w.nr;
+  for (int32_t kk = 0; kk < w.k; ++kk) d[kk] = src[kk * nr];
+}
+
 void copy_panel_col(const PackedWeight& w, int32_t p, int32_t j, void* dst) {
-  const size_t es = dtype_size(w.dtype);
-  const char* src = static_cast<const char*>(w.panel(p)) + static_cast<size_t>(j) * es;
-  char* d = static_cast<char*>(dst);
-  for (int32_t kk = 0; kk < w.k; ++kk) std::memcpy(d + static_cast<size_t>(kk) * es, src + static_cast<size_t>(kk) * w.nr * es, es);
+  if (dtype_size(w.dtype) == 4) copy_panel_col_t<uint32_t>(w, p, j, dst);
+  else copy_panel_col_t<uint16_t>(w, p, j, dst);
 }
 }  // namespace
 

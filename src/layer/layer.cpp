@@ -158,6 +158,7 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
     for (size_t s = 0; s < p2g.size(); ++s)
       replica_slots_[static_cast<size_t>(fill[static_cast<size_t>(p2g[s])]++)] = static_cast<int32_t>(s);
   }
+  build_a2a_choice();
 
   // Threads and workspace.
   pool_ = std::make_unique<cpu::ThreadPool>(cpu::default_threads(c.num_threads, ep_ ? ep_->ranks_in_process() : 1));
@@ -397,9 +398,11 @@ int32_t Layer::pick_slot(int32_t expert, int64_t token, int32_t k) const {
   const int32_t b = replica_begin_[static_cast<size_t>(expert)];
   const int32_t n = replica_begin_[static_cast<size_t>(expert) + 1] - b;
   if (n == 1) return replica_slots_[static_cast<size_t>(b)];
-  // Several replicas: spread the pairs over them by position, the same way on
-  // every rank (all ranks see the same gathered batch).
-  const int64_t idx = (token * cfg_.top_k + k) % n;
+  // Several replicas: spread the pairs over them by token, the same way on
+  // every rank (all ranks see the same gathered batch). Not (t*K + k) % n:
+  // when n divides K that depends on k alone, and routers emit the top-k
+  // sorted by score, so a hot expert's pairs would all go to one replica.
+  const int64_t idx = (token + k) % n;
   return replica_slots_[static_cast<size_t>(b + idx)];
 }
 
@@ -730,16 +733,50 @@ void Layer::unpack_row(const char* row, int64_t t, float* x) {
   convert_row(x + t * H, row, adt, H);
 }
 
-int32_t Layer::pick_slot_a2a(int32_t expert, int64_t token, int32_t k) const {
-  // Prefer a replica on this rank: the pair then never leaves it.
-  const int32_t b = replica_begin_[static_cast<size_t>(expert)];
-  const int32_t n = replica_begin_[static_cast<size_t>(expert) + 1] - b;
+void Layer::build_a2a_choice() {
+  // All-to-all: a rank holding a replica keeps its own tokens' pairs; tokens
+  // of ranks without one go to the holders in proportion to what each still
+  // lacks of an even share. With an expert's pairs spread evenly over the
+  // R ranks' tokens, a holder with m of the n replicas keeps L/R and needs
+  // m*L/n, so it takes (m*R - n) parts of the others' pairs. Where some
+  // holder's own share already exceeds its even share (m*R < n), keeping
+  // pairs local cannot balance: no rank keeps them and the all-gather rule
+  // applies to every token.
+  const int32_t E = cfg_.num_experts, R = map_.ep_size(), me = map_.ep_rank();
   const auto& slot_rank = map_.slot_rank();
-  for (int32_t i = 0; i < n; ++i) {
-    const int32_t s = replica_slots_[static_cast<size_t>(b + i)];
-    if (slot_rank[static_cast<size_t>(s)] == map_.ep_rank()) return s;
+  a2a_local_.assign(static_cast<size_t>(E), -1);
+  a2a_begin_.assign(static_cast<size_t>(E) + 1, 0);
+  a2a_table_.clear();
+  std::vector<int32_t> per_rank(static_cast<size_t>(R)), first(static_cast<size_t>(R));
+  for (int32_t e = 0; e < E; ++e) {
+    const int32_t b = replica_begin_[static_cast<size_t>(e)], n = replica_begin_[static_cast<size_t>(e) + 1] - b;
+    std::fill(per_rank.begin(), per_rank.end(), 0);
+    for (int32_t i = n - 1; i >= 0; --i) {
+      const int32_t s = replica_slots_[static_cast<size_t>(b + i)];
+      ++per_rank[static_cast<size_t>(slot_rank[static_cast<size_t>(s)])];
+      first[static_cast<size_t>(slot_rank[static_cast<size_t>(s)])] = s;
+    }
+    bool local_ok = true;
+    for (int32_t r = 0; r < R; ++r)
+      if (per_rank[static_cast<size_t>(r)] > 0 && static_cast<int64_t>(per_rank[static_cast<size_t>(r)]) * R < n)
+        local_ok = false;
+    if (local_ok) {
+      if (per_rank[static_cast<size_t>(me)] > 0) a2a_local_[static_cast<size_t>(e)] = first[static_cast<size_t>(me)];
+      for (int32_t r = 0; r < R; ++r)
+        for (int64_t j = 0; per_rank[static_cast<size_t>(r)] > 0 && j < static_cast<int64_t>(per_rank[static_cast<size_t>(r)]) * R - n; ++j)
+          a2a_table_.push_back(first[static_cast<size_t>(r)]);
+    }
+    a2a_begin_[static_cast<size_t>(e) + 1] = static_cast<int32_t>(a2a_table_.size());
   }
-  return pick_slot(expert, token, k);
+}
+
+int32_t Layer::pick_slot_a2a(int32_t expert, int64_t token, int32_t k) const {
+  // The pair never leaves a rank that keeps it (see build_a2a_choice).
+  const int32_t local = a2a_local_[static_cast<size_t>(expert)];
+  if (local >= 0) return local;
+  const int32_t b = a2a_begin_[static_cast<size_t>(expert)], w = a2a_begin_[static_cast<size_t>(expert) + 1] - b;
+  if (w == 0) return pick_slot(expert, token, k);
+  return a2a_table_[static_cast<size_t>(b + (token + k) % w)];
 }
 
 void Layer::plan_sends(int64_t T) {

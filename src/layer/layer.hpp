@@ -91,6 +91,7 @@ class Layer {
   void pack_row(char* row, const char* hidden, const int32_t* ids, const float* w) const;
   void unpack_row(const char* row, int64_t t, float* x);
   int32_t pick_slot_a2a(int32_t expert, int64_t token, int32_t k) const;
+  void build_a2a_choice();
   void check_weight(ep_moe_weight_t which, int32_t expert) const;
   // Reads the chosen parts of a checkpoint layer (load.cpp).
   uint64_t load_parts(const io::Checkpoint& ck, int32_t layer_index, const LoadParts& parts);
@@ -134,6 +135,9 @@ class Layer {
   bool has_bias_ = false;
   // Replica slots of each expert, for choosing one replica per pair.
   std::vector<int32_t> replica_begin_, replica_slots_;
+  // All-to-all choice: the replica this rank keeps its pairs on (-1: none),
+  // and per expert the weighted table for tokens of other ranks.
+  std::vector<int32_t> a2a_local_, a2a_begin_, a2a_table_;
 
   // Workspace, sized at create for max_tokens; forward allocates nothing.
   int64_t max_all_ = 0;   // tokens after the DP gather

@@ -268,6 +268,22 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
   }
   if (!missing.empty()) fail(EP_MOE_ERR_NOT_FOUND, "cannot re-place the layer: %s", missing.c_str());
 
+  // Interleave the destinations (the plan lists them one after another), so
+  // that every round keeps every rank receiving and storing.
+  {
+    std::vector<int32_t> seq(plan.size()), next(static_cast<size_t>(n), 0);
+    for (size_t t = 0; t < plan.size(); ++t) seq[t] = next[static_cast<size_t>(plan[t].dst)]++;
+    std::vector<size_t> order(plan.size());
+    for (size_t t = 0; t < order.size(); ++t) order[t] = t;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return seq[a] != seq[b] ? seq[a] < seq[b] : plan[a].dst < plan[b].dst;
+    });
+    std::vector<Transfer> sorted;
+    sorted.reserve(plan.size());
+    for (size_t t : order) sorted.push_back(plan[t]);
+    plan.swap(sorted);
+  }
+
   // 3.-4. Transfers, checkpoint reads, then the vote. From here on every
   // rank enters the same collectives: after a failure the rest are joined
   // as failures, so no peer waits.
@@ -307,21 +323,23 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
         out_total += out_n[static_cast<size_t>(j)];
         in_total += in_n[static_cast<size_t>(j)];
       }
-      std::vector<uint8_t> sendbuf(out_total), recvbuf(in_total);
+      // Left uninitialised: every byte is written before it is read.
+      std::unique_ptr<uint8_t[]> sendbuf(new uint8_t[std::max<size_t>(out_total, 1)]);
+      std::unique_ptr<uint8_t[]> recvbuf(new uint8_t[std::max<size_t>(in_total, 1)]);
       size_t at = 0;
       for (int j = 0; j < n; ++j)
         for (size_t t = t0; t < t1; ++t) {
           const Transfer& x = plan[t];
           if (x.src != me || x.dst != j) continue;
           if (x.expert >= 0) {
-            extract_units(experts_[static_cast<size_t>(old_slot[static_cast<size_t>(x.expert)])], 0, I, sendbuf.data() + at);
+            extract_units(experts_[static_cast<size_t>(old_slot[static_cast<size_t>(x.expert)])], 0, I, sendbuf.get() + at);
           } else {
-            extract_units(shared_, x.u0 - shared_begin_, x.u1 - x.u0, sendbuf.data() + at);
+            extract_units(shared_, x.u0 - shared_begin_, x.u1 - x.u0, sendbuf.get() + at);
           }
           at += static_cast<size_t>(x.u1 - x.u0) * unit_bytes;
         }
       ++entered;
-      comm->all_to_all_v(recvbuf.data(), in_n.data(), sendbuf.data(), out_n.data(), EP_MOE_DTYPE_U8, nullptr);
+      comm->all_to_all_v(recvbuf.get(), in_n.data(), sendbuf.get(), out_n.data(), EP_MOE_DTYPE_U8, nullptr);
       sent += static_cast<int64_t>(out_total);
       received += static_cast<int64_t>(in_total);
       at = 0;
@@ -331,9 +349,9 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
           if (x.dst != me || x.src != j) continue;
           const size_t b = static_cast<size_t>(x.u1 - x.u0) * unit_bytes;
           if (x.expert >= 0) {
-            nl->store_units(x.expert, recvbuf.data() + at);
+            nl->store_units(x.expert, recvbuf.get() + at);
           } else {
-            std::memcpy(shared_units.data() + static_cast<size_t>(x.u0 - my_lo) * unit_bytes, recvbuf.data() + at, b);
+            std::memcpy(shared_units.data() + static_cast<size_t>(x.u0 - my_lo) * unit_bytes, recvbuf.get() + at, b);
           }
           at += b;
         }

@@ -211,7 +211,7 @@ double imbalance(const std::vector<double>& load, const std::vector<int32_t>& sl
 }
 
 std::vector<int32_t> rebalance(const std::vector<double>& load, int slots, int ranks, int rpn = 0, int groups = 0,
-                               double* imb = nullptr) {
+                               double* imb = nullptr, const std::vector<int32_t>& current = {}) {
   ep_moe_rebalance_config_t rc;
   REQUIRE(ep_moe_rebalance_config_init(&rc) == EP_MOE_OK);
   rc.num_experts = static_cast<int32_t>(load.size());
@@ -219,6 +219,8 @@ std::vector<int32_t> rebalance(const std::vector<double>& load, int slots, int r
   rc.num_ranks = ranks;
   rc.ranks_per_node = rpn;
   rc.num_expert_groups = groups;
+  rc.num_current_slots = static_cast<int32_t>(current.size());
+  rc.current_slots = current.empty() ? nullptr : current.data();
   std::vector<int32_t> out(static_cast<size_t>(slots), -1);
   INFO(ep_moe_last_error());
   REQUIRE(ep_moe_rebalance(out.data(), out.size(), imb, load.data(), load.size(), &rc) == EP_MOE_OK);
@@ -278,6 +280,62 @@ TEST_CASE("rebalance: hierarchical keeps each expert group on one node", "[eplb]
   const auto global = rebalance(load, P, ranks, rpn, 3 * 0 + 1);
   std::set<int> seen(global.begin(), global.end());
   CHECK(seen.size() == static_cast<size_t>(E));
+}
+
+// Experts rank r must receive going from table `a` to table `b` (both split
+// evenly over `ranks`), summed over the ranks.
+int moved(const std::vector<int32_t>& a, const std::vector<int32_t>& b, int ranks) {
+  int n = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const size_t pa = a.size() / static_cast<size_t>(ranks), pb = b.size() / static_cast<size_t>(ranks);
+    std::set<int32_t> had(a.begin() + static_cast<long>(r * pa), a.begin() + static_cast<long>((r + 1) * pa));
+    std::set<int32_t> need(b.begin() + static_cast<long>(r * pb), b.begin() + static_cast<long>((r + 1) * pb));
+    for (int32_t e : need) n += had.count(e) == 0;
+  }
+  return n;
+}
+
+TEST_CASE("rebalance: with the current placement, packs stay where they are", "[eplb][rebalance]") {
+  for (int hier = 0; hier < 2; ++hier) {
+    const int E = 64, ranks = 8, P = 72, rpn = hier ? 4 : 0, groups = hier ? 8 : 0;
+    INFO("hierarchical " << hier);
+    auto load = zipf(E, 1.0, rng());
+    const auto first = rebalance(load, P, ranks, rpn, groups);
+    // The same load again: nothing moves (and the balance is the same).
+    double imb0 = 0, imb1 = 0;
+    rebalance(load, P, ranks, rpn, groups, &imb0);
+    const auto again = rebalance(load, P, ranks, rpn, groups, &imb1, first);
+    CHECK(moved(first, again, ranks) == 0);
+    CHECK(std::fabs(imb0 - imb1) < 1e-12);
+    // A rotated table of the same contents: the packs follow their old ranks.
+    std::vector<int32_t> rotated(first.begin() + P / ranks, first.end());
+    rotated.insert(rotated.end(), first.begin(), first.begin() + P / ranks);
+    if (!hier) CHECK(moved(rotated, rebalance(load, P, ranks, rpn, groups, nullptr, rotated), ranks) == 0);
+    // A drifted load: fewer moves than ignoring the current placement.
+    std::uniform_real_distribution<double> drift(0.9, 1.1);
+    for (auto& x : load) x *= drift(rng());
+    const int aware = moved(first, rebalance(load, P, ranks, rpn, groups, nullptr, first), ranks);
+    const int blind = moved(first, rebalance(load, P, ranks, rpn, groups), ranks);
+    CHECK(aware <= blind);
+  }
+  // Bad current tables.
+  ep_moe_rebalance_config_t rc;
+  ep_moe_rebalance_config_init(&rc);
+  rc.num_experts = 4;
+  rc.num_slots = 4;
+  rc.num_ranks = 2;
+  std::vector<double> load(4, 1.0);
+  std::vector<int32_t> out(4), cur = {0, 1, 2, 9};
+  rc.num_current_slots = 4;
+  CHECK(ep_moe_rebalance(out.data(), 4, nullptr, load.data(), 4, &rc) == EP_MOE_ERR_INVALID_ARGUMENT);  // NULL table
+  rc.current_slots = cur.data();
+  CHECK(ep_moe_rebalance(out.data(), 4, nullptr, load.data(), 4, &rc) == EP_MOE_ERR_INVALID_ARGUMENT);  // expert 9
+  CHECK(std::string(ep_moe_last_error()).find("current[3]") != std::string::npos);
+  cur[3] = 3;
+  rc.num_current_slots = -1;
+  CHECK(ep_moe_rebalance(out.data(), 4, nullptr, load.data(), 4, &rc) == EP_MOE_ERR_INVALID_ARGUMENT);
+  rc.num_current_slots = 4;
+  CHECK(ep_moe_rebalance(out.data(), 4, nullptr, load.data(), 4, &rc) == EP_MOE_OK);
 }
 
 TEST_CASE("rebalance: bad parameters are rejected with a message", "[eplb][rebalance][errors]") {

@@ -91,5 +91,7 @@ int main(void) {
   printf("ep_moe_rebalance_config_t num_ranks %zu\n", offsetof(ep_moe_rebalance_config_t, num_ranks));
   printf("ep_moe_rebalance_config_t ranks_per_node %zu\n", offsetof(ep_moe_rebalance_config_t, ranks_per_node));
   printf("ep_moe_rebalance_config_t num_expert_groups %zu\n", offsetof(ep_moe_rebalance_config_t, num_expert_groups));
+  printf("ep_moe_rebalance_config_t num_current_slots %zu\n", offsetof(ep_moe_rebalance_config_t, num_current_slots));
+  printf("ep_moe_rebalance_config_t current_slots %zu\n", offsetof(ep_moe_rebalance_config_t, current_slots));
   return 0;
 }

@@ -327,6 +327,8 @@ pub struct ep_moe_rebalance_config_t {
     pub num_ranks: i32,
     pub ranks_per_node: i32,
     pub num_expert_groups: i32,
+    pub num_current_slots: i32,
+    pub current_slots: *const i32,
 }
 
 #[link(name = "ep_moe")]

@@ -106,4 +106,6 @@ fn struct_layouts_match_the_c_header() {
     assert_eq!(std::mem::offset_of!(ep_moe_rebalance_config_t, num_ranks), get("ep_moe_rebalance_config_t num_ranks"), "ep_moe_rebalance_config_t.num_ranks");
     assert_eq!(std::mem::offset_of!(ep_moe_rebalance_config_t, ranks_per_node), get("ep_moe_rebalance_config_t ranks_per_node"), "ep_moe_rebalance_config_t.ranks_per_node");
     assert_eq!(std::mem::offset_of!(ep_moe_rebalance_config_t, num_expert_groups), get("ep_moe_rebalance_config_t num_expert_groups"), "ep_moe_rebalance_config_t.num_expert_groups");
+    assert_eq!(std::mem::offset_of!(ep_moe_rebalance_config_t, num_current_slots), get("ep_moe_rebalance_config_t num_current_slots"), "ep_moe_rebalance_config_t.num_current_slots");
+    assert_eq!(std::mem::offset_of!(ep_moe_rebalance_config_t, current_slots), get("ep_moe_rebalance_config_t current_slots"), "ep_moe_rebalance_config_t.current_slots");
 }

@@ -667,13 +667,15 @@ impl<'c> Layer<'c> {
 
 /// A balanced placement from per-expert load (`ep_moe_rebalance`): the
 /// custom placement table (slot -> expert) and its imbalance (max rank
-/// load / mean).
+/// load / mean). `current` (may be empty) is the placement in use; packs
+/// then stay on the ranks that hold most of them.
 pub fn rebalance(
     load: &[f64],
     num_slots: i32,
     num_ranks: i32,
     ranks_per_node: i32,
     num_groups: i32,
+    current: &[i32],
 ) -> Result<(Vec<i32>, f64)> {
     // SAFETY: zeroed then initialised by the library.
     let mut c: sys::ep_moe_rebalance_config_t = unsafe { std::mem::zeroed() };
@@ -683,6 +685,8 @@ pub fn rebalance(
     c.num_ranks = num_ranks;
     c.ranks_per_node = ranks_per_node;
     c.num_expert_groups = num_groups;
+    c.num_current_slots = current.len() as i32;
+    c.current_slots = if current.is_empty() { ptr::null() } else { current.as_ptr() };
     let mut out = vec![0i32; num_slots.max(0) as usize];
     let mut imbalance = 0f64;
     // SAFETY: the buffers have the lengths passed.

@@ -222,7 +222,7 @@ fn load_rebalance_replace() {
                 layer.forward(&x, Routing::Logits(&logits), &mut before, None).unwrap();
                 let load = layer.expert_load(true, true).unwrap();
                 let (slots, imbalance) =
-                    rebalance(&load.iter().map(|&v| v as f64).collect::<Vec<_>>(), 8, 2, 0, 0).unwrap();
+                    rebalance(&load.iter().map(|&v| v as f64).collect::<Vec<_>>(), 8, 2, 0, 0, &[]).unwrap();
                 assert!(imbalance >= 1.0);
                 let next = ExpertMap::new(&ExpertMapConfig::new(2, r, E as i32).custom(slots, vec![])).unwrap();
                 layer.replace(&next, None, 0).unwrap();
@@ -244,7 +244,7 @@ fn load_rebalance_replace() {
             assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "{} vs {}", a, b);
         }
     }
-    let e = rebalance(&[1.0, 2.0], 3, 2, 0, 0).err().unwrap();
+    let e = rebalance(&[1.0, 2.0], 3, 2, 0, 0, &[]).err().unwrap();
     assert_eq!(e.status, Status::InvalidArgument);
     assert!(e.message.contains("multiple"), "{}", e.message);
 }
