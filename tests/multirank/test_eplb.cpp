@@ -571,6 +571,15 @@ TEST_CASE("elastic: a lost shard comes from the checkpoint, only what is missing
     CHECK(st[static_cast<size_t>(r)] == EP_MOE_ERR_NOT_FOUND);
     CHECK(msg[static_cast<size_t>(r)].find("no checkpoint") != std::string::npos);
   }
+  // A layer index the checkpoint does not have: only rank 2 reads, after the
+  // transfers; its failure still fails every rank, and nothing changes.
+  st = replace(W, {}, 3, group, ck, 42, &msg);
+  for (int r = 0; r < 3; ++r) {
+    INFO(msg[static_cast<size_t>(r)]);
+    CHECK(st[static_cast<size_t>(r)] != EP_MOE_OK);
+    CHECK(attr(W.layers[static_cast<size_t>(r)], EP_MOE_LAYER_ATTR_NUM_LOCAL_EXPERTS) == 2);  // still the old map
+  }
+  CHECK(msg[0].find("rank 2") != std::string::npos);
   // With it: those are read, the rest moves between the survivors.
   st = replace(W, {}, 3, group, ck, m.layer, &msg);
   for (int r = 0; r < 3; ++r) {
@@ -676,4 +685,77 @@ TEST_CASE("replace without a communicator: one rank, duplicate slots", "[eplb][r
   CHECK(attr(W.layers[0], EP_MOE_LAYER_ATTR_NUM_LOCAL_EXPERTS) == 14);
   CHECK(attr(W.layers[0], EP_MOE_LAYER_ATTR_REPLACE_EXPERTS_KEPT) == 12);
   check_close(before, forward(W, s), 1e-6);
+}
+
+namespace {
+// A step whose every token routes to expert 0 (k = 0) and one other expert.
+Step all_to_expert0(const World& W, int ranks, int T) {
+  Step s;
+  const auto& sp = W.c.spec;
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::uniform_int_distribution<int> other(1, sp.E - 1);
+  std::uniform_real_distribution<float> u(0.1f, 1.0f);
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<float> hid(static_cast<size_t>(T) * sp.H), tw(static_cast<size_t>(T) * 2);
+    std::vector<int32_t> ti(static_cast<size_t>(T) * 2);
+    std::vector<double> exp(static_cast<size_t>(T) * sp.H);
+    for (auto& x : hid) x = n(rng());
+    for (int t = 0; t < T; ++t) {
+      ti[static_cast<size_t>(t) * 2] = 0;
+      ti[static_cast<size_t>(t) * 2 + 1] = other(rng());
+      tw[static_cast<size_t>(t) * 2] = u(rng());
+      tw[static_cast<size_t>(t) * 2 + 1] = u(rng());
+      ref::moe_token(sp, W.w, hid.data() + static_cast<size_t>(t) * sp.H, {0, ti[static_cast<size_t>(t) * 2 + 1]},
+                     {tw[static_cast<size_t>(t) * 2], tw[static_cast<size_t>(t) * 2 + 1]},
+                     exp.data() + static_cast<size_t>(t) * sp.H);
+    }
+    s.in.hidden.push_back(hid);
+    s.in.topk_ids.push_back(ti);
+    s.in.topk_w.push_back(tw);
+    s.in.logits.emplace_back();
+    s.in.expect.push_back(exp);
+    s.tokens.push_back(T);
+  }
+  return s;
+}
+
+std::vector<int64_t> expert0_pairs(World& W) {
+  std::vector<int64_t> out;
+  for (auto* l : W.layers) {
+    std::vector<int64_t> v(static_cast<size_t>(W.c.spec.E));
+    REQUIRE(ep_moe_layer_expert_load(v.data(), v.size(), l, 0, 1) == EP_MOE_OK);
+    out.push_back(v[0]);
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("all-to-all replicas: holders keep their pairs, the rest go where an even share is missing",
+          "[eplb][replicas][alltoall]") {
+  World W = small_world(EP_MOE_DISPATCH_ALLTOALL, true, 8, ref::F32);
+  W.c.spec.K = 2;
+  W.w = ref::random_weights(W.c.spec, ref::F32, rng());
+  // Expert 0 on ranks 0, 1 and 2; rank 3 has none. 12 tokens per rank, each
+  // with expert 0: holders keep 12 and take 4 of rank 3's each -> 16 16 16 0.
+  create(W, 4, {0, 1, 2, 3, 0, 4, 5, 6, 0, 7, 8, 9, 10, 11, 1, 2});
+  forward(W, all_to_expert0(W, 4, 12));
+  CHECK(expert0_pairs(W) == std::vector<int64_t>{16, 16, 16, 0});
+
+  // Rank 0 holds 2 of the 3 replicas, rank 1 one: rank 1 keeping all its
+  // own pairs (1/2) would exceed its share (1/3), so no rank keeps pairs
+  // and (t + k) mod 3 spreads them: rank 0 gets 2/3.
+  World V = small_world(EP_MOE_DISPATCH_ALLTOALL, true, 0, ref::F32);
+  V.c.spec.K = 2;
+  V.w = ref::random_weights(V.c.spec, ref::F32, rng());
+  create(V, 2, {0, 0, 1, 2, 3, 4, 5, 0, 6, 7, 8, 9, 10, 11});
+  forward(V, all_to_expert0(V, 2, 12));
+  CHECK(expert0_pairs(V) == std::vector<int64_t>{16, 8});
+
+  // All-gather over the same gathered batch: (t + k) mod 3 as well.
+  World G = small_world(EP_MOE_DISPATCH_ALLGATHER, true, 0, ref::F32);
+  G.c.spec.K = 2;
+  G.w = ref::random_weights(G.c.spec, ref::F32, rng());
+  create(G, 2, {0, 0, 1, 2, 3, 4, 5, 0, 6, 7, 8, 9, 10, 11});
+  forward(G, all_to_expert0(G, 2, 12));
+  CHECK(expert0_pairs(G) == std::vector<int64_t>{16, 8});
 }
