@@ -93,6 +93,7 @@ struct Case {
   int dp = 1, dispatch = EP_MOE_DISPATCH_ALLGATHER, placement = EP_MOE_PLACEMENT_LINEAR, wdt = ref::F32,
       adt = ref::F32;
   bool given_topk = false, decode = false;
+  bool replace = false;  // then rebalance on the step's load, re-place live, and check again
 };
 
 void run_case(ep_moe_comm_t* c, const Case& k, uint32_t seed, int idx) {
@@ -209,8 +210,9 @@ void run_case(ep_moe_comm_t* c, const Case& k, uint32_t seed, int idx) {
     a.dp_token_counts = counts.data();
     a.dp_is_decode = decode.data();
   }
+  auto run = [&](const std::string& when) {
   const ep_moe_status_t st = ep_moe_layer_forward(layer, &a);
-  expect(st == EP_MOE_OK, tag + ": forward: " + ep_moe_layer_last_error(layer));
+  expect(st == EP_MOE_OK, tag + when + ": forward: " + ep_moe_layer_last_error(layer));
   if (st == EP_MOE_OK) {
     const auto got = ref::decode(out.data(), static_cast<size_t>(T * s.H), k.adt);
     const auto& want = expect_out[static_cast<size_t>(replica)];
@@ -218,7 +220,39 @@ void run_case(ep_moe_comm_t* c, const Case& k, uint32_t seed, int idx) {
     for (double v : want) scale = std::max(scale, std::fabs(v));
     for (size_t i = 0; i < want.size(); ++i) err = std::max(err, std::fabs(got[i] - want[i]));
     const double tol = (k.adt == ref::BF16 || k.wdt == ref::BF16) ? 1e-2 : (k.adt == ref::F16 || k.wdt == ref::F16) ? 5e-3 : 1e-4;
-    expect(err / scale <= tol, tag + ": error " + std::to_string(err / scale));
+    expect(err / scale <= tol, tag + when + ": error " + std::to_string(err / scale));
+  }
+  };
+  run("");
+  if (k.replace) {
+    // The load over the group, a placement with g_size redundant slots, and
+    // the weights moved over MPI; the same step must give the same answer.
+    std::vector<int64_t> load(static_cast<size_t>(s.E));
+    expect(ep_moe_layer_expert_load(load.data(), load.size(), layer, 1, 1) == EP_MOE_OK, tag + ": expert_load");
+    std::vector<double> loadd(load.begin(), load.end());
+    for (auto& v : loadd) v += 1;  // every expert some load
+    ep_moe_rebalance_config_t rc;
+    ep_moe_rebalance_config_init(&rc);
+    rc.num_experts = s.E;
+    rc.num_slots = (s.E + g_size + g_size - 1) / g_size * g_size;
+    rc.num_ranks = g_size;
+    std::vector<int32_t> table(static_cast<size_t>(rc.num_slots));
+    expect(ep_moe_rebalance(table.data(), table.size(), nullptr, loadd.data(), loadd.size(), &rc) == EP_MOE_OK,
+           tag + ": rebalance");
+    ep_moe_expert_map_config_t nc;
+    ep_moe_expert_map_config_init(&nc);
+    nc.ep_size = g_size;
+    nc.ep_rank = g_rank;
+    nc.global_num_experts = s.E;
+    nc.placement = EP_MOE_PLACEMENT_CUSTOM;
+    nc.custom_slots = table.data();
+    nc.num_custom_slots = rc.num_slots;
+    ep_moe_expert_map_t* next = nullptr;
+    expect(ep_moe_expert_map_create(&next, &nc) == EP_MOE_OK, tag + ": custom map");
+    const ep_moe_status_t rs = ep_moe_layer_replace(layer, next, nullptr, nullptr, 0);
+    expect(rs == EP_MOE_OK, tag + ": replace: " + ep_moe_layer_last_error(layer));
+    ep_moe_expert_map_destroy(next);
+    if (rs == EP_MOE_OK) run(" after replace");
   }
   ep_moe_layer_destroy(layer);
 }
@@ -255,6 +289,7 @@ int main(int argc, char** argv) {
         k.adt = variant == 2 ? ref::BF16 : ref::F32;
         k.given_topk = variant == 1;
         k.decode = variant != 0;
+        k.replace = variant == 1;
         if (variant == 2 && dispatch == EP_MOE_DISPATCH_ALLGATHER && g_size > 1) {  // round robin needs groups
           k.spec.E = 4 * g_size;
           k.spec.groups = 2;
