@@ -64,6 +64,7 @@ struct Row {
   std::string preset, strategy;
   int ep = 0, tokens = 0, threads = 0, iters = 0;
   double ms = 0, tokens_per_s = 0, gflops = 0, gflops_frac = 0, weight_gbs = 0, weight_frac = 0;
+  std::string peak_kind;
   int64_t local_pairs = 0, active_experts = 0;
 };
 
@@ -121,9 +122,13 @@ int main(int argc, char** argv) {
   const char* fma_isa = "";
   std::printf("measuring this machine's peaks with %d thread(s)...\n", threads);
   const double peak = bench::fma_peak_gflops(threads, o.peak_time, &fma_isa);
+  const double dot_peak = bench::bf16_dot_peak_gflops(threads, o.peak_time);
   const double bw = bench::read_bandwidth_gbs(threads, o.peak_time, o.bw_mb);
-  std::printf("f32 FMA peak (%s): %.1f GFLOP/s   read bandwidth (%d MiB buffer): %.1f GB/s\n\n", fma_isa, peak,
+  if (dot_peak > 0) std::printf("bf16 dot-product peak (avx512bf16): %.1f GFLOP/s\n", dot_peak);
+  std::printf("f32 FMA peak (%s): %.1f GFLOP/s   read bandwidth (%d MiB buffer): %.1f GB/s\n", fma_isa, peak,
               o.bw_mb, bw);
+  std::printf("%%peak is against the bf16 dot-product peak for bf16 weights and activations on the bf16 kernels, "
+              "else the f32 FMA peak\n\n");
   std::printf("%-14s %4s %6s %-7s %9s %11s %9s %6s %9s %6s %7s %6s\n", "preset", "ep", "tokens", "strat", "ms",
               "tokens/s", "GFLOP/s", "%peak", "wGB/s", "%bw", "pairs", "active");
 
@@ -162,7 +167,12 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "weights: %s\n", err.c_str());
         return 1;
       }
-      int64_t weight_bytes = 0, n_local = 0, shard = 0;
+      int64_t weight_bytes = 0, n_local = 0, shard = 0, isa = 0;
+      ep_moe_layer_get_attr(&isa, layer, EP_MOE_LAYER_ATTR_CPU_ISA);
+      // The bf16 kernels run bf16 weights with bf16 activations on pair dot
+      // products: their peak is the dot-product peak.
+      const bool dot = isa == 3 && o.dtype == EP_MOE_DTYPE_BF16 && dot_peak > 0;
+      const double row_peak = dot ? dot_peak : peak;
       ep_moe_layer_get_attr(&weight_bytes, layer, EP_MOE_LAYER_ATTR_WEIGHT_BYTES);
       ep_moe_layer_get_attr(&n_local, layer, EP_MOE_LAYER_ATTR_NUM_LOCAL_EXPERTS);
       ep_moe_layer_get_attr(&shard, layer, EP_MOE_LAYER_ATTR_SHARED_SHARD_SIZE);
@@ -233,7 +243,8 @@ int main(int argc, char** argv) {
         r.ms = t * 1e3;
         r.tokens_per_s = T / t;
         r.gflops = flops / t / 1e9;
-        r.gflops_frac = r.gflops / peak;
+        r.gflops_frac = r.gflops / row_peak;
+        r.peak_kind = dot ? "bf16dot" : "f32fma";
         r.weight_gbs = (mean_active * expert_bytes + shared_bytes) / t / 1e9;
         r.weight_frac = r.weight_gbs / bw;
         std::printf("%-14s %4d %6d %-7s %9.3f %11.1f %9.1f %5.1f%% %9.1f %5.1f%% %7lld %6lld\n", name.c_str(), ep, T,
@@ -266,17 +277,17 @@ int main(int argc, char** argv) {
     std::fprintf(f, "{\n  \"ep_moe_version\": \"%s\",\n  \"dtype\": \"%s\",\n", ep_moe_version_string(),
                  dtype_name(o.dtype));
     std::fprintf(f, "  \"machine\": {\"threads\": %d, \"fma_isa\": \"%s\", \"fma_peak_gflops\": %.3f, "
-                    "\"read_bandwidth_gbs\": %.3f},\n  \"results\": [\n",
-                 threads, fma_isa, peak, bw);
+                    "\"bf16_dot_peak_gflops\": %.3f, \"read_bandwidth_gbs\": %.3f},\n  \"results\": [\n",
+                 threads, fma_isa, peak, dot_peak, bw);
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::fprintf(f,
                    "    {\"preset\": \"%s\", \"ep\": %d, \"tokens\": %d, \"strategy\": \"%s\", \"threads\": %d, "
                    "\"iters\": %d, \"ms\": %.6f, \"tokens_per_s\": %.3f, \"gflops\": %.3f, \"gflops_frac_peak\": "
-                   "%.5f, \"weight_gbs\": %.3f, \"weight_frac_bw\": %.5f, \"local_pairs\": %lld, "
+                   "%.5f, \"peak\": \"%s\", \"weight_gbs\": %.3f, \"weight_frac_bw\": %.5f, \"local_pairs\": %lld, "
                    "\"active_experts\": %lld}%s\n",
                    r.preset.c_str(), r.ep, r.tokens, r.strategy.c_str(), r.threads, r.iters, r.ms, r.tokens_per_s,
-                   r.gflops, r.gflops_frac, r.weight_gbs, r.weight_frac, static_cast<long long>(r.local_pairs),
+                   r.gflops, r.gflops_frac, r.peak_kind.c_str(), r.weight_gbs, r.weight_frac, static_cast<long long>(r.local_pairs),
                    static_cast<long long>(r.active_experts), i + 1 < rows.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");

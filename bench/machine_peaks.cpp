@@ -46,6 +46,21 @@ __attribute__((target("avx2,fma"))) double fma_avx2(int64_t iters) {
   }
   return static_cast<double>(s);
 }
+// The same chains with vdpbf16ps: 32 bf16 multiply-adds into 16 f32 lanes.
+__attribute__((target("avx512f,avx512bf16"))) double dot_bf16(int64_t iters) {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(1e-7f * static_cast<float>(i));
+  const __m512bh x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3f803f80));  // (1.0, 1.0)
+  const __m512bh y = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x33d633d6));  // ~1e-7
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbf16_ps(a[i], x, y);
+  float out[16], s = 0;
+  for (int i = 0; i < 12; ++i) {
+    _mm512_storeu_ps(out, a[i]);
+    for (float v : out) s += v;
+  }
+  return static_cast<double>(s);
+}
 #endif
 
 double fma_scalar(int64_t iters) {
@@ -59,7 +74,42 @@ double fma_scalar(int64_t iters) {
 }
 
 std::atomic<double> g_sink{0};
+
+// Calibrates one thread's rate of fn, then runs every thread for about
+// `seconds`; returns the iterations each thread ran and the wall time.
+double timed_iters(double (*fn)(int64_t), int threads, double seconds, double* dt_out) {
+  int64_t iters = 1 << 16;
+  for (;;) {
+    const auto t0 = Clock::now();
+    g_sink = g_sink + fn(iters);
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (dt > 0.02) {
+      iters = static_cast<int64_t>(static_cast<double>(iters) * seconds / dt) + 1;
+      break;
+    }
+    iters *= 4;
+  }
+  std::vector<std::thread> ts;
+  const auto t0 = Clock::now();
+  for (int t = 0; t < threads; ++t) ts.emplace_back([&] { g_sink = g_sink + fn(iters); });
+  for (auto& t : ts) t.join();
+  *dt_out = std::chrono::duration<double>(Clock::now() - t0).count();
+  return static_cast<double>(iters);
+}
 }  // namespace
+
+double bf16_dot_peak_gflops(int threads, double seconds) {
+#if defined(__x86_64__)
+  if (!__builtin_cpu_supports("avx512bf16")) return 0;
+  double dt = 0;
+  const double iters = timed_iters(dot_bf16, threads, seconds, &dt);
+  return iters * 12.0 * 32.0 * 2.0 * threads / dt / 1e9;
+#else
+  (void)threads;
+  (void)seconds;
+  return 0;
+#endif
+}
 
 double fma_peak_gflops(int threads, double seconds, const char** isa) {
   double (*fn)(int64_t) = fma_scalar;
@@ -76,25 +126,9 @@ double fma_peak_gflops(int threads, double seconds, const char** isa) {
     *isa = "avx2";
   }
 #endif
-  // Calibrate one thread's rate, then run every thread for `seconds`.
-  int64_t iters = 1 << 16;
-  for (;;) {
-    const auto t0 = Clock::now();
-    g_sink = g_sink + fn(iters);
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (dt > 0.02) {
-      iters = static_cast<int64_t>(static_cast<double>(iters) * seconds / dt) + 1;
-      break;
-    }
-    iters *= 4;
-  }
-  std::vector<std::thread> ts;
-  const auto t0 = Clock::now();
-  for (int t = 0; t < threads; ++t) ts.emplace_back([&] { g_sink = g_sink + fn(iters); });
-  for (auto& t : ts) t.join();
-  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-  const double flops = static_cast<double>(iters) * 12.0 * lanes * 2.0 * threads;
-  return flops / dt / 1e9;
+  double dt = 0;
+  const double iters = timed_iters(fn, threads, seconds, &dt);
+  return iters * 12.0 * lanes * 2.0 * threads / dt / 1e9;
 }
 
 double read_bandwidth_gbs(int threads, double seconds, int megabytes) {

@@ -8,6 +8,11 @@ namespace bench {
 // with the widest vector FMA the CPU has, for about `seconds`.
 double fma_peak_gflops(int threads, double seconds, const char** isa);
 
+// bf16 pair-dot throughput (AVX512_BF16 vdpbf16ps: 32 multiply-adds per
+// instruction, 2 flops each) of `threads` threads for about `seconds`; 0
+// when the CPU lacks AVX512_BF16.
+double bf16_dot_peak_gflops(int threads, double seconds);
+
 // Read bandwidth of `threads` threads streaming a `megabytes` buffer, GB/s.
 double read_bandwidth_gbs(int threads, double seconds, int megabytes);
 

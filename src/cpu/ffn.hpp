@@ -28,15 +28,18 @@ struct ExpertJob {
 class FfnRunner {
  public:
   // Workspace for up to `chunk_rows` (token, expert) pairs at a time with
-  // intermediate sizes up to `max_inter`.
-  FfnRunner(const Kernels& k, int32_t hidden, int32_t max_inter, int64_t chunk_rows);
+  // intermediate sizes up to `max_inter`. `bf16_activations`: the layer's
+  // activations are bf16, so bf16 weights may use the bf16 pair-dot tiles
+  // (x and h rounded to bf16, as in a GPU bf16 GEMM); with f32 or f16
+  // activations the tiles widen the weights and keep f32 activations.
+  FfnRunner(const Kernels& k, int32_t hidden, int32_t max_inter, int64_t chunk_rows, bool bf16_activations);
 
   // acc[rows[i]] += weights[i] * down(act(gate(x[rows[i]])) * up(x[rows[i]]))
   // for every job and row, in job order then row order for each token.
   void run(ThreadPool& pool, const std::vector<ExpertJob>& jobs, const float* x, int64_t ldx, float* acc,
            int64_t ldacc, Act act);
 
-  size_t workspace_bytes() const { return h_.size() + y_.size(); }
+  size_t workspace_bytes() const { return h_.size() + y_.size() + xb_.size() + hb_.size(); }
 
  private:
   struct Segment {
@@ -51,6 +54,9 @@ class FfnRunner {
   int32_t hidden_, ldh_;
   int64_t chunk_;
   AlignedBuffer h_, y_;
+  // With bf16 pair-dot tiles: the chunk's rows of x, and h, in bf16.
+  AlignedBuffer xb_, hb_;
+  bool bf16_act_ = false;
 };
 
 // The gated activation of one value pair, shared with reference code paths.

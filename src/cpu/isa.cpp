@@ -12,7 +12,7 @@ Isa hardware_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma"))
-    return Isa::Avx512;
+    return __builtin_cpu_supports("avx512bf16") ? Isa::Avx512Bf16 : Isa::Avx512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
     return Isa::Avx2;
 #endif
@@ -28,6 +28,7 @@ Isa detect_isa() {
     if (std::strcmp(env, "generic") == 0) want = Isa::Generic;
     else if (std::strcmp(env, "avx2") == 0) want = Isa::Avx2;
     else if (std::strcmp(env, "avx512") == 0) want = Isa::Avx512;
+    else if (std::strcmp(env, "avx512bf16") == 0) want = Isa::Avx512Bf16;
     if (static_cast<int>(want) < static_cast<int>(hw)) hw = want;
   }
   return hw;
@@ -38,6 +39,7 @@ const char* isa_name(Isa isa) {
     case Isa::Generic: return "generic";
     case Isa::Avx2: return "avx2";
     case Isa::Avx512: return "avx512";
+    case Isa::Avx512Bf16: return "avx512bf16";
   }
   return "?";
 }

@@ -6,10 +6,11 @@
 namespace ep_moe {
 namespace cpu {
 
-enum class Isa : int { Generic = 0, Avx2 = 1, Avx512 = 2 };
+enum class Isa : int { Generic = 0, Avx2 = 1, Avx512 = 2, Avx512Bf16 = 3 };
 
 // What this CPU supports, lowered by the environment variable
-// EP_MOE_CPU_ISA=generic|avx2|avx512 (never raised above the hardware).
+// EP_MOE_CPU_ISA=generic|avx2|avx512|avx512bf16 (never raised above the
+// hardware).
 Isa detect_isa();
 const char* isa_name(Isa isa);
 

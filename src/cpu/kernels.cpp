@@ -6,6 +6,7 @@ namespace cpu {
 const Kernels& kernels_for(Isa isa) {
 #if defined(EP_MOE_X86_KERNELS)
   switch (isa) {
+    case Isa::Avx512Bf16: return kernels_avx512bf16();
     case Isa::Avx512: return kernels_avx512();
     case Isa::Avx2: return kernels_avx2();
     case Isa::Generic: break;

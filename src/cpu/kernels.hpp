@@ -17,12 +17,18 @@ namespace ep_moe {
 namespace cpu {
 
 using TileFn = void (*)(int m, const float* const* a, int k, const void* panel, float* c);
+// The same over bf16 activation rows and bf16 panels, with bf16 pair dot
+// products (AVX512_BF16): each product is exact in f32, the sums are f32.
+using TileBf16Fn = void (*)(int m, const uint16_t* const* a, int k, const void* panel, float* c);
 
 struct Kernels {
   Isa isa;
   int nr;  // panel width (output columns per tile)
   int mr;  // most rows per tile
   TileFn tile[3];  // by weight dtype: f32, bf16, f16
+  TileBf16Fn tile_bf16 = nullptr;  // bf16 x bf16, where the CPU has it
+  // f32 -> bf16, round to nearest even (with tile_bf16).
+  void (*to_bf16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
 };
 
 const Kernels& kernels_for(Isa isa);
@@ -31,6 +37,7 @@ const Kernels& kernels_for(Isa isa);
 const Kernels& kernels_generic();
 const Kernels& kernels_avx2();
 const Kernels& kernels_avx512();
+const Kernels& kernels_avx512bf16();
 
 }  // namespace cpu
 }  // namespace ep_moe

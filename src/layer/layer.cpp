@@ -206,7 +206,8 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
   shared_weights_.resize(static_cast<size_t>(max_rows));
   jobs_.reserve(experts_.size() + 1);
   const int64_t chunk = std::min<int64_t>(kMaxChunkPairs, max_rows * (K + 1));
-  ffn_ = std::make_unique<cpu::FfnRunner>(kern_, c.hidden_size, std::max(c.intermediate_size, shared_count_), chunk);
+  ffn_ = std::make_unique<cpu::FfnRunner>(kern_, c.hidden_size, std::max(c.intermediate_size, shared_count_), chunk,
+                                          c.act_dtype == EP_MOE_DTYPE_BF16);
 
   log(EP_MOE_LOG_INFO,
       "[EP rank %d/%d] MoE layer: H=%d I=%d E=%d top-%d, %d local experts, shared shard %d/%d, dp %d, %d threads, "

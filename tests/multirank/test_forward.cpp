@@ -213,14 +213,18 @@ TEST_CASE("the result does not depend on the EP size", "[forward][invariance]") 
 
 TEST_CASE("kernels: every CPU ISA path and several threads agree with the reference", "[forward][isa]") {
   // EP_MOE_CPU_ISA lowers the kernels the layer picks at create time.
-  for (const char* isa : {"generic", "avx2", "avx512"}) {
+  // bf16 weights with bf16 activations take the pair-dot tiles where the CPU
+  // has AVX512_BF16; odd H and I exercise their odd-k tails.
+  for (const char* isa : {"generic", "avx2", "avx512", "avx512bf16"}) {
     setenv("EP_MOE_CPU_ISA", isa, 1);
-    for (int wdt : {ref::F32, ref::BF16, ref::F16}) {
+    for (int variant = 0; variant < 5; ++variant) {
+      const int wdt = variant == 0 ? ref::F32 : variant == 2 ? ref::F16 : ref::BF16;
       Case c;
       c.ep = 2;
       c.threads = 3;
       c.wdt = wdt;
-      c.spec.H = 70;
+      c.adt = variant >= 3 ? ref::BF16 : ref::F32;
+      c.spec.H = variant == 4 ? 71 : 70;
       c.spec.I = 37;
       c.spec.E = 6;
       c.spec.K = 2;
