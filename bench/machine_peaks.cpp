@@ -19,12 +19,17 @@ using Clock = std::chrono::steady_clock;
 
 #if defined(__x86_64__)
 // 12 independent accumulator chains hide the FMA latency on every x86 core
-// we know; each iteration is 12 FMAs of `lanes` floats.
+// we know; each iteration is 12 FMAs of `lanes` floats. The inner loops
+// must be unrolled so the chains live in registers: a loop over a[] in
+// memory adds a store-to-load round trip to every FMA and measured a third
+// of the real peak (the figures before 2026-11-30 in docs/benchmarks.md
+// were against that understated peak).
 __attribute__((target("avx512f"))) double fma_avx512(int64_t iters) {
   __m512 a[12];
   for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(1.0f + 1e-7f * static_cast<float>(i));
   const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
   for (int64_t it = 0; it < iters; ++it)
+#pragma GCC unroll 12
     for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], m, c);
   float out[16], s = 0;
   for (int i = 0; i < 12; ++i) {
@@ -38,6 +43,7 @@ __attribute__((target("avx2,fma"))) double fma_avx2(int64_t iters) {
   for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(1.0f + 1e-7f * static_cast<float>(i));
   const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
   for (int64_t it = 0; it < iters; ++it)
+#pragma GCC unroll 12
     for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], m, c);
   float out[8], s = 0;
   for (int i = 0; i < 12; ++i) {
@@ -53,6 +59,7 @@ __attribute__((target("avx512f,avx512bf16"))) double dot_bf16(int64_t iters) {
   const __m512bh x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3f803f80));  // (1.0, 1.0)
   const __m512bh y = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x33d633d6));  // ~1e-7
   for (int64_t it = 0; it < iters; ++it)
+#pragma GCC unroll 12
     for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbf16_ps(a[i], x, y);
   float out[16], s = 0;
   for (int i = 0; i < 12; ++i) {
@@ -67,6 +74,7 @@ double fma_scalar(int64_t iters) {
   float a[12];
   for (int i = 0; i < 12; ++i) a[i] = 1.0f + 1e-7f * static_cast<float>(i);
   for (int64_t it = 0; it < iters; ++it)
+#pragma GCC unroll 12
     for (int i = 0; i < 12; ++i) a[i] = a[i] * 0.999999f + 1e-7f;
   double s = 0;
   for (float v : a) s += v;

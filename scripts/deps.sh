@@ -6,7 +6,8 @@ set -euo pipefail
 what=${1:-test}
 
 build_pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libopenmpi-dev openmpi-bin)
-test_pkgs=(catch2 doxygen clang libclang-rt-14-dev python3 python3-venv golang-go abigail-tools)
+test_pkgs=(catch2 doxygen clang libclang-rt-14-dev python3 python3-venv golang-go abigail-tools
+           libopenblas-dev libdnnl-dev)  # the last two: the GEMM engine benchmark only
 
 pkgs=("${build_pkgs[@]}")
 if [ "$what" = test ]; then pkgs+=("${test_pkgs[@]}"); fi

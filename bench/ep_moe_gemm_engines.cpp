@@ -1,0 +1,228 @@
+// ep_moe_gemm_engines: which GEMM engine should run the CPU expert FFNs?
+//
+// The expert GEMMs are C[M, N] = A[M, K] * W[N, K]^T with W an expert's
+// gate_up ([2I, H]) or down ([H, I]) matrix and M the pairs routed to that
+// expert (1 in decode, tens in prefill). This measures, on those shapes and
+// in the same run, ep_moe's packed-panel tiles against OpenBLAS
+// (cblas_sgemm / cblas_sbgemm) and oneDNN (matmul, weights reordered once
+// into its preferred layout, as ep_moe packs them once), f32 and bf16, with
+// the same number of threads, rotating through enough weight copies that the
+// caches hold none of them. Built only when both libraries are found.
+#include <cblas.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu/isa.hpp"
+#include "cpu/kernels.hpp"
+#include "cpu/pack.hpp"
+#include "oneapi/dnnl/dnnl.hpp"
+
+extern "C" char* openblas_get_corename(void);
+extern "C" void openblas_set_num_threads(int);
+// Looked up at run time: OpenBLAS builds without BUILD_BFLOAT16 (Debian's)
+// lack it.
+using SbgemmFn = void (*)(CBLAS_ORDER, CBLAS_TRANSPOSE, CBLAS_TRANSPOSE, blasint, blasint, blasint, float,
+                          const uint16_t*, blasint, const uint16_t*, blasint, float, float*, blasint);
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace cpu = ep_moe::cpu;
+
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fff + ((u >> 16) & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+struct Shape {
+  const char* name;
+  int n, k;
+};
+
+// Runs fn(copy) over rotating copies for at least `seconds`; mean seconds per call.
+template <class F>
+double time_it(int copies, double seconds, F&& fn) {
+  fn(0);  // warm-up
+  int calls = 0;
+  const auto t0 = Clock::now();
+  double dt = 0;
+  do {
+    fn(calls % copies);
+    ++calls;
+    dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  } while (dt < seconds || calls < 3);
+  return dt / calls;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2;
+  double seconds = 0.3;
+  bool quick = false;  // qwen3 shapes, 32 MiB of weight copies: a smoke run
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    else if (i + 1 < argc && std::strcmp(argv[i], "--threads") == 0) threads = std::atoi(argv[++i]);
+    else if (i + 1 < argc && std::strcmp(argv[i], "--seconds") == 0) seconds = std::atof(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: ep_moe_gemm_engines [--threads N] [--seconds S] [--quick]\n");
+      return 2;
+    }
+  }
+  if (threads < 1) threads = 1;
+  openblas_set_num_threads(threads);
+  setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);  // oneDNN's OpenMP, before its first use
+  const cpu::Kernels& kern = cpu::kernels_for(cpu::detect_isa());
+  const auto sbgemm = reinterpret_cast<SbgemmFn>(dlsym(RTLD_DEFAULT, "cblas_sbgemm"));
+  if (!sbgemm) std::printf("this OpenBLAS has no cblas_sbgemm (built without BUILD_BFLOAT16): no OpenBLAS bf16 rows\n");
+  std::printf("threads %d; ep_moe kernels %s; OpenBLAS core %s; oneDNN %d.%d\n", threads, cpu::isa_name(kern.isa),
+              openblas_get_corename(), dnnl_version()->major, dnnl_version()->minor);
+  std::printf("%-16s %-5s %5s %9s %9s %9s %9s %9s\n", "shape", "dtype", "M", "ep_moe", "openblas", "onednn",
+              "ob/ep", "dnnl/ep");
+
+  const Shape shapes[] = {{"qwen3 gate_up", 1536, 2048}, {"qwen3 down", 2048, 768},
+                          {"deepseek gate_up", 4096, 7168}, {"deepseek down", 7168, 2048}};
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream strm(eng);
+
+  int mismatches = 0;
+  for (const Shape& sh : shapes) {
+    if (quick && std::strncmp(sh.name, "qwen3", 5) != 0) continue;
+    const int N = sh.n, K = sh.k;
+    for (int bf16 = 0; bf16 < 2; ++bf16) {
+      const size_t es = bf16 ? 2 : 4;
+      // Enough copies that they exceed any cache (>= 256 MiB in all).
+      const size_t budget = size_t{quick ? 32 : 256} << 20;
+      const int copies = static_cast<int>(std::max<size_t>(2, budget / (static_cast<size_t>(N) * K * es) + 1));
+      std::vector<std::vector<float>> wf(static_cast<size_t>(copies));
+      std::vector<std::vector<uint16_t>> wb(static_cast<size_t>(copies));
+      std::vector<cpu::PackedWeight> packed(static_cast<size_t>(copies));
+      for (int c = 0; c < copies; ++c) {
+        auto& w = wf[static_cast<size_t>(c)];
+        w.resize(static_cast<size_t>(N) * K);
+        for (auto& x : w) x = nd(rng) * 0.02f;
+        if (bf16) {
+          wb[static_cast<size_t>(c)].resize(w.size());
+          for (size_t i = 0; i < w.size(); ++i) wb[static_cast<size_t>(c)][i] = to_bf16(w[i]);
+          cpu::pack(packed[static_cast<size_t>(c)], cpu::Source{wb[static_cast<size_t>(c)].data(), EP_MOE_DTYPE_BF16, K}, N,
+                    K, kern.nr, EP_MOE_DTYPE_BF16);
+        } else {
+          cpu::pack(packed[static_cast<size_t>(c)], cpu::Source{w.data(), EP_MOE_DTYPE_F32, K}, N, K, kern.nr,
+                    EP_MOE_DTYPE_F32);
+        }
+        if (bf16) std::vector<float>().swap(w);  // only the bf16 copy is needed
+      }
+      for (int M : {1, 8, 32, 128, 512}) {
+        std::vector<float> a(static_cast<size_t>(M) * K), cbuf(static_cast<size_t>(M) * N);
+        for (auto& x : a) x = nd(rng);
+        std::vector<uint16_t> ab(a.size());
+        for (size_t i = 0; i < a.size(); ++i) ab[i] = to_bf16(a[i]);
+        const double flops = 2.0 * M * N * K;
+
+        // ep_moe: panels split over the threads, rows in blocks of mr.
+        const bool dot = bf16 && kern.tile_bf16;
+        auto ours = [&](int c) {
+          const cpu::PackedWeight& w = packed[static_cast<size_t>(c)];
+          const int panels = w.panels();
+          std::vector<std::thread> ts;
+          for (int t = 0; t < threads; ++t)
+            ts.emplace_back([&, t] {
+              float tile[16 * 32];
+              const float* rows[16];
+              const uint16_t* rows16[16];
+              for (int p = panels * t / threads; p < panels * (t + 1) / threads; ++p)
+                for (int r0 = 0; r0 < M; r0 += kern.mr) {
+                  const int m = std::min(kern.mr, M - r0);
+                  for (int i = 0; i < m; ++i) {
+                    rows[i] = a.data() + static_cast<size_t>(r0 + i) * K;
+                    rows16[i] = ab.data() + static_cast<size_t>(r0 + i) * K;
+                  }
+                  if (dot) kern.tile_bf16(m, rows16, K, w.panel(p), tile);
+                  else kern.tile[w.dtype](m, rows, K, w.panel(p), tile);
+                  const int cols = std::min(kern.nr, N - p * kern.nr);
+                  for (int i = 0; i < m; ++i)
+                    std::memcpy(cbuf.data() + static_cast<size_t>(r0 + i) * N + static_cast<size_t>(p) * kern.nr,
+                                tile + i * kern.nr, static_cast<size_t>(cols) * 4);
+                }
+            });
+          for (auto& t : ts) t.join();
+        };
+        const double t_ours = time_it(copies, seconds, ours);
+
+        auto blas = [&](int c) {
+          if (bf16)
+            sbgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, ab.data(), K,
+                   wb[static_cast<size_t>(c)].data(), K, 0.0f, cbuf.data(), N);
+          else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a.data(), K,
+                        wf[static_cast<size_t>(c)].data(), K, 0.0f, cbuf.data(), N);
+        };
+        const double t_blas = bf16 && !sbgemm ? std::nan("") : time_it(copies, seconds, blas);
+
+        // oneDNN matmul: src [M, K], weights [K, N] (from W [N, K] row-major:
+        // strides {1, K}), reordered once into the layout it prefers.
+        using dt = dnnl::memory::data_type;
+        const dt wt = bf16 ? dt::bf16 : dt::f32;
+        dnnl::memory::desc src_md({M, K}, wt, dnnl::memory::format_tag::ab);
+        dnnl::memory::desc w_any({K, N}, wt, dnnl::memory::format_tag::any);
+        dnnl::memory::desc w_plain({K, N}, wt, dnnl::memory::dims{1, K});
+        dnnl::memory::desc dst_md({M, N}, dt::f32, dnnl::memory::format_tag::ab);
+        dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, w_any, dst_md), eng);  // oneDNN 2.x API
+        dnnl::matmul mm(pd);
+        std::vector<dnnl::memory> wmem;
+        for (int c = 0; c < copies; ++c) {
+          void* raw = bf16 ? static_cast<void*>(wb[static_cast<size_t>(c)].data())
+                           : static_cast<void*>(wf[static_cast<size_t>(c)].data());
+          dnnl::memory plain(w_plain, eng, raw);
+          dnnl::memory re(pd.weights_desc(), eng);
+          dnnl::reorder(plain, re).execute(strm, plain, re);
+          wmem.push_back(re);
+        }
+        strm.wait();
+        dnnl::memory src(src_md, eng, bf16 ? static_cast<void*>(ab.data()) : static_cast<void*>(a.data()));
+        dnnl::memory dst(dst_md, eng, cbuf.data());
+        auto onednn = [&](int c) {
+          mm.execute(strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wmem[static_cast<size_t>(c)]}, {DNNL_ARG_DST, dst}});
+          strm.wait();
+        };
+        const double t_dnnl = time_it(copies, seconds, onednn);
+        // Every engine must compute the same product (copy 0).
+        {
+          onednn(0);
+          const std::vector<float> ref_c = cbuf;
+          ours(0);
+          double err = 0, scale = 1e-30;
+          for (size_t i = 0; i < cbuf.size(); ++i) {
+            err = std::max(err, static_cast<double>(std::fabs(cbuf[i] - ref_c[i])));
+            scale = std::max(scale, static_cast<double>(std::fabs(ref_c[i])));
+          }
+          if (err / scale > (bf16 ? 2e-2 : 1e-4)) {
+            std::printf("MISMATCH ep_moe vs oneDNN: %g\n", err / scale);
+            ++mismatches;
+          }
+        }
+
+        std::printf("%-16s %-5s %5d %9.1f %9.1f %9.1f %8.2fx %8.2fx\n", sh.name, bf16 ? "bf16" : "f32", M,
+                    flops / t_ours / 1e9, flops / t_blas / 1e9, flops / t_dnnl / 1e9, t_ours / t_blas,
+                    t_ours / t_dnnl);
+        std::fflush(stdout);
+      }
+    }
+  }
+  std::printf("(columns: GFLOP/s; ob/ep and dnnl/ep > 1 mean that engine is faster than ep_moe)\n");
+  return mismatches == 0 ? 0 : 1;
+}
