@@ -62,6 +62,24 @@ ep_moe_status_t peer_status(ep_moe_status_t s) {
   return s == EP_MOE_ERR_INVALID_HANDLE ? EP_MOE_ERR_INVALID_ARGUMENT : s;
 }
 
+// Runs fn and turns what it throws into a status and a message, so that the
+// rank can still take part in the collectives that follow.
+template <class F>
+void capture(ep_moe_status_t* status, std::string* message, const char* what, F&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    *status = e.status();
+    *message = e.what();
+  } catch (const std::bad_alloc&) {
+    *status = EP_MOE_ERR_OUT_OF_MEMORY;
+    *message = std::string("out of memory ") + what;
+  } catch (const std::exception& e) {
+    *status = EP_MOE_ERR_INTERNAL;
+    *message = e.what();
+  }
+}
+
 struct Transfer {
   int32_t src, dst;  // participants (ranks of the communicator)
   int32_t expert;    // -1: units of the shared expert
@@ -125,17 +143,11 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
   std::string message = pre_error;
   std::unique_ptr<Layer> nl;
   if (status == EP_MOE_OK) {
-    try {
+    capture(&status, &message, "creating the re-placed layer", [&] {
       EP_MOE_CHECK_ARG(nmap->num_experts() == E, "the new map has %d experts, the layer %d", nmap->num_experts(), E);
       Comm* dp = dp_ == nullptr ? nullptr : dp_ == ep_ ? comm : dp_;
       nl = std::make_unique<Layer>(cfg_, *nmap, comm, dp);
-    } catch (const Error& e) {
-      status = e.status();
-      message = e.what();
-    } catch (const std::bad_alloc&) {
-      status = EP_MOE_ERR_OUT_OF_MEMORY;
-      message = "out of memory creating the re-placed layer";
-    }
+    });
   }
 
   // What this rank holds now.
@@ -308,7 +320,7 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
   int64_t sent = 0, received = 0, read = 0;
   status = EP_MOE_OK;
   message.clear();
-  try {
+  capture(&status, &message, "moving expert weights", [&] {
     size_t t0 = 0;
     for (size_t round = 0; round < round_end.size(); ++round) {
       const size_t t1 = round_end[round];
@@ -357,23 +369,14 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
         }
       t0 = t1;
     }
-  } catch (const Error& e) {
-    status = e.status();
-    message = e.what();
-  } catch (const std::bad_alloc&) {
-    status = EP_MOE_ERR_OUT_OF_MEMORY;
-    message = "out of memory moving expert weights";
-  } catch (const std::exception& e) {
-    status = EP_MOE_ERR_INTERNAL;
-    message = e.what();
-  }
+  });
   if (status != EP_MOE_OK) {
     for (size_t s = entered; s < stages; ++s) comm->fail_collective(status, message);
     fail(status, "%s", message.c_str());
   }
 
   // Local completion: kept shared units, checkpoint reads, duplicate slots.
-  try {
+  capture(&status, &message, "completing the re-placement", [&] {
     if (Is > 0 && my_hi > my_lo) {
       if (ck_shared) {
         LoadParts parts;
@@ -402,16 +405,7 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
       if (!first[static_cast<size_t>(e)]) copy_expert(nl->experts_[l], experts_[static_cast<size_t>(old_slot[static_cast<size_t>(e)])]);
       first[static_cast<size_t>(e)] = 0;
     }
-  } catch (const Error& e) {
-    status = e.status();
-    message = e.what();
-  } catch (const std::bad_alloc&) {
-    status = EP_MOE_ERR_OUT_OF_MEMORY;
-    message = "out of memory completing the re-placement";
-  } catch (const std::exception& e) {
-    status = EP_MOE_ERR_INTERNAL;
-    message = e.what();
-  }
+  });
 
   // The vote.
   if (comm) {

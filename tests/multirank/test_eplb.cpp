@@ -154,6 +154,18 @@ std::vector<ep_moe_status_t> replace(World& W, const std::vector<int32_t>& custo
   return st;
 }
 
+// The last rank is lost: its layer goes, and the survivors get a new group
+// (returned; the old one stays alive, owned by the world, until the end).
+std::vector<ep_moe_comm_t*> lose_last_rank(World& W) {
+  ep_moe_layer_destroy(W.layers.back());
+  W.layers.pop_back();
+  W.old_groups.push_back(W.comms);
+  std::vector<ep_moe_comm_t*> group(W.layers.size(), nullptr);
+  REQUIRE(ep_moe_comm_create_local(group.data(), static_cast<int32_t>(group.size()), nullptr) == EP_MOE_OK);
+  W.comms = group;
+  return group;
+}
+
 int64_t attr(ep_moe_layer_t* l, ep_moe_layer_attr_t a) {
   int64_t v = -1;
   REQUIRE(ep_moe_layer_get_attr(&v, l, a) == EP_MOE_OK);
@@ -509,16 +521,11 @@ TEST_CASE("elastic: 4 -> 3 ranks after a rank is lost; replicas mean nothing is 
     create(W, 4, table);
     forward(W, draw(W, 4));
     // Rank 3 is lost: the survivors make a group of 3 and re-place.
-    ep_moe_layer_destroy(W.layers[3]);
-    W.layers.pop_back();
-    W.old_groups.push_back(W.comms);
-    std::vector<ep_moe_comm_t*> group(3, nullptr);
-    REQUIRE(ep_moe_comm_create_local(group.data(), 3, nullptr) == EP_MOE_OK);
+    const auto group = lose_last_rank(W);
     // A balanced placement for the survivors (15 slots): experts move
     // between them, none is read again.
     const auto st = replace(W, rebalance(zipf(12, 1.0, rng()), 15, 3), 3, group, nullptr, 0);
     for (auto x : st) REQUIRE(x == EP_MOE_OK);
-    W.comms = group;
     int64_t received = 0;
     for (auto* l : W.layers) {
       received += attr(l, EP_MOE_LAYER_ATTR_REPLACE_BYTES_RECEIVED);
@@ -557,12 +564,7 @@ TEST_CASE("elastic: a lost shard comes from the checkpoint, only what is missing
   // Each expert on one rank only: 2 per rank.
   create(W, 4);
   forward(W, draw(W, 4));
-  ep_moe_layer_destroy(W.layers[3]);
-  W.layers.pop_back();
-  W.old_groups.push_back(W.comms);
-  std::vector<ep_moe_comm_t*> group(3, nullptr);
-  REQUIRE(ep_moe_comm_create_local(group.data(), 3, nullptr) == EP_MOE_OK);
-  W.comms = group;
+  const auto group = lose_last_rank(W);
 
   // Without a checkpoint: experts 6, 7 and shared units [9, 12) are gone.
   std::vector<std::string> msg;
