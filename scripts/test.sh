@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test on a fresh machine: install what is missing, build the CI
-# configuration (warnings are errors) and run the whole test suite, then
-# build the parser fuzzers (clang, ASan+UBSan) and fuzz each for a fixed time.
+# configuration (warnings are errors) and run the whole test suite, run the
+# CPU suites again under ASan+UBSan and TSan, then build the parser fuzzers
+# (clang, ASan+UBSan) and fuzz each for a fixed time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
@@ -24,6 +25,17 @@ python_arg=()
 cmake --preset ci "${python_arg[@]}"
 cmake --build --preset ci
 ctest --preset ci
+
+# The library and its CPU suites again under ASan+UBSan (LeakSanitizer on)
+# and under TSan; any report fails the run (the presets set halt_on_error
+# and build with -fno-sanitize-recover=all). Left out there: the labels
+# that build or load something else (docs, header, abi, consumer, bindings,
+# smoke) and MPI, whose OpenMPI runtime is not instrumented.
+for san in asan tsan; do
+  cmake --preset "$san" "${python_arg[@]}"
+  cmake --build --preset "$san"
+  ctest --preset "$san"
+done
 
 cmake --preset fuzz -DEP_MOE_FUZZ_SECONDS="${EP_MOE_FUZZ_SECONDS:-20}"
 cmake --build --preset fuzz

@@ -44,10 +44,9 @@ ep_moe_status_t cb_all_gather(void** req, void* out, const void* in, size_t byte
 }
 ep_moe_status_t cb_all_gather_v(void** req, void* out, const void* in, const size_t* bytes, void* ud) {
   auto* h = static_cast<Host*>(ud);
-  std::vector<size_t> b(bytes, bytes + 64);  // copy: the caller's array lives only during the call
   int32_t n = 0;
   ep_moe_comm_get_size(&n, h->local);
-  b.resize(static_cast<size_t>(n));
+  std::vector<size_t> b(bytes, bytes + n);  // copy: the caller's array lives only during the call
   return start(req, h, [=] { return ep_moe_comm_all_gather_v(out, in, b.data(), EP_MOE_DTYPE_U8, h->local, nullptr); });
 }
 ep_moe_status_t cb_all_to_all_v(void** req, void* out, const size_t* ob, const void* in, const size_t* ib, void* ud) {
