@@ -78,7 +78,7 @@ ep_moe_status_t ep_moe_comm_create_local(ep_moe_comm_t** out, int32_t size, cons
     std::vector<std::unique_ptr<ep_moe_comm>> handles;
     handles.reserve(comms.size());
     for (auto& c : comms) {
-      handles.emplace_back(new ep_moe_comm());
+      handles.push_back(std::make_unique<ep_moe_comm>());
       handles.back()->comm = std::move(c);
     }
     try {

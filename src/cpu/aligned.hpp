@@ -1,4 +1,6 @@
-// A 64-byte aligned, uninitialised byte buffer (weights, workspaces).
+// A 64-byte aligned, uninitialised byte buffer (weights, workspaces). It
+// allocates with the aligned operator new, so a test that replaces the
+// global operator new sees (and can fail) these allocations too.
 #pragma once
 
 #include <cstddef>
@@ -12,13 +14,13 @@ class AlignedBuffer {
  public:
   AlignedBuffer() = default;
   explicit AlignedBuffer(size_t bytes) { resize(bytes); }
-  ~AlignedBuffer() { std::free(ptr_); }
+  ~AlignedBuffer() { release(ptr_); }
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
   AlignedBuffer(AlignedBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)) {}
   AlignedBuffer& operator=(AlignedBuffer&& o) noexcept {
     if (this != &o) {
-      std::free(ptr_);
+      release(ptr_);
       ptr_ = std::exchange(o.ptr_, nullptr);
       size_ = std::exchange(o.size_, 0);
     }
@@ -31,14 +33,18 @@ class AlignedBuffer {
     void* p = nullptr;
     if (bytes > 0) {
       const size_t rounded = (bytes + 63) / 64 * 64;
-      if (rounded < bytes || posix_memalign(&p, 64, rounded) != 0) throw std::bad_alloc();
+      if (rounded < bytes) throw std::bad_alloc();
+      p = ::operator new(rounded, std::align_val_t{64});
     }
-    std::free(ptr_);
+    release(ptr_);
     ptr_ = p;
     size_ = bytes;
   }
 
   size_t size() const { return size_; }
+  static void release(void* p) noexcept {
+    if (p) ::operator delete(p, std::align_val_t{64});
+  }
   template <class T = void>
   T* data() { return static_cast<T*>(ptr_); }
   template <class T = void>

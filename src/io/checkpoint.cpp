@@ -6,6 +6,8 @@
 #include <cstring>
 #include <dirent.h>
 #include <nlohmann/json.hpp>
+
+#include "io/json_release.hpp"
 #include <set>
 #include <tuple>
 
@@ -187,6 +189,7 @@ const char* naming_name(Naming n) {
 void parse_hf_config(const std::string& text, const std::string& name, std::map<std::string, double>* nums,
                      std::map<std::string, std::string>* strs) {
   nlohmann::json root;
+  const JsonRelease release{root};
   try {
     root = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
@@ -242,6 +245,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& path, Naming nam
     const std::string text = read_small_file(index, 64ull << 20);
     ck->header_bytes_ += text.size();
     nlohmann::json root;
+    const JsonRelease release{root};
     try {
       root = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
@@ -264,7 +268,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& path, Naming nam
     int next = 0;
     for (auto& kv : file_ids) {
       kv.second = next++;
-      ck->files_.emplace_back(new FileSource(dir + "/" + kv.first));
+      ck->files_.push_back(std::make_unique<FileSource>(dir + "/" + kv.first));  // no raw owner if the vector grows and throws
       SafetensorsFile sf = parse_safetensors(*ck->files_.back(), kv.second);
       ck->header_bytes_ += sf.data_start;
       for (auto& t : sf.tensors) ck->tensors_.push_back(std::move(t));
@@ -282,7 +286,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& path, Naming nam
     }
     ck->format_ = Format::Safetensors;
   } else {
-    ck->files_.emplace_back(new FileSource(file));
+    ck->files_.push_back(std::make_unique<FileSource>(file));
     const ByteSource& src = *ck->files_.back();
     uint8_t magic[4] = {0, 0, 0, 0};
     if (src.size() >= 4) src.read(0, magic, 4);

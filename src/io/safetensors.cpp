@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+
+#include "io/json_release.hpp"
 #include <set>
 
 #include "common/error.hpp"
@@ -54,6 +56,7 @@ SafetensorsFile parse_safetensors(const ByteSource& src, int file_index) {
   std::set<std::string> keys;
   std::string duplicate;
   nlohmann::json root;
+  const JsonRelease release{root};
   try {
     root = nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& j) {
       if (ev == nlohmann::json::parse_event_t::key && depth == 1 && duplicate.empty()) {

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <algorithm>
 #include <cstring>
@@ -12,6 +13,12 @@
 
 namespace ep_moe {
 namespace io {
+
+namespace {
+std::atomic<long> g_read_fault{-1};
+}  // namespace
+
+void inject_read_failure(long n) { g_read_fault.store(n < 0 ? -1 : n, std::memory_order_relaxed); }
 
 FileSource::FileSource(const std::string& path) {
   name_ = path;
@@ -32,6 +39,9 @@ FileSource::~FileSource() {
 }
 
 void FileSource::read(uint64_t offset, void* dst, size_t n) const {
+  if (g_read_fault.load(std::memory_order_relaxed) >= 0 && g_read_fault.fetch_sub(1) == 0)
+    fail(EP_MOE_ERR_IO, "%s: read failed at offset %llu: injected failure", name_.c_str(),
+         static_cast<unsigned long long>(offset));
   if (offset > size_ || n > size_ - offset)
     fail(EP_MOE_ERR_FORMAT, "%s: read of %zu bytes at offset %llu is past the end (%llu bytes)", name_.c_str(), n,
          static_cast<unsigned long long>(offset), static_cast<unsigned long long>(size_));

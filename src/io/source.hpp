@@ -12,6 +12,11 @@
 namespace ep_moe {
 namespace io {
 
+// Test hook (internal, not exported): the n-th FileSource::read from now
+// (0: the next one) fails with EP_MOE_ERR_IO, as a failing disk would; a
+// negative n disarms it. Lets tests fail every read site of open and load.
+void inject_read_failure(long n);
+
 class ByteSource {
  public:
   virtual ~ByteSource() = default;

@@ -405,7 +405,7 @@ std::vector<std::unique_ptr<Comm>> create_local_group(int size, int timeout_ms) 
   auto group = make_group(size, family);
   std::vector<std::unique_ptr<Comm>> out;
   out.reserve(static_cast<size_t>(size));
-  for (int r = 0; r < size; ++r) out.emplace_back(new LocalComm(group, r, timeout_ms));
+  for (int r = 0; r < size; ++r) out.push_back(std::make_unique<LocalComm>(group, r, timeout_ms));
   return out;
 }
 
