@@ -74,11 +74,7 @@ struct Fixture {
       m.dtype = "F32";
       m.layer = 1;
       std::mt19937 rng(3);
-      m.w = ref::random_weights(m.spec, ref::F32, rng);
-      const auto ts = writers::moe_tensors(m, writers::Scheme::Qwen, rng);
-      const std::string dir = writers::temp_dir("badargs");
-      writers::write_file(dir + "/model.safetensors", writers::safetensors_bytes(ts, {{"format", "pt"}}));
-      return dir + "/model.safetensors";
+      return writers::small_checkpoint(m, rng, false);
     }();
     return path;
   }

@@ -385,3 +385,22 @@ inline std::vector<Kv> gguf_meta(const Model& m) {
 }
 
 }  // namespace writers
+
+namespace writers {
+
+// A one-file Qwen-named safetensors checkpoint of `m` (its weights drawn
+// here from `rng`, then replaced by the stored values) in a new temporary
+// directory, with config.json when `with_config`. Returns the file's path.
+inline std::string small_checkpoint(Model& m, std::mt19937& rng, bool with_config = true) {
+  m.w = ref::random_weights(m.spec, ref::F32, rng);
+  const auto ts = moe_tensors(m, Scheme::Qwen, rng);
+  const std::string dir = temp_dir("small");
+  if (with_config) {
+    const std::string config = hf_config(m, Scheme::Qwen);
+    write_file(dir + "/config.json", std::vector<uint8_t>(config.begin(), config.end()));
+  }
+  write_file(dir + "/model.safetensors", safetensors_bytes(ts, {{"format", "pt"}}));
+  return dir + "/model.safetensors";
+}
+
+}  // namespace writers

@@ -547,14 +547,9 @@ TEST_CASE("elastic: a lost shard comes from the checkpoint, only what is missing
   m.spec.Is = 12;
   m.dtype = "F32";
   m.layer = 1;
-  m.w = ref::random_weights(m.spec, ref::F32, rng());
-  auto ts = writers::moe_tensors(m, writers::Scheme::Qwen, rng());
-  const std::string dir = writers::temp_dir("eplb");
-  const std::string config = writers::hf_config(m, writers::Scheme::Qwen);
-  writers::write_file(dir + "/config.json", std::vector<uint8_t>(config.begin(), config.end()));
-  writers::write_file(dir + "/model.safetensors", writers::safetensors_bytes(ts, {{"format", "pt"}}));
+  const std::string path = writers::small_checkpoint(m, rng());
   ep_moe_checkpoint_t* ck = nullptr;
-  REQUIRE(ep_moe_checkpoint_open(&ck, (dir + "/model.safetensors").c_str(), nullptr) == EP_MOE_OK);
+  REQUIRE(ep_moe_checkpoint_open(&ck, path.c_str(), nullptr) == EP_MOE_OK);
 
   World W;
   W.c.spec = m.spec;

@@ -84,13 +84,7 @@ const std::string& checkpoint_path() {
     m.dtype = "BF16";
     m.layer = 1;
     std::mt19937 rng(5);
-    m.w = ref::random_weights(m.spec, ref::F32, rng);
-    const auto ts = writers::moe_tensors(m, writers::Scheme::Qwen, rng);
-    const std::string dir = writers::temp_dir("faults");
-    const std::string config = writers::hf_config(m, writers::Scheme::Qwen);
-    writers::write_file(dir + "/config.json", std::vector<uint8_t>(config.begin(), config.end()));
-    writers::write_file(dir + "/model.safetensors", writers::safetensors_bytes(ts, {{"format", "pt"}}));
-    return dir + "/model.safetensors";
+    return writers::small_checkpoint(m, rng);
   }();
   return path;
 }
