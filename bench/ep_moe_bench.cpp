@@ -35,14 +35,6 @@ struct Options {
   std::string json;
 };
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(item);
-  return out;
-}
-
 void usage() {
   std::printf(
       "usage: ep_moe_bench [options]\n"
@@ -81,13 +73,13 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--preset") o.presets = split(next());
+    if (a == "--preset") o.presets = presets::split(next());
     else if (a == "--tokens") {
       o.tokens.clear();
-      for (const auto& t : split(next())) o.tokens.push_back(std::atoi(t.c_str()));
+      for (const auto& t : presets::split(next())) o.tokens.push_back(std::atoi(t.c_str()));
     } else if (a == "--strategy") {
       o.strategies.clear();
-      for (const auto& s : split(next())) {
+      for (const auto& s : presets::split(next())) {
         if (s == "skip") o.strategies.push_back(EP_MOE_SKIP_TOKENS);
         else if (s == "weight0") o.strategies.push_back(EP_MOE_SKIP_WEIGHT_ZERO);
         else {

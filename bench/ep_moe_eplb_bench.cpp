@@ -61,18 +61,6 @@ void usage() {
       "  --json FILE         also write the results as JSON\n");
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t a = 0;
-  while (a <= s.size()) {
-    const size_t b = s.find(',', a);
-    out.push_back(s.substr(a, b == std::string::npos ? std::string::npos : b - a));
-    if (b == std::string::npos) break;
-    a = b + 1;
-  }
-  return out;
-}
-
 void run_ranks(int n, const std::function<void(int)>& fn) {
   std::vector<std::thread> ts;
   for (int r = 0; r < n; ++r) ts.emplace_back(fn, r);
@@ -285,16 +273,16 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--preset") o.presets = split(next());
+    if (a == "--preset") o.presets = presets::split(next());
     else if (a == "--ep") {
       o.eps.clear();
-      for (const auto& s : split(next())) o.eps.push_back(std::atoi(s.c_str()));
+      for (const auto& s : presets::split(next())) o.eps.push_back(std::atoi(s.c_str()));
     } else if (a == "--zipf") o.zipf = std::atof(next().c_str());
     else if (a == "--tokens") o.tokens = std::atoi(next().c_str());
     else if (a == "--redundant-div") o.redundant_div = std::atoi(next().c_str());
     else if (a == "--dispatch") {
       o.dispatch.clear();
-      for (const auto& s : split(next())) {
+      for (const auto& s : presets::split(next())) {
         if (s == "allgather") o.dispatch.push_back(EP_MOE_DISPATCH_ALLGATHER);
         else if (s == "alltoall") o.dispatch.push_back(EP_MOE_DISPATCH_ALLTOALL);
         else {

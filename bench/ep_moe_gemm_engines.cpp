@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/dtype.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/pack.hpp"
@@ -38,13 +39,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 namespace cpu = ep_moe::cpu;
-
-uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fff + ((u >> 16) & 1);
-  return static_cast<uint16_t>(u >> 16);
-}
 
 struct Shape {
   const char* name;
@@ -106,7 +100,7 @@ int main(int argc, char** argv) {
     for (int bf16 = 0; bf16 < 2; ++bf16) {
       const size_t es = bf16 ? 2 : 4;
       // Enough copies that they exceed any cache (>= 256 MiB in all).
-      const size_t budget = size_t{quick ? 32 : 256} << 20;
+      const size_t budget = static_cast<size_t>(quick ? 32 : 256) << 20;
       const int copies = static_cast<int>(std::max<size_t>(2, budget / (static_cast<size_t>(N) * K * es) + 1));
       std::vector<std::vector<float>> wf(static_cast<size_t>(copies));
       std::vector<std::vector<uint16_t>> wb(static_cast<size_t>(copies));
@@ -117,7 +111,7 @@ int main(int argc, char** argv) {
         for (auto& x : w) x = nd(rng) * 0.02f;
         if (bf16) {
           wb[static_cast<size_t>(c)].resize(w.size());
-          for (size_t i = 0; i < w.size(); ++i) wb[static_cast<size_t>(c)][i] = to_bf16(w[i]);
+          for (size_t i = 0; i < w.size(); ++i) wb[static_cast<size_t>(c)][i] = ep_moe::f32_to_bf16(w[i]);
           cpu::pack(packed[static_cast<size_t>(c)], cpu::Source{wb[static_cast<size_t>(c)].data(), EP_MOE_DTYPE_BF16, K}, N,
                     K, kern.nr, EP_MOE_DTYPE_BF16);
         } else {
@@ -130,7 +124,7 @@ int main(int argc, char** argv) {
         std::vector<float> a(static_cast<size_t>(M) * K), cbuf(static_cast<size_t>(M) * N);
         for (auto& x : a) x = nd(rng);
         std::vector<uint16_t> ab(a.size());
-        for (size_t i = 0; i < a.size(); ++i) ab[i] = to_bf16(a[i]);
+        for (size_t i = 0; i < a.size(); ++i) ab[i] = ep_moe::f32_to_bf16(a[i]);
         const double flops = 2.0 * M * N * K;
 
         // ep_moe: panels split over the threads, rows in blocks of mr.

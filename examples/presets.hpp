@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -123,6 +124,15 @@ inline ep_moe_layer_config_t layer_config(const Model& m, int shared, ep_moe_dty
   c.max_tokens = max_tokens;
   c.num_threads = threads;
   return c;
+}
+
+// "a,b,c" -> {"a", "b", "c"} (command-line lists).
+inline std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(item);
+  return out;
 }
 
 inline bool parse_dtype(const std::string& s, ep_moe_dtype_t* out) {

@@ -7,6 +7,7 @@
 #include "comm/reduce.hpp"
 #include "common/dtype.hpp"
 #include "common/error.hpp"
+#include "common/hash.hpp"
 
 namespace ep_moe {
 
@@ -29,18 +30,6 @@ const char* op_name(int32_t op) {
 }
 
 constexpr uint32_t kMagic = 0x45504D31u;  // "EPM1"
-
-uint64_t fnv1a(const size_t* v, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; ++i) {
-    uint64_t x = v[i];
-    for (int b = 0; b < 8; ++b) {
-      h ^= (x >> (8 * b)) & 0xff;
-      h *= 1099511628211ull;
-    }
-  }
-  return h;
-}
 
 }  // namespace
 
@@ -186,7 +175,7 @@ void MessageComm::all_gather(void* out, const void* in, size_t count, ep_moe_dty
 
 void MessageComm::all_gather_v(void* out, const void* in, const size_t* counts, ep_moe_dtype_t dtype, void*) {
   const size_t n = static_cast<size_t>(size());
-  agree(kAllGatherV, dtype, counts[rank()], fnv1a(counts, n), 0);
+  agree(kAllGatherV, dtype, counts[rank()], fnv1a(kFnvBasis, counts, n * sizeof(size_t)), 0);
   std::vector<size_t> bytes(n);
   for (size_t p = 0; p < n; ++p) bytes[p] = counts[p] * dtype_size(dtype);
   guarded([&] { t_->all_gather_v(out, in, bytes.data(), deadline()); });

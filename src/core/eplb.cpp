@@ -212,11 +212,9 @@ std::vector<int32_t> rebalance(const std::vector<double>& load, const RebalanceP
     // 3. Replicas to the node's ranks.
     std::vector<int32_t> rank_of, pos;
     balanced_packing(phys_load, ranks_per_node, &rank_of, &pos);
-    // With a current placement, each pack goes to the node's rank that
-    // holds most of its experts now.
-    std::vector<int32_t> owner(static_cast<size_t>(ranks_per_node));
-    for (int32_t i = 0; i < ranks_per_node; ++i) owner[static_cast<size_t>(i)] = i;
     if (!holds.empty()) {
+      // With a current placement, each pack goes to the node's rank that
+      // holds most of its experts now ...
       std::vector<std::vector<int32_t>> ov(static_cast<size_t>(ranks_per_node),
                                            std::vector<int32_t>(static_cast<size_t>(ranks_per_node), 0));
       for (size_t s = 0; s < phys.size(); ++s) {
@@ -225,29 +223,25 @@ std::vector<int32_t> rebalance(const std::vector<double>& load, const RebalanceP
           ov[static_cast<size_t>(rank_of[s])][static_cast<size_t>(i)] +=
               holds[static_cast<size_t>(node * ranks_per_node + i)][static_cast<size_t>(e)];
       }
-      owner = match(ov);
-      // Then swaps that keep more replicas where their experts are, within
-      // the plain packing's heaviest rank (or the mean plus a tolerance).
-      std::vector<int32_t> local(phys.size());
+      const std::vector<int32_t> owner = match(ov);
+      for (auto& r : rank_of) r = owner[static_cast<size_t>(r)];
+      // ... then swaps that keep more replicas where their experts are,
+      // within the plain packing's heaviest rank (or the mean plus a
+      // tolerance); positions within each rank follow.
       std::vector<double> plain(static_cast<size_t>(ranks_per_node), 0.0);
       double sum = 0;
-      for (size_t s2 = 0; s2 < phys.size(); ++s2) {
-        local[s2] = owner[static_cast<size_t>(rank_of[s2])];
-        plain[static_cast<size_t>(local[s2])] += phys_load[s2];
-        sum += phys_load[s2];
+      for (size_t s = 0; s < phys.size(); ++s) {
+        plain[static_cast<size_t>(rank_of[s])] += phys_load[s];
+        sum += phys_load[s];
       }
       const double bound = std::max(*std::max_element(plain.begin(), plain.end()),
                                     sum / ranks_per_node * (1.0 + kKeepTolerance));
-      keep_in_place(phys_load, phys, experts, holds, node * ranks_per_node, ranks_per_node, bound, &local);
+      keep_in_place(phys_load, phys, experts, holds, node * ranks_per_node, ranks_per_node, bound, &rank_of);
       std::vector<int32_t> count(static_cast<size_t>(ranks_per_node), 0);
-      for (size_t s2 = 0; s2 < phys.size(); ++s2) {
-        rank_of[s2] = local[s2];
-        pos[s2] = count[static_cast<size_t>(local[s2])]++;
-      }
-      for (int32_t i = 0; i < ranks_per_node; ++i) owner[static_cast<size_t>(i)] = i;
+      for (size_t s = 0; s < phys.size(); ++s) pos[s] = count[static_cast<size_t>(rank_of[s])]++;
     }
     for (size_t s = 0; s < phys.size(); ++s) {
-      const int32_t r = node * ranks_per_node + owner[static_cast<size_t>(rank_of[s])];
+      const int32_t r = node * ranks_per_node + rank_of[s];
       slots[static_cast<size_t>(r * slots_per_rank + pos[s])] = experts[static_cast<size_t>(phys[s])];
     }
   }

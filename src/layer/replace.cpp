@@ -21,6 +21,7 @@
 
 #include "common/dtype.hpp"
 #include "common/error.hpp"
+#include "common/hash.hpp"
 #include "common/log.hpp"
 #include "layer/layer.hpp"
 
@@ -33,27 +34,17 @@ constexpr size_t kRoundBytes = size_t{256} << 20;
 // Words of the status record before the holdings bitmap.
 enum Rec : size_t { kStatus, kCkpt, kSharedLo, kSharedHi, kMapHash, kCfgHash, kHeader };
 
-uint64_t fnv(uint64_t h, const void* p, size_t n) {
-  const auto* b = static_cast<const unsigned char*>(p);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= b[i];
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 uint64_t hash_map(const ExpertMap& m) {
-  uint64_t h = 1469598103934665603ull;
   const int32_t head[3] = {m.ep_size(), m.num_experts(), m.num_physical()};
-  h = fnv(h, head, sizeof head);
-  h = fnv(h, m.physical_to_global().data(), m.physical_to_global().size() * 4);
-  return fnv(h, m.slots_per_rank().data(), m.slots_per_rank().size() * 4);
+  uint64_t h = fnv1a(kFnvBasis, head, sizeof head);
+  h = fnv1a(h, m.physical_to_global().data(), m.physical_to_global().size() * 4);
+  return fnv1a(h, m.slots_per_rank().data(), m.slots_per_rank().size() * 4);
 }
 
 uint64_t hash_config(const ep_moe_layer_config_t& c) {
   const int32_t v[8] = {c.hidden_size,     c.intermediate_size, c.num_experts, c.shared_intermediate_size,
                         c.weight_dtype,    c.dispatch_mode,     c.top_k,       c.shared_expert_gate};
-  return fnv(1469598103934665603ull, v, sizeof v);
+  return fnv1a(kFnvBasis, v, sizeof v);
 }
 
 // The status a rank reports for a peer's failure: the peer's, except that
