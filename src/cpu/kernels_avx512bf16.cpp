@@ -23,6 +23,7 @@ alignas(64) const int32_t kOut1[16] = {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14,
 template <int M>
 void dot_tile_m(const uint16_t* const* a, int k, const void* panel, float* c) {
   __m512 lo_acc[M], hi_acc[M];
+#pragma GCC unroll 16
   for (int i = 0; i < M; ++i) {
     lo_acc[i] = _mm512_setzero_ps();
     hi_acc[i] = _mm512_setzero_ps();
@@ -34,6 +35,7 @@ void dot_tile_m(const uint16_t* const* a, int k, const void* panel, float* c) {
     const __m512i r1 = _mm512_loadu_si512(w + static_cast<size_t>(kk + 1) * NR);
     const __m512bh lo = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi16(r0, r1));
     const __m512bh hi = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi16(r0, r1));
+#pragma GCC unroll 16
     for (int i = 0; i < M; ++i) {
       int32_t pair;
       std::memcpy(&pair, a[i] + kk, 4);
@@ -47,6 +49,7 @@ void dot_tile_m(const uint16_t* const* a, int k, const void* panel, float* c) {
     const __m512i z = _mm512_setzero_si512();
     const __m512bh lo = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi16(r0, z));
     const __m512bh hi = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi16(r0, z));
+#pragma GCC unroll 16
     for (int i = 0; i < M; ++i) {
       const int32_t pair = a[i][kk];
       const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
@@ -55,6 +58,7 @@ void dot_tile_m(const uint16_t* const* a, int k, const void* panel, float* c) {
     }
   }
   const __m512i p0 = _mm512_load_si512(kOut0), p1 = _mm512_load_si512(kOut1);
+#pragma GCC unroll 16
   for (int i = 0; i < M; ++i) {
     _mm512_storeu_ps(c + i * NR, _mm512_permutex2var_ps(lo_acc[i], p0, hi_acc[i]));
     _mm512_storeu_ps(c + i * NR + LANES, _mm512_permutex2var_ps(lo_acc[i], p1, hi_acc[i]));
