@@ -127,30 +127,34 @@ int main(int argc, char** argv) {
         for (size_t i = 0; i < a.size(); ++i) ab[i] = ep_moe::f32_to_bf16(a[i]);
         const double flops = 2.0 * M * N * K;
 
-        // ep_moe: panels split over the threads, rows in blocks of mr.
-        const bool dot = bf16 && kern.tile_bf16;
+        // ep_moe: panels split over the threads, up to 64 rows per call (as
+        // the expert FFN calls it).
+        const bool dot = bf16 && kern.gemm_bf16;
         auto ours = [&](int c) {
           const cpu::PackedWeight& w = packed[static_cast<size_t>(c)];
           const int panels = w.panels();
           std::vector<std::thread> ts;
           for (int t = 0; t < threads; ++t)
             ts.emplace_back([&, t] {
-              float tile[16 * 32];
-              const float* rows[16];
-              const uint16_t* rows16[16];
-              for (int p = panels * t / threads; p < panels * (t + 1) / threads; ++p)
-                for (int r0 = 0; r0 < M; r0 += kern.mr) {
-                  const int m = std::min(kern.mr, M - r0);
+              constexpr int kRows = 64;
+              std::vector<float> tile(static_cast<size_t>(kRows) * kern.nr);
+              const float* rows[kRows];
+              const uint16_t* rows16[kRows];
+              const int p_end = panels * (t + 1) / threads;
+              for (int p = panels * t / threads; p < p_end; ++p)
+                for (int r0 = 0; r0 < M; r0 += kRows) {
+                  const void* next = p + 1 < p_end ? w.panel(p + 1) : nullptr;
+                  const int m = std::min(kRows, M - r0);
                   for (int i = 0; i < m; ++i) {
                     rows[i] = a.data() + static_cast<size_t>(r0 + i) * K;
                     rows16[i] = ab.data() + static_cast<size_t>(r0 + i) * K;
                   }
-                  if (dot) kern.tile_bf16(m, rows16, K, w.panel(p), tile);
-                  else kern.tile[w.dtype](m, rows, K, w.panel(p), tile);
+                  if (dot) kern.gemm_bf16(m, rows16, K, w.panel(p), tile.data(), kern.nr, next);
+                  else kern.gemm[w.dtype](m, rows, K, w.panel(p), tile.data(), kern.nr, next);
                   const int cols = std::min(kern.nr, N - p * kern.nr);
                   for (int i = 0; i < m; ++i)
                     std::memcpy(cbuf.data() + static_cast<size_t>(r0 + i) * N + static_cast<size_t>(p) * kern.nr,
-                                tile + i * kern.nr, static_cast<size_t>(cols) * 4);
+                                tile.data() + static_cast<size_t>(i) * kern.nr, static_cast<size_t>(cols) * 4);
                 }
             });
           for (auto& t : ts) t.join();

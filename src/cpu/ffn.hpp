@@ -39,7 +39,7 @@ class FfnRunner {
   void run(ThreadPool& pool, const std::vector<ExpertJob>& jobs, const float* x, int64_t ldx, float* acc,
            int64_t ldacc, Act act);
 
-  size_t workspace_bytes() const { return h_.size() + y_.size() + xb_.size() + hb_.size(); }
+  size_t workspace_bytes() const { return h_.size() + xb_.size() + hb_.size(); }
 
  private:
   struct Segment {
@@ -51,9 +51,9 @@ class FfnRunner {
                  float* acc, int64_t ldacc, Act act);
 
   const Kernels& k_;
-  int32_t hidden_, ldh_;
+  int32_t hidden_, ldh_, ldxb_ = 0;
   int64_t chunk_;
-  AlignedBuffer h_, y_;
+  AlignedBuffer h_;
   // With bf16 pair-dot tiles: the chunk's rows of x, and h, in bf16.
   AlignedBuffer xb_, hb_;
   bool bf16_act_ = false;

@@ -1,10 +1,11 @@
 // GEMM micro-kernels over packed weight panels.
 //
 // A weight matrix W [N, K] (checkpoint orientation: out x in) is packed in
-// panels of `nr` output columns: panel p holds W[p*nr + j][k] at k*nr + j,
-// zero-padded past N. A tile computes, for up to `mr` activation rows
-// a[i] (f32, K long),  c[i*nr + j] = sum_k a[i][k] * panel[k*nr + j]
-// with f32 accumulation; 16-bit weights are widened in registers.
+// panels of `nr` output columns, zero-padded past N (layouts in pack.hpp).
+// A kernel computes, for m activation rows a[i] (K long),
+//   c[i * ldc + j] = sum_k a[i][k] * W[p * nr + j][k],  j < nr,
+// with f32 accumulation; 16-bit weights are widened in registers. Any m:
+// rows go in blocks of `mr` (the register tile), each over all of k.
 #pragma once
 
 #include <cstddef>
@@ -16,18 +17,20 @@
 namespace ep_moe {
 namespace cpu {
 
-using TileFn = void (*)(int m, const float* const* a, int k, const void* panel, float* c);
+// `next`: the panel the caller will use next (or null), prefetched into L2.
+using GemmFn = void (*)(int m, const float* const* a, int k, const void* panel, float* c, int ldc, const void* next);
 // The same over bf16 activation rows and bf16 panels, with bf16 pair dot
 // products (AVX512_BF16): each product is exact in f32, the sums are f32.
-using TileBf16Fn = void (*)(int m, const uint16_t* const* a, int k, const void* panel, float* c);
+using GemmBf16Fn = void (*)(int m, const uint16_t* const* a, int k, const void* panel, float* c, int ldc,
+                           const void* next);
 
 struct Kernels {
   Isa isa;
   int nr;  // panel width (output columns per tile)
-  int mr;  // most rows per tile
-  TileFn tile[3];  // by weight dtype: f32, bf16, f16
-  TileBf16Fn tile_bf16 = nullptr;  // bf16 x bf16, where the CPU has it
-  // f32 -> bf16, round to nearest even (with tile_bf16).
+  int mr;  // rows of the register tile
+  GemmFn gemm[3];  // by weight dtype: f32, bf16, f16
+  GemmBf16Fn gemm_bf16 = nullptr;  // bf16 x bf16, where the CPU has it
+  // f32 -> bf16, round to nearest even (with gemm_bf16).
   void (*to_bf16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
 };
 

@@ -10,7 +10,7 @@ namespace cpu {
 #include "cpu/kernels_avx512.inc"
 
 const Kernels& kernels_avx512() {
-  static const Kernels k{Isa::Avx512, NR, MR, {tile<0>, tile<1>, tile<2>}};
+  static const Kernels k{Isa::Avx512, NR, MR, {gemm<0>, gemm<1>, gemm<2>}};
   return k;
 }
 

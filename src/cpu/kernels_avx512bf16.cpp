@@ -13,70 +13,77 @@ namespace cpu {
 
 namespace {
 
-// Panel rows k and k+1 (32 bf16 each) interleaved by 16-bit words: in every
-// 128-bit lane L, `lo` holds the pairs of columns 8L..8L+3 and `hi` those of
-// 8L+4..8L+7, as vdpbf16ps wants them (row k in the low half of each pair).
-// The accumulators are therefore column-permuted; kOut0/kOut1 undo it.
-alignas(64) const int32_t kOut0[16] = {0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23};
-alignas(64) const int32_t kOut1[16] = {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31};
-
+// bf16 panels are stored in k-pair order (pack.hpp): the 32-bit word j of
+// pair block k/2 holds (W[j][k], W[j][k + 1]), exactly the operand layout of
+// vdpbf16ps, so two plain loads give columns 0..15 and 16..31.
 template <int M>
-void dot_tile_m(const uint16_t* const* a, int k, const void* panel, float* c) {
-  __m512 lo_acc[M], hi_acc[M];
+void dot_tile_m(const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const char* pf) {
+  __m512 acc0[M], acc1[M];
+  const uint16_t* ap[M];
 #pragma GCC unroll 16
   for (int i = 0; i < M; ++i) {
-    lo_acc[i] = _mm512_setzero_ps();
-    hi_acc[i] = _mm512_setzero_ps();
+    acc0[i] = _mm512_setzero_ps();
+    acc1[i] = _mm512_setzero_ps();
+    ap[i] = a[i];
   }
   const uint16_t* w = static_cast<const uint16_t*>(panel);
   int kk = 0;
   for (; kk + 1 < k; kk += 2) {
-    const __m512i r0 = _mm512_loadu_si512(w + static_cast<size_t>(kk) * NR);
-    const __m512i r1 = _mm512_loadu_si512(w + static_cast<size_t>(kk + 1) * NR);
-    const __m512bh lo = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi16(r0, r1));
-    const __m512bh hi = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi16(r0, r1));
+    const uint16_t* q = w + static_cast<size_t>(kk) * NR;
+    if (pf) {
+      const char* n = pf + static_cast<size_t>(kk) * NR * 2;
+      _mm_prefetch(n, _MM_HINT_T1);
+      _mm_prefetch(n + 64, _MM_HINT_T1);
+    }
+    const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q));
+    const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + 2 * LANES));
 #pragma GCC unroll 16
     for (int i = 0; i < M; ++i) {
       int32_t pair;
-      std::memcpy(&pair, a[i] + kk, 4);
+      std::memcpy(&pair, ap[i] + kk, 4);
       const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
-      lo_acc[i] = _mm512_dpbf16_ps(lo_acc[i], av, lo);
-      hi_acc[i] = _mm512_dpbf16_ps(hi_acc[i], av, hi);
+      acc0[i] = _mm512_dpbf16_ps(acc0[i], av, b0);
+      acc1[i] = _mm512_dpbf16_ps(acc1[i], av, b1);
     }
   }
-  if (kk < k) {  // odd k: the last row paired with zeros (nothing read past the panel)
-    const __m512i r0 = _mm512_loadu_si512(w + static_cast<size_t>(kk) * NR);
-    const __m512i z = _mm512_setzero_si512();
-    const __m512bh lo = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi16(r0, z));
-    const __m512bh hi = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi16(r0, z));
+  if (kk < k) {  // odd k: the last row; its pair partner in the panel is zero padding
+    const uint16_t* q = w + static_cast<size_t>(kk) * NR;
+    const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q));
+    const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + 2 * LANES));
 #pragma GCC unroll 16
     for (int i = 0; i < M; ++i) {
-      const int32_t pair = a[i][kk];
+      const int32_t pair = ap[i][kk];  // (a[kk], 0): nothing read past the row
       const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
-      lo_acc[i] = _mm512_dpbf16_ps(lo_acc[i], av, lo);
-      hi_acc[i] = _mm512_dpbf16_ps(hi_acc[i], av, hi);
+      acc0[i] = _mm512_dpbf16_ps(acc0[i], av, b0);
+      acc1[i] = _mm512_dpbf16_ps(acc1[i], av, b1);
     }
   }
-  const __m512i p0 = _mm512_load_si512(kOut0), p1 = _mm512_load_si512(kOut1);
 #pragma GCC unroll 16
   for (int i = 0; i < M; ++i) {
-    _mm512_storeu_ps(c + i * NR, _mm512_permutex2var_ps(lo_acc[i], p0, hi_acc[i]));
-    _mm512_storeu_ps(c + i * NR + LANES, _mm512_permutex2var_ps(lo_acc[i], p1, hi_acc[i]));
+    _mm512_storeu_ps(c + i * ldc, acc0[i]);
+    _mm512_storeu_ps(c + i * ldc + LANES, acc1[i]);
   }
 }
 
-void dot_tile(int m, const uint16_t* const* a, int k, const void* panel, float* c) {
+void dot_rows(int m, const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const char* pf) {
   switch (m) {
-    case 1: dot_tile_m<1>(a, k, panel, c); break;
-    case 2: dot_tile_m<2>(a, k, panel, c); break;
-    case 3: dot_tile_m<3>(a, k, panel, c); break;
-    case 4: dot_tile_m<4>(a, k, panel, c); break;
-    case 5: dot_tile_m<5>(a, k, panel, c); break;
-    case 6: dot_tile_m<6>(a, k, panel, c); break;
-    case 7: dot_tile_m<7>(a, k, panel, c); break;
-    case 8: dot_tile_m<8>(a, k, panel, c); break;
+    case 1: dot_tile_m<1>(a, k, panel, c, ldc, pf); break;
+    case 2: dot_tile_m<2>(a, k, panel, c, ldc, pf); break;
+    case 3: dot_tile_m<3>(a, k, panel, c, ldc, pf); break;
+    case 4: dot_tile_m<4>(a, k, panel, c, ldc, pf); break;
+    case 5: dot_tile_m<5>(a, k, panel, c, ldc, pf); break;
+    case 6: dot_tile_m<6>(a, k, panel, c, ldc, pf); break;
+    case 7: dot_tile_m<7>(a, k, panel, c, ldc, pf); break;
+    case 8: dot_tile_m<8>(a, k, panel, c, ldc, pf); break;
     default: break;
   }
+}
+
+// Any m, in blocks of MR rows over the whole k range (as gemm<>).
+void dot_gemm(int m, const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const void* next) {
+  for (int r0 = 0; r0 < m; r0 += MR)
+    dot_rows(m - r0 < MR ? m - r0 : MR, a + r0, k, panel, c + static_cast<size_t>(r0) * ldc, ldc,
+             r0 == 0 ? static_cast<const char*>(next) : nullptr);
 }
 
 void to_bf16(const float* src, uint16_t* dst, int64_t n) {
@@ -93,7 +100,7 @@ void to_bf16(const float* src, uint16_t* dst, int64_t n) {
 }  // namespace
 
 const Kernels& kernels_avx512bf16() {
-  static const Kernels k{Isa::Avx512Bf16, NR, MR, {tile<0>, tile<1>, tile<2>}, dot_tile, to_bf16};
+  static const Kernels k{Isa::Avx512Bf16, NR, MR, {gemm<0>, gemm<1>, gemm<2>}, dot_gemm, to_bf16};
   return k;
 }
 

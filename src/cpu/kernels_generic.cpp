@@ -9,35 +9,36 @@ namespace {
 constexpr int NR = 16;
 constexpr int MR = 4;
 
-template <class W>
-inline float load_w(const W* p, int idx);
-template <>
-inline float load_w<float>(const float* p, int idx) { return p[idx]; }
-template <>
-inline float load_w<uint16_t>(const uint16_t* p, int idx) { return bf16_to_f32(p[idx]); }
+// Weight element (k, j) of a panel (layouts in pack.hpp): f32 and f16 in
+// k order, bf16 in k-pair order.
+template <int WT>
+inline float load_w(const void* panel, int kk, int j) {
+  if constexpr (WT == 0) return static_cast<const float*>(panel)[kk * NR + j];
+  else if constexpr (WT == 1) return bf16_to_f32(static_cast<const uint16_t*>(panel)[(kk >> 1) * 2 * NR + 2 * j + (kk & 1)]);
+  else return f16_to_f32(static_cast<const uint16_t*>(panel)[kk * NR + j]);
+}
 
-template <class W, bool IsF16>
-void tile(int m, const float* const* a, int k, const void* panel, float* c) {
-  const W* b = static_cast<const W*>(panel);
-  float acc[MR][NR] = {};
-  for (int kk = 0; kk < k; ++kk) {
-    float bv[NR];
-    for (int j = 0; j < NR; ++j) {
-      if constexpr (IsF16) bv[j] = f16_to_f32(reinterpret_cast<const uint16_t*>(b)[kk * NR + j]);
-      else bv[j] = load_w<W>(b, kk * NR + j);
+template <int WT>
+void gemm(int m, const float* const* a, int k, const void* panel, float* c, int ldc, const void* /*next*/) {
+  for (int r0 = 0; r0 < m; r0 += MR) {
+    const int mm = m - r0 < MR ? m - r0 : MR;
+    float acc[MR][NR] = {};
+    for (int kk = 0; kk < k; ++kk) {
+      float bv[NR];
+      for (int j = 0; j < NR; ++j) bv[j] = load_w<WT>(panel, kk, j);
+      for (int i = 0; i < mm; ++i) {
+        const float av = a[r0 + i][kk];
+        for (int j = 0; j < NR; ++j) acc[i][j] += av * bv[j];
+      }
     }
-    for (int i = 0; i < m; ++i) {
-      const float av = a[i][kk];
-      for (int j = 0; j < NR; ++j) acc[i][j] += av * bv[j];
-    }
+    for (int i = 0; i < mm; ++i)
+      for (int j = 0; j < NR; ++j) c[static_cast<size_t>(r0 + i) * ldc + j] = acc[i][j];
   }
-  for (int i = 0; i < m; ++i)
-    for (int j = 0; j < NR; ++j) c[i * NR + j] = acc[i][j];
 }
 }  // namespace
 
 const Kernels& kernels_generic() {
-  static const Kernels k{Isa::Generic, NR, MR, {tile<float, false>, tile<uint16_t, false>, tile<uint16_t, true>}};
+  static const Kernels k{Isa::Generic, NR, MR, {gemm<0>, gemm<1>, gemm<2>}};
   return k;
 }
 

@@ -26,8 +26,7 @@ void alloc(PackedWeight& out, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t d
   out.k = k;
   out.nr = nr;
   out.dtype = dtype;
-  const int32_t panels = (n + nr - 1) / nr;
-  out.data.resize(static_cast<size_t>(panels) * static_cast<size_t>(k) * static_cast<size_t>(nr) * dtype_size(dtype));
+  out.data.resize(static_cast<size_t>(out.panels()) * out.panel_elems() * dtype_size(dtype));
   std::memset(out.data.data(), 0, out.data.size());
 }
 
@@ -35,15 +34,14 @@ void alloc(PackedWeight& out, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t d
 // exact, so this only saves the conversions).
 template <class T>
 void put_row_raw(PackedWeight& out, int32_t p, int32_t j, const Source& s, int64_t row) {
-  T* dst = static_cast<T*>(const_cast<void*>(out.panel(p))) + j;
+  T* dst = static_cast<T*>(const_cast<void*>(out.panel(p)));
   const T* src = static_cast<const T*>(s.data);
-  const int64_t nr = out.nr;
   if (!s.transposed) {
     const T* r = src + (s.row0 + row) * s.ld + s.col0;
-    for (int32_t kk = 0; kk < out.k; ++kk) dst[kk * nr] = r[kk];
+    for (int32_t kk = 0; kk < out.k; ++kk) dst[out.index(kk, j)] = r[kk];
   } else {
     const T* c = src + s.col0 * s.ld + s.row0 + row;
-    for (int32_t kk = 0; kk < out.k; ++kk) dst[kk * nr] = c[kk * s.ld];
+    for (int32_t kk = 0; kk < out.k; ++kk) dst[out.index(kk, j)] = c[kk * s.ld];
   }
 }
 
@@ -55,12 +53,23 @@ void put_row(PackedWeight& out, int32_t p, int32_t j, const Source& s, int64_t r
   }
   char* dst = static_cast<char*>(const_cast<void*>(out.panel(p)));
   for (int32_t kk = 0; kk < out.k; ++kk)
-    store_elem(dst, out.dtype, static_cast<int64_t>(kk) * out.nr + j, src_at(s, row, kk));
+    store_elem(dst, out.dtype, static_cast<int64_t>(out.index(kk, j)), src_at(s, row, kk));
 }
 // Source rows [row, row + count) into columns [j, j + count) of panel p. A
 // transposed source of the same dtype has those rows contiguous in each of
-// its stored rows: one copy per k instead of `count` strided passes.
+// its stored rows: one copy per k instead of `count` strided passes (in
+// k-pair order, one pass per pair of stored rows).
 void put_rows(PackedWeight& out, int32_t p, int32_t j, const Source& s, int64_t row, int32_t count) {
+  if (s.transposed && s.dtype == out.dtype && out.pairs()) {
+    uint16_t* dst = static_cast<uint16_t*>(const_cast<void*>(out.panel(p)));
+    const uint16_t* src = static_cast<const uint16_t*>(s.data) + s.col0 * s.ld + s.row0 + row;
+    for (int32_t kk = 0; kk < out.k; ++kk) {
+      uint16_t* d = dst + out.index(kk, j);
+      const uint16_t* r = src + kk * s.ld;
+      for (int32_t i = 0; i < count; ++i) d[2 * i] = r[i];
+    }
+    return;
+  }
   if (s.transposed && s.dtype == out.dtype) {
     const size_t es = dtype_size(s.dtype);
     char* dst = static_cast<char*>(const_cast<void*>(out.panel(p))) + static_cast<size_t>(j) * es;
@@ -93,10 +102,9 @@ void pack_gate_up_half(PackedWeight& out, const Source& src, int half, int32_t i
 namespace {
 template <class T>
 void copy_panel_col_t(const PackedWeight& w, int32_t p, int32_t j, void* dst) {
-  const T* src = static_cast<const T*>(w.panel(p)) + j;
+  const T* src = static_cast<const T*>(w.panel(p));
   T* d = static_cast<T*>(dst);
-  const int64_t nr = w.nr;
-  for (int32_t kk = 0; kk < w.k; ++kk) d[kk] = src[kk * nr];
+  for (int32_t kk = 0; kk < w.k; ++kk) d[kk] = src[w.index(kk, j)];
 }
 
 void copy_panel_col(const PackedWeight& w, int32_t p, int32_t j, void* dst) {
@@ -113,6 +121,11 @@ void unpack_gate_up_row(const PackedWeight& w, int half, int32_t r, void* dst) {
 }
 
 void unpack_col(const PackedWeight& w, int32_t c, void* dst) {
+  if (w.pairs()) {
+    uint16_t* d = static_cast<uint16_t*>(dst);
+    for (int32_t r = 0; r < w.n; ++r) d[r] = static_cast<const uint16_t*>(w.panel(r / w.nr))[w.index(c, r % w.nr)];
+    return;
+  }
   const size_t es = dtype_size(w.dtype);
   char* d = static_cast<char*>(dst);
   for (int32_t p = 0; p < w.panels(); ++p) {

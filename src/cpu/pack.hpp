@@ -9,7 +9,11 @@
 namespace ep_moe {
 namespace cpu {
 
-// A packed [N, K] weight for Y = X W^T (see kernels.hpp for the layout).
+// A packed [N, K] weight for Y = X W^T (kernels.hpp). Panel p holds rows
+// p*nr .. p*nr+nr-1 of W (zero past N). Inside a panel, f32 and f16 are in
+// k order: W[p*nr + j][k] at k*nr + j. bf16 is in k-pair order, the operand
+// layout of bf16 pair dot products: at (k/2)*2*nr + 2*j + k%2, with k padded
+// to even with zeros; widening kernels split the pairs with a shift and a mask.
 struct PackedWeight {
   int32_t n = 0, k = 0, nr = 0;
   ep_moe_dtype_t dtype = EP_MOE_DTYPE_F32;
@@ -17,7 +21,14 @@ struct PackedWeight {
 
   bool empty() const { return n == 0; }
   int32_t panels() const { return nr ? (n + nr - 1) / nr : 0; }
-  size_t panel_elems() const { return static_cast<size_t>(k) * static_cast<size_t>(nr); }
+  bool pairs() const { return dtype == EP_MOE_DTYPE_BF16; }
+  int32_t k_stored() const { return pairs() ? (k + 1) & ~1 : k; }
+  size_t panel_elems() const { return static_cast<size_t>(k_stored()) * static_cast<size_t>(nr); }
+  // Element (kk, j) of a panel, in elements from the panel's start.
+  size_t index(int32_t kk, int32_t j) const {
+    return pairs() ? static_cast<size_t>(kk >> 1) * 2 * nr + 2 * static_cast<size_t>(j) + (kk & 1)
+                   : static_cast<size_t>(kk) * nr + static_cast<size_t>(j);
+  }
   const void* panel(int32_t p) const;
   size_t bytes() const { return data.size(); }
 };

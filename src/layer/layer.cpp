@@ -375,7 +375,8 @@ void Layer::compute_logits(const float* x, int64_t T, float* logits) {
     const int m = static_cast<int>(std::min<int64_t>(mr, T - t0));
     for (int i = 0; i < m; ++i) a[i] = x + (t0 + i) * H;
     for (int32_t p = 0; p < router_.panels(); ++p) {
-      kern_.tile[EP_MOE_DTYPE_F32](m, a, static_cast<int>(H), router_.panel(p), c);
+      kern_.gemm[EP_MOE_DTYPE_F32](m, a, static_cast<int>(H), router_.panel(p), c, nr,
+                                    p + 1 < router_.panels() ? router_.panel(p + 1) : nullptr);
       const int64_t col0 = static_cast<int64_t>(p) * nr;
       const int64_t n = std::min<int64_t>(nr, E - col0);
       for (int i = 0; i < m; ++i)
