@@ -19,20 +19,30 @@ constexpr int64_t kMaxChunkPairs = 2048;
 
 size_t round_up(size_t v, size_t m) { return (v + m - 1) / m * m; }
 
+// Row conversions with the dtype chosen once per row (not per element), so
+// the bf16 loops vectorise.
 void convert_row(float* dst, const void* src, ep_moe_dtype_t dt, int64_t n) {
   if (dt == EP_MOE_DTYPE_F32) {
     std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-    return;
+  } else if (dt == EP_MOE_DTYPE_BF16) {
+    const auto* s = static_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+  } else {
+    const auto* s = static_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
   }
-  for (int64_t i = 0; i < n; ++i) dst[i] = load_elem(src, dt, i);
 }
 
 void store_row(void* dst, ep_moe_dtype_t dt, const float* src, int64_t n) {
   if (dt == EP_MOE_DTYPE_F32) {
     std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-    return;
+  } else if (dt == EP_MOE_DTYPE_BF16) {
+    auto* d = static_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+  } else {
+    auto* d = static_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
   }
-  for (int64_t i = 0; i < n; ++i) store_elem(dst, dt, i, src[i]);
 }
 
 }  // namespace
@@ -914,12 +924,19 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   add_shared_job(ox, 0, T, nullptr);
   const bool any_shared = !jobs_.empty();
   if (any_shared) ffn_->run(*pool_, jobs_, ox, H, oacc, H, act_);
+  // Column blocks in parallel (a token comes back from several ranks; each
+  // block adds them in the same fixed order).
   const char* ret = ret_recv_.data<char>();
-  for (int64_t j = 0; j < send_off_[static_cast<size_t>(n)]; ++j) {
-    float* dst = oacc + static_cast<int64_t>(send_tok_[static_cast<size_t>(j)]) * H;
-    const char* src = ret + static_cast<size_t>(j * H) * es;
-    for (int64_t i = 0; i < H; ++i) dst[i] += load_elem(src, adt, i);
-  }
+  const int64_t back_rows = send_off_[static_cast<size_t>(n)], cb = 256;
+  pool_->parallel_for(static_cast<size_t>((H + cb - 1) / cb), [&](size_t b, int) {
+    float tmp[256];
+    const int64_t c0 = static_cast<int64_t>(b) * cb, len = std::min(cb, H - c0);
+    for (int64_t j = 0; j < back_rows; ++j) {
+      float* dst = oacc + static_cast<int64_t>(send_tok_[static_cast<size_t>(j)]) * H + c0;
+      convert_row(tmp, ret + static_cast<size_t>(j * H + c0) * es, adt, len);
+      for (int64_t i = 0; i < len; ++i) dst[i] += tmp[i];
+    }
+  });
   for (int64_t t = 0; t < T; ++t)
     store_row(static_cast<char*>(a.out) + t * H * static_cast<int64_t>(es), adt, oacc + t * H, H);
   int64_t sent_pairs = 0;
