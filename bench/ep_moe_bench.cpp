@@ -4,7 +4,12 @@
 //
 // One rank of an EP group is simulated exactly: its expert map says which
 // experts it holds, the layer runs without a communicator (partial-sum
-// mode), so the time is this rank's routing + expert work + combine.
+// mode), so the time is this rank's routing + expert work + combine; the
+// layer's own phase attributes give the expert time alone.
+//
+// A second part runs the all-to-all flow on in-process ranks (one thread
+// each) and reports the layer's permutation and combine rates against
+// memcpy of the same bytes by as many concurrent threads, same run.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -32,6 +37,7 @@ struct Options {
   ep_moe_dtype_t dtype = EP_MOE_DTYPE_BF16;
   double min_time = 0.5, peak_time = 1.0;
   int bw_mb = 1024;
+  int dispatch_ranks = 0;  // 0: hardware threads; -1: skip the dispatch part
   std::string json;
 };
 
@@ -47,6 +53,8 @@ void usage() {
       "  --min-time S        seconds per measurement (default 0.5)\n"
       "  --peak-time S       seconds per peak measurement (default 1.0)\n"
       "  --bw-mb M           buffer for the bandwidth peak (default 1024)\n"
+      "  --dispatch-ranks N  in-process ranks of the permutation/combine part (default:\n"
+      "                      hardware threads; 0 skips it)\n"
       "  --json PATH         also write the results as JSON\n");
 }
 
@@ -55,10 +63,112 @@ const char* dtype_name(ep_moe_dtype_t d) { return d == EP_MOE_DTYPE_F32 ? "f32" 
 struct Row {
   std::string preset, strategy;
   int ep = 0, tokens = 0, threads = 0, iters = 0;
-  double ms = 0, tokens_per_s = 0, gflops = 0, gflops_frac = 0, weight_gbs = 0, weight_frac = 0;
+  double ms = 0, expert_ms = 0, tokens_per_s = 0, gflops = 0, gflops_frac = 0, weight_gbs = 0, weight_frac = 0;
   std::string peak_kind;
   int64_t local_pairs = 0, active_experts = 0;
 };
+
+struct DispatchRow {
+  std::string preset;
+  int ranks = 0, tokens = 0, iters = 0;
+  double permute_mb = 0, permute_gbs = 0, permute_base_gbs = 0;  // per rank and forward
+  double combine_mb = 0, combine_gbs = 0, combine_base_gbs = 0;
+};
+
+// The all-to-all flow of `model` on `ranks` in-process ranks of one thread
+// each, T tokens per rank: each rank's permutation and combine rates from
+// the layer's phase attributes (means over the timed forwards), then
+// memcpy of the same bytes per rank by `ranks` concurrent threads. The
+// experts are shrunk (intermediate 16, no shared expert): neither phase
+// depends on them. Returns "" or the error.
+std::string run_dispatch(const presets::Model& model, int ranks, int T, ep_moe_dtype_t dt, double min_time,
+                         DispatchRow* row) {
+  presets::Model m = model;
+  m.intermediate = 16;
+  m.shared_intermediate = 0;
+  std::vector<ep_moe_comm_t*> comms(static_cast<size_t>(ranks), nullptr);
+  if (ep_moe_comm_create_local(comms.data(), ranks, nullptr) != EP_MOE_OK) return ep_moe_last_error();
+  const int iters = T >= 4096 ? 6 : 24;  // the same on every rank: forward is collective
+  std::vector<std::string> errs(static_cast<size_t>(ranks));
+  std::vector<double> perm_ns(static_cast<size_t>(ranks)), perm_b(perm_ns), comb_ns(perm_ns), comb_b(perm_ns);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < ranks; ++r) {
+    ts.emplace_back([&, r] {
+      std::string& err = errs[static_cast<size_t>(r)];
+      ep_moe_expert_map_config_t mc;
+      ep_moe_expert_map_config_init(&mc);
+      mc.ep_size = ranks;
+      mc.ep_rank = r;
+      mc.global_num_experts = m.experts;
+      ep_moe_expert_map_t* map = nullptr;
+      ep_moe_layer_t* layer = nullptr;
+      if (ep_moe_expert_map_create(&map, &mc) != EP_MOE_OK) {
+        err = ep_moe_last_error();
+        return;  // the other ranks then fail their first collective, not hang
+      }
+      ep_moe_layer_config_t lc = presets::layer_config(m, 0, dt, dt, T, 1);
+      lc.dispatch_mode = EP_MOE_DISPATCH_ALLTOALL;
+      if (ep_moe_layer_create(&layer, &lc, map, comms[static_cast<size_t>(r)], nullptr) != EP_MOE_OK) {
+        err = ep_moe_last_error();
+        ep_moe_expert_map_destroy(map);
+        return;
+      }
+      err = presets::load_random_weights(layer, map, m, 0, 1);
+      ep_moe_expert_map_destroy(map);
+      std::vector<float> hid(static_cast<size_t>(T) * m.hidden), lg(static_cast<size_t>(T) * m.experts);
+      presets::fill(hid, hid.size(), 21 + static_cast<uint64_t>(r), static_cast<uint64_t>(T), 1.0f);
+      presets::fill(lg, lg.size(), 2000 + static_cast<uint64_t>(r), static_cast<uint64_t>(T), 3.0f);
+      const std::vector<uint8_t> h = presets::encode(hid, dt);
+      std::vector<uint8_t> out(h.size());
+      ep_moe_forward_args_t a;
+      ep_moe_forward_args_init(&a);
+      a.num_tokens = T;
+      a.hidden = h.data();
+      a.router_logits = lg.data();
+      a.out = out.data();
+      for (int it = 0; it <= iters && err.empty(); ++it) {  // call 0 warms up
+        if (ep_moe_layer_forward(layer, &a) != EP_MOE_OK) {
+          err = ep_moe_layer_last_error(layer);
+          break;
+        }
+        if (it == 0) continue;
+        int64_t v[4] = {0, 0, 0, 0};
+        ep_moe_layer_get_attr(&v[0], layer, EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS);
+        ep_moe_layer_get_attr(&v[1], layer, EP_MOE_LAYER_ATTR_LAST_PERMUTE_BYTES);
+        ep_moe_layer_get_attr(&v[2], layer, EP_MOE_LAYER_ATTR_LAST_COMBINE_NS);
+        ep_moe_layer_get_attr(&v[3], layer, EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES);
+        perm_ns[static_cast<size_t>(r)] += static_cast<double>(v[0]);
+        perm_b[static_cast<size_t>(r)] += static_cast<double>(v[1]);
+        comb_ns[static_cast<size_t>(r)] += static_cast<double>(v[2]);
+        comb_b[static_cast<size_t>(r)] += static_cast<double>(v[3]);
+      }
+      ep_moe_layer_destroy(layer);
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (auto* c : comms) ep_moe_comm_destroy(c);
+  for (const auto& e : errs)
+    if (!e.empty()) return e;
+  double pn = 0, pb = 0, cn = 0, cb = 0;
+  for (int r = 0; r < ranks; ++r) {
+    pn += perm_ns[static_cast<size_t>(r)];
+    pb += perm_b[static_cast<size_t>(r)];
+    cn += comb_ns[static_cast<size_t>(r)];
+    cb += comb_b[static_cast<size_t>(r)];
+  }
+  row->preset = model.name;
+  row->ranks = ranks;
+  row->tokens = T;
+  row->iters = iters;
+  row->permute_gbs = pn > 0 ? pb / pn : 0;  // bytes per ns = GB/s
+  row->combine_gbs = cn > 0 ? cb / cn : 0;
+  const double calls = static_cast<double>(ranks) * iters;
+  row->permute_mb = pb / calls / 1e6;
+  row->combine_mb = cb / calls / 1e6;
+  row->permute_base_gbs = bench::memcpy_gbs_per_thread(ranks, min_time, static_cast<size_t>(pb / calls));
+  row->combine_base_gbs = bench::memcpy_gbs_per_thread(ranks, min_time, static_cast<size_t>(cb / calls));
+  return "";
+}
 
 }  // namespace
 
@@ -95,6 +205,10 @@ int main(int argc, char** argv) {
     else if (a == "--peak-time") o.peak_time = std::atof(next().c_str());
     else if (a == "--bw-mb") o.bw_mb = std::atoi(next().c_str());
     else if (a == "--json") o.json = next();
+    else if (a == "--dispatch-ranks") {
+      o.dispatch_ranks = std::atoi(next().c_str());
+      if (o.dispatch_ranks == 0) o.dispatch_ranks = -1;
+    }
     else if (a == "-h" || a == "--help") {
       usage();
       return 0;
@@ -121,8 +235,8 @@ int main(int argc, char** argv) {
               o.bw_mb, bw);
   std::printf("%%peak is against the bf16 dot-product peak for bf16 weights and activations on the bf16 kernels, "
               "else the f32 FMA peak\n\n");
-  std::printf("%-14s %4s %6s %-7s %9s %11s %9s %6s %9s %6s %7s %6s\n", "preset", "ep", "tokens", "strat", "ms",
-              "tokens/s", "GFLOP/s", "%peak", "wGB/s", "%bw", "pairs", "active");
+  std::printf("%-14s %4s %6s %-7s %9s %9s %11s %9s %6s %9s %6s %7s %6s\n", "preset", "ep", "tokens", "strat", "ms",
+              "expert_ms", "tokens/s", "GFLOP/s", "%peak", "wGB/s", "%bw", "pairs", "active");
 
   std::vector<Row> rows;
   int max_tokens = *std::max_element(o.tokens.begin(), o.tokens.end());
@@ -190,7 +304,7 @@ int main(int argc, char** argv) {
         ep_moe_forward_args_init(&a);
         a.num_tokens = T;
         a.out = out.data();
-        int64_t pairs_sum = 0, active_sum = 0;
+        int64_t pairs_sum = 0, active_sum = 0, expert_ns_sum = 0;
         std::vector<double> times;
         const auto start = Clock::now();
         for (int it = 0;; ++it) {
@@ -209,6 +323,8 @@ int main(int argc, char** argv) {
             pairs_sum += v;
             ep_moe_layer_get_attr(&v, layer, EP_MOE_LAYER_ATTR_LAST_ACTIVE_EXPERTS);
             active_sum += v;
+            ep_moe_layer_get_attr(&v, layer, EP_MOE_LAYER_ATTR_LAST_EXPERT_NS);
+            expert_ns_sum += v;
           }
           const double total = std::chrono::duration<double>(Clock::now() - start).count();
           if (times.size() >= 3 && total >= o.min_time) break;
@@ -233,14 +349,15 @@ int main(int argc, char** argv) {
         const double flops = 6.0 * m->hidden * (mean_pairs * m->intermediate +
                                                 static_cast<double>(T) * static_cast<double>(shard));
         r.ms = t * 1e3;
+        r.expert_ms = static_cast<double>(expert_ns_sum) / n_samples / 1e6;
         r.tokens_per_s = T / t;
         r.gflops = flops / t / 1e9;
         r.gflops_frac = r.gflops / row_peak;
         r.peak_kind = dot ? "bf16dot" : "f32fma";
         r.weight_gbs = (mean_active * expert_bytes + shared_bytes) / t / 1e9;
         r.weight_frac = r.weight_gbs / bw;
-        std::printf("%-14s %4d %6d %-7s %9.3f %11.1f %9.1f %5.1f%% %9.1f %5.1f%% %7lld %6lld\n", name.c_str(), ep, T,
-                    r.strategy.c_str(), r.ms, r.tokens_per_s, r.gflops, 100 * r.gflops_frac, r.weight_gbs,
+        std::printf("%-14s %4d %6d %-7s %9.3f %9.3f %11.1f %9.1f %5.1f%% %9.1f %5.1f%% %7lld %6lld\n", name.c_str(),
+                    ep, T, r.strategy.c_str(), r.ms, r.expert_ms, r.tokens_per_s, r.gflops, 100 * r.gflops_frac, r.weight_gbs,
                     100 * r.weight_frac, static_cast<long long>(r.local_pairs),
                     static_cast<long long>(r.active_experts));
         std::fflush(stdout);
@@ -257,7 +374,36 @@ int main(int argc, char** argv) {
     if (r.strategy != "skip") continue;
     for (const auto& w : rows)
       if (w.strategy == "weight0" && w.preset == r.preset && w.tokens == r.tokens && w.ep == r.ep)
-        std::printf("%-14s T=%-5d weight-0 / skip time: %.2fx\n", r.preset.c_str(), r.tokens, w.ms / r.ms);
+        std::printf("%-14s T=%-5d weight-0 / skip: expert time %.2fx, forward time %.2fx\n", r.preset.c_str(),
+                    r.tokens, w.expert_ms / r.expert_ms, w.ms / r.ms);
+  }
+
+  // Permutation and combine of the all-to-all flow against memcpy.
+  std::vector<DispatchRow> drows;
+  const int dranks = o.dispatch_ranks > 0 ? o.dispatch_ranks : o.dispatch_ranks < 0 ? 0 : threads;
+  if (dranks >= 2) {
+    std::printf("\npermutation / combine: all-to-all dispatch, %d in-process ranks x 1 thread, %s rows; GB/s per rank "
+                "against memcpy of the same bytes per rank by %d concurrent threads\n",
+                dranks, dtype_name(o.dtype), dranks);
+    std::printf("%-14s %6s %6s %10s %9s %9s %6s %10s %9s %9s %6s\n", "preset", "ranks", "tokens", "perm_MB", "GB/s",
+                "memcpy", "%cpy", "comb_MB", "GB/s", "memcpy", "%cpy");
+    for (const auto& name : o.presets) {
+      const presets::Model* m = presets::find(name);
+      for (int T : o.tokens) {
+        DispatchRow d;
+        const std::string err = run_dispatch(*m, dranks, T, o.dtype, std::max(0.2, o.min_time / 2), &d);
+        if (!err.empty()) {
+          std::fprintf(stderr, "dispatch part: %s\n", err.c_str());
+          return 1;
+        }
+        std::printf("%-14s %6d %6d %10.3f %9.2f %9.2f %5.1f%% %10.3f %9.2f %9.2f %5.1f%%\n", name.c_str(), d.ranks,
+                    d.tokens, d.permute_mb, d.permute_gbs, d.permute_base_gbs,
+                    100 * d.permute_gbs / std::max(1e-9, d.permute_base_gbs), d.combine_mb, d.combine_gbs,
+                    d.combine_base_gbs, 100 * d.combine_gbs / std::max(1e-9, d.combine_base_gbs));
+        std::fflush(stdout);
+        drows.push_back(d);
+      }
+    }
   }
 
   if (!o.json.empty()) {
@@ -275,12 +421,23 @@ int main(int argc, char** argv) {
       const Row& r = rows[i];
       std::fprintf(f,
                    "    {\"preset\": \"%s\", \"ep\": %d, \"tokens\": %d, \"strategy\": \"%s\", \"threads\": %d, "
-                   "\"iters\": %d, \"ms\": %.6f, \"tokens_per_s\": %.3f, \"gflops\": %.3f, \"gflops_frac_peak\": "
+                   "\"iters\": %d, \"ms\": %.6f, \"expert_ms\": %.6f, \"tokens_per_s\": %.3f, \"gflops\": %.3f, \"gflops_frac_peak\": "
                    "%.5f, \"peak\": \"%s\", \"weight_gbs\": %.3f, \"weight_frac_bw\": %.5f, \"local_pairs\": %lld, "
                    "\"active_experts\": %lld}%s\n",
-                   r.preset.c_str(), r.ep, r.tokens, r.strategy.c_str(), r.threads, r.iters, r.ms, r.tokens_per_s,
+                   r.preset.c_str(), r.ep, r.tokens, r.strategy.c_str(), r.threads, r.iters, r.ms, r.expert_ms,
+                   r.tokens_per_s,
                    r.gflops, r.gflops_frac, r.peak_kind.c_str(), r.weight_gbs, r.weight_frac, static_cast<long long>(r.local_pairs),
                    static_cast<long long>(r.active_experts), i + 1 < rows.size() ? "," : "");
+    }
+    std::fprintf(f, "  ],\n  \"dispatch\": [\n");
+    for (size_t i = 0; i < drows.size(); ++i) {
+      const DispatchRow& d = drows[i];
+      std::fprintf(f,
+                   "    {\"preset\": \"%s\", \"ranks\": %d, \"tokens\": %d, \"iters\": %d, \"permute_mb\": %.4f, "
+                   "\"permute_gbs\": %.3f, \"permute_memcpy_gbs\": %.3f, \"combine_mb\": %.4f, \"combine_gbs\": %.3f, "
+                   "\"combine_memcpy_gbs\": %.3f}%s\n",
+                   d.preset.c_str(), d.ranks, d.tokens, d.iters, d.permute_mb, d.permute_gbs, d.permute_base_gbs,
+                   d.combine_mb, d.combine_gbs, d.combine_base_gbs, i + 1 < drows.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
     std::fclose(f);

@@ -1,5 +1,6 @@
 #include "machine_peaks.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -174,6 +175,35 @@ double read_bandwidth_gbs(int threads, double seconds, int megabytes) {
   double total = 0;
   for (double m : moved) total += m;
   return total / dt / 1e9;
+}
+
+double memcpy_gbs_per_thread(int threads, double seconds, size_t bytes) {
+  bytes = std::max<size_t>(bytes, 64);
+  std::atomic<bool> stop{false};
+  std::vector<double> rate(static_cast<size_t>(threads), 0);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      std::vector<char> src(bytes, static_cast<char>(t + 1)), dst(bytes, 0);  // both touched before timing
+      std::memcpy(dst.data(), src.data(), bytes);
+      double done = 0;
+      const auto t0 = Clock::now();
+      while (!stop.load(std::memory_order_relaxed)) {
+        std::memcpy(dst.data(), src.data(), bytes);
+        src[done > 0 ? 1 : 0] ^= 1;  // keep the copies observable
+        done += static_cast<double>(bytes);
+      }
+      const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+      g_sink = g_sink + static_cast<double>(dst[bytes / 2]);
+      rate[static_cast<size_t>(t)] = done / dt / 1e9;
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  stop = true;
+  for (auto& t : ts) t.join();
+  double sum = 0;
+  for (double r : rate) sum += r;
+  return sum / threads;
 }
 
 }  // namespace bench

@@ -2,6 +2,8 @@
 // every result can be given as a fraction of them.
 #pragma once
 
+#include <cstddef>
+
 namespace bench {
 
 // f32 FMA throughput of `threads` threads (GFLOP/s, 2 flops per FMA lane)
@@ -15,5 +17,11 @@ double bf16_dot_peak_gflops(int threads, double seconds);
 
 // Read bandwidth of `threads` threads streaming a `megabytes` buffer, GB/s.
 double read_bandwidth_gbs(int threads, double seconds, int megabytes);
+
+// memcpy rate of ONE of `threads` threads running at the same time, each
+// copying its own `bytes`-byte buffer over and over (bytes copied per
+// second, GB/s, the mean over the threads): the baseline for moving the
+// same volume of rows with the same number of concurrent copiers.
+double memcpy_gbs_per_thread(int threads, double seconds, size_t bytes);
 
 }  // namespace bench

@@ -1188,6 +1188,11 @@ typedef enum ep_moe_layer_attr {
   EP_MOE_LAYER_ATTR_REPLACE_BYTES_READ = 18,     /**< Bytes this rank read from the checkpoint in the last ep_moe_layer_replace(). */
   EP_MOE_LAYER_ATTR_REPLACE_EXPERTS_KEPT = 19,   /**< Routed experts the last ep_moe_layer_replace() kept in place on this rank. */
   EP_MOE_LAYER_ATTR_NUM_EXPERTS = 20,            /**< Logical routed experts E of the layer (the config's num_experts). */
+  EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS = 21,        /**< Nanoseconds the last forward spent on this rank moving token rows into the order the experts read (packing rows to send, unpacking received rows, widening inputs to f32); collectives excluded. */
+  EP_MOE_LAYER_ATTR_LAST_PERMUTE_BYTES = 22,     /**< Bytes of rows those steps wrote. */
+  EP_MOE_LAYER_ATTR_LAST_EXPERT_NS = 23,         /**< Nanoseconds the last forward spent in expert FFNs on this rank (routed and shared; in all-gather mode it includes the weighted combine, which is fused into the down projection). */
+  EP_MOE_LAYER_ATTR_LAST_COMBINE_NS = 24,        /**< Nanoseconds the last forward spent on this rank turning expert results into output rows (converting partial rows for the return or the reduction, adding returned rows per token, writing the output); collectives excluded. */
+  EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES = 25,     /**< Bytes of rows those steps read. */
   /** \cond RANGE */
   EP_MOE_LAYER_ATTR_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
   EP_MOE_LAYER_ATTR_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */

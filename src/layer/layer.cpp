@@ -1,6 +1,7 @@
 #include "layer/layer.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -18,6 +19,11 @@ constexpr int32_t kMaxThreads = 1024;
 constexpr int64_t kMaxChunkPairs = 2048;
 
 size_t round_up(size_t v, size_t m) { return (v + m - 1) / m * m; }
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // Row conversions with the dtype chosen once per row (not per element), so
 // the bf16 loops vectorise.
@@ -194,7 +200,7 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
     ret_recv_.resize(static_cast<size_t>(T * fanout * H) * es);
     send_tok_.resize(static_cast<size_t>(T * fanout));
     dest_.resize(static_cast<size_t>(T * K));
-    row_ids_.resize(static_cast<size_t>(K));
+    row_ids_.resize(static_cast<size_t>(K) * static_cast<size_t>(pool_->size()));  // K per pool thread
     send_count_.resize(static_cast<size_t>(ep));
     send_off_.resize(static_cast<size_t>(ep) + 1);
     stamp_.resize(static_cast<size_t>(ep));
@@ -640,6 +646,10 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
   int32_t* ids = ids_.data();
   float* w = weights_.data();
 
+  // Phase times of this rank (collectives excluded), kept for the attrs.
+  PhaseTimes ph;
+  int64_t t0 = now_ns();
+
   // DP gather: one collective moving [hidden | ids | weights] rows.
   int64_t T_all = T;
   if (dp_size_ > 1) {
@@ -656,6 +666,8 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
         for (int64_t k = 0; k < K; ++k) rid[k] = -1;
       }
     }
+    ph.permute_bytes += send_n * static_cast<int64_t>(row_bytes_);
+    ph.permute_ns += now_ns() - t0;
     const size_t words = row_bytes_ / 4;
     Comm* dp = st.enter();
     if (gather == Gather::Padded) {
@@ -669,10 +681,17 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
       }
       dp->all_gather_v(recv_rows_.data(), send, counts_.data(), EP_MOE_DTYPE_I32, a.stream);
     }
-    for (int64_t t = 0; t < T_all; ++t) unpack_row(recv_rows_.data<char>() + static_cast<size_t>(t) * row_bytes_, t, x);
+    t0 = now_ns();
+    unpack_rows(T_all, x);
+    ph.permute_bytes += T_all * H * 4;
+    ph.permute_ns += now_ns() - t0;
   } else {
-    for (int64_t t = 0; t < T; ++t)
-      convert_row(x + t * H, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), adt, H);
+    pool_->parallel_for(static_cast<size_t>((T + 15) / 16), [&](size_t b, int) {
+      for (int64_t t = static_cast<int64_t>(b) * 16; t < std::min<int64_t>(T, static_cast<int64_t>(b) * 16 + 16); ++t)
+        convert_row(x + t * H, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), adt, H);
+    });
+    ph.permute_bytes += T * H * 4;
+    ph.permute_ns += now_ns() - t0;
   }
 
   // Plan the pairs this rank computes, then experts + shared into acc.
@@ -689,14 +708,21 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
     const int32_t ep = map_.ep_size(), r = map_.ep_rank();  // the whole expert, a share of the tokens
     add_shared_job(x, split_start(static_cast<int32_t>(T), ep, r), split_count(static_cast<int32_t>(T), ep, r), ids);
   }
+  t0 = now_ns();
   ffn_->run(*pool_, jobs_, x, H, acc, H, act_);
+  ph.expert_ns += now_ns() - t0;
 
   // ONE reduction of (routed + shared) partials, then this rank's rows.
   void* partial = acc;
   if (adt != EP_MOE_DTYPE_F32) {
+    t0 = now_ns();
     partial = partial_.data();
-    for (int64_t t = 0; t < T_all; ++t)
-      store_row(static_cast<char*>(partial) + t * H * static_cast<int64_t>(es), adt, acc + t * H, H);
+    pool_->parallel_for(static_cast<size_t>((T_all + 15) / 16), [&](size_t b, int) {
+      for (int64_t t = static_cast<int64_t>(b) * 16; t < std::min<int64_t>(T_all, static_cast<int64_t>(b) * 16 + 16); ++t)
+        store_row(static_cast<char*>(partial) + t * H * static_cast<int64_t>(es), adt, acc + t * H, H);
+    });
+    ph.combine_bytes += T_all * H * 4;
+    ph.combine_ns += now_ns() - t0;
   }
   const void* result = partial;
   int64_t row0 = 0;
@@ -710,9 +736,13 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
       row0 = dp_offset;
     }
   }
+  t0 = now_ns();
   if (T > 0)
     std::memmove(a.out, static_cast<const char*>(result) + row0 * H * static_cast<int64_t>(es),
                  static_cast<size_t>(T * H) * es);
+  ph.combine_bytes += T * H * static_cast<int64_t>(es);
+  ph.combine_ns += now_ns() - t0;
+  last_phase_ = ph;
 
   int64_t tokens = 0;
   for (int64_t t = 0; t < T_all; ++t) tokens += ids[t * K] >= 0;
@@ -733,6 +763,13 @@ void Layer::pack_row(char* row, const char* hidden, const int32_t* ids, const fl
   std::memcpy(row, hidden, static_cast<size_t>(H) * es);
   std::memcpy(row + H * static_cast<int64_t>(es), ids, static_cast<size_t>(K) * 4);
   std::memcpy(row + H * static_cast<int64_t>(es) + K * 4, w, static_cast<size_t>(K) * 4);
+}
+
+void Layer::unpack_rows(int64_t n, float* x) {
+  pool_->parallel_for(static_cast<size_t>((n + 15) / 16), [&](size_t b, int) {
+    for (int64_t t = static_cast<int64_t>(b) * 16; t < std::min<int64_t>(n, static_cast<int64_t>(b) * 16 + 16); ++t)
+      unpack_row(recv_rows_.data<char>() + static_cast<size_t>(t) * row_bytes_, t, x);
+  });
 }
 
 void Layer::unpack_row(const char* row, int64_t t, float* x) {
@@ -872,17 +909,28 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   const int32_t* ids = ids_.data();
   const float* w = weights_.data();
 
-  // 1. Pack one row per (token, destination): pairs computed elsewhere are -1.
+  PhaseTimes ph;
+  int64_t t0 = now_ns();
+
+  // 1. Pack one row per (token, destination): pairs computed elsewhere are
+  //    -1. Blocks of rows in parallel; row_ids_ holds K ids per pool thread.
   char* send = send_rows_.data<char>();
-  std::vector<int32_t>& row_ids = row_ids_;
-  for (int32_t d = 0; d < n; ++d)
-    for (int64_t j = send_off_[static_cast<size_t>(d)]; j < send_off_[static_cast<size_t>(d) + 1]; ++j) {
+  const int64_t rows_out = send_off_[static_cast<size_t>(n)];
+  pool_->parallel_for(static_cast<size_t>((rows_out + 15) / 16), [&](size_t b, int tid) {
+    int32_t* row_ids = row_ids_.data() + static_cast<size_t>(tid) * static_cast<size_t>(K);
+    const int64_t j0 = static_cast<int64_t>(b) * 16, j1 = std::min<int64_t>(rows_out, j0 + 16);
+    int32_t d = static_cast<int32_t>(std::upper_bound(send_off_.begin(), send_off_.begin() + n + 1, j0) - send_off_.begin()) - 1;
+    for (int64_t j = j0; j < j1; ++j) {
+      while (j >= send_off_[static_cast<size_t>(d) + 1]) ++d;
       const int64_t t = send_tok_[static_cast<size_t>(j)];
       for (int64_t k = 0; k < K; ++k)
-        row_ids[static_cast<size_t>(k)] = dest_[static_cast<size_t>(t * K + k)] == d ? ids[t * K + k] : -1;
+        row_ids[k] = dest_[static_cast<size_t>(t * K + k)] == d ? ids[t * K + k] : -1;
       pack_row(send + static_cast<size_t>(j) * row_bytes_, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es),
-               row_ids.data(), w + t * K);
+               row_ids, w + t * K);
     }
+  });
+  ph.permute_bytes += rows_out * static_cast<int64_t>(row_bytes_);
+  ph.permute_ns += now_ns() - t0;
   int64_t R = 0;
   for (int32_t p = 0; p < n; ++p) {
     const int64_t c = count_matrix_[static_cast<size_t>(p) * (static_cast<size_t>(n) + 1) + 1 + static_cast<size_t>(me)];
@@ -897,16 +945,27 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
 
   // 2. Experts on the rows received; partial sums back in the same order.
   float* x = x_f32_.data<float>();
-  for (int64_t r = 0; r < R; ++r) unpack_row(recv_rows_.data<char>() + static_cast<size_t>(r) * row_bytes_, r, x);
+  t0 = now_ns();
+  unpack_rows(R, x);
+  ph.permute_bytes += R * H * 4;
+  ph.permute_ns += now_ns() - t0;
   int64_t skipped = 0;
   const int64_t local_pairs = plan_pairs(R, ids_.data(), weights_.data(), true, &skipped);
   float* acc = acc_.data<float>();
   std::memset(acc, 0, static_cast<size_t>(R * H) * 4);
   add_expert_jobs();
+  t0 = now_ns();
   ffn_->run(*pool_, jobs_, x, H, acc, H, act_);
+  ph.expert_ns += now_ns() - t0;
   record(R, local_pairs, 0);
   char* back = ret_send_.data<char>();
-  for (int64_t r = 0; r < R; ++r) store_row(back + static_cast<size_t>(r * H) * es, adt, acc + r * H, H);
+  t0 = now_ns();
+  pool_->parallel_for(static_cast<size_t>((R + 15) / 16), [&](size_t b, int) {
+    for (int64_t r = static_cast<int64_t>(b) * 16; r < std::min<int64_t>(R, static_cast<int64_t>(b) * 16 + 16); ++r)
+      store_row(back + static_cast<size_t>(r * H) * es, adt, acc + r * H, H);
+  });
+  ph.combine_bytes += R * H * 4;
+  ph.combine_ns += now_ns() - t0;
   for (int32_t d = 0; d < n; ++d) {
     counts_[static_cast<size_t>(d)] = recv_count_[static_cast<size_t>(d)] * static_cast<size_t>(H);
     recv_words_[static_cast<size_t>(d)] = static_cast<size_t>(send_count_[static_cast<size_t>(d)]) * static_cast<size_t>(H);
@@ -918,12 +977,24 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   float* ox = own_x_.data<float>();
   float* oacc = own_acc_.data<float>();
   std::memset(oacc, 0, static_cast<size_t>(T * H) * 4);
-  for (int64_t t = 0; t < T; ++t)
-    convert_row(ox + t * H, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), adt, H);
+  if (shared_count_ > 0) {  // the shared expert (and its gate) read own rows in f32
+    t0 = now_ns();
+    pool_->parallel_for(static_cast<size_t>((T + 15) / 16), [&](size_t b, int) {
+      for (int64_t t = static_cast<int64_t>(b) * 16; t < std::min<int64_t>(T, static_cast<int64_t>(b) * 16 + 16); ++t)
+        convert_row(ox + t * H, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), adt, H);
+    });
+    ph.permute_bytes += T * H * 4;
+    ph.permute_ns += now_ns() - t0;
+  }
   jobs_.clear();
   add_shared_job(ox, 0, T, nullptr);
   const bool any_shared = !jobs_.empty();
-  if (any_shared) ffn_->run(*pool_, jobs_, ox, H, oacc, H, act_);
+  if (any_shared) {
+    t0 = now_ns();
+    ffn_->run(*pool_, jobs_, ox, H, oacc, H, act_);
+    ph.expert_ns += now_ns() - t0;
+  }
+  t0 = now_ns();
   // Column blocks in parallel (a token comes back from several ranks; each
   // block adds them in the same fixed order).
   const char* ret = ret_recv_.data<char>();
@@ -937,8 +1008,13 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
       for (int64_t i = 0; i < len; ++i) dst[i] += tmp[i];
     }
   });
-  for (int64_t t = 0; t < T; ++t)
-    store_row(static_cast<char*>(a.out) + t * H * static_cast<int64_t>(es), adt, oacc + t * H, H);
+  pool_->parallel_for(static_cast<size_t>((T + 15) / 16), [&](size_t b, int) {
+    for (int64_t t = static_cast<int64_t>(b) * 16; t < std::min<int64_t>(T, static_cast<int64_t>(b) * 16 + 16); ++t)
+      store_row(static_cast<char*>(a.out) + t * H * static_cast<int64_t>(es), adt, oacc + t * H, H);
+  });
+  ph.combine_bytes += (back_rows + T) * H * static_cast<int64_t>(es);
+  ph.combine_ns += now_ns() - t0;
+  last_phase_ = ph;
   int64_t sent_pairs = 0;
   for (int64_t i = 0; i < T * K; ++i) sent_pairs += dest_[static_cast<size_t>(i)] != me;
   last_skipped_ = sent_pairs;
@@ -984,6 +1060,11 @@ int64_t Layer::attr(ep_moe_layer_attr_t a) const {
     case EP_MOE_LAYER_ATTR_LAST_ALLTOALL_BYTES: return static_cast<int64_t>(last_bytes_alltoall_);
     case EP_MOE_LAYER_ATTR_LAST_ALLGATHER_BYTES: return static_cast<int64_t>(last_bytes_allgather_);
     case EP_MOE_LAYER_ATTR_LOAD_STEPS: return load_steps_;
+    case EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS: return last_phase_.permute_ns;
+    case EP_MOE_LAYER_ATTR_LAST_PERMUTE_BYTES: return last_phase_.permute_bytes;
+    case EP_MOE_LAYER_ATTR_LAST_EXPERT_NS: return last_phase_.expert_ns;
+    case EP_MOE_LAYER_ATTR_LAST_COMBINE_NS: return last_phase_.combine_ns;
+    case EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES: return last_phase_.combine_bytes;
     case EP_MOE_LAYER_ATTR_REPLACE_BYTES_SENT: return replace_sent_;
     case EP_MOE_LAYER_ATTR_REPLACE_BYTES_RECEIVED: return replace_received_;
     case EP_MOE_LAYER_ATTR_REPLACE_BYTES_READ: return replace_read_;

@@ -90,6 +90,7 @@ class Layer {
   void record(int64_t tokens, int64_t local_pairs, int64_t skipped);
   void pack_row(char* row, const char* hidden, const int32_t* ids, const float* w) const;
   void unpack_row(const char* row, int64_t t, float* x);
+  void unpack_rows(int64_t n, float* x);  // recv_rows_[0, n) -> x, ids_, weights_ (on the pool)
   int32_t pick_slot_a2a(int32_t expert, int64_t token, int32_t k) const;
   void build_a2a_choice();
   void check_weight(ep_moe_weight_t which, int32_t expert) const;
@@ -156,6 +157,12 @@ class Layer {
   int64_t load_steps_ = 0;
   int64_t replace_sent_ = 0, replace_received_ = 0, replace_read_ = 0, replace_kept_ = 0;
   int64_t last_tokens_ = 0, last_local_pairs_ = 0, last_skipped_ = 0, last_active_ = 0;
+  // This rank's time (and bytes) per phase of the last forward, collectives
+  // excluded (EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS ...).
+  struct PhaseTimes {
+    int64_t permute_ns = 0, permute_bytes = 0, expert_ns = 0, combine_ns = 0, combine_bytes = 0;
+  };
+  PhaseTimes last_phase_;
   Gather last_gather_ = Gather::None;
   int32_t last_dispatch_ = EP_MOE_DISPATCH_ALLGATHER, last_auto_choice_ = -1;
   double last_bytes_alltoall_ = 0, last_bytes_allgather_ = 0;

@@ -120,6 +120,9 @@ struct RankResult {
   std::string error;
   std::vector<float> out;
   int64_t local_pairs = 0, skipped = 0, tokens = 0, gather = -1, dispatch = -1;
+  int64_t own_tokens = 0;  // this rank's tokens in the last forward (its replica's)
+  // EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS .. LAST_COMBINE_BYTES after the last forward
+  int64_t permute_ns = -1, permute_bytes = -1, expert_ns = -1, combine_ns = -1, combine_bytes = -1;
   int stored = 0;
 };
 
@@ -307,6 +310,12 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
     ep_moe_layer_get_attr(&res.tokens, layer, EP_MOE_LAYER_ATTR_LAST_TOKENS);
     ep_moe_layer_get_attr(&res.gather, layer, EP_MOE_LAYER_ATTR_LAST_GATHER);
     ep_moe_layer_get_attr(&res.dispatch, layer, EP_MOE_LAYER_ATTR_LAST_DISPATCH);
+    ep_moe_layer_get_attr(&res.permute_ns, layer, EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS);
+    ep_moe_layer_get_attr(&res.permute_bytes, layer, EP_MOE_LAYER_ATTR_LAST_PERMUTE_BYTES);
+    ep_moe_layer_get_attr(&res.expert_ns, layer, EP_MOE_LAYER_ATTR_LAST_EXPERT_NS);
+    ep_moe_layer_get_attr(&res.combine_ns, layer, EP_MOE_LAYER_ATTR_LAST_COMBINE_NS);
+    ep_moe_layer_get_attr(&res.combine_bytes, layer, EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES);
+    res.own_tokens = T;
     ep_moe_layer_destroy(layer);
     if (dp && dp != ep) ep_moe_comm_destroy(dp);
   });
@@ -318,6 +327,26 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
     CHECK(results[static_cast<size_t>(r)].error.empty());
     REQUIRE(results[static_cast<size_t>(r)].status == EP_MOE_OK);
   }
+  // Phase attributes of the last forward: present and consistent on every
+  // rank; exact byte counts where the flow is simple (all-gather, no DP).
+  for (int r = 0; r < c.ep && c.forwards > 0; ++r) {
+    const RankResult& x = results[static_cast<size_t>(r)];
+    if (x.status != EP_MOE_OK) continue;
+    INFO("rank " << r << " phase attrs: permute " << x.permute_ns << " ns " << x.permute_bytes << " B, expert "
+                 << x.expert_ns << " ns, combine " << x.combine_ns << " ns " << x.combine_bytes << " B");
+    const int64_t es = c.adt == ref::F32 ? 4 : 2, H = c.spec.H, T = x.own_tokens;
+    CHECK(x.permute_ns >= 0);
+    CHECK(x.expert_ns >= 0);
+    CHECK(x.combine_ns >= 0);
+    CHECK(x.permute_bytes >= T * H * es);  // every own token row is moved at least once
+    CHECK(x.combine_bytes >= T * H * es);  // and every output row written from a result
+    if (x.local_pairs > 0) CHECK(x.expert_ns > 0);
+    if (x.dispatch == EP_MOE_DISPATCH_ALLGATHER && c.dp == 1) {
+      CHECK(x.permute_bytes == T * H * 4);  // inputs widened to f32
+      CHECK(x.combine_bytes == T * H * es + (es == 4 ? 0 : T * H * 4));
+    }
+  }
+
   const double tol = tolerance(c.adt, c.wdt);
   for (int f = 0; f < c.forwards; ++f) {
     for (int r = 0; r < c.ep; ++r) {

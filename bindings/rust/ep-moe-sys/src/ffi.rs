@@ -159,6 +159,11 @@ pub const EP_MOE_LAYER_ATTR_REPLACE_BYTES_RECEIVED: ep_moe_layer_attr_t = 17;
 pub const EP_MOE_LAYER_ATTR_REPLACE_BYTES_READ: ep_moe_layer_attr_t = 18;
 pub const EP_MOE_LAYER_ATTR_REPLACE_EXPERTS_KEPT: ep_moe_layer_attr_t = 19;
 pub const EP_MOE_LAYER_ATTR_NUM_EXPERTS: ep_moe_layer_attr_t = 20;
+pub const EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS: ep_moe_layer_attr_t = 21;
+pub const EP_MOE_LAYER_ATTR_LAST_PERMUTE_BYTES: ep_moe_layer_attr_t = 22;
+pub const EP_MOE_LAYER_ATTR_LAST_EXPERT_NS: ep_moe_layer_attr_t = 23;
+pub const EP_MOE_LAYER_ATTR_LAST_COMBINE_NS: ep_moe_layer_attr_t = 24;
+pub const EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES: ep_moe_layer_attr_t = 25;
 pub const EP_MOE_LAYER_ATTR_ENUM_MIN_: ep_moe_layer_attr_t = -2147483648;
 pub const EP_MOE_LAYER_ATTR_ENUM_MAX_: ep_moe_layer_attr_t = 2147483647;
 
