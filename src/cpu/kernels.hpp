@@ -30,8 +30,13 @@ struct Kernels {
   int mr;  // rows of the register tile
   GemmFn gemm[3];  // by weight dtype: f32, bf16, f16
   GemmBf16Fn gemm_bf16 = nullptr;  // bf16 x bf16, where the CPU has it
-  // f32 -> bf16, round to nearest even (with gemm_bf16).
+  // Row conversions, every ISA, bit-identical to common/dtype.hpp's scalar
+  // ones: f32 -> bf16 rounds to nearest even and keeps NaNs quiet NaNs;
+  // f16 with the F16C/AVX-512 rounding (nearest even).
   void (*to_bf16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
+  void (*from_bf16)(const uint16_t* src, float* dst, int64_t n) = nullptr;
+  void (*to_f16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
+  void (*from_f16)(const uint16_t* src, float* dst, int64_t n) = nullptr;
 };
 
 const Kernels& kernels_for(Isa isa);

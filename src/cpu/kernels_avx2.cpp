@@ -2,6 +2,7 @@
 // when the CPU has them).
 #include <immintrin.h>
 
+#include "common/dtype.hpp"
 #include "cpu/kernels.hpp"
 
 namespace ep_moe {
@@ -29,8 +30,49 @@ static inline __m256 vload_f16(const uint16_t* p) {
 
 #include "cpu/kernels_x86.inc"
 
+// Row conversions (AVX2 + F16C; scalar tails from common/dtype.hpp).
+namespace {
+void row_to_bf16(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff), abs = _mm256_set1_epi32(0x7fffffff),
+                inf = _mm256_set1_epi32(0x7f800000), quiet = _mm256_set1_epi32(0x40);
+  for (; i + 8 <= n; i += 8) {
+    const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(src + i));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, bias)), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
+    const __m256i v = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), quiet), nan);
+    // 8 x u32 (< 65536) -> 8 x u16: pack within lanes, then take lanes 0 and 2.
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_castsi256_si128(p));
+  }
+  for (; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+}
+void row_from_bf16(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(
+                                  _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))), 16)));
+  for (; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+}
+void row_to_f16(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) dst[i] = f32_to_f16(src[i]);
+}
+void row_from_f16(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  for (; i < n; ++i) dst[i] = f16_to_f32(src[i]);
+}
+}  // namespace
+
 const Kernels& kernels_avx2() {
-  static const Kernels k{Isa::Avx2, NR, MR, {gemm<0>, gemm<1>, gemm<2>}};
+  static const Kernels k{Isa::Avx2, NR, MR, {gemm<0>, gemm<1>, gemm<2>}, nullptr,
+                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16};
   return k;
 }
 

@@ -10,7 +10,8 @@ namespace cpu {
 #include "cpu/kernels_avx512.inc"
 
 const Kernels& kernels_avx512() {
-  static const Kernels k{Isa::Avx512, NR, MR, {gemm<0>, gemm<1>, gemm<2>}};
+  static const Kernels k{Isa::Avx512, NR, MR, {gemm<0>, gemm<1>, gemm<2>}, nullptr,
+                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16};
   return k;
 }
 

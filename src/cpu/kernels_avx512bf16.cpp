@@ -86,21 +86,11 @@ void dot_gemm(int m, const uint16_t* const* a, int k, const void* panel, float* 
              r0 == 0 ? static_cast<const char*>(next) : nullptr);
 }
 
-void to_bf16(const float* src, uint16_t* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
-                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i))));
-  if (i < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    _mm256_mask_storeu_epi16(dst + i, m, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i))));
-  }
-}
-
 }  // namespace
 
 const Kernels& kernels_avx512bf16() {
-  static const Kernels k{Isa::Avx512Bf16, NR, MR, {gemm<0>, gemm<1>, gemm<2>}, dot_gemm, to_bf16};
+  static const Kernels k{Isa::Avx512Bf16, NR, MR, {gemm<0>, gemm<1>, gemm<2>}, dot_gemm,
+                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16};
   return k;
 }
 

@@ -35,10 +35,23 @@ void gemm(int m, const float* const* a, int k, const void* panel, float* c, int 
       for (int j = 0; j < NR; ++j) c[static_cast<size_t>(r0 + i) * ldc + j] = acc[i][j];
   }
 }
+void row_to_bf16(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+}
+void row_from_bf16(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+}
+void row_to_f16(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_f16(src[i]);
+}
+void row_from_f16(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(src[i]);
+}
 }  // namespace
 
 const Kernels& kernels_generic() {
-  static const Kernels k{Isa::Generic, NR, MR, {gemm<0>, gemm<1>, gemm<2>}};
+  static const Kernels k{Isa::Generic, NR, MR, {gemm<0>, gemm<1>, gemm<2>}, nullptr,
+                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16};
   return k;
 }
 

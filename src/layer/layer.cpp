@@ -25,30 +25,18 @@ int64_t now_ns() {
       .count();
 }
 
-// Row conversions with the dtype chosen once per row (not per element), so
-// the bf16 loops vectorise.
-void convert_row(float* dst, const void* src, ep_moe_dtype_t dt, int64_t n) {
-  if (dt == EP_MOE_DTYPE_F32) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-  } else if (dt == EP_MOE_DTYPE_BF16) {
-    const auto* s = static_cast<const uint16_t*>(src);
-    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
-  } else {
-    const auto* s = static_cast<const uint16_t*>(src);
-    for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
-  }
+// Row conversions with the CPU's vector converters (the dtype chosen once
+// per row, bit-identical to the scalar ones).
+void convert_row(const cpu::Kernels& k, float* dst, const void* src, ep_moe_dtype_t dt, int64_t n) {
+  if (dt == EP_MOE_DTYPE_F32) std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+  else if (dt == EP_MOE_DTYPE_BF16) k.from_bf16(static_cast<const uint16_t*>(src), dst, n);
+  else k.from_f16(static_cast<const uint16_t*>(src), dst, n);
 }
 
-void store_row(void* dst, ep_moe_dtype_t dt, const float* src, int64_t n) {
-  if (dt == EP_MOE_DTYPE_F32) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-  } else if (dt == EP_MOE_DTYPE_BF16) {
-    auto* d = static_cast<uint16_t*>(dst);
-    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
-  } else {
-    auto* d = static_cast<uint16_t*>(dst);
-    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
-  }
+void store_row(const cpu::Kernels& k, void* dst, ep_moe_dtype_t dt, const float* src, int64_t n) {
+  if (dt == EP_MOE_DTYPE_F32) std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+  else if (dt == EP_MOE_DTYPE_BF16) k.to_bf16(src, static_cast<uint16_t*>(dst), n);
+  else k.to_f16(src, static_cast<uint16_t*>(dst), n);
 }
 
 }  // namespace
@@ -199,6 +187,8 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
     ret_send_.resize(static_cast<size_t>(ep * T * H) * es);
     ret_recv_.resize(static_cast<size_t>(T * fanout * H) * es);
     send_tok_.resize(static_cast<size_t>(T * fanout));
+    back_off_.resize(static_cast<size_t>(T) + 1);
+    back_idx_.resize(static_cast<size_t>(T * fanout));
     dest_.resize(static_cast<size_t>(T * K));
     row_ids_.resize(static_cast<size_t>(K) * static_cast<size_t>(pool_->size()));  // K per pool thread
     send_count_.resize(static_cast<size_t>(ep));
@@ -501,7 +491,7 @@ void Layer::route_tokens(const ep_moe_forward_args_t& a) {
   } else if (!a.topk_ids) {  // the layer's own router: logits = x Wr^T in f32
     float* x = own_x_.data<float>();
     for (int64_t t = 0; t < T; ++t)
-      convert_row(x + t * H, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), adt, H);
+      convert_row(kern_, x + t * H, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), adt, H);
     compute_logits(x, T, logits_.data());
     route(logits_.data(), EP_MOE_DTYPE_F32, T, routing_, ids, w);
   } else {
@@ -688,7 +678,7 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
   } else {
     pool_->parallel_for(static_cast<size_t>((T + 15) / 16), [&](size_t b, int) {
       for (int64_t t = static_cast<int64_t>(b) * 16; t < std::min<int64_t>(T, static_cast<int64_t>(b) * 16 + 16); ++t)
-        convert_row(x + t * H, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), adt, H);
+        convert_row(kern_, x + t * H, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), adt, H);
     });
     ph.permute_bytes += T * H * 4;
     ph.permute_ns += now_ns() - t0;
@@ -719,7 +709,7 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
     partial = partial_.data();
     pool_->parallel_for(static_cast<size_t>((T_all + 15) / 16), [&](size_t b, int) {
       for (int64_t t = static_cast<int64_t>(b) * 16; t < std::min<int64_t>(T_all, static_cast<int64_t>(b) * 16 + 16); ++t)
-        store_row(static_cast<char*>(partial) + t * H * static_cast<int64_t>(es), adt, acc + t * H, H);
+        store_row(kern_, static_cast<char*>(partial) + t * H * static_cast<int64_t>(es), adt, acc + t * H, H);
     });
     ph.combine_bytes += T_all * H * 4;
     ph.combine_ns += now_ns() - t0;
@@ -779,7 +769,7 @@ void Layer::unpack_row(const char* row, int64_t t, float* x) {
   const auto* rid = reinterpret_cast<const int32_t*>(row + H * static_cast<int64_t>(es));
   std::memcpy(ids_.data() + t * K, rid, static_cast<size_t>(K) * 4);
   std::memcpy(weights_.data() + t * K, rid + K, static_cast<size_t>(K) * 4);
-  convert_row(x + t * H, row, adt, H);
+  convert_row(kern_, x + t * H, row, adt, H);
 }
 
 void Layer::build_a2a_choice() {
@@ -962,7 +952,7 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   t0 = now_ns();
   pool_->parallel_for(static_cast<size_t>((R + 15) / 16), [&](size_t b, int) {
     for (int64_t r = static_cast<int64_t>(b) * 16; r < std::min<int64_t>(R, static_cast<int64_t>(b) * 16 + 16); ++r)
-      store_row(back + static_cast<size_t>(r * H) * es, adt, acc + r * H, H);
+      store_row(kern_, back + static_cast<size_t>(r * H) * es, adt, acc + r * H, H);
   });
   ph.combine_bytes += R * H * 4;
   ph.combine_ns += now_ns() - t0;
@@ -981,7 +971,7 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
     t0 = now_ns();
     pool_->parallel_for(static_cast<size_t>((T + 15) / 16), [&](size_t b, int) {
       for (int64_t t = static_cast<int64_t>(b) * 16; t < std::min<int64_t>(T, static_cast<int64_t>(b) * 16 + 16); ++t)
-        convert_row(ox + t * H, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), adt, H);
+        convert_row(kern_, ox + t * H, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), adt, H);
     });
     ph.permute_bytes += T * H * 4;
     ph.permute_ns += now_ns() - t0;
@@ -995,22 +985,33 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
     ph.expert_ns += now_ns() - t0;
   }
   t0 = now_ns();
-  // Column blocks in parallel (a token comes back from several ranks; each
-  // block adds them in the same fixed order).
+  // Per token: its shared-expert result plus the rows that came back for
+  // it (in destination-rank order, as sent), summed in f32 one column block
+  // at a time and written out once: no f32 row is read and written per
+  // returned row. Token blocks in parallel.
   const char* ret = ret_recv_.data<char>();
-  const int64_t back_rows = send_off_[static_cast<size_t>(n)], cb = 256;
-  pool_->parallel_for(static_cast<size_t>((H + cb - 1) / cb), [&](size_t b, int) {
-    float tmp[256];
-    const int64_t c0 = static_cast<int64_t>(b) * cb, len = std::min(cb, H - c0);
-    for (int64_t j = 0; j < back_rows; ++j) {
-      float* dst = oacc + static_cast<int64_t>(send_tok_[static_cast<size_t>(j)]) * H + c0;
-      convert_row(tmp, ret + static_cast<size_t>(j * H + c0) * es, adt, len);
-      for (int64_t i = 0; i < len; ++i) dst[i] += tmp[i];
+  const int64_t back_rows = send_off_[static_cast<size_t>(n)];
+  std::fill(back_off_.begin(), back_off_.begin() + T + 1, 0);
+  for (int64_t j = 0; j < back_rows; ++j) ++back_off_[static_cast<size_t>(send_tok_[static_cast<size_t>(j)]) + 1];
+  for (int64_t t = 0; t < T; ++t) back_off_[static_cast<size_t>(t) + 1] += back_off_[static_cast<size_t>(t)];
+  for (int64_t j = 0; j < back_rows; ++j)  // fills each token's range in j order (shifts back_off_ by one token)
+    back_idx_[static_cast<size_t>(back_off_[static_cast<size_t>(send_tok_[static_cast<size_t>(j)])]++)] = j;
+  for (int64_t t = T; t > 0; --t) back_off_[static_cast<size_t>(t)] = back_off_[static_cast<size_t>(t) - 1];
+  back_off_[0] = 0;
+  pool_->parallel_for(static_cast<size_t>((T + 7) / 8), [&](size_t b, int) {
+    constexpr int64_t cb = 512;
+    alignas(64) float sum[cb], tmp[cb];
+    for (int64_t t = static_cast<int64_t>(b) * 8; t < std::min<int64_t>(T, static_cast<int64_t>(b) * 8 + 8); ++t) {
+      for (int64_t c0 = 0; c0 < H; c0 += cb) {
+        const int64_t len = std::min(cb, H - c0);
+        std::memcpy(sum, oacc + t * H + c0, static_cast<size_t>(len) * 4);
+        for (int64_t q = back_off_[static_cast<size_t>(t)]; q < back_off_[static_cast<size_t>(t) + 1]; ++q) {
+          convert_row(kern_, tmp, ret + static_cast<size_t>(back_idx_[static_cast<size_t>(q)] * H + c0) * es, adt, len);
+          for (int64_t i = 0; i < len; ++i) sum[i] += tmp[i];
+        }
+        store_row(kern_, static_cast<char*>(a.out) + (t * H + c0) * static_cast<int64_t>(es), adt, sum, len);
+      }
     }
-  });
-  pool_->parallel_for(static_cast<size_t>((T + 15) / 16), [&](size_t b, int) {
-    for (int64_t t = static_cast<int64_t>(b) * 16; t < std::min<int64_t>(T, static_cast<int64_t>(b) * 16 + 16); ++t)
-      store_row(static_cast<char*>(a.out) + t * H * static_cast<int64_t>(es), adt, oacc + t * H, H);
   });
   ph.combine_bytes += (back_rows + T) * H * static_cast<int64_t>(es);
   ph.combine_ns += now_ns() - t0;

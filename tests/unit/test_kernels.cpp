@@ -160,3 +160,55 @@ TEST_CASE("gate/up packing round-trips both halves exactly", "[unit][kernels]") 
     }
   }
 }
+
+TEST_CASE("row conversions match the scalar ones bit for bit at every ISA level", "[unit][kernels]") {
+  std::mt19937 rng(Catch::rngSeed() + 13u);
+  // f32 inputs: normal values, ties of both roundings, denormals, zeros,
+  // infinities, NaNs (quiet and signalling), values that round to infinity.
+  std::vector<float> src;
+  std::uniform_int_distribution<uint32_t> bits;
+  for (int i = 0; i < 4000; ++i) {
+    uint32_t u = bits(rng);
+    if (i % 7 == 0) u = (u & 0xffff0000u) | 0x8000u;  // exact bf16 tie
+    if (i % 11 == 0) u &= 0x807fffffu;                 // denormal or zero
+    if (i % 13 == 0) u = 0x7f800000u | (u & 0x80000000u) | (i % 2 ? (u & 0x7fffffu) | 1u : 0u);  // inf / NaN
+    if (i % 17 == 0) u = 0x7f7fffffu;                   // rounds to infinity in bf16
+    float f;
+    std::memcpy(&f, &u, 4);
+    src.push_back(f);
+  }
+  std::vector<uint16_t> all16(65536);
+  for (uint32_t h = 0; h < 65536; ++h) all16[h] = static_cast<uint16_t>(h);
+  for (cpu::Isa isa : isas_here()) {
+    const cpu::Kernels& k = cpu::kernels_for(isa);
+    INFO("isa " << cpu::isa_name(isa));
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{15}, int64_t{16}, int64_t{33}, static_cast<int64_t>(src.size())}) {
+      std::vector<uint16_t> got(static_cast<size_t>(n) + 1, 0xBEEF);
+      k.to_bf16(src.data(), got.data(), n);
+      for (int64_t i = 0; i < n; ++i) REQUIRE(got[static_cast<size_t>(i)] == f32_to_bf16(src[static_cast<size_t>(i)]));
+      REQUIRE(got[static_cast<size_t>(n)] == 0xBEEF);  // nothing written past n
+      k.to_f16(src.data(), got.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const float f = src[static_cast<size_t>(i)];
+        if (std::isnan(f)) REQUIRE(std::isnan(f16_to_f32(got[static_cast<size_t>(i)])));
+        else REQUIRE(got[static_cast<size_t>(i)] == f32_to_f16(f));
+      }
+      REQUIRE(got[static_cast<size_t>(n)] == 0xBEEF);
+    }
+    std::vector<float> wide(all16.size() + 1, -3.0f);
+    k.from_bf16(all16.data(), wide.data(), static_cast<int64_t>(all16.size()) - 3);  // a tail on every ISA
+    for (size_t h = 0; h + 3 < all16.size(); ++h) {
+      uint32_t u;
+      std::memcpy(&u, &wide[h], 4);
+      REQUIRE(u == static_cast<uint32_t>(h) << 16);
+    }
+    REQUIRE(wide[all16.size() - 3] == -3.0f);
+    k.from_f16(all16.data(), wide.data(), static_cast<int64_t>(all16.size()) - 3);
+    for (size_t h = 0; h + 3 < all16.size(); ++h) {
+      const float want = f16_to_f32(static_cast<uint16_t>(h));
+      if (std::isnan(want)) REQUIRE(std::isnan(wide[h]));
+      else REQUIRE(wide[h] == want);
+    }
+    REQUIRE(wide[all16.size() - 3] == -3.0f);
+  }
+}
