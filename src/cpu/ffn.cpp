@@ -111,14 +111,12 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
         }
         for (int i = 0; i < m; ++i) {
           const float* ci = c + i * nr;
-          if (dot) {
-            float hv[32];
-            for (int j = 0; j < h; ++j) hv[j] = activate(act, ci[j]) * ci[h + j];
-            k_.to_bf16(hv, hb + (s.offset + r0 + i) * ldh_ + static_cast<int64_t>(p) * h, h);
-          } else {
-            float* dst = hbuf + (s.offset + r0 + i) * ldh_ + static_cast<int64_t>(p) * h;
+          float hv[32];
+          float* dst = dot ? hv : hbuf + (s.offset + r0 + i) * ldh_ + static_cast<int64_t>(p) * h;
+          if (act == Act::Silu) k_.silu_mul(ci, ci + h, dst, h);
+          else
             for (int j = 0; j < h; ++j) dst[j] = activate(act, ci[j]) * ci[h + j];
-          }
+          if (dot) k_.to_bf16(hv, hb + (s.offset + r0 + i) * ldh_ + static_cast<int64_t>(p) * h, h);
         }
       }
     }
@@ -150,10 +148,8 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
           k_.gemm[w.dtype](m, a, w.k, w.panel(p), c, nr, next);
         }
         for (int i = 0; i < m; ++i) {
-          const float wt = s.job->weights[s.begin + r0 + i];
-          float* dst = acc + static_cast<int64_t>(s.job->rows[s.begin + r0 + i]) * ldacc + col0;
-          const float* ci = c + i * nr;
-          for (int j = 0; j < ncols; ++j) dst[j] += wt * ci[j];
+          k_.axpy(acc + static_cast<int64_t>(s.job->rows[s.begin + r0 + i]) * ldacc + col0,
+                  s.job->weights[s.begin + r0 + i], c + i * nr, ncols);
         }
       }
     }

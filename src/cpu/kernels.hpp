@@ -37,6 +37,10 @@ struct Kernels {
   void (*from_bf16)(const uint16_t* src, float* dst, int64_t n) = nullptr;
   void (*to_f16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
   void (*from_f16)(const uint16_t* src, float* dst, int64_t n) = nullptr;
+  // GEMM epilogues: out[i] = silu(gate[i]) * up[i] (exp by a polynomial
+  // within 2 ulp of expf), and dst[i] += w * x[i].
+  void (*silu_mul)(const float* gate, const float* up, float* out, int n) = nullptr;
+  void (*axpy)(float* dst, float w, const float* x, int n) = nullptr;
 };
 
 const Kernels& kernels_for(Isa isa);

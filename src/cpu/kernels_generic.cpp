@@ -1,4 +1,6 @@
 // Portable tiles: plain loops the compiler can vectorise for the baseline ISA.
+#include <cmath>
+
 #include "common/dtype.hpp"
 #include "cpu/kernels.hpp"
 
@@ -47,11 +49,17 @@ void row_to_f16(const float* src, uint16_t* dst, int64_t n) {
 void row_from_f16(const uint16_t* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(src[i]);
 }
+void silu_mul(const float* g, const float* u, float* out, int n) {
+  for (int i = 0; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+void axpy(float* dst, float w, const float* x, int n) {
+  for (int i = 0; i < n; ++i) dst[i] += w * x[i];
+}
 }  // namespace
 
 const Kernels& kernels_generic() {
   static const Kernels k{Isa::Generic, NR, MR, {gemm<0>, gemm<1>, gemm<2>}, nullptr,
-                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16};
+                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16, silu_mul, axpy};
   return k;
 }
 

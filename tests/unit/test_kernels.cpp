@@ -212,3 +212,37 @@ TEST_CASE("row conversions match the scalar ones bit for bit at every ISA level"
     REQUIRE(wide[all16.size() - 3] == -3.0f);
   }
 }
+
+TEST_CASE("silu_mul and axpy epilogues match double math at every ISA level", "[unit][kernels]") {
+  std::mt19937 rng(Catch::rngSeed() + 14u);
+  std::normal_distribution<float> nd(0.0f, 4.0f);
+  std::vector<float> g(67), u(67);
+  for (auto& v : g) v = nd(rng);
+  for (auto& v : u) v = nd(rng);
+  g[0] = 0.0f;  // and the ends of exp's range
+  g[1] = -100.0f;
+  g[2] = 100.0f;
+  g[3] = -87.5f;
+  g[4] = 88.5f;
+  for (cpu::Isa isa : isas_here()) {
+    const cpu::Kernels& k = cpu::kernels_for(isa);
+    INFO("isa " << cpu::isa_name(isa));
+    for (int n : {0, 1, 9, 16, 17, 67}) {
+      std::vector<float> out(static_cast<size_t>(n) + 1, -5.0f);
+      k.silu_mul(g.data(), u.data(), out.data(), n);
+      for (int i = 0; i < n; ++i) {
+        const double gi = g[static_cast<size_t>(i)], want = gi / (1.0 + std::exp(-gi)) * u[static_cast<size_t>(i)];
+        INFO("g " << gi << " u " << u[static_cast<size_t>(i)] << " got " << out[static_cast<size_t>(i)] << " want " << want);
+        REQUIRE(std::fabs(out[static_cast<size_t>(i)] - want) <= 1e-6 * std::fabs(want) + 1e-30);
+      }
+      REQUIRE(out[static_cast<size_t>(n)] == -5.0f);
+      std::vector<float> acc(static_cast<size_t>(n) + 1, 1.5f);
+      k.axpy(acc.data(), -0.75f, u.data(), n);
+      for (int i = 0; i < n; ++i) {  // fused or not: within two roundings of the exact value
+        const double x = 0.75 * static_cast<double>(u[static_cast<size_t>(i)]), want = 1.5 - x;
+        REQUIRE(std::fabs(acc[static_cast<size_t>(i)] - want) <= 1.2e-7 * (1.5 + std::fabs(x)));
+      }
+      REQUIRE(acc[static_cast<size_t>(n)] == 1.5f);
+    }
+  }
+}
