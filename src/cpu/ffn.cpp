@@ -9,9 +9,10 @@ namespace cpu {
 namespace {
 // Most rows per kernel call (the c tile lives on the stack: kRows x 32 f32).
 constexpr int kRows = 64;
-// Gate/up panels per work item of phase A (consecutive, so each kernel call
-// can prefetch the panel its thread takes next).
-constexpr int32_t kPanels = 4;
+// Most gate/up panels per work item of phase A: consecutive panels, so each
+// kernel call prefetches the panel its thread takes next (12 measured best
+// on qwen3 T=512; fewer when that would leave threads without items).
+constexpr int32_t kMaxPanels = 12;
 }  // namespace
 
 float activate(Act act, float g) {
@@ -86,15 +87,19 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
   }
 
   // Phase A: h = act(x W_gate^T) * (x W_up^T), per (segment, block of
-  // kPanels gate/up panels), flattened; the segment's rows in one kernel
+  // per_item gate/up panels), flattened; the segment's rows in one kernel
   // call (kRows at most), which prefetches the block's next panel.
+  int64_t all_panels = 0;
+  for (const Segment& s : segs) all_panels += s.job->gate_up->panels();
+  const int32_t per_item =
+      static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(kMaxPanels, all_panels / (4 * pool.size()))));
   std::vector<std::pair<int32_t, int32_t>> items;
   for (size_t s = 0; s < segs.size(); ++s)
-    for (int32_t p = 0; p < segs[s].job->gate_up->panels(); p += kPanels) items.emplace_back(static_cast<int32_t>(s), p);
+    for (int32_t p = 0; p < segs[s].job->gate_up->panels(); p += per_item) items.emplace_back(static_cast<int32_t>(s), p);
   pool.parallel_for(items.size(), [&](size_t it, int) {
     const Segment& s = segs[static_cast<size_t>(items[it].first)];
     const PackedWeight& w = *s.job->gate_up;
-    const int32_t p_end = std::min(w.panels(), items[it].second + kPanels);
+    const int32_t p_end = std::min(w.panels(), items[it].second + per_item);
     const float* a[kRows];
     const uint16_t* a16[kRows];
     alignas(64) float c[kRows * 32];
@@ -104,10 +109,10 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
         const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
         if (dot) {
           for (int i = 0; i < m; ++i) a16[i] = xb + (s.offset + r0 + i) * ldxb_;
-          k_.gemm_bf16(m, a16, w.k, w.panel(p), c, nr, next);
+          k_.gemm_bf16(m, a16, w.k, w.panel(p), c, nr, r0 == 0 ? next : nullptr);
         } else {
           for (int i = 0; i < m; ++i) a[i] = x + static_cast<int64_t>(s.job->rows[s.begin + r0 + i]) * ldx;
-          k_.gemm[w.dtype](m, a, w.k, w.panel(p), c, nr, next);
+          k_.gemm[w.dtype](m, a, w.k, w.panel(p), c, nr, r0 == 0 ? next : nullptr);
         }
         for (int i = 0; i < m; ++i) {
           const float* ci = c + i * nr;
@@ -126,30 +131,37 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
   // columns (every down weight has hidden_ rows): a thread owns its columns
   // of acc, so the weighted combine is fused in, and each token's rows are
   // added in job order then row order, whatever the thread count.
+  // Items are blocks of consecutive panels; within one, the panels are
+  // visited panel by panel, segment by segment, each call prefetching the
+  // weight panel visited next.
   const int32_t panels = (hidden_ + nr - 1) / nr;
-  pool.parallel_for(static_cast<size_t>(panels), [&](size_t pi, int) {
-    const int32_t p = static_cast<int32_t>(pi);
+  const int32_t per_block = std::max(1, std::min(8, panels / (4 * pool.size())));
+  pool.parallel_for(static_cast<size_t>((panels + per_block - 1) / per_block), [&](size_t bi, int) {
     const float* a[kRows];
     const uint16_t* a16[kRows];
     alignas(64) float c[kRows * 32];
-    const int32_t col0 = p * nr;
-    const int ncols = std::min(nr, hidden_ - col0);
-    for (size_t si = 0; si < segs.size(); ++si) {
-      const Segment& s = segs[si];
-      const PackedWeight& w = *s.job->down;
-      const void* next = si + 1 < segs.size() ? segs[si + 1].job->down->panel(p) : nullptr;
-      for (int64_t r0 = 0; r0 < s.len; r0 += kRows) {
-        const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
-        if (dot) {
-          for (int i = 0; i < m; ++i) a16[i] = hb + (s.offset + r0 + i) * ldh_;
-          k_.gemm_bf16(m, a16, w.k, w.panel(p), c, nr, next);
-        } else {
-          for (int i = 0; i < m; ++i) a[i] = hbuf + (s.offset + r0 + i) * ldh_;
-          k_.gemm[w.dtype](m, a, w.k, w.panel(p), c, nr, next);
-        }
-        for (int i = 0; i < m; ++i) {
-          k_.axpy(acc + static_cast<int64_t>(s.job->rows[s.begin + r0 + i]) * ldacc + col0,
-                  s.job->weights[s.begin + r0 + i], c + i * nr, ncols);
+    const int32_t p0 = static_cast<int32_t>(bi) * per_block, p_end = std::min(panels, p0 + per_block);
+    for (int32_t p = p0; p < p_end; ++p) {
+      const int32_t col0 = p * nr;
+      const int ncols = std::min(nr, hidden_ - col0);
+      for (size_t si = 0; si < segs.size(); ++si) {
+        const Segment& s = segs[si];
+        const PackedWeight& w = *s.job->down;
+        const void* next = si + 1 < segs.size() ? segs[si + 1].job->down->panel(p)
+                           : p + 1 < p_end    ? segs[0].job->down->panel(p + 1)
+                                              : nullptr;
+        for (int64_t r0 = 0; r0 < s.len; r0 += kRows) {
+          const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
+          if (dot) {
+            for (int i = 0; i < m; ++i) a16[i] = hb + (s.offset + r0 + i) * ldh_;
+            k_.gemm_bf16(m, a16, w.k, w.panel(p), c, nr, r0 == 0 ? next : nullptr);
+          } else {
+            for (int i = 0; i < m; ++i) a[i] = hbuf + (s.offset + r0 + i) * ldh_;
+            k_.gemm[w.dtype](m, a, w.k, w.panel(p), c, nr, r0 == 0 ? next : nullptr);
+          }
+          for (int i = 0; i < m; ++i)
+            k_.axpy(acc + static_cast<int64_t>(s.job->rows[s.begin + r0 + i]) * ldacc + col0,
+                    s.job->weights[s.begin + r0 + i], c + i * nr, ncols);
         }
       }
     }

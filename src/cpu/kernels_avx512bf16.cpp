@@ -17,7 +17,7 @@ namespace {
 // pair block k/2 holds (W[j][k], W[j][k + 1]), exactly the operand layout of
 // vdpbf16ps, so two plain loads give columns 0..15 and 16..31.
 template <int M>
-void dot_tile_m(const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const char* pf) {
+void dot_tile_m(const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const char* pf, int pf_stride) {
   __m512 acc0[M], acc1[M];
   const uint16_t* ap[M];
 #pragma GCC unroll 16
@@ -31,9 +31,9 @@ void dot_tile_m(const uint16_t* const* a, int k, const void* panel, float* c, in
   for (; kk + 1 < k; kk += 2) {
     const uint16_t* q = w + static_cast<size_t>(kk) * NR;
     if (pf) {
-      const char* n = pf + static_cast<size_t>(kk) * NR * 2;
+      const char* n = pf + static_cast<size_t>(kk >> 1) * pf_stride;
       _mm_prefetch(n, _MM_HINT_T1);
-      _mm_prefetch(n + 64, _MM_HINT_T1);
+      if (pf_stride > 64) _mm_prefetch(n + 64, _MM_HINT_T1);
     }
     const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q));
     const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + 2 * LANES));
@@ -65,25 +65,32 @@ void dot_tile_m(const uint16_t* const* a, int k, const void* panel, float* c, in
   }
 }
 
-void dot_rows(int m, const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const char* pf) {
+void dot_rows(int m, const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const char* pf,
+              int pf_stride) {
   switch (m) {
-    case 1: dot_tile_m<1>(a, k, panel, c, ldc, pf); break;
-    case 2: dot_tile_m<2>(a, k, panel, c, ldc, pf); break;
-    case 3: dot_tile_m<3>(a, k, panel, c, ldc, pf); break;
-    case 4: dot_tile_m<4>(a, k, panel, c, ldc, pf); break;
-    case 5: dot_tile_m<5>(a, k, panel, c, ldc, pf); break;
-    case 6: dot_tile_m<6>(a, k, panel, c, ldc, pf); break;
-    case 7: dot_tile_m<7>(a, k, panel, c, ldc, pf); break;
-    case 8: dot_tile_m<8>(a, k, panel, c, ldc, pf); break;
+    case 1: dot_tile_m<1>(a, k, panel, c, ldc, pf, pf_stride); break;
+    case 2: dot_tile_m<2>(a, k, panel, c, ldc, pf, pf_stride); break;
+    case 3: dot_tile_m<3>(a, k, panel, c, ldc, pf, pf_stride); break;
+    case 4: dot_tile_m<4>(a, k, panel, c, ldc, pf, pf_stride); break;
+    case 5: dot_tile_m<5>(a, k, panel, c, ldc, pf, pf_stride); break;
+    case 6: dot_tile_m<6>(a, k, panel, c, ldc, pf, pf_stride); break;
+    case 7: dot_tile_m<7>(a, k, panel, c, ldc, pf, pf_stride); break;
+    case 8: dot_tile_m<8>(a, k, panel, c, ldc, pf, pf_stride); break;
     default: break;
   }
 }
 
 // Any m, in blocks of MR rows over the whole k range (as gemm<>).
 void dot_gemm(int m, const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const void* next) {
-  for (int r0 = 0; r0 < m; r0 += MR)
-    dot_rows(m - r0 < MR ? m - r0 : MR, a + r0, k, panel, c + static_cast<size_t>(r0) * ldc, ldc,
-             r0 == 0 ? static_cast<const char*>(next) : nullptr);
+  // The next panel's prefetch spread over the row tiles, as in gemm<>.
+  const int nt = (m + MR - 1) / MR;
+  const size_t pb = static_cast<size_t>((k + 1) / 2) * 2 * NR * 2;  // panel bytes
+  const int stride = nt > 1 ? ((2 * NR * 2) + nt - 1) / nt : 2 * NR * 2;
+  for (int t = 0; t < nt; ++t) {
+    const int r0 = t * MR;
+    const char* pf = next ? static_cast<const char*>(next) + pb * static_cast<size_t>(t) / static_cast<size_t>(nt) : nullptr;
+    dot_rows(m - r0 < MR ? m - r0 : MR, a + r0, k, panel, c + static_cast<size_t>(r0) * ldc, ldc, pf, stride);
+  }
 }
 
 }  // namespace
