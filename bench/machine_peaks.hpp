@@ -15,7 +15,8 @@ double fma_peak_gflops(int threads, double seconds, const char** isa);
 // when the CPU lacks AVX512_BF16.
 double bf16_dot_peak_gflops(int threads, double seconds);
 
-// Read bandwidth of `threads` threads streaming a `megabytes` buffer, GB/s.
+// Read bandwidth of `threads` threads streaming a `megabytes` buffer with
+// vector loads, GB/s: the best of 8 windows of seconds / 8 each.
 double read_bandwidth_gbs(int threads, double seconds, int megabytes);
 
 // memcpy rate of ONE of `threads` threads running at the same time, each
