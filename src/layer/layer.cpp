@@ -1007,7 +1007,7 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
         std::memcpy(sum, oacc + t * H + c0, static_cast<size_t>(len) * 4);
         for (int64_t q = back_off_[static_cast<size_t>(t)]; q < back_off_[static_cast<size_t>(t) + 1]; ++q) {
           convert_row(kern_, tmp, ret + static_cast<size_t>(back_idx_[static_cast<size_t>(q)] * H + c0) * es, adt, len);
-          for (int64_t i = 0; i < len; ++i) sum[i] += tmp[i];
+          kern_.axpy(sum, 1.0f, tmp, static_cast<int>(len));
         }
         store_row(kern_, static_cast<char*>(a.out) + (t * H + c0) * static_cast<int64_t>(es), adt, sum, len);
       }
