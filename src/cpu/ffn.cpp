@@ -92,7 +92,7 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
   int64_t all_panels = 0;
   for (const Segment& s : segs) all_panels += s.job->gate_up->panels();
   const int32_t per_item =
-      static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(kMaxPanels, all_panels / (4 * pool.size()))));
+      static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(kMaxPanels, all_panels / (8 * pool.size()))));
   std::vector<std::pair<int32_t, int32_t>> items;
   for (size_t s = 0; s < segs.size(); ++s)
     for (int32_t p = 0; p < segs[s].job->gate_up->panels(); p += per_item) items.emplace_back(static_cast<int32_t>(s), p);
@@ -135,7 +135,7 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
   // visited panel by panel, segment by segment, each call prefetching the
   // weight panel visited next.
   const int32_t panels = (hidden_ + nr - 1) / nr;
-  const int32_t per_block = std::max(1, std::min(8, panels / (4 * pool.size())));
+  const int32_t per_block = std::max(1, std::min(8, panels / (8 * pool.size())));
   pool.parallel_for(static_cast<size_t>((panels + per_block - 1) / per_block), [&](size_t bi, int) {
     const float* a[kRows];
     const uint16_t* a16[kRows];
