@@ -112,7 +112,15 @@ func check(s C.ep_moe_status_t, msg func() string) error {
 	return &Error{Status: Status(s), Message: msg()}
 }
 
-func threadError() string { return C.GoString(C.ep_moe_last_error()) }
+// threadCall runs a C call whose error message is kept per OS thread
+// (ep_moe_last_error) and reads that message on the same thread: without
+// the lock the goroutine may move to another thread between the two cgo
+// calls and read that thread's (empty) message.
+func threadCall(call func() C.ep_moe_status_t) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return check(call(), func() string { return C.GoString(C.ep_moe_last_error()) })
+}
 
 func invalid(format string, a ...interface{}) error {
 	return &Error{Status: StatusInvalidArgument, Message: fmt.Sprintf(format, a...)}
@@ -188,7 +196,9 @@ func NewExpertMap(cfg ExpertMapConfig) (*ExpertMap, error) {
 		perRank = (*C.int32_t)(unsafe.Pointer(&cfg.CustomSlotsPerRank[0]))
 	}
 	var p *C.ep_moe_expert_map_t
-	err := check(C.epmoe_map_create(&p, c, slots, C.int32_t(len(cfg.CustomSlots)), perRank), threadError)
+	err := threadCall(func() C.ep_moe_status_t {
+		return C.epmoe_map_create(&p, c, slots, C.int32_t(len(cfg.CustomSlots)), perRank)
+	})
 	runtime.KeepAlive(cfg.CustomSlots)
 	runtime.KeepAlive(cfg.CustomSlotsPerRank)
 	if err != nil {
@@ -269,7 +279,9 @@ func LocalGroup(size int32, timeoutMs int32) ([]*Comm, error) {
 	cfg.timeout_ms = C.int32_t(timeoutMs)
 	raw := (*[1 << 16]*C.ep_moe_comm_t)(C.malloc(C.size_t(size) * C.size_t(unsafe.Sizeof(uintptr(0)))))
 	defer C.free(unsafe.Pointer(raw))
-	if err := check(C.ep_moe_comm_create_local(&raw[0], C.int32_t(size), &cfg), threadError); err != nil {
+	if err := threadCall(func() C.ep_moe_status_t {
+		return C.ep_moe_comm_create_local(&raw[0], C.int32_t(size), &cfg)
+	}); err != nil {
 		return nil, err
 	}
 	out := make([]*Comm, size)
@@ -397,7 +409,7 @@ func NewLayer(cfg LayerConfig, m *ExpertMap, comm *Comm, dpIsEP bool) (*Layer, e
 		}
 	}
 	var p *C.ep_moe_layer_t
-	err := check(C.ep_moe_layer_create(&p, &c, m.p, ep, dp), threadError)
+	err := threadCall(func() C.ep_moe_status_t { return C.ep_moe_layer_create(&p, &c, m.p, ep, dp) })
 	runtime.KeepAlive(m)
 	if err != nil {
 		return nil, err
@@ -525,8 +537,10 @@ func Rebalance(load []float64, slots, ranks, ranksPerNode, groups int32, current
 	}
 	out := make([]int32, slots)
 	var imbalance C.double
-	err := check(C.epmoe_rebalance((*C.int32_t)(unsafe.Pointer(&out[0])), C.size_t(len(out)), &imbalance,
-		(*C.double)(unsafe.Pointer(&load[0])), C.size_t(len(load)), c, cur), threadError)
+	err := threadCall(func() C.ep_moe_status_t {
+		return C.epmoe_rebalance((*C.int32_t)(unsafe.Pointer(&out[0])), C.size_t(len(out)), &imbalance,
+			(*C.double)(unsafe.Pointer(&load[0])), C.size_t(len(load)), c, cur)
+	})
 	runtime.KeepAlive(load)
 	runtime.KeepAlive(current)
 	if err != nil {

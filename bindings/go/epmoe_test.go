@@ -2,6 +2,8 @@ package epmoe
 
 import (
 	"errors"
+	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -252,5 +254,33 @@ func TestLoadRebalanceReplace(t *testing.T) {
 	}
 	if _, _, err := Rebalance([]float64{1, 2}, 3, 2, 0, 0, nil); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("bad slots: %v", err)
+	}
+}
+
+// The thread-local error message must be read on the thread that made the
+// failing call, however the goroutines are scheduled.
+func TestThreadErrorMessageUnderConcurrency(t *testing.T) {
+	var wg sync.WaitGroup
+	failures := make(chan error, 16)
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < 300; i++ {
+				_, err := NewExpertMap(ExpertMapConfig{EPSize: 4, EPRank: int32(4 + g), Experts: 8})
+				if err == nil || !strings.Contains(err.Error(), "ep_rank") {
+					failures <- fmt.Errorf("goroutine %d call %d: %v", g, i, err)
+					return
+				}
+				if i%7 == 0 {
+					runtime.Gosched()
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(failures)
+	for err := range failures {
+		t.Fatal(err)
 	}
 }
