@@ -1,9 +1,31 @@
 #include "cpu/thread_pool.hpp"
 
 #include <algorithm>
+#include <chrono>
 
 namespace ep_moe {
 namespace cpu {
+
+namespace {
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Spins until pred() holds or kSpinMicros pass; returns pred().
+template <class Pred>
+bool spin_until(Pred pred) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+  for (unsigned i = 0;; ++i) {
+    if (pred()) return true;
+    cpu_relax();
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() > until) return pred();
+  }
+}
+}  // namespace
 
 ThreadPool::ThreadPool(int threads) {
   const int extra = std::max(0, threads - 1);
@@ -13,7 +35,7 @@ ThreadPool::ThreadPool(int threads) {
   } catch (...) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
+      stop_.store(true, std::memory_order_release);
     }
     start_cv_.notify_all();
     for (auto& t : workers_) t.join();
@@ -24,7 +46,7 @@ ThreadPool::ThreadPool(int threads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
+    stop_.store(true, std::memory_order_release);
   }
   start_cv_.notify_all();
   for (auto& t : workers_) t.join();
@@ -41,16 +63,17 @@ void ThreadPool::drain(int index) {
 void ThreadPool::worker(int index) {
   unsigned long long seen = 0;
   for (;;) {
-    {
+    auto ready = [&] { return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen; };
+    if (!spin_until(ready)) {
       std::unique_lock<std::mutex> lock(mutex_);
-      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+      start_cv_.wait(lock, ready);
     }
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = generation_.load(std::memory_order_acquire);
     drain(index);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--busy_ == 0) done_cv_.notify_one();
+    if (busy_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lock(mutex_);  // the caller may be in wait(): notify under the lock
+      done_cv_.notify_one();
     }
   }
 }
@@ -66,13 +89,16 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, int)>& 
     job_ = &fn;
     job_size_ = n;
     next_.store(0, std::memory_order_relaxed);
-    busy_ = static_cast<int>(workers_.size());
-    ++generation_;
+    busy_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);  // publishes job_, job_size_, next_, busy_
   }
   start_cv_.notify_all();
   drain(0);
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [&] { return busy_ == 0; });
+  auto done = [&] { return busy_.load(std::memory_order_acquire) == 0; };
+  if (!spin_until(done)) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, done);
+  }
   job_ = nullptr;
 }
 
