@@ -87,9 +87,11 @@ void dot_gemm(int m, const uint16_t* const* a, int k, const void* panel, float* 
   const size_t pb = static_cast<size_t>((k + 1) / 2) * 2 * NR * 2;  // panel bytes
   const int stride = nt > 1 ? ((2 * NR * 2) + nt - 1) / nt : 2 * NR * 2;
   for (int t = 0; t < nt; ++t) {
-    const int r0 = t * MR;
+    // Rows spread evenly over the tiles (19 rows: 7 + 6 + 6, not 8 + 8 + 3):
+    // a tile of few rows has too few accumulator chains to hide latency.
+    const int r0 = m * t / nt, r1 = m * (t + 1) / nt;
     const char* pf = next ? static_cast<const char*>(next) + pb * static_cast<size_t>(t) / static_cast<size_t>(nt) : nullptr;
-    dot_rows(m - r0 < MR ? m - r0 : MR, a + r0, k, panel, c + static_cast<size_t>(r0) * ldc, ldc, pf, stride);
+    dot_rows(r1 - r0, a + r0, k, panel, c + static_cast<size_t>(r0) * ldc, ldc, pf, stride);
   }
 }
 
