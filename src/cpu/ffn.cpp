@@ -159,9 +159,7 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
             for (int i = 0; i < m; ++i) a[i] = hbuf + (s.offset + r0 + i) * ldh_;
             k_.gemm[w.dtype](m, a, w.k, w.panel(p), c, nr, r0 == 0 ? next : nullptr);
           }
-          for (int i = 0; i < m; ++i)
-            k_.axpy(acc + static_cast<int64_t>(s.job->rows[s.begin + r0 + i]) * ldacc + col0,
-                    s.job->weights[s.begin + r0 + i], c + i * nr, ncols);
+          k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin + r0, s.job->weights + s.begin + r0, c, nr, m, ncols);
         }
       }
     }

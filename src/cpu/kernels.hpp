@@ -41,6 +41,10 @@ struct Kernels {
   // within 2 ulp of expf), and dst[i] += w * x[i].
   void (*silu_mul)(const float* gate, const float* up, float* out, int n) = nullptr;
   void (*axpy)(float* dst, float w, const float* x, int n) = nullptr;
+  // The weighted combine of m result rows: for i < m, j < n,
+  // acc[rows[i] * ldacc + j] += w[i] * c[i * ldc + j] (rows in order).
+  void (*scatter_add)(float* acc, int64_t ldacc, const int32_t* rows, const float* w, const float* c, int ldc, int m,
+                      int n) = nullptr;
 };
 
 const Kernels& kernels_for(Isa isa);

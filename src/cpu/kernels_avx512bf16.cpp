@@ -99,7 +99,7 @@ void dot_gemm(int m, const uint16_t* const* a, int k, const void* panel, float* 
 
 const Kernels& kernels_avx512bf16() {
   static const Kernels k{Isa::Avx512Bf16, NR, MR, {gemm<0>, gemm<1>, gemm<2>}, dot_gemm,
-                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16, silu_mul, axpy};
+                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16, silu_mul, axpy, scatter_add};
   return k;
 }
 

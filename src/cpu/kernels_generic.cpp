@@ -55,11 +55,15 @@ void silu_mul(const float* g, const float* u, float* out, int n) {
 void axpy(float* dst, float w, const float* x, int n) {
   for (int i = 0; i < n; ++i) dst[i] += w * x[i];
 }
+void scatter_add(float* acc, int64_t ldacc, const int32_t* rows, const float* w, const float* c, int ldc, int m,
+                 int n) {
+  for (int i = 0; i < m; ++i) axpy(acc + static_cast<int64_t>(rows[i]) * ldacc, w[i], c + static_cast<int64_t>(i) * ldc, n);
+}
 }  // namespace
 
 const Kernels& kernels_generic() {
   static const Kernels k{Isa::Generic, NR, MR, {gemm<0>, gemm<1>, gemm<2>}, nullptr,
-                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16, silu_mul, axpy};
+                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16, silu_mul, axpy, scatter_add};
   return k;
 }
 

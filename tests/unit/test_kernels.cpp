@@ -244,5 +244,28 @@ TEST_CASE("silu_mul and axpy epilogues match double math at every ISA level", "[
       }
       REQUIRE(acc[static_cast<size_t>(n)] == 1.5f);
     }
+    // scatter_add: rows with repeats, added in order, columns past n untouched.
+    for (int n : {1, 15, 16, 32}) {
+      const int m = 9, ldc = 37, ldacc = 40;
+      const int32_t rows[m] = {3, 0, 3, 1, 4, 0, 2, 3, 4};
+      float w[m];
+      std::vector<float> c(static_cast<size_t>(m) * ldc);
+      for (auto& v : w) v = nd(rng);
+      for (auto& v : c) v = nd(rng);
+      std::vector<float> acc(5 * static_cast<size_t>(ldacc), 0.25f);
+      std::vector<double> want(acc.begin(), acc.end());
+      std::vector<double> mag(acc.size(), 0.25);
+      for (int i = 0; i < m; ++i)
+        for (int j = 0; j < n; ++j) {
+          const double t = static_cast<double>(w[i]) * c[static_cast<size_t>(i) * ldc + j];
+          want[static_cast<size_t>(rows[i]) * ldacc + j] += t;
+          mag[static_cast<size_t>(rows[i]) * ldacc + j] += std::fabs(t);
+        }
+      k.scatter_add(acc.data(), ldacc, rows, w, c.data(), ldc, m, n);
+      for (size_t e = 0; e < acc.size(); ++e) {
+        if (static_cast<int>(e % ldacc) >= n) REQUIRE(acc[e] == 0.25f);
+        else REQUIRE(std::fabs(acc[e] - want[e]) <= 4e-7 * mag[e]);
+      }
+    }
   }
 }
