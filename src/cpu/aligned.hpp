@@ -6,11 +6,11 @@
 #include <cstddef>
 #include <cstdlib>
 #include <new>
+#include <utility>
 
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
-#include <utility>
 
 namespace ep_moe {
 

@@ -80,19 +80,11 @@ void dot_rows(int m, const uint16_t* const* a, int k, const void* panel, float* 
   }
 }
 
-// Any m, in blocks of MR rows over the whole k range (as gemm<>).
+// Any m, split into register tiles as gemm<> (for_row_tiles).
 void dot_gemm(int m, const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const void* next) {
-  // The next panel's prefetch spread over the row tiles, as in gemm<>.
-  const int nt = (m + MR - 1) / MR;
-  const size_t pb = static_cast<size_t>((k + 1) / 2) * 2 * NR * 2;  // panel bytes
-  const int stride = nt > 1 ? ((2 * NR * 2) + nt - 1) / nt : 2 * NR * 2;
-  for (int t = 0; t < nt; ++t) {
-    // Rows spread evenly over the tiles (19 rows: 7 + 6 + 6, not 8 + 8 + 3):
-    // a tile of few rows has too few accumulator chains to hide latency.
-    const int r0 = m * t / nt, r1 = m * (t + 1) / nt;
-    const char* pf = next ? static_cast<const char*>(next) + pb * static_cast<size_t>(t) / static_cast<size_t>(nt) : nullptr;
-    dot_rows(r1 - r0, a + r0, k, panel, c + static_cast<size_t>(r0) * ldc, ldc, pf, stride);
-  }
+  for_row_tiles(m, (k + 1) / 2, 2 * NR * 2, next, [&](int r0, int rows, const char* pf, int stride) {
+    dot_rows(rows, a + r0, k, panel, c + static_cast<size_t>(r0) * ldc, ldc, pf, stride);
+  });
 }
 
 }  // namespace

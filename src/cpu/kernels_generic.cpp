@@ -3,6 +3,7 @@
 
 #include "common/dtype.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/pack.hpp"
 
 namespace ep_moe {
 namespace cpu {
@@ -11,13 +12,13 @@ namespace {
 constexpr int NR = 16;
 constexpr int MR = 4;
 
-// Weight element (k, j) of a panel (layouts in pack.hpp): f32 and f16 in
-// k order, bf16 in k-pair order.
+// Weight element (k, j) of a panel (layouts in pack.hpp).
 template <int WT>
 inline float load_w(const void* panel, int kk, int j) {
-  if constexpr (WT == 0) return static_cast<const float*>(panel)[kk * NR + j];
-  else if constexpr (WT == 1) return bf16_to_f32(static_cast<const uint16_t*>(panel)[(kk >> 1) * 2 * NR + 2 * j + (kk & 1)]);
-  else return f16_to_f32(static_cast<const uint16_t*>(panel)[kk * NR + j]);
+  const size_t i = panel_index(WT == 1, kk, j, NR);
+  if constexpr (WT == 0) return static_cast<const float*>(panel)[i];
+  else if constexpr (WT == 1) return bf16_to_f32(static_cast<const uint16_t*>(panel)[i]);
+  else return f16_to_f32(static_cast<const uint16_t*>(panel)[i]);
 }
 
 template <int WT>

@@ -9,6 +9,13 @@
 namespace ep_moe {
 namespace cpu {
 
+// Element (kk, j) of a panel nr columns wide, in elements from its start:
+// k order (f32, f16) or k-pair order (bf16; see PackedWeight).
+inline size_t panel_index(bool pairs, int32_t kk, int32_t j, int32_t nr) {
+  return pairs ? static_cast<size_t>(kk >> 1) * 2 * static_cast<size_t>(nr) + 2 * static_cast<size_t>(j) + (kk & 1)
+               : static_cast<size_t>(kk) * static_cast<size_t>(nr) + static_cast<size_t>(j);
+}
+
 // A packed [N, K] weight for Y = X W^T (kernels.hpp). Panel p holds rows
 // p*nr .. p*nr+nr-1 of W (zero past N). Inside a panel, f32 and f16 are in
 // k order: W[p*nr + j][k] at k*nr + j. bf16 is in k-pair order, the operand
@@ -25,10 +32,7 @@ struct PackedWeight {
   int32_t k_stored() const { return pairs() ? (k + 1) & ~1 : k; }
   size_t panel_elems() const { return static_cast<size_t>(k_stored()) * static_cast<size_t>(nr); }
   // Element (kk, j) of a panel, in elements from the panel's start.
-  size_t index(int32_t kk, int32_t j) const {
-    return pairs() ? static_cast<size_t>(kk >> 1) * 2 * nr + 2 * static_cast<size_t>(j) + (kk & 1)
-                   : static_cast<size_t>(kk) * nr + static_cast<size_t>(j);
-  }
+  size_t index(int32_t kk, int32_t j) const { return panel_index(pairs(), kk, j, nr); }
   const void* panel(int32_t p) const;
   size_t bytes() const { return data.size(); }
 };
