@@ -74,9 +74,8 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
   uint16_t* xb = dot ? xb_.data<uint16_t>() : nullptr;
   uint16_t* hb = dot ? hb_.data<uint16_t>() : nullptr;
   if (dot) {
-    const int64_t block = 16;
-    pool.parallel_for(static_cast<size_t>((rows + block - 1) / block), [&](size_t b, int) {
-      const int64_t r0 = static_cast<int64_t>(b) * block, r1 = std::min<int64_t>(rows, r0 + block);
+    pool.parallel_ranges(static_cast<size_t>(rows), 16, [&](size_t b0, size_t b1, int) {
+      const auto r0 = static_cast<int64_t>(b0), r1 = static_cast<int64_t>(b1);
       size_t s = 0;
       for (int64_t r = r0; r < r1; ++r) {
         while (r >= segs[s].offset + segs[s].len) ++s;

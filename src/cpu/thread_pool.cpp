@@ -102,6 +102,11 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, int)>& 
   job_ = nullptr;
 }
 
+void ThreadPool::parallel_ranges(size_t n, size_t block, const std::function<void(size_t, size_t, int)>& fn) {
+  block = std::max<size_t>(block, 1);
+  parallel_for((n + block - 1) / block, [&](size_t b, int t) { fn(b * block, std::min(n, b * block + block), t); });
+}
+
 int default_threads(int requested, int ranks_in_process) {
   if (requested > 0) return requested;
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());

@@ -29,6 +29,9 @@ class ThreadPool {
   // Calls fn(item, thread_index) for every item in [0, n); returns when all
   // are done. fn must not throw. thread_index is in [0, size()).
   void parallel_for(size_t n, const std::function<void(size_t, int)>& fn);
+  // The same over blocks of `block` consecutive indices of [0, n): calls
+  // fn(begin, end, thread_index) once per block.
+  void parallel_ranges(size_t n, size_t block, const std::function<void(size_t, size_t, int)>& fn);
 
  private:
   void worker(int index);

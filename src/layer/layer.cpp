@@ -480,9 +480,7 @@ struct Stages {
 }  // namespace
 
 void Layer::route_tokens(const ep_moe_forward_args_t& a) {
-  const int64_t T = a.num_tokens, H = cfg_.hidden_size, K = cfg_.top_k;
-  const auto adt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
-  const size_t es = dtype_size(adt);
+  const int64_t T = a.num_tokens, K = cfg_.top_k;
   if (T == 0) return;
   int32_t* ids = ids_.data();
   float* w = weights_.data();
@@ -490,8 +488,7 @@ void Layer::route_tokens(const ep_moe_forward_args_t& a) {
     route(a.router_logits, static_cast<ep_moe_dtype_t>(cfg_.router_dtype), T, routing_, ids, w);
   } else if (!a.topk_ids) {  // the layer's own router: logits = x Wr^T in f32
     float* x = own_x_.data<float>();
-    for (int64_t t = 0; t < T; ++t)
-      convert_row(kern_, x + t * H, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), adt, H);
+    widen_rows(a.hidden, T, x);
     compute_logits(x, T, logits_.data());
     route(logits_.data(), EP_MOE_DTYPE_F32, T, routing_, ids, w);
   } else {
@@ -676,10 +673,7 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
     ph.permute_bytes += T_all * H * 4;
     ph.permute_ns += now_ns() - t0;
   } else {
-    pool_->parallel_for(static_cast<size_t>((T + 15) / 16), [&](size_t b, int) {
-      for (int64_t t = static_cast<int64_t>(b) * 16; t < std::min<int64_t>(T, static_cast<int64_t>(b) * 16 + 16); ++t)
-        convert_row(kern_, x + t * H, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), adt, H);
-    });
+    widen_rows(a.hidden, T, x);
     ph.permute_bytes += T * H * 4;
     ph.permute_ns += now_ns() - t0;
   }
@@ -707,10 +701,7 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
   if (adt != EP_MOE_DTYPE_F32) {
     t0 = now_ns();
     partial = partial_.data();
-    pool_->parallel_for(static_cast<size_t>((T_all + 15) / 16), [&](size_t b, int) {
-      for (int64_t t = static_cast<int64_t>(b) * 16; t < std::min<int64_t>(T_all, static_cast<int64_t>(b) * 16 + 16); ++t)
-        store_row(kern_, static_cast<char*>(partial) + t * H * static_cast<int64_t>(es), adt, acc + t * H, H);
-    });
+    narrow_rows(acc, T_all, partial);
     ph.combine_bytes += T_all * H * 4;
     ph.combine_ns += now_ns() - t0;
   }
@@ -756,9 +747,28 @@ void Layer::pack_row(char* row, const char* hidden, const int32_t* ids, const fl
 }
 
 void Layer::unpack_rows(int64_t n, float* x) {
-  pool_->parallel_for(static_cast<size_t>((n + 15) / 16), [&](size_t b, int) {
-    for (int64_t t = static_cast<int64_t>(b) * 16; t < std::min<int64_t>(n, static_cast<int64_t>(b) * 16 + 16); ++t)
-      unpack_row(recv_rows_.data<char>() + static_cast<size_t>(t) * row_bytes_, t, x);
+  pool_->parallel_ranges(static_cast<size_t>(n), 16, [&](size_t t0, size_t t1, int) {
+    for (size_t t = t0; t < t1; ++t) unpack_row(recv_rows_.data<char>() + t * row_bytes_, static_cast<int64_t>(t), x);
+  });
+}
+
+void Layer::widen_rows(const void* src, int64_t n, float* dst) {
+  const int64_t H = cfg_.hidden_size;
+  const auto adt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
+  const size_t row = static_cast<size_t>(H) * dtype_size(adt);
+  pool_->parallel_ranges(static_cast<size_t>(n), 16, [&](size_t t0, size_t t1, int) {
+    for (size_t t = t0; t < t1; ++t)
+      convert_row(kern_, dst + static_cast<int64_t>(t) * H, static_cast<const char*>(src) + t * row, adt, H);
+  });
+}
+
+void Layer::narrow_rows(const float* src, int64_t n, void* dst) {
+  const int64_t H = cfg_.hidden_size;
+  const auto adt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
+  const size_t row = static_cast<size_t>(H) * dtype_size(adt);
+  pool_->parallel_ranges(static_cast<size_t>(n), 16, [&](size_t t0, size_t t1, int) {
+    for (size_t t = t0; t < t1; ++t)
+      store_row(kern_, static_cast<char*>(dst) + t * row, adt, src + static_cast<int64_t>(t) * H, H);
   });
 }
 
@@ -906,9 +916,9 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   //    -1. Blocks of rows in parallel; row_ids_ holds K ids per pool thread.
   char* send = send_rows_.data<char>();
   const int64_t rows_out = send_off_[static_cast<size_t>(n)];
-  pool_->parallel_for(static_cast<size_t>((rows_out + 15) / 16), [&](size_t b, int tid) {
+  pool_->parallel_ranges(static_cast<size_t>(rows_out), 16, [&](size_t b0, size_t b1, int tid) {
     int32_t* row_ids = row_ids_.data() + static_cast<size_t>(tid) * static_cast<size_t>(K);
-    const int64_t j0 = static_cast<int64_t>(b) * 16, j1 = std::min<int64_t>(rows_out, j0 + 16);
+    const auto j0 = static_cast<int64_t>(b0), j1 = static_cast<int64_t>(b1);
     int32_t d = static_cast<int32_t>(std::upper_bound(send_off_.begin(), send_off_.begin() + n + 1, j0) - send_off_.begin()) - 1;
     for (int64_t j = j0; j < j1; ++j) {
       while (j >= send_off_[static_cast<size_t>(d) + 1]) ++d;
@@ -950,10 +960,7 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   record(R, local_pairs, 0);
   char* back = ret_send_.data<char>();
   t0 = now_ns();
-  pool_->parallel_for(static_cast<size_t>((R + 15) / 16), [&](size_t b, int) {
-    for (int64_t r = static_cast<int64_t>(b) * 16; r < std::min<int64_t>(R, static_cast<int64_t>(b) * 16 + 16); ++r)
-      store_row(kern_, back + static_cast<size_t>(r * H) * es, adt, acc + r * H, H);
-  });
+  narrow_rows(acc, R, back);
   ph.combine_bytes += R * H * 4;
   ph.combine_ns += now_ns() - t0;
   for (int32_t d = 0; d < n; ++d) {
@@ -969,10 +976,7 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   std::memset(oacc, 0, static_cast<size_t>(T * H) * 4);
   if (shared_count_ > 0) {  // the shared expert (and its gate) read own rows in f32
     t0 = now_ns();
-    pool_->parallel_for(static_cast<size_t>((T + 15) / 16), [&](size_t b, int) {
-      for (int64_t t = static_cast<int64_t>(b) * 16; t < std::min<int64_t>(T, static_cast<int64_t>(b) * 16 + 16); ++t)
-        convert_row(kern_, ox + t * H, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), adt, H);
-    });
+    widen_rows(a.hidden, T, ox);
     ph.permute_bytes += T * H * 4;
     ph.permute_ns += now_ns() - t0;
   }
@@ -998,10 +1002,10 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
     back_idx_[static_cast<size_t>(back_off_[static_cast<size_t>(send_tok_[static_cast<size_t>(j)])]++)] = j;
   for (int64_t t = T; t > 0; --t) back_off_[static_cast<size_t>(t)] = back_off_[static_cast<size_t>(t) - 1];
   back_off_[0] = 0;
-  pool_->parallel_for(static_cast<size_t>((T + 7) / 8), [&](size_t b, int) {
+  pool_->parallel_ranges(static_cast<size_t>(T), 8, [&](size_t b0, size_t b1, int) {
     constexpr int64_t cb = 512;
     alignas(64) float sum[cb], tmp[cb];
-    for (int64_t t = static_cast<int64_t>(b) * 8; t < std::min<int64_t>(T, static_cast<int64_t>(b) * 8 + 8); ++t) {
+    for (auto t = static_cast<int64_t>(b0); t < static_cast<int64_t>(b1); ++t) {
       for (int64_t c0 = 0; c0 < H; c0 += cb) {
         const int64_t len = std::min(cb, H - c0);
         std::memcpy(sum, oacc + t * H + c0, static_cast<size_t>(len) * 4);

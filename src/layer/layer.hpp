@@ -91,6 +91,9 @@ class Layer {
   void pack_row(char* row, const char* hidden, const int32_t* ids, const float* w) const;
   void unpack_row(const char* row, int64_t t, float* x);
   void unpack_rows(int64_t n, float* x);  // recv_rows_[0, n) -> x, ids_, weights_ (on the pool)
+  // n hidden rows in the activation dtype -> f32, and back (on the pool).
+  void widen_rows(const void* src, int64_t n, float* dst);
+  void narrow_rows(const float* src, int64_t n, void* dst);
   int32_t pick_slot_a2a(int32_t expert, int64_t token, int32_t k) const;
   void build_a2a_choice();
   void check_weight(ep_moe_weight_t which, int32_t expert) const;
