@@ -18,6 +18,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "ep_moe/ep_moe.h"
@@ -95,26 +96,26 @@ std::string run_dispatch(const presets::Model& model, int ranks, int T, ep_moe_d
   for (int r = 0; r < ranks; ++r) {
     ts.emplace_back([&, r] {
       std::string& err = errs[static_cast<size_t>(r)];
-      ep_moe_expert_map_config_t mc;
-      ep_moe_expert_map_config_init(&mc);
-      mc.ep_size = ranks;
-      mc.ep_rank = r;
-      mc.global_num_experts = m.experts;
-      ep_moe_expert_map_t* map = nullptr;
-      ep_moe_layer_t* layer = nullptr;
-      if (ep_moe_expert_map_create(&map, &mc) != EP_MOE_OK) {
-        err = ep_moe_last_error();
-        return;  // the other ranks then fail their first collective, not hang
-      }
+      ep_moe_comm_t* comm = comms[static_cast<size_t>(r)];
+      // A rank that cannot set up aborts the group, so its peers' first
+      // collective fails instead of waiting for it.
+      auto fail = [&](std::string e) {
+        err = std::move(e);
+        ep_moe_comm_abort(comm);
+      };
+      ep_moe_expert_map_t* map = presets::linear_map(ranks, r, m.experts);
+      if (!map) return fail(ep_moe_last_error());
       ep_moe_layer_config_t lc = presets::layer_config(m, 0, dt, dt, T, 1);
       lc.dispatch_mode = EP_MOE_DISPATCH_ALLTOALL;
-      if (ep_moe_layer_create(&layer, &lc, map, comms[static_cast<size_t>(r)], nullptr) != EP_MOE_OK) {
-        err = ep_moe_last_error();
+      ep_moe_layer_t* layer = nullptr;
+      if (ep_moe_layer_create(&layer, &lc, map, comm, nullptr) != EP_MOE_OK) {
+        fail(ep_moe_last_error());
         ep_moe_expert_map_destroy(map);
         return;
       }
-      err = presets::load_random_weights(layer, map, m, 0, 1);
+      const std::string werr = presets::load_random_weights(layer, map, m, 0, 1);
       ep_moe_expert_map_destroy(map);
+      if (!werr.empty()) fail(werr);
       std::vector<float> hid(static_cast<size_t>(T) * m.hidden), lg(static_cast<size_t>(T) * m.experts);
       presets::fill(hid, hid.size(), 21 + static_cast<uint64_t>(r), static_cast<uint64_t>(T), 1.0f);
       presets::fill(lg, lg.size(), 2000 + static_cast<uint64_t>(r), static_cast<uint64_t>(T), 3.0f);
@@ -250,13 +251,8 @@ int main(int argc, char** argv) {
     const int shared = m->shared_intermediate;
     for (int strategy : o.strategies) {
       if (strategy == EP_MOE_SKIP_WEIGHT_ZERO && ep == 1) continue;  // nothing is non-local
-      ep_moe_expert_map_config_t mc;
-      ep_moe_expert_map_config_init(&mc);
-      mc.ep_size = ep;
-      mc.ep_rank = 0;
-      mc.global_num_experts = m->experts;
-      ep_moe_expert_map_t* map = nullptr;
-      if (ep_moe_expert_map_create(&map, &mc) != EP_MOE_OK) {
+      ep_moe_expert_map_t* map = presets::linear_map(ep, 0, m->experts);
+      if (!map) {
         std::fprintf(stderr, "map: %s\n", ep_moe_last_error());
         return 1;
       }

@@ -103,6 +103,18 @@ inline std::string load_random_weights(ep_moe_layer_t* layer, const ep_moe_exper
   return "";
 }
 
+// Rank `rank` of `ep` in the linear placement of `experts` experts, or
+// nullptr (ep_moe_last_error() says why).
+inline ep_moe_expert_map_t* linear_map(int ep, int rank, int experts) {
+  ep_moe_expert_map_config_t mc;
+  ep_moe_expert_map_config_init(&mc);
+  mc.ep_size = ep;
+  mc.ep_rank = rank;
+  mc.global_num_experts = experts;
+  ep_moe_expert_map_t* map = nullptr;
+  return ep_moe_expert_map_create(&map, &mc) == EP_MOE_OK ? map : nullptr;
+}
+
 inline ep_moe_layer_config_t layer_config(const Model& m, int shared, ep_moe_dtype_t wdt, ep_moe_dtype_t adt,
                                           int max_tokens, int threads) {
   ep_moe_layer_config_t c;
