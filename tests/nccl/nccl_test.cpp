@@ -52,13 +52,35 @@ void rank_main(int rank, int size, const uint8_t* id) {
   }
   std::vector<size_t> counts(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) counts[static_cast<size_t>(r)] = static_cast<size_t>(r + 3);
-  expect(ep_moe_comm_all_gather_v(d_out, d_in, counts.data(), EP_MOE_DTYPE_F32, c, s) == EP_MOE_OK, "all_gather_v");
+  expect(ep_moe_comm_all_gather_v(d_out, d_in, counts.data(), EP_MOE_DTYPE_F32, c, s) == EP_MOE_OK,
+         std::string("all_gather_v: ") + ep_moe_comm_last_error(c));
+  {
+    std::vector<float> got(n * static_cast<size_t>(size));
+    cudaMemcpy(got.data(), d_out, got.size() * sizeof(float), cudaMemcpyDeviceToHost);
+    size_t at = 0;
+    bool ok = true;
+    for (int p = 0; p < size; ++p)
+      for (size_t i = 0; i < counts[static_cast<size_t>(p)]; ++i, ++at)
+        ok = ok && got[at] == static_cast<float>(p + 1) * 0.5f + static_cast<float>(i % 7);
+    expect(ok, "all_gather_v values");
+  }
   std::vector<size_t> sc(static_cast<size_t>(size), 5), rc(static_cast<size_t>(size), 5);
   expect(ep_moe_comm_all_to_all_v(d_out, rc.data(), d_in, sc.data(), EP_MOE_DTYPE_F32, c, s) == EP_MOE_OK,
-         "all_to_all_v");
-  expect(ep_moe_comm_barrier(c) == EP_MOE_OK, "barrier");
+         std::string("all_to_all_v: ") + ep_moe_comm_last_error(c));
+  {
+    std::vector<float> got(5 * static_cast<size_t>(size));
+    cudaMemcpy(got.data(), d_out, got.size() * sizeof(float), cudaMemcpyDeviceToHost);
+    bool ok = true;
+    for (int q = 0; q < size; ++q)  // rank q sent us its elements [5 rank, 5 rank + 5)
+      for (size_t j = 0; j < 5; ++j)
+        ok = ok && got[static_cast<size_t>(q) * 5 + j] ==
+                       static_cast<float>(q + 1) * 0.5f + static_cast<float>((5 * static_cast<size_t>(rank) + j) % 7);
+    expect(ok, "all_to_all_v values");
+  }
+  expect(ep_moe_comm_barrier(c) == EP_MOE_OK, std::string("barrier: ") + ep_moe_comm_last_error(c));
   ep_moe_status_t ae = EP_MOE_ERR_INTERNAL;
-  expect(ep_moe_comm_get_async_error(&ae, nullptr, c) == EP_MOE_OK && ae == EP_MOE_OK, "healthy");
+  expect(ep_moe_comm_get_async_error(&ae, nullptr, c) == EP_MOE_OK && ae == EP_MOE_OK,
+         "healthy: status " + std::to_string(static_cast<int>(ae)));
   cudaFree(d_in);
   cudaFree(d_out);
   cudaStreamDestroy(s);

@@ -67,6 +67,8 @@ class NcclComm final : public Comm {
   }
   ~NcclComm() override {
     if (owned_) {
+      // abort() may have aborted it already: NCCL must not see it twice.
+      if (abort_called_.load()) return;
       if (broken_) ncclCommAbort(comm_);
       else ncclCommDestroy(comm_);
     }
@@ -210,24 +212,32 @@ class NcclComm final : public Comm {
     wait(stream, what);
   }
 
-  // Completion with a deadline, unless the stream is being captured into a
-  // CUDA graph (then the work runs when the graph is launched).
+  // Completion with a deadline. The communicator is non-blocking, so a call
+  // may return ncclInProgress before its work is even on the stream: first
+  // wait for NCCL to leave that state (no other NCCL call is allowed before),
+  // then for the stream, unless it is being captured into a CUDA graph (then
+  // the work runs when the graph is launched).
   void wait(void* stream, const char* what) {
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &cap) == cudaSuccess &&
-        cap != cudaStreamCaptureStatusNone)
-      return;
+    const bool capturing = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &cap) == cudaSuccess &&
+                           cap != cudaStreamCaptureStatusNone;
     cudaError_t ce = cudaSuccess;
     ncclResult_t ne = ncclSuccess;
     const PollResult res = poll_until(
         [&] {
-          if (ncclCommGetAsyncError(comm_, &ne) == ncclSuccess && ne != ncclSuccess && ne != ncclInProgress) return true;
+          const ncclResult_t q = ncclCommGetAsyncError(comm_, &ne);
+          if (q != ncclSuccess) {
+            ne = q;
+            return true;
+          }
+          if (ne == ncclInProgress) return false;
+          if (ne != ncclSuccess || capturing) return true;
           ce = cudaStreamQuery(static_cast<cudaStream_t>(stream));
           return ce != cudaErrorNotReady;
         },
         deadline(), aborted_);
     if (res == PollResult::Done) {
-      if (ne != ncclSuccess && ne != ncclInProgress) {
+      if (ne != ncclSuccess) {
         mark_broken(EP_MOE_ERR_REMOTE, std::string(what) + ": " + ncclGetErrorString(ne));
         fail(EP_MOE_ERR_REMOTE, "%s failed: %s", what, ncclGetErrorString(ne));
       }
