@@ -73,6 +73,7 @@ const (
 	StatusFormat          Status = C.EP_MOE_ERR_FORMAT
 	StatusNotFound        Status = C.EP_MOE_ERR_NOT_FOUND
 	StatusState           Status = C.EP_MOE_ERR_STATE
+	StatusDevice          Status = C.EP_MOE_ERR_DEVICE
 )
 
 func (s Status) String() string { return C.GoString(C.ep_moe_status_string(C.ep_moe_status_t(s))) }

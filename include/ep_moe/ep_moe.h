@@ -84,6 +84,7 @@ typedef enum ep_moe_status {
   EP_MOE_ERR_FORMAT = 12,           /**< A file or buffer is malformed. */
   EP_MOE_ERR_NOT_FOUND = 13,        /**< A named item (tensor, key) does not exist. */
   EP_MOE_ERR_STATE = 14, /**< The call is not valid in the handle's current state. */
+  EP_MOE_ERR_DEVICE = 15, /**< A CUDA or cuBLASLt call failed; the message names it and the CUDA error. */
   /** \cond RANGE */
   EP_MOE_STATUS_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
   EP_MOE_STATUS_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
@@ -1012,6 +1013,21 @@ typedef struct ep_moe_layer_config {
    *  replica); they keep the shared expert whole on every rank. Default
    *  ::EP_MOE_DISPATCH_ALLGATHER. */
   int32_t dispatch_mode;
+  /** Where the layer runs: -1 on the CPU (default); a CUDA device ordinal
+   *  for the CUDA backend (::EP_MOE_FEATURE_CUDA), whose forward takes device
+   *  pointers and runs on the forward's `stream`. A CUDA layer needs
+   *  `ep_comm` NULL or a device communicator (NCCL, or callbacks that take
+   *  device buffers), no DP group and the all-gather dispatch; other
+   *  combinations return ::EP_MOE_ERR_UNSUPPORTED at create. */
+  int32_t device;
+  /** CUDA layers: forwards of at most this many tokens run without any host
+   *  synchronisation (device-side plan, grouped kernel that reads the
+   *  per-expert counts on the device), so they can be captured in a CUDA
+   *  graph; larger ones synchronise once to read the per-expert counts and
+   *  call cuBLASLt per non-empty expert. A forward on a stream that is being
+   *  captured always takes the synchronisation-free path. 0 .. max_tokens;
+   *  default 64. Ignored on the CPU. */
+  int32_t sync_free_tokens;
 } ep_moe_layer_config_t;
 
 /**
@@ -1193,6 +1209,8 @@ typedef enum ep_moe_layer_attr {
   EP_MOE_LAYER_ATTR_LAST_EXPERT_NS = 23,         /**< Nanoseconds the last forward spent in expert FFNs on this rank (routed and shared; in all-gather mode it includes the weighted combine, which is fused into the down projection). */
   EP_MOE_LAYER_ATTR_LAST_COMBINE_NS = 24,        /**< Nanoseconds the last forward spent on this rank turning expert results into output rows (converting partial rows for the return or the reduction, adding returned rows per token, writing the output); collectives excluded. */
   EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES = 25,     /**< Bytes of rows those steps read. */
+  EP_MOE_LAYER_ATTR_DEVICE = 26,                 /**< The config's `device`: -1 for a CPU layer, else the CUDA device ordinal. */
+  EP_MOE_LAYER_ATTR_LAST_SYNC_FREE = 27,         /**< CUDA layers: 1 when the last forward took the synchronisation-free path, 0 when it synchronised once for cuBLASLt; -1 on the CPU. */
   /** \cond RANGE */
   EP_MOE_LAYER_ATTR_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
   EP_MOE_LAYER_ATTR_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */

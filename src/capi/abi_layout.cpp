@@ -38,7 +38,7 @@ static_assert(offsetof(ep_moe_comm_callbacks_t, reduce_scatter) == 64, "ABI: ep_
 static_assert(offsetof(ep_moe_comm_callbacks_t, barrier) == 72, "ABI: ep_moe_comm_callbacks_t::barrier");
 static_assert(offsetof(ep_moe_comm_callbacks_t, test) == 80, "ABI: ep_moe_comm_callbacks_t::test");
 static_assert(offsetof(ep_moe_comm_callbacks_t, cancel) == 88, "ABI: ep_moe_comm_callbacks_t::cancel");
-static_assert(sizeof(ep_moe_layer_config_t) == 88, "ABI: sizeof(ep_moe_layer_config_t)");
+static_assert(sizeof(ep_moe_layer_config_t) == 96, "ABI: sizeof(ep_moe_layer_config_t)");
 static_assert(offsetof(ep_moe_layer_config_t, struct_size) == 0, "ABI: ep_moe_layer_config_t::struct_size");
 static_assert(offsetof(ep_moe_layer_config_t, hidden_size) == 8, "ABI: ep_moe_layer_config_t::hidden_size");
 static_assert(offsetof(ep_moe_layer_config_t, intermediate_size) == 12, "ABI: ep_moe_layer_config_t::intermediate_size");
@@ -60,6 +60,8 @@ static_assert(offsetof(ep_moe_layer_config_t, max_tokens) == 72, "ABI: ep_moe_la
 static_assert(offsetof(ep_moe_layer_config_t, num_threads) == 76, "ABI: ep_moe_layer_config_t::num_threads");
 static_assert(offsetof(ep_moe_layer_config_t, skip_mode) == 80, "ABI: ep_moe_layer_config_t::skip_mode");
 static_assert(offsetof(ep_moe_layer_config_t, dispatch_mode) == 84, "ABI: ep_moe_layer_config_t::dispatch_mode");
+static_assert(offsetof(ep_moe_layer_config_t, device) == 88, "ABI: ep_moe_layer_config_t::device");
+static_assert(offsetof(ep_moe_layer_config_t, sync_free_tokens) == 92, "ABI: ep_moe_layer_config_t::sync_free_tokens");
 static_assert(sizeof(ep_moe_forward_args_t) == 88, "ABI: sizeof(ep_moe_forward_args_t)");
 static_assert(offsetof(ep_moe_forward_args_t, struct_size) == 0, "ABI: ep_moe_forward_args_t::struct_size");
 static_assert(offsetof(ep_moe_forward_args_t, num_tokens) == 8, "ABI: ep_moe_forward_args_t::num_tokens");

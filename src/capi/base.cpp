@@ -33,6 +33,7 @@ const char* ep_moe_status_string(ep_moe_status_t status) {
     case EP_MOE_ERR_FORMAT: return "malformed data";
     case EP_MOE_ERR_NOT_FOUND: return "not found";
     case EP_MOE_ERR_STATE: return "invalid state for this call";
+    case EP_MOE_ERR_DEVICE: return "a CUDA device call failed";
     default: break;
   }
   return "unknown status";

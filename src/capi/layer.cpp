@@ -24,6 +24,8 @@ ep_moe_status_t ep_moe_layer_config_init(ep_moe_layer_config_t* out) {
     c.routed_scaling_factor = 1.0f;
     c.max_tokens = 256;
     c.skip_mode = EP_MOE_SKIP_TOKENS;
+    c.device = -1;
+    c.sync_free_tokens = 64;
     *out = c;
   });
 }

@@ -1,4 +1,5 @@
 #include "layer/layer.hpp"
+#include "layer/stages.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -164,6 +165,13 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
   }
   build_a2a_choice();
 
+  EP_MOE_CHECK_ARG(c.device >= -1, "device must be -1 (CPU) or a CUDA device ordinal, got %d", c.device);
+  EP_MOE_CHECK_ARG(c.sync_free_tokens >= 0, "sync_free_tokens must be >= 0, got %d", c.sync_free_tokens);
+  if (c.device >= 0) {
+    setup_device();
+    return;
+  }
+
   // Threads and workspace.
   pool_ = std::make_unique<cpu::ThreadPool>(cpu::default_threads(c.num_threads, ep_ ? ep_->ranks_in_process() : 1));
   const int64_t H = c.hidden_size, K = c.top_k, T = c.max_tokens;
@@ -273,6 +281,15 @@ bool Layer::set_weight(ep_moe_weight_t which, int32_t expert, const void* data, 
                    static_cast<long long>(r), static_cast<long long>(c), static_cast<long long>(rows),
                    static_cast<long long>(cols));
   EP_MOE_CHECK_ARG(data != nullptr, "data is NULL");
+  if (dev_ && wants(which, expert) && dev_->is_device_pointer(data)) {
+    if (which == EP_MOE_WEIGHT_SCORE_BIAS || which == EP_MOE_WEIGHT_SHARED_EXPERT_GATE) {
+      // Small vectors the layer checks on the host: read them back first.
+      std::vector<char> host(static_cast<size_t>(rows * cols) * dtype_size(dtype));
+      dev_->download(host.data(), data, host.size());
+      return store(which, expert, cpu::Source{host.data(), dtype, cols}, false);
+    }
+    return store(which, expert, cpu::Source{data, dtype, cols}, false, true);
+  }
   return store(which, expert, cpu::Source{data, dtype, cols}, false);
 }
 
@@ -282,10 +299,14 @@ bool Layer::wants(ep_moe_weight_t which, int32_t expert) const {
   return true;
 }
 
-bool Layer::store(ep_moe_weight_t which, int32_t expert, cpu::Source src, bool shard_relative) {
+bool Layer::store(ep_moe_weight_t which, int32_t expert, cpu::Source src, bool shard_relative, bool src_on_device) {
   const int32_t H = cfg_.hidden_size, I = cfg_.intermediate_size, Is = cfg_.shared_intermediate_size;
   const auto wdt = static_cast<ep_moe_dtype_t>(cfg_.weight_dtype);
   if (!wants(which, expert)) return false;  // another rank's expert, or no shared shard here
+  if (dev_ && which != EP_MOE_WEIGHT_SCORE_BIAS && which != EP_MOE_WEIGHT_SHARED_EXPERT_GATE) {
+    store_device(which, expert, src, shard_relative, src_on_device);
+    return true;
+  }
   if (which <= EP_MOE_WEIGHT_EXPERT_GATE_UP) {
     const auto& l2g = map_.local_to_global();
     for (size_t l = 0; l < experts_.size(); ++l) {
@@ -348,6 +369,10 @@ bool Layer::store(ep_moe_weight_t which, int32_t expert, cpu::Source src, bool s
     v[i] = cpu::source_at(src, 0, static_cast<int64_t>(i));
     EP_MOE_CHECK_ARG(std::isfinite(v[i]), "%s[%zu] is not finite", weight_name(which), i);
   }
+  if (dev_)
+    dev_->upload(which == EP_MOE_WEIGHT_SCORE_BIAS ? cuda::Part::Bias : cuda::Part::SharedGate, 0, 0,
+                 cpu::Source{v.data(), EP_MOE_DTYPE_F32, static_cast<int64_t>(v.size())}, 1,
+                 static_cast<int64_t>(v.size()), false);
   dst = std::move(v);
   (which == EP_MOE_WEIGHT_SCORE_BIAS ? has_bias_ : has_shared_gate_) = true;
   if (which == EP_MOE_WEIGHT_SCORE_BIAS) routing_.bias = bias_.data();
@@ -465,19 +490,6 @@ void Layer::validate_forward(const ep_moe_forward_args_t& a, int64_t* dp_offset,
   if (!missing.empty()) fail(EP_MOE_ERR_STATE, "weights incomplete: %s", missing.c_str());
 }
 
-namespace {
-// The collectives of one forward step, in order. On failure those not yet
-// entered are joined as failures, so no peer waits for this rank.
-struct Stages {
-  Comm* list[4] = {nullptr, nullptr, nullptr, nullptr};
-  int n = 0, next = 0;
-  void add(Comm* c) { list[n++] = c; }
-  Comm* enter() { return list[next++]; }
-  void fail_rest(ep_moe_status_t s, const char* msg) noexcept {
-    for (int i = next; i < n; ++i) list[i]->fail_collective(s, msg);
-  }
-};
-}  // namespace
 
 void Layer::route_tokens(const ep_moe_forward_args_t& a) {
   const int64_t T = a.num_tokens, K = cfg_.top_k;
@@ -499,6 +511,10 @@ void Layer::route_tokens(const ep_moe_forward_args_t& a) {
 }
 
 void Layer::forward(const ep_moe_forward_args_t& a) {
+  if (dev_) {
+    forward_device(a);
+    return;
+  }
   Stages st;
   const bool decide = dispatch_ != EP_MOE_DISPATCH_ALLGATHER;
   if (decide) {
@@ -1026,6 +1042,7 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
 }
 
 void Layer::expert_load(int64_t* out, bool across_ranks, bool reset) {
+  if (dev_) fail(EP_MOE_ERR_UNSUPPORTED, "expert load statistics are not kept by CUDA layers yet");
   const size_t E = load_.size();
   if (across_ranks && ep_) {
     std::vector<int64_t> sum(load_);
@@ -1041,7 +1058,25 @@ void Layer::expert_load(int64_t* out, bool across_ranks, bool reset) {
 }
 
 int64_t Layer::attr(ep_moe_layer_attr_t a) const {
+  if (dev_) {
+    switch (a) {
+      case EP_MOE_LAYER_ATTR_WEIGHT_BYTES: return dev_->weight_bytes() + (has_router_ ? int64_t{cfg_.num_experts} * cfg_.hidden_size * 4 : 0);
+      case EP_MOE_LAYER_ATTR_LAST_TOKENS: return dev_->stats().tokens;
+      case EP_MOE_LAYER_ATTR_LAST_LOCAL_PAIRS: return dev_->stats().local_pairs;
+      case EP_MOE_LAYER_ATTR_LAST_SKIPPED_PAIRS: return dev_->stats().skipped;
+      case EP_MOE_LAYER_ATTR_LAST_ACTIVE_EXPERTS: return dev_->stats().active;
+      case EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS: return dev_->stats().permute_ns;
+      case EP_MOE_LAYER_ATTR_LAST_PERMUTE_BYTES: return dev_->stats().permute_bytes;
+      case EP_MOE_LAYER_ATTR_LAST_EXPERT_NS: return dev_->stats().expert_ns;
+      case EP_MOE_LAYER_ATTR_LAST_COMBINE_NS: return dev_->stats().combine_ns;
+      case EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES: return dev_->stats().combine_bytes;
+      case EP_MOE_LAYER_ATTR_LAST_SYNC_FREE: return dev_->stats().sync_free;
+      default: break;
+    }
+  }
   switch (a) {
+    case EP_MOE_LAYER_ATTR_DEVICE: return cfg_.device;
+    case EP_MOE_LAYER_ATTR_LAST_SYNC_FREE: return -1;
     case EP_MOE_LAYER_ATTR_NUM_LOCAL_EXPERTS: return static_cast<int64_t>(experts_.size());
     case EP_MOE_LAYER_ATTR_NUM_THREADS: return pool_->size();
     case EP_MOE_LAYER_ATTR_WEIGHT_BYTES: {

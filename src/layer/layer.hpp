@@ -15,6 +15,7 @@
 #include "cpu/kernels.hpp"
 #include "cpu/pack.hpp"
 #include "cpu/thread_pool.hpp"
+#include "cuda/device_layer.hpp"
 #include "ep_moe/ep_moe.h"
 #include "io/checkpoint.hpp"
 
@@ -106,7 +107,22 @@ class Layer {
   static void copy_expert(Expert& dst, const Expert& src);
   // Stores a weight read through `src`; shared-expert sources are
   // shard-relative when `shard_relative`, else full size.
-  bool store(ep_moe_weight_t which, int32_t expert, cpu::Source src, bool shard_relative);
+  // `src_on_device`: the source is device memory (CUDA layers only).
+  bool store(ep_moe_weight_t which, int32_t expert, cpu::Source src, bool shard_relative, bool src_on_device = false);
+  // CUDA layers (cfg.device >= 0): the device part and its forward.
+  void store_device(ep_moe_weight_t which, int32_t expert, cpu::Source src, bool shard_relative, bool src_on_device);
+  void forward_device(const ep_moe_forward_args_t& a);
+  void setup_device();
+  enum class DevOp { AllReduce, ReduceScatter, AllGather, AllGatherV, AllToAllV };
+  // A collective on device buffers (staged through pinned host memory for
+  // host communicators; `counts`: per-rank counts of the v variants).
+  void dev_collective(Comm* c, DevOp op, void* out, const void* in, size_t count, const size_t* counts,
+                      const size_t* out_counts, ep_moe_dtype_t dt, void* stream, bool capturing);
+  // An all-gather of host data, also over a device communicator.
+  void host_all_gather(Comm* c, void* out, const void* in, size_t count, ep_moe_dtype_t dt, void* stream);
+  void device_allgather(const ep_moe_forward_args_t& a, void* stages, int64_t dp_offset, int64_t padded, Gather gather,
+                        bool capturing);
+  void device_alltoall(const ep_moe_forward_args_t& a, void* stages);
   void set_gate_up_part(Expert& x, int half, const cpu::Source& src, int32_t inter, int32_t k);
   void finish_gate_up(Expert& x, int32_t inter, int32_t k);
   int32_t pick_slot(int32_t expert, int64_t token, int32_t k) const;
@@ -127,6 +143,7 @@ class Layer {
   const cpu::Kernels& kern_;
   std::unique_ptr<cpu::ThreadPool> pool_;
   std::unique_ptr<cpu::FfnRunner> ffn_;
+  std::unique_ptr<cuda::DeviceLayer> dev_;  // CUDA layers only
 
   std::vector<Expert> experts_;  // one per local routed slot
   Expert shared_;

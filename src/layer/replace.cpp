@@ -123,6 +123,8 @@ void Layer::copy_expert(Expert& dst, const Expert& src) {
 
 std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const io::Checkpoint* ck, int32_t L,
                                       ep_moe_status_t pre_status, const std::string& pre_error) {
+  if (dev_ && pre_status == EP_MOE_OK)  // still takes part, so the peers fail too
+    return replace(nmap, comm, ck, L, EP_MOE_ERR_UNSUPPORTED, "live re-placement is not supported by CUDA layers yet");
   const int32_t E = cfg_.num_experts, I = cfg_.intermediate_size, Is = cfg_.shared_intermediate_size;
   const size_t es = dtype_size(static_cast<ep_moe_dtype_t>(cfg_.weight_dtype));
   const size_t unit_bytes = 3 * static_cast<size_t>(cfg_.hidden_size) * es;

@@ -57,6 +57,8 @@ int main(void) {
   printf("ep_moe_layer_config_t num_threads %zu\n", offsetof(ep_moe_layer_config_t, num_threads));
   printf("ep_moe_layer_config_t skip_mode %zu\n", offsetof(ep_moe_layer_config_t, skip_mode));
   printf("ep_moe_layer_config_t dispatch_mode %zu\n", offsetof(ep_moe_layer_config_t, dispatch_mode));
+  printf("ep_moe_layer_config_t device %zu\n", offsetof(ep_moe_layer_config_t, device));
+  printf("ep_moe_layer_config_t sync_free_tokens %zu\n", offsetof(ep_moe_layer_config_t, sync_free_tokens));
   printf("ep_moe_forward_args_t (sizeof) %zu\n", sizeof(ep_moe_forward_args_t));
   printf("ep_moe_forward_args_t struct_size %zu\n", offsetof(ep_moe_forward_args_t, struct_size));
   printf("ep_moe_forward_args_t num_tokens %zu\n", offsetof(ep_moe_forward_args_t, num_tokens));

@@ -23,6 +23,7 @@ pub const EP_MOE_ERR_IO: ep_moe_status_t = 11;
 pub const EP_MOE_ERR_FORMAT: ep_moe_status_t = 12;
 pub const EP_MOE_ERR_NOT_FOUND: ep_moe_status_t = 13;
 pub const EP_MOE_ERR_STATE: ep_moe_status_t = 14;
+pub const EP_MOE_ERR_DEVICE: ep_moe_status_t = 15;
 pub const EP_MOE_STATUS_ENUM_MIN_: ep_moe_status_t = -2147483648;
 pub const EP_MOE_STATUS_ENUM_MAX_: ep_moe_status_t = 2147483647;
 
@@ -164,6 +165,8 @@ pub const EP_MOE_LAYER_ATTR_LAST_PERMUTE_BYTES: ep_moe_layer_attr_t = 22;
 pub const EP_MOE_LAYER_ATTR_LAST_EXPERT_NS: ep_moe_layer_attr_t = 23;
 pub const EP_MOE_LAYER_ATTR_LAST_COMBINE_NS: ep_moe_layer_attr_t = 24;
 pub const EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES: ep_moe_layer_attr_t = 25;
+pub const EP_MOE_LAYER_ATTR_DEVICE: ep_moe_layer_attr_t = 26;
+pub const EP_MOE_LAYER_ATTR_LAST_SYNC_FREE: ep_moe_layer_attr_t = 27;
 pub const EP_MOE_LAYER_ATTR_ENUM_MIN_: ep_moe_layer_attr_t = -2147483648;
 pub const EP_MOE_LAYER_ATTR_ENUM_MAX_: ep_moe_layer_attr_t = 2147483647;
 
@@ -282,6 +285,8 @@ pub struct ep_moe_layer_config_t {
     pub num_threads: i32,
     pub skip_mode: i32,
     pub dispatch_mode: i32,
+    pub device: i32,
+    pub sync_free_tokens: i32,
 }
 
 #[repr(C)]

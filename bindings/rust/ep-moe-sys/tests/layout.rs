@@ -72,6 +72,8 @@ fn struct_layouts_match_the_c_header() {
     assert_eq!(std::mem::offset_of!(ep_moe_layer_config_t, num_threads), get("ep_moe_layer_config_t num_threads"), "ep_moe_layer_config_t.num_threads");
     assert_eq!(std::mem::offset_of!(ep_moe_layer_config_t, skip_mode), get("ep_moe_layer_config_t skip_mode"), "ep_moe_layer_config_t.skip_mode");
     assert_eq!(std::mem::offset_of!(ep_moe_layer_config_t, dispatch_mode), get("ep_moe_layer_config_t dispatch_mode"), "ep_moe_layer_config_t.dispatch_mode");
+    assert_eq!(std::mem::offset_of!(ep_moe_layer_config_t, device), get("ep_moe_layer_config_t device"), "ep_moe_layer_config_t.device");
+    assert_eq!(std::mem::offset_of!(ep_moe_layer_config_t, sync_free_tokens), get("ep_moe_layer_config_t sync_free_tokens"), "ep_moe_layer_config_t.sync_free_tokens");
     assert_eq!(std::mem::size_of::<ep_moe_forward_args_t>(), get("ep_moe_forward_args_t (sizeof)"), "sizeof ep_moe_forward_args_t");
     assert_eq!(std::mem::offset_of!(ep_moe_forward_args_t, struct_size), get("ep_moe_forward_args_t struct_size"), "ep_moe_forward_args_t.struct_size");
     assert_eq!(std::mem::offset_of!(ep_moe_forward_args_t, num_tokens), get("ep_moe_forward_args_t num_tokens"), "ep_moe_forward_args_t.num_tokens");

@@ -45,6 +45,7 @@ pub enum Status {
     Format,
     NotFound,
     State,
+    Device,
     /// A status this version of the bindings does not know.
     Other(i32),
 }
@@ -66,6 +67,7 @@ impl Status {
             sys::EP_MOE_ERR_FORMAT => Status::Format,
             sys::EP_MOE_ERR_NOT_FOUND => Status::NotFound,
             sys::EP_MOE_ERR_STATE => Status::State,
+            sys::EP_MOE_ERR_DEVICE => Status::Device,
             other => Status::Other(other),
         }
     }

@@ -1,0 +1,515 @@
+// The CUDA side of Layer (cfg.device >= 0): set-up, weight uploads and the
+// forward, which hands the data flow to cuda::DeviceLayer and keeps the
+// collective (and its failure protocol) here, like the CPU forward.
+#include <algorithm>
+#include <cstring>
+
+#include "core/expert_map.hpp"
+#include "core/routing.hpp"
+#include "common/dtype.hpp"
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "layer/layer.hpp"
+#include "layer/stages.hpp"
+
+namespace ep_moe {
+
+namespace {
+constexpr int32_t kMaxDeviceTopK = 64;      // per-token scratch of the routing and combine kernels
+constexpr int32_t kMaxDeviceExperts = 4096;  // the routing kernel keeps 2 E scores in shared memory
+size_t round_up(size_t v, size_t m) { return (v + m - 1) / m * m; }
+}  // namespace
+
+void Layer::setup_device() {
+  const ep_moe_layer_config_t& c = cfg_;
+  if (c.top_k > kMaxDeviceTopK)
+    fail(EP_MOE_ERR_UNSUPPORTED, "CUDA layers support top_k up to %d, got %d", kMaxDeviceTopK, c.top_k);
+  if (c.num_experts > kMaxDeviceExperts)
+    fail(EP_MOE_ERR_UNSUPPORTED, "CUDA layers support up to %d experts, got %d", kMaxDeviceExperts, c.num_experts);
+  pool_ = std::make_unique<cpu::ThreadPool>(1);
+
+  // Host-side plan arrays (the all-to-all plan, the counts exchange).
+  const int64_t T = c.max_tokens, K = c.top_k, H = c.hidden_size;
+  const int64_t ep = map_.ep_size();
+  const bool a2a = dispatch_ != EP_MOE_DISPATCH_ALLGATHER;
+  const int64_t fanout = std::min<int64_t>(ep, K);
+  const size_t es = dtype_size(static_cast<ep_moe_dtype_t>(c.act_dtype));
+  row_bytes_ = round_up(static_cast<size_t>(H) * es + static_cast<size_t>(K) * 8, 4);
+  max_all_ = T * dp_size_;
+  const int64_t max_rows = std::max<int64_t>(max_all_, a2a ? ep * T : 0);
+  const int64_t send_rows = std::max<int64_t>(dp_size_ > 1 ? T : 0, a2a ? T * fanout : 0);
+  ids_.resize(static_cast<size_t>(T * K));
+  weights_.resize(static_cast<size_t>(T * K));
+  counts_.resize(static_cast<size_t>(std::max<int64_t>(ep, dp_size_)));
+  if (a2a) {
+    send_tok_.resize(static_cast<size_t>(T * fanout));
+    back_off_.resize(static_cast<size_t>(T) + 1);
+    back_idx_.resize(static_cast<size_t>(T * fanout));
+    dest_.resize(static_cast<size_t>(T * K));
+    send_count_.resize(static_cast<size_t>(ep));
+    send_off_.resize(static_cast<size_t>(ep) + 1);
+    stamp_.resize(static_cast<size_t>(ep));
+    cursor64_.resize(static_cast<size_t>(ep));
+    count_row_.resize(static_cast<size_t>(ep) + 1);
+    count_matrix_.resize(static_cast<size_t>(ep * (ep + 1)));
+    recv_words_.resize(static_cast<size_t>(ep));
+    recv_count_.resize(static_cast<size_t>(ep));
+    row_ids_.reserve(static_cast<size_t>(T * fanout));
+    pair_rows_.reserve(static_cast<size_t>(T * K + 3 * T * fanout + T + 1));
+  }
+  const bool host_comm = (ep_ && !ep_->device_memory()) || (dp_ && !dp_->device_memory());
+
+  cuda::DeviceLayerDesc d;
+  d.device = c.device;
+  d.hidden = c.hidden_size;
+  d.inter = c.intermediate_size;
+  d.num_experts = c.num_experts;
+  d.top_k = c.top_k;
+  d.activation = c.activation;
+  d.weight_dtype = static_cast<ep_moe_dtype_t>(c.weight_dtype);
+  d.act_dtype = static_cast<ep_moe_dtype_t>(c.act_dtype);
+  d.router_dtype = static_cast<ep_moe_dtype_t>(c.router_dtype);
+  d.sigmoid = routing_.sigmoid;
+  d.renormalize = routing_.renormalize;
+  d.use_bias = c.use_score_bias != 0;
+  d.weight_zero = c.skip_mode == EP_MOE_SKIP_WEIGHT_ZERO;
+  d.num_group = c.num_expert_group;
+  d.topk_group = c.topk_group;
+  d.scale = c.routed_scaling_factor;
+  d.shared_count = shared_count_;
+  d.shared_gate = c.shared_expert_gate != 0;
+  d.max_tokens = c.max_tokens;
+  d.sync_free_tokens = std::min(c.sync_free_tokens, c.max_tokens);
+  d.num_local = static_cast<int32_t>(experts_.size());
+  d.ep_rank = map_.ep_rank();
+  d.my_slot_begin = map_.rank_slot_begin()[static_cast<size_t>(map_.ep_rank())];
+  d.replica_begin = replica_begin_;
+  d.replica_slots = replica_slots_;
+  d.slot_rank = map_.slot_rank();
+  d.global_to_local = map_.expert_map();
+  const bool flows = dp_size_ > 1 || a2a;
+  d.max_rows = flows ? max_rows : 0;
+  d.max_send_rows = send_rows;
+  d.max_ret_rows = a2a ? T * fanout : 0;
+  d.max_index = a2a ? T * K + 2 * send_rows + (T + 1) + T * fanout + 4 * ep * (ep + 1) + 64 : 0;
+  if (host_comm)  // the largest staged transfer: rows of the gather/all-to-all, or a partial output
+    d.staging_bytes = static_cast<size_t>(std::max<int64_t>(max_rows, T)) * row_bytes_;
+  dev_ = cuda::create_device_layer(d);
+  log(EP_MOE_LOG_INFO,
+      "[EP rank %d/%d] MoE layer on CUDA device %d: H=%d I=%d E=%d top-%d, %d local experts, shared shard %d/%d, "
+      "dp %d, collectives %s",
+      map_.ep_rank(), map_.ep_size(), c.device, c.hidden_size, c.intermediate_size, c.num_experts, c.top_k,
+      map_.num_local_routed(), shared_count_, c.shared_intermediate_size, dp_size_,
+      host_comm ? "staged through pinned host memory" : ep_ ? "on device buffers" : "none");
+}
+
+void Layer::store_device(ep_moe_weight_t which, int32_t expert, cpu::Source src, bool shard_relative,
+                         bool on_device) {
+  const int32_t H = cfg_.hidden_size, I = cfg_.intermediate_size, Is = cfg_.shared_intermediate_size;
+  const int32_t S = shared_count_;
+  using cuda::Part;
+  if (which <= EP_MOE_WEIGHT_EXPERT_GATE_UP) {
+    const auto& l2g = map_.local_to_global();
+    for (size_t l = 0; l < experts_.size(); ++l) {
+      if (l2g[l] != expert) continue;
+      Expert& x = experts_[l];
+      const auto slot = static_cast<int32_t>(l);
+      switch (which) {
+        case EP_MOE_WEIGHT_EXPERT_GATE:
+          dev_->upload(Part::ExpertGateUp, slot, 0, src, I, H, on_device);
+          x.has_gate = true;
+          break;
+        case EP_MOE_WEIGHT_EXPERT_UP:
+          dev_->upload(Part::ExpertGateUp, slot, I, src, I, H, on_device);
+          x.has_up = true;
+          break;
+        case EP_MOE_WEIGHT_EXPERT_GATE_UP:
+          dev_->upload(Part::ExpertGateUp, slot, 0, src, 2 * static_cast<int64_t>(I), H, on_device);
+          x.has_gate = x.has_up = true;
+          break;
+        default:
+          dev_->upload(Part::ExpertDown, slot, 0, src, H, I, on_device);
+          x.has_down = true;
+          break;
+      }
+    }
+    return;
+  }
+  if (which >= EP_MOE_WEIGHT_SHARED_GATE && which <= EP_MOE_WEIGHT_SHARED_GATE_UP) {
+    const int64_t first = shard_relative ? 0 : shared_begin_;
+    const int64_t up_rows = shard_relative ? S : Is;
+    switch (which) {
+      case EP_MOE_WEIGHT_SHARED_GATE:
+      case EP_MOE_WEIGHT_SHARED_UP: {
+        const bool gate = which == EP_MOE_WEIGHT_SHARED_GATE;
+        src.row0 += first;
+        dev_->upload(Part::SharedGateUp, 0, gate ? 0 : S, src, S, H, on_device);
+        (gate ? shared_.has_gate : shared_.has_up) = true;
+        break;
+      }
+      case EP_MOE_WEIGHT_SHARED_GATE_UP: {
+        cpu::Source up = src;
+        src.row0 += first;
+        up.row0 += up_rows + first;
+        dev_->upload(Part::SharedGateUp, 0, 0, src, S, H, on_device);
+        dev_->upload(Part::SharedGateUp, 0, S, up, S, H, on_device);
+        shared_.has_gate = shared_.has_up = true;
+        break;
+      }
+      default:
+        src.col0 += first;
+        dev_->upload(Part::SharedDown, 0, 0, src, H, S, on_device);
+        shared_.has_down = true;
+        break;
+    }
+    return;
+  }
+  // The router (f32 on the device, as on the CPU).
+  dev_->upload(Part::Router, 0, 0, src, cfg_.num_experts, H, on_device);
+  has_router_ = true;
+}
+
+// --- collectives on device buffers ---------------------------------------
+// A device communicator (NCCL) takes the device pointers and the stream; a
+// host one (local, MPI, callbacks) gets the bytes through the layer's pinned
+// staging buffers, which synchronises the stream (and cannot be captured).
+
+namespace {
+size_t total(const size_t* counts, int n) {
+  size_t s = 0;
+  for (int i = 0; i < n; ++i) s += counts[i];
+  return s;
+}
+}  // namespace
+
+void Layer::dev_collective(Comm* c, DevOp op, void* out, const void* in, size_t count, const size_t* counts,
+                           const size_t* out_counts, ep_moe_dtype_t dt, void* stream, bool capturing) {
+  const size_t es = dtype_size(dt);
+  const int n = c->size();
+  if (c->device_memory()) {
+    switch (op) {
+      case DevOp::AllReduce: c->all_reduce(out, in, count, dt, stream); break;
+      case DevOp::ReduceScatter: c->reduce_scatter(out, in, count, dt, stream); break;
+      case DevOp::AllGather: c->all_gather(out, in, count, dt, stream); break;
+      case DevOp::AllGatherV: c->all_gather_v(out, in, counts, dt, stream); break;
+      case DevOp::AllToAllV: c->all_to_all_v(out, out_counts, in, counts, dt, stream); break;
+    }
+    return;
+  }
+  if (capturing)
+    fail(EP_MOE_ERR_UNSUPPORTED,
+         "a CUDA graph cannot capture a collective of the '%s' communicator (host memory): use NCCL to capture",
+         c->backend());
+  size_t in_bytes = 0, out_bytes = 0;
+  switch (op) {
+    case DevOp::AllReduce: in_bytes = out_bytes = count * es; break;
+    case DevOp::ReduceScatter: in_bytes = count * static_cast<size_t>(n) * es; out_bytes = count * es; break;
+    case DevOp::AllGather: in_bytes = count * es; out_bytes = count * static_cast<size_t>(n) * es; break;
+    case DevOp::AllGatherV: in_bytes = counts[c->rank()] * es; out_bytes = total(counts, n) * es; break;
+    case DevOp::AllToAllV: in_bytes = total(counts, n) * es; out_bytes = total(out_counts, n) * es; break;
+  }
+  const size_t cap = dev_->buffer_bytes(cuda::Buf::StageIn);
+  if (in_bytes > cap || out_bytes > cap)
+    fail(EP_MOE_ERR_INTERNAL, "staging buffer of %zu bytes is too small for %zu/%zu bytes", cap, in_bytes, out_bytes);
+  void* hin = dev_->buffer(cuda::Buf::StageIn);
+  void* hout = dev_->buffer(cuda::Buf::StageOut);
+  dev_->copy(hin, in, in_bytes, stream);
+  dev_->sync(stream);
+  switch (op) {
+    case DevOp::AllReduce: c->all_reduce(hout, hin, count, dt, nullptr); break;
+    case DevOp::ReduceScatter: c->reduce_scatter(hout, hin, count, dt, nullptr); break;
+    case DevOp::AllGather: c->all_gather(hout, hin, count, dt, nullptr); break;
+    case DevOp::AllGatherV: c->all_gather_v(hout, hin, counts, dt, nullptr); break;
+    case DevOp::AllToAllV: c->all_to_all_v(hout, out_counts, hin, counts, dt, nullptr); break;
+  }
+  dev_->copy(out, hout, out_bytes, stream);
+  dev_->sync(stream);  // the staging buffers are reused by the next collective
+}
+
+void Layer::host_all_gather(Comm* c, void* out, const void* in, size_t count, ep_moe_dtype_t dt, void* stream) {
+  if (!c->device_memory()) {
+    c->all_gather(out, in, count, dt, stream);
+    return;
+  }
+  // Host data over a device communicator: through the index buffer.
+  const size_t es = dtype_size(dt), n = static_cast<size_t>(c->size());
+  auto* d = static_cast<char*>(dev_->buffer(cuda::Buf::Index));
+  if ((n + 1) * count * es > dev_->buffer_bytes(cuda::Buf::Index))
+    fail(EP_MOE_ERR_INTERNAL, "index buffer too small for the counts exchange");
+  dev_->copy(d, in, count * es, stream);
+  c->all_gather(d + count * es, d, count, dt, stream);
+  dev_->copy(out, d + count * es, n * count * es, stream);
+  dev_->sync(stream);
+}
+
+// --- the forward -----------------------------------------------------------
+
+void Layer::forward_device(const ep_moe_forward_args_t& a) {
+  Stages st;
+  const bool decide = dispatch_ != EP_MOE_DISPATCH_ALLGATHER;
+  if (decide) {
+    st.add(ep_);  // the exchange of send counts comes first
+  } else {
+    if (dp_size_ > 1) st.add(dp_);
+    if (ep_) st.add(ep_);
+  }
+  try {
+    int64_t dp_offset = 0, padded = 0;
+    Gather gather = Gather::None;
+    validate_forward(a, &dp_offset, &padded, &gather);
+    const int64_t T = a.num_tokens, K = cfg_.top_k;
+    if (T > 0) {
+      auto on_device = [&](const void* p, const char* what) {
+        if (p != nullptr && !dev_->is_device_pointer(p))
+          fail(EP_MOE_ERR_INVALID_ARGUMENT, "%s is not device memory: a CUDA layer (device %d) takes device pointers",
+               what, cfg_.device);
+      };
+      on_device(a.hidden, "hidden");
+      on_device(a.out, "out");
+      on_device(a.router_logits, "router_logits");
+      on_device(a.topk_ids, "topk_ids");
+      on_device(a.topk_weights, "topk_weights");
+    }
+    const bool capturing = dev_->begin(a.stream);
+    auto* ids_d = static_cast<int32_t*>(dev_->buffer(cuda::Buf::Ids));
+    auto* w_d = static_cast<float*>(dev_->buffer(cuda::Buf::Weights));
+    cuda::DeviceForward f;
+    f.tokens = T;
+    f.hidden = a.hidden;
+    f.router_logits = a.router_logits;
+    f.topk_ids = a.topk_ids;
+    f.topk_weights = a.topk_weights;
+    f.own_router = a.router_logits == nullptr && a.topk_ids == nullptr && has_router_;
+    f.stream = a.stream;
+    dev_->route(f, ids_d, w_d);
+
+    int32_t mode = EP_MOE_DISPATCH_ALLGATHER;
+    if (decide) {
+      if (capturing)
+        fail(EP_MOE_ERR_UNSUPPORTED, "the all-to-all dispatch plans on the host: it cannot be captured in a CUDA graph");
+      // The plan needs the choice on the host.
+      if (T > 0) {
+        if (a.topk_ids) {
+          dev_->copy(ids_.data(), ids_d, static_cast<size_t>(T * K) * 4, a.stream);
+          dev_->copy(weights_.data(), w_d, static_cast<size_t>(T * K) * 4, a.stream);
+          dev_->sync(a.stream);
+          check_topk(ids_.data(), weights_.data(), T, cfg_.top_k, cfg_.num_experts);
+        } else {
+          dev_->check_route(a.stream);
+          dev_->copy(ids_.data(), ids_d, static_cast<size_t>(T * K) * 4, a.stream);
+          dev_->sync(a.stream);
+        }
+      }
+      plan_sends(T);
+      const int32_t n = map_.ep_size();
+      count_row_[0] = T;
+      for (int32_t d = 0; d < n; ++d) count_row_[static_cast<size_t>(d) + 1] = send_count_[static_cast<size_t>(d)];
+      host_all_gather(st.enter(), count_matrix_.data(), count_row_.data(), static_cast<size_t>(n) + 1,
+                      EP_MOE_DTYPE_I64, a.stream);
+      mode = dispatch_ == EP_MOE_DISPATCH_AUTO ? cheaper_mode(a, gather, padded) : EP_MOE_DISPATCH_ALLTOALL;
+      if (mode == EP_MOE_DISPATCH_ALLGATHER) {
+        if (dp_size_ > 1) st.add(dp_);
+        st.add(ep_);
+      } else {
+        st.add(ep_);
+        st.add(ep_);
+      }
+    }
+    if (mode == EP_MOE_DISPATCH_ALLGATHER) {
+      device_allgather(a, &st, dp_offset, padded, gather, capturing);
+    } else {
+      device_alltoall(a, &st);
+    }
+    last_gather_ = mode == EP_MOE_DISPATCH_ALLGATHER ? gather : Gather::None;
+    last_dispatch_ = mode;
+    ++load_steps_;
+  } catch (const Error& e) {
+    st.fail_rest(e.status(), e.what());
+    throw;
+  } catch (const std::exception& e) {
+    st.fail_rest(EP_MOE_ERR_INTERNAL, e.what());
+    throw;
+  }
+}
+
+void Layer::device_allgather(const ep_moe_forward_args_t& a, void* stages, int64_t dp_offset, int64_t padded,
+                             Gather gather, bool capturing) {
+  Stages& st = *static_cast<Stages*>(stages);
+  const int64_t T = a.num_tokens, H = cfg_.hidden_size;
+  const auto adt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
+  const size_t es = dtype_size(adt);
+  auto* ids_d = static_cast<int32_t*>(dev_->buffer(cuda::Buf::Ids));
+  auto* w_d = static_cast<float*>(dev_->buffer(cuda::Buf::Weights));
+
+  cuda::DeviceRows rows;
+  rows.n = T;
+  rows.x = a.hidden;
+  rows.ids = ids_d;
+  rows.w = w_d;
+  rows.out = a.out;
+  if (dp_size_ > 1) {
+    // DP gather: one collective of [hidden | ids | weights] rows (padding
+    // rows: zeros and ids -1, never computed).
+    const int64_t send_n = gather == Gather::Padded ? padded : T;
+    void* send = dev_->buffer(cuda::Buf::SendRows);
+    void* recv = dev_->buffer(cuda::Buf::RecvRows);
+    dev_->pack_rows(send, send_n, T, a.hidden, ids_d, w_d, nullptr, nullptr, nullptr, a.stream);
+    const size_t words = row_bytes_ / 4;
+    Comm* dp = st.enter();
+    int64_t T_all = 0;
+    if (gather == Gather::Padded) {
+      dev_collective(dp, DevOp::AllGather, recv, send, static_cast<size_t>(padded) * words, nullptr, nullptr,
+                     EP_MOE_DTYPE_I32, a.stream, capturing);
+      T_all = padded * dp_size_;
+    } else {
+      for (int i = 0; i < dp_size_; ++i) {
+        counts_[static_cast<size_t>(i)] = static_cast<size_t>(a.dp_token_counts[i]) * words;
+        T_all += a.dp_token_counts[i];
+      }
+      dev_collective(dp, DevOp::AllGatherV, recv, send, 0, counts_.data(), nullptr, EP_MOE_DTYPE_I32, a.stream,
+                     capturing);
+    }
+    rows.n = T_all;
+    rows.x = dev_->buffer(cuda::Buf::AllX);
+    rows.ids = static_cast<int32_t*>(dev_->buffer(cuda::Buf::AllIds));
+    rows.w = static_cast<float*>(dev_->buffer(cuda::Buf::AllW));
+    rows.out = dev_->buffer(cuda::Buf::Partial);
+    dev_->unpack_rows(recv, T_all, const_cast<void*>(rows.x), const_cast<int32_t*>(rows.ids),
+                      const_cast<float*>(rows.w), a.stream);
+  }
+  // The shared expert: this rank's shard on every row, or (all-to-all
+  // layers deciding per step) the whole expert on a share of the rows.
+  if (!shared_replicated_) {
+    rows.shared_begin = 0;
+    rows.shared_end = rows.n;
+  } else if (dp_size_ > 1) {
+    rows.shared_begin = dp_offset;
+    rows.shared_end = dp_offset + T;
+  } else {
+    const int32_t ep = map_.ep_size(), r = map_.ep_rank();
+    rows.shared_begin = split_start(static_cast<int32_t>(T), ep, r);
+    rows.shared_end = rows.shared_begin + split_count(static_cast<int32_t>(T), ep, r);
+  }
+  dev_->compute(rows, a.stream);
+
+  // ONE reduction of (routed + shared) partials, then this rank's rows.
+  if (!ep_) {
+    if (dp_size_ > 1) dev_->copy(a.out, static_cast<const char*>(rows.out) + dp_offset * H * static_cast<int64_t>(es),
+                                 static_cast<size_t>(T * H) * es, a.stream);
+    return;
+  }
+  Comm* ep = st.enter();
+  if (dp_size_ > 1 && gather == Gather::Padded && dp_is_ep_) {
+    void* own = dev_->buffer(cuda::Buf::Own);
+    dev_collective(ep, DevOp::ReduceScatter, own, rows.out, static_cast<size_t>(padded * H), nullptr, nullptr, adt,
+                   a.stream, capturing);
+    dev_->copy(a.out, own, static_cast<size_t>(T * H) * es, a.stream);
+  } else {
+    dev_collective(ep, DevOp::AllReduce, rows.out, rows.out, static_cast<size_t>(rows.n * H), nullptr, nullptr, adt,
+                   a.stream, capturing);
+    if (dp_size_ > 1)
+      dev_->copy(a.out, static_cast<const char*>(rows.out) + dp_offset * H * static_cast<int64_t>(es),
+                 static_cast<size_t>(T * H) * es, a.stream);
+  }
+}
+
+void Layer::device_alltoall(const ep_moe_forward_args_t& a, void* stages) {
+  Stages& st = *static_cast<Stages*>(stages);
+  const int64_t T = a.num_tokens, H = cfg_.hidden_size, K = cfg_.top_k;
+  const int32_t n = map_.ep_size(), me = map_.ep_rank();
+  const auto adt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
+  const size_t words = row_bytes_ / 4;
+  auto* ids_d = static_cast<int32_t*>(dev_->buffer(cuda::Buf::Ids));
+  auto* w_d = static_cast<float*>(dev_->buffer(cuda::Buf::Weights));
+
+  // The plan (plan_sends, on the host) goes up to the device: dest per pair,
+  // token and destination per row, and each own token's returned rows.
+  const int64_t rows_out = send_off_[static_cast<size_t>(n)];
+  std::vector<int32_t>& row_dest = row_ids_;
+  row_dest.resize(static_cast<size_t>(rows_out));
+  for (int32_t d = 0; d < n; ++d)
+    for (int64_t j = send_off_[static_cast<size_t>(d)]; j < send_off_[static_cast<size_t>(d) + 1]; ++j)
+      row_dest[static_cast<size_t>(j)] = d;
+  std::fill(back_off_.begin(), back_off_.begin() + T + 1, 0);
+  for (int64_t j = 0; j < rows_out; ++j) ++back_off_[static_cast<size_t>(send_tok_[static_cast<size_t>(j)]) + 1];
+  for (int64_t t = 0; t < T; ++t) back_off_[static_cast<size_t>(t) + 1] += back_off_[static_cast<size_t>(t)];
+  for (int64_t j = 0; j < rows_out; ++j)
+    back_idx_[static_cast<size_t>(back_off_[static_cast<size_t>(send_tok_[static_cast<size_t>(j)])]++)] = j;
+  for (int64_t t = T; t > 0; --t) back_off_[static_cast<size_t>(t)] = back_off_[static_cast<size_t>(t) - 1];
+  back_off_[0] = 0;
+  std::vector<int32_t>& index = pair_rows_;  // host image of the index buffer
+  index.clear();
+  auto put = [&](const int32_t* p, size_t len) {
+    const size_t at = index.size();
+    index.insert(index.end(), p, p + len);
+    return at;
+  };
+  std::vector<int32_t> off32(static_cast<size_t>(T) + 1), idx32(static_cast<size_t>(rows_out));
+  for (int64_t t = 0; t <= T; ++t) off32[static_cast<size_t>(t)] = static_cast<int32_t>(back_off_[static_cast<size_t>(t)]);
+  for (int64_t j = 0; j < rows_out; ++j) idx32[static_cast<size_t>(j)] = static_cast<int32_t>(back_idx_[static_cast<size_t>(j)]);
+  const size_t at_dest = put(dest_.data(), static_cast<size_t>(T * K));
+  const size_t at_tok = put(send_tok_.data(), static_cast<size_t>(rows_out));
+  const size_t at_rd = put(row_dest.data(), static_cast<size_t>(rows_out));
+  const size_t at_off = put(off32.data(), off32.size());
+  const size_t at_idx = put(idx32.data(), idx32.size());
+  auto* idx_d = static_cast<int32_t*>(dev_->buffer(cuda::Buf::Index));
+  if (index.size() * 4 > dev_->buffer_bytes(cuda::Buf::Index)) fail(EP_MOE_ERR_INTERNAL, "index buffer too small");
+  dev_->copy(idx_d, index.data(), index.size() * 4, a.stream);
+
+  // 1. One row per (token, destination); pairs computed elsewhere are -1.
+  void* send = dev_->buffer(cuda::Buf::SendRows);
+  void* recv = dev_->buffer(cuda::Buf::RecvRows);
+  dev_->pack_rows(send, rows_out, rows_out, a.hidden, ids_d, w_d, idx_d + at_tok, idx_d + at_dest, idx_d + at_rd,
+                  a.stream);
+  int64_t R = 0;
+  for (int32_t p = 0; p < n; ++p) {
+    const int64_t c = count_matrix_[static_cast<size_t>(p) * (static_cast<size_t>(n) + 1) + 1 + static_cast<size_t>(me)];
+    recv_count_[static_cast<size_t>(p)] = static_cast<size_t>(c);
+    R += c;
+  }
+  for (int32_t d = 0; d < n; ++d) {
+    counts_[static_cast<size_t>(d)] = static_cast<size_t>(send_count_[static_cast<size_t>(d)]) * words;
+    recv_words_[static_cast<size_t>(d)] = recv_count_[static_cast<size_t>(d)] * words;
+  }
+  dev_collective(st.enter(), DevOp::AllToAllV, recv, send, 0, counts_.data(), recv_words_.data(), EP_MOE_DTYPE_I32,
+                 a.stream, false);
+
+  // 2. Experts on the rows received; partial sums back in the same order.
+  cuda::DeviceRows rows;
+  rows.n = R;
+  rows.x = dev_->buffer(cuda::Buf::AllX);
+  rows.ids = static_cast<int32_t*>(dev_->buffer(cuda::Buf::AllIds));
+  rows.w = static_cast<float*>(dev_->buffer(cuda::Buf::AllW));
+  rows.assigned = true;
+  rows.out = dev_->buffer(cuda::Buf::Partial);
+  dev_->unpack_rows(recv, R, const_cast<void*>(rows.x), const_cast<int32_t*>(rows.ids), const_cast<float*>(rows.w),
+                    a.stream);
+  dev_->compute(rows, a.stream);
+  dev_->set_stat_tokens(R);
+  void* ret = dev_->buffer(cuda::Buf::RetRecv);
+  for (int32_t d = 0; d < n; ++d) {
+    counts_[static_cast<size_t>(d)] = recv_count_[static_cast<size_t>(d)] * static_cast<size_t>(H);
+    recv_words_[static_cast<size_t>(d)] = static_cast<size_t>(send_count_[static_cast<size_t>(d)]) * static_cast<size_t>(H);
+  }
+  dev_collective(st.enter(), DevOp::AllToAllV, ret, rows.out, 0, counts_.data(), recv_words_.data(), adt, a.stream,
+                 false);
+
+  // 3. Own tokens: the shared expert (whole, replicated) plus the returned
+  //    rows, in the order they were sent.
+  const void* own = nullptr;
+  if (shared_count_ > 0 && T > 0) {
+    cuda::DeviceRows sh;
+    sh.n = T;
+    sh.x = a.hidden;
+    sh.shared_begin = 0;
+    sh.shared_end = T;
+    sh.out = dev_->buffer(cuda::Buf::Own);
+    dev_->compute(sh, a.stream);
+    own = sh.out;
+  }
+  dev_->sum_returned(a.out, own, ret, idx_d + at_off, idx_d + at_idx, T, a.stream);
+  dev_->sync(a.stream);  // the host plan arrays are reused by the next forward
+}
+
+}  // namespace ep_moe
