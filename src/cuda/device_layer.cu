@@ -9,8 +9,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <cstring>
-#include <unordered_map>
+#include <map>
+#include <tuple>
 #include <vector>
 
 #include "common/dtype.hpp"
@@ -360,28 +362,37 @@ __global__ void plan_scan_kernel(int n_local, int* meta, int32_t* offsets, int32
   if (active) atomicAdd(meta + n_local + 3, active);
 }
 
-__global__ void plan_fill_kernel(int64_t pairs, int K, const int32_t* pair_local, int32_t* cursor, int32_t* pair_pos,
-                                 int32_t* perm_tok) {
+// Padded layout: local slot l's rows start at l * pad.
+__global__ void padded_cursor_kernel(int n_local, int64_t pad, int32_t* cursor) {
+  for (int l = blockIdx.x * blockDim.x + threadIdx.x; l < n_local; l += gridDim.x * blockDim.x)
+    cursor[l] = static_cast<int32_t>(l * pad);
+}
+
+__global__ void plan_fill_kernel(int64_t pairs, const int32_t* pair_local, int32_t* cursor, int32_t* pair_pos) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= pairs) return;
   const int l = pair_local[i];
-  int pos = -1;
-  if (l >= 0) {
-    pos = atomicAdd(cursor + l, 1);
-    perm_tok[pos] = static_cast<int32_t>(i / K);
-  }
-  pair_pos[i] = pos;
+  pair_pos[i] = l >= 0 ? atomicAdd(cursor + l, 1) : -1;
 }
 
 // ------------------------------------------------------- data movement ---
 
-// Rows of `src` (token order) into expert order, converted to the GEMM type.
+// Rows of `src` (token order) into expert order, converted to the GEMM
+// type: one block per (token, k) pair, to the position the plan gave it.
 template <class A, class G>
-__global__ void permute_kernel(const A* src, const int32_t* perm_tok, const int32_t* total, int64_t H, G* dst) {
-  const int64_t pos = blockIdx.x;
-  if (pos >= *total) return;
-  const A* s = src + static_cast<int64_t>(perm_tok[pos]) * H;
-  G* d = dst + pos * H;
+__global__ void permute_kernel(const A* src, const int32_t* pair_pos, int K, int64_t H, G* dst) {
+  const int64_t i = blockIdx.x;
+  const int32_t pos = pair_pos[i];
+  if (pos < 0) return;
+  const A* s = src + (i / K) * H;
+  G* d = dst + static_cast<int64_t>(pos) * H;
+  constexpr int V = 16 / sizeof(G);
+  if (std::is_same<A, G>::value && H % V == 0) {  // rows 16-byte aligned: raw 16-byte copies
+    const uint4* s4 = reinterpret_cast<const uint4*>(s);
+    uint4* d4 = reinterpret_cast<uint4*>(d);
+    for (int64_t c = threadIdx.x; c < H / V; c += blockDim.x) d4[c] = s4[c];
+    return;
+  }
   for (int64_t c = threadIdx.x; c < H; c += blockDim.x) d[c] = cvt<G>(ld(s, c));
 }
 
@@ -430,7 +441,7 @@ __global__ void shared_gate_kernel(const A* x, const float* gate, int64_t H, flo
 // out[t] = sum_k w[t,k] y[pos[t,k]] (+ gs[t] ys[t - s0] for s0 <= t < s1),
 // one block per row; the k order is fixed, so the sum is the same whatever
 // the row positions. pair_pos NULL: no routed pairs.
-template <class A>
+template <class A, int V>
 __global__ void combine_kernel(const float* y, const int32_t* pair_pos, const float* pair_w, int K, const float* ys,
                                const float* gs, int64_t s0, int64_t s1, int64_t H, A* out) {
   const int64_t t = blockIdx.x;
@@ -443,12 +454,30 @@ __global__ void combine_kernel(const float* y, const int32_t* pair_pos, const fl
   __syncthreads();
   const bool shared = ys != nullptr && t >= s0 && t < s1;
   const float g = shared && gs ? gs[t - s0] : 1.0f;
-  for (int64_t c = threadIdx.x; c < H; c += blockDim.x) {
-    float acc = 0.0f;
-    for (int k = 0; k < K; ++k)
-      if (pos[k] >= 0) acc += wt[k] * y[static_cast<int64_t>(pos[k]) * H + c];
-    if (shared) acc += g * ys[(t - s0) * H + c];
-    out[t * H + c] = cvt<A>(acc);
+  // V consecutive columns per thread (16-byte loads of y when V = 4).
+  for (int64_t c = threadIdx.x * V; c < H; c += static_cast<int64_t>(blockDim.x) * V) {
+    float acc[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[v] = 0.0f;
+    for (int k = 0; k < K; ++k) {
+      if (pos[k] < 0) continue;
+      const float* yr = y + static_cast<int64_t>(pos[k]) * H + c;
+      if constexpr (V == 4) {
+        const float4 q = *reinterpret_cast<const float4*>(yr);
+        acc[0] += wt[k] * q.x;
+        acc[1] += wt[k] * q.y;
+        acc[2] += wt[k] * q.z;
+        acc[3] += wt[k] * q.w;
+      } else {
+        acc[0] += wt[k] * yr[0];
+      }
+    }
+    if (shared) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[v] += g * ys[(t - s0) * H + c + v];
+    }
+#pragma unroll
+    for (int v = 0; v < V; ++v) out[t * H + c + v] = cvt<A>(acc[v]);
   }
 }
 
@@ -513,40 +542,67 @@ __global__ void sum_returned_kernel(A* out, const A* own, const A* ret, const in
 
 // ---------------------------------------------------------- grouped GEMM ---
 
-// out[r, j] = in[r, :] . W_l[j, :] for the rows [off[l], off[l+1]) of each
-// group l (one group of `rows` rows when `off` is null). One warp per output
-// column and up to 4 rows at a time: each weight row is read from memory
-// once per 4 rows, which is what small decode batches need.
-template <class G, int VEC>
+// out[r, j] = in[r, :] . W_l[j, :] for the rows of each group l: [off[l],
+// off[l+1]) when `pad` is 0, else [l*pad, l*pad + cnt[l]); one group of
+// `rows` rows when `off` is null. Each warp computes two output columns at
+// a time (sharing the loads of the rows), kRows rows at a time, so each
+// weight row is read from memory once per kRows rows (what small decode
+// batches need); a block covers 16 * kPasses columns, so that blocks are
+// few enough for their launch not to dominate yet enough to fill the GPU.
+template <class G, int VEC, int kRows>
 __global__ void __launch_bounds__(256) grouped_gemm_kernel(const G* in, const G* W, int64_t w_stride, float* out,
-                                                           const int32_t* off, int64_t rows, int N, int Kd) {
-  constexpr int kRows = 4;
-  const int lane = threadIdx.x & 31;
-  const int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+                                                           const int32_t* off, const int* cnt, int64_t pad,
+                                                           int64_t rows, int N, int Kd, int kPasses) {
+  constexpr int kCols = 2;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int l = blockIdx.y;
-  const int64_t r0 = off ? off[l] : 0, r1 = off ? off[l + 1] : rows;
-  if (j >= N || r0 >= r1) return;
-  const G* wr = W + l * w_stride + static_cast<int64_t>(j) * Kd;
-  for (int64_t rb = r0; rb < r1; rb += kRows) {
-    const int nr = r1 - rb < kRows ? static_cast<int>(r1 - rb) : kRows;
-    float acc[kRows] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int c = lane * VEC; c < Kd; c += 32 * VEC) {
-      float wv[VEC];
-      ld_vec<G, VEC>(wr + c, wv);
+  int64_t r0 = 0, r1 = rows;
+  if (off && pad == 0) {
+    r0 = off[l];
+    r1 = off[l + 1];
+  } else if (pad > 0) {
+    r0 = l * pad;
+    r1 = r0 + cnt[l];
+  }
+  if (r0 >= r1) return;
+  const G* Wl = W + l * w_stride;
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int j0 = ((static_cast<int>(blockIdx.x) * kPasses + pass) * warps + warp) * kCols;
+    if (j0 >= N) break;
+    const bool two = j0 + 1 < N;
+    const G* w0 = Wl + static_cast<int64_t>(j0) * Kd;
+    const G* w1 = two ? w0 + Kd : w0;
+    for (int64_t rb = r0; rb < r1; rb += kRows) {
+      const int nr = r1 - rb < kRows ? static_cast<int>(r1 - rb) : kRows;
+      float acc0[kRows], acc1[kRows];
 #pragma unroll
-      for (int q = 0; q < kRows; ++q) {
-        if (q < nr) {
-          float xv[VEC];
-          ld_vec<G, VEC>(in + (rb + q) * Kd + c, xv);
+      for (int q = 0; q < kRows; ++q) acc0[q] = acc1[q] = 0.0f;
+#pragma unroll 2
+      for (int c = lane * VEC; c < Kd; c += 32 * VEC) {
+        float a[VEC], b[VEC];
+        ld_vec<G, VEC>(w0 + c, a);
+        ld_vec<G, VEC>(w1 + c, b);
 #pragma unroll
-          for (int v = 0; v < VEC; ++v) acc[q] = fmaf(wv[v], xv[v], acc[q]);
+        for (int q = 0; q < kRows; ++q) {
+          if (q < nr) {
+            float xv[VEC];
+            ld_vec<G, VEC>(in + (rb + q) * Kd + c, xv);
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+              acc0[q] = fmaf(a[v], xv[v], acc0[q]);
+              acc1[q] = fmaf(b[v], xv[v], acc1[q]);
+            }
+          }
         }
       }
-    }
 #pragma unroll
-    for (int q = 0; q < kRows; ++q) {
-      const float s = warp_sum(acc[q]);
-      if (lane == 0 && q < nr) out[(rb + q) * N + j] = s;
+      for (int q = 0; q < kRows; ++q) {
+        const float s0 = warp_sum(acc0[q]), s1 = warp_sum(acc1[q]);
+        if (lane == 0 && q < nr) {
+          out[(rb + q) * N + j0] = s0;
+          if (two) out[(rb + q) * N + j0 + 1] = s1;
+        }
+      }
     }
   }
 }
@@ -650,12 +706,17 @@ class CudaLayer final : public DeviceLayer {
   Buffer& buf(Buf b) { return bufs_[static_cast<int>(b)]; }
   // Y[n, N] = X[n, Kd] W^T in f32 through cuBLASLt; false when it offers no
   // algorithm for these shapes and alignments (the caller falls back).
+  // batch > 1: `batch` groups of n rows each, strided (weights N Kd apart,
+  // rows n Kd, results n N).
   bool lt_gemm(Gemm kind, ep_moe_dtype_t dt, const void* W, const void* X, float* Y, int64_t n, int N, int Kd,
-               cudaStream_t s);
+               cudaStream_t s, int batch);
   // The same for groups of rows, with per-group weights; `off` on the
   // device (null: one group of `rows` rows).
+  // (`cnt`, `pad`: group l's rows are [l pad, l pad + cnt[l]) when pad > 0.)
+  // `rows_hint`: the expected rows per group, which picks the tile shape.
   void grouped_gemm(ep_moe_dtype_t dt, const void* X, const void* W, int64_t w_stride, float* Y, const int32_t* off,
-                    int groups, int64_t rows, int N, int Kd, cudaStream_t s);
+                    const int* cnt, int64_t pad, int groups, int64_t rows, int N, int Kd, cudaStream_t s,
+                    int64_t rows_hint);
   void act(const float* h, void* a, const int32_t* rows_dev, int64_t rows, int64_t I, cudaStream_t s);
   void check_errors(const int* hm);
 
@@ -666,7 +727,8 @@ class CudaLayer final : public DeviceLayer {
   cublasLtHandle_t lt_ = nullptr;
   cublasLtMatmulDesc_t mm_ = nullptr;
   DevBuf lt_ws_;
-  std::unordered_map<uint64_t, std::pair<bool, cublasLtMatmulAlgo_t>> algos_;
+  using AlgoKey = std::tuple<int, int, int, int64_t, int>;  // kind, dtype, alignment, rows, batch
+  std::map<AlgoKey, std::pair<bool, cublasLtMatmulAlgo_t>> algos_;
 
   // Weights.
   DevBuf w_gu_, w_down_, s_gu_, s_down_, router_, bias_, s_gate_;
@@ -674,7 +736,7 @@ class CudaLayer final : public DeviceLayer {
   // Placement tables.
   DevBuf rep_begin_, rep_slots_, slot_rank_, g2l_;
   // Workspace of compute(), sized for max_rows.
-  DevBuf pair_local_, pair_w_, pair_pos_, perm_tok_, offsets_, cursor_, meta_;
+  DevBuf pair_local_, pair_w_, pair_pos_, offsets_, cursor_, meta_;
   DevBuf xperm_, h_, a_, y_, xs_, hs_, as_, ys_, gs_, xf_, logits_;
   // Workspace of the distributed flows (buffer()).
   DevBuf flow_[12];
@@ -684,7 +746,7 @@ class CudaLayer final : public DeviceLayer {
   cudaEvent_t ev_[4] = {};        // start, routed+permuted, experts, combined
   cudaEvent_t ev_meta_ = nullptr;
   bool capturing_ = false, have_stats_ = false, have_times_ = false, routed_ = false;
-  int64_t last_shared_rows_ = 0;
+  int64_t last_shared_rows_ = 0, cap_rows_ = 0;
   DeviceStats last_;
   int64_t last_rows_ = 0, tokens_override_ = -1;
   size_t meta_ints_ = 0;
@@ -726,15 +788,17 @@ CudaLayer::CudaLayer(const DeviceLayerDesc& d) : d_(d), gdt_(d.weight_dtype), ge
   pair_local_.alloc(sz(P) * 4, "workspace");
   pair_w_.alloc(sz(P) * 4, "workspace");
   pair_pos_.alloc(sz(P) * 4, "workspace");
-  perm_tok_.alloc(sz(P) * 4, "workspace");
   offsets_.alloc(sz(L + 1) * 4, "workspace");
   cursor_.alloc(sz(L) * 4, "workspace");
   meta_ints_ = static_cast<size_t>(L + 5);
   meta_.alloc(meta_ints_ * 4, "workspace");
-  xperm_.alloc(sz(P * H) * ges_, "workspace");
-  h_.alloc(sz(P * 2 * I) * 4, "workspace");
-  a_.alloc(sz(P * I) * ges_, "workspace");
-  y_.alloc(sz(P * H) * 4, "workspace");
+  // The expert rows: room for the pairs plus half again, so that the padded
+  // (one call per GEMM) layout fits when the experts' counts are uneven.
+  cap_rows_ = std::max<int64_t>(P + P / 2, L * std::min<int64_t>(d.sync_free_tokens, R));
+  xperm_.alloc(sz(cap_rows_ * H) * ges_, "workspace");
+  h_.alloc(sz(cap_rows_ * 2 * I) * 4, "workspace");
+  a_.alloc(sz(cap_rows_ * I) * ges_, "workspace");
+  y_.alloc(sz(cap_rows_ * H) * 4, "workspace");
   if (S > 0) {
     xs_.alloc(sz(R * H) * ges_, "workspace");
     hs_.alloc(sz(R * 2 * S) * 4, "workspace");
@@ -770,7 +834,7 @@ CudaLayer::CudaLayer(const DeviceLayerDesc& d) : d_(d), gdt_(d.weight_dtype), ge
     buf(Buf::StageIn) = Buffer{staging_[0], d.staging_bytes};
     buf(Buf::StageOut) = Buffer{staging_[1], d.staging_bytes};
   }
-  check(cudaMallocHost(reinterpret_cast<void**>(&host_meta_), (meta_ints_ + static_cast<size_t>(L) + 1) * 4),
+  check(cudaMallocHost(reinterpret_cast<void**>(&host_meta_), (meta_ints_ + 2 * static_cast<size_t>(L) + 1) * 4),
         "pinned host buffer");
   for (auto& e : ev_) check(cudaEventCreate(&e), "cudaEventCreate");
   check(cudaEventCreateWithFlags(&ev_meta_, cudaEventDisableTiming), "cudaEventCreate");
@@ -846,10 +910,9 @@ void CudaLayer::upload(Part part, int32_t slot, int64_t row0, const cpu::Source&
 }
 
 bool CudaLayer::lt_gemm(Gemm kind, ep_moe_dtype_t dt, const void* W, const void* X, float* Y, int64_t n, int N,
-                        int Kd, cudaStream_t s) {
+                        int Kd, cudaStream_t s, int batch) {
   const int align = std::min({alignment_of(W), alignment_of(X), alignment_of(Y)});
-  const uint64_t key = static_cast<uint64_t>(kind) | static_cast<uint64_t>(dt) << 4 |
-                       static_cast<uint64_t>(align) << 8 | static_cast<uint64_t>(n) << 20;
+  const AlgoKey key{static_cast<int>(kind), static_cast<int>(dt), align, n, batch};
   const cudaDataType_t ct = cuda_type(dt);
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   struct Layouts {
@@ -863,6 +926,15 @@ bool CudaLayer::lt_gemm(Gemm kind, ep_moe_dtype_t dt, const void* W, const void*
   check_lt(cublasLtMatrixLayoutCreate(&lb, ct, static_cast<uint64_t>(Kd), static_cast<uint64_t>(n), Kd), "layout B");
   check_lt(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, static_cast<uint64_t>(N), static_cast<uint64_t>(n), N),
            "layout D");
+  if (batch > 1) {  // one strided batch: group g at W + g N Kd, X + g n Kd, Y + g n N
+    const int32_t bc = batch;
+    const int64_t sa = static_cast<int64_t>(N) * Kd, sb = n * Kd, sc = n * N;
+    for (auto& [l, st] : {std::pair<cublasLtMatrixLayout_t, int64_t>{la, sa}, {lb, sb}, {lc, sc}}) {
+      check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc), "batch");
+      check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &st, sizeof st),
+               "batch stride");
+    }
+  }
   auto it = algos_.find(key);
   if (it == algos_.end()) {
     cublasLtMatmulPreference_t pref = nullptr;
@@ -890,9 +962,14 @@ bool CudaLayer::lt_gemm(Gemm kind, ep_moe_dtype_t dt, const void* W, const void*
 }
 
 void CudaLayer::grouped_gemm(ep_moe_dtype_t dt, const void* X, const void* W, int64_t w_stride, float* Y,
-                             const int32_t* off, int groups, int64_t rows, int N, int Kd, cudaStream_t s) {
+                             const int32_t* off, const int* cnt, int64_t pad, int groups, int64_t rows, int N, int Kd,
+                             cudaStream_t s, int64_t rows_hint) {
   if (groups <= 0) return;
-  const dim3 grid(static_cast<unsigned>((N + 7) / 8), static_cast<unsigned>(groups));
+  // Few rows per group: one pass (more blocks) and 4-row tiles; more rows:
+  // 16-row tiles, so each weight row streams from memory once.
+  const bool many = rows_hint > 6;
+  const int passes = rows_hint > 2 ? 2 : 1;
+  const dim3 grid(static_cast<unsigned>((N + 16 * passes - 1) / (16 * passes)), static_cast<unsigned>(groups));
   const bool vec = (Kd * static_cast<int64_t>(dtype_size(dt))) % 16 == 0 && alignment_of(X) >= 16 &&
                    alignment_of(W) >= 16 && (w_stride * static_cast<int64_t>(dtype_size(dt))) % 16 == 0;
   with_type(dt, [&](auto* tag) {
@@ -900,10 +977,12 @@ void CudaLayer::grouped_gemm(ep_moe_dtype_t dt, const void* X, const void* W, in
     constexpr int V = 16 / sizeof(G);
     const G* x = static_cast<const G*>(X);
     const G* w = static_cast<const G*>(W);
-    if (vec)
-      grouped_gemm_kernel<G, V><<<grid, 256, 0, s>>>(x, w, w_stride, Y, off, rows, N, Kd);
+    if (vec && many)
+      grouped_gemm_kernel<G, V, 16><<<grid, 256, 0, s>>>(x, w, w_stride, Y, off, cnt, pad, rows, N, Kd, passes);
+    else if (vec)
+      grouped_gemm_kernel<G, V, 4><<<grid, 256, 0, s>>>(x, w, w_stride, Y, off, cnt, pad, rows, N, Kd, passes);
     else
-      grouped_gemm_kernel<G, 1><<<grid, 256, 0, s>>>(x, w, w_stride, Y, off, rows, N, Kd);
+      grouped_gemm_kernel<G, 1, 4><<<grid, 256, 0, s>>>(x, w, w_stride, Y, off, cnt, pad, rows, N, Kd, passes);
   });
   check_launch("grouped GEMM kernel");
 }
@@ -953,9 +1032,9 @@ void CudaLayer::route(const DeviceForward& f, int32_t* ids, float* w) {
       });
       check_launch("convert kernel");
       if (!lt_gemm(Gemm::Router, EP_MOE_DTYPE_F32, router_.p, xf_.p, logits_.as<float>(), T, static_cast<int>(E),
-                   static_cast<int>(H), s))
-        grouped_gemm(EP_MOE_DTYPE_F32, xf_.p, router_.p, 0, logits_.as<float>(), nullptr, 1, T, static_cast<int>(E),
-                     static_cast<int>(H), s);
+                   static_cast<int>(H), s, 1))
+        grouped_gemm(EP_MOE_DTYPE_F32, xf_.p, router_.p, 0, logits_.as<float>(), nullptr, nullptr, 0, 1, T, static_cast<int>(E),
+                     static_cast<int>(H), s, T);
       logits = logits_.p;
       ldt = EP_MOE_DTYPE_F32;
     }
@@ -1027,6 +1106,12 @@ void CudaLayer::compute(const DeviceRows& r, void* stream) {
   const int64_t s1 = S > 0 ? std::min<int64_t>(n, r.shared_end) : 0;
   const int64_t sn = std::max<int64_t>(0, s1 - s0);
 
+  // Plan: counts per local slot and their offsets. On the synchronising
+  // path the counts come to the host here; when the experts' row counts are
+  // even enough, each expert gets a slot of `pad` rows and each GEMM is one
+  // strided-batched cuBLASLt call instead of one call per expert.
+  int64_t pad = 0;
+  const int32_t* hoff = nullptr;
   if (P > 0) {
     PlanArgs pa{P, static_cast<int>(K), d_.num_experts, d_.ep_rank, d_.my_slot_begin, L, d_.weight_zero, r.assigned,
                 rep_begin_.as<int32_t>(), rep_slots_.as<int32_t>(), slot_rank_.as<int32_t>(), g2l_.as<int32_t>()};
@@ -1039,9 +1124,42 @@ void CudaLayer::compute(const DeviceRows& r, void* stream) {
     } else {
       check(cudaMemsetAsync(offsets, 0, 4, s), "clear offsets");
     }
-    plan_fill_kernel<<<grid_for(P, 256), 256, 0, s>>>(P, static_cast<int>(K), pair_local_.as<int32_t>(),
-                                                      cursor_.as<int32_t>(), pair_pos_.as<int32_t>(),
-                                                      perm_tok_.as<int32_t>());
+    if (sync_free && !d_.weight_zero && L > 0 && L * n <= cap_rows_) {
+      // No counts on the host, but no expert gets more than n rows (a
+      // token picks an expert once): when most experts are likely active
+      // (uniform routing: 1 - (1 - K/E)^n of them), a slot of n rows each
+      // and one strided-batched cuBLASLt call per GEMM read each expert's
+      // weights once at full speed; with few active experts the grouped
+      // kernel, which skips the idle ones, reads less.
+      const double active = 1.0 - std::pow(1.0 - static_cast<double>(K) / d_.num_experts, static_cast<double>(n));
+      if (active >= 0.5) {
+        pad = n;
+        padded_cursor_kernel<<<grid_for(L, 256), 256, 0, s>>>(L, pad, cursor_.as<int32_t>());
+        check_launch("padded slots");
+      }
+    }
+    if (!sync_free) {
+      // The one synchronisation: the per-expert counts (and any input error).
+      int* hm = host_meta_;
+      int32_t* ho = host_meta_ + meta_ints_;
+      check(cudaMemcpyAsync(hm, meta, meta_ints_ * 4, cudaMemcpyDeviceToHost, s), "read counts");
+      check(cudaMemcpyAsync(ho, offsets, static_cast<size_t>(L + 1) * 4, cudaMemcpyDeviceToHost, s), "read offsets");
+      check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+      check_errors(hm);
+      hoff = ho;
+      int64_t most = 0;
+      for (int l = 0; l < L; ++l) most = std::max<int64_t>(most, hoff[l + 1] - hoff[l]);
+      const int64_t used = hoff[L];
+      if (L > 1 && most > 0 && L * most <= cap_rows_ && L * most <= 2 * used) {
+        pad = most;
+        int32_t* starts = ho + L + 1;
+        for (int l = 0; l < L; ++l) starts[l] = static_cast<int32_t>(l * pad);
+        check(cudaMemcpyAsync(cursor_.p, starts, static_cast<size_t>(L) * 4, cudaMemcpyHostToDevice, s),
+              "padded slots");
+      }
+    }
+    plan_fill_kernel<<<grid_for(P, 256), 256, 0, s>>>(P, pair_local_.as<int32_t>(), cursor_.as<int32_t>(),
+                                                      pair_pos_.as<int32_t>());
     check_launch("plan fill kernel");
   }
   with_type(adt, [&](auto* ta) {
@@ -1050,8 +1168,8 @@ void CudaLayer::compute(const DeviceRows& r, void* stream) {
     with_type(gdt_, [&](auto* tg) {
       using G = std::remove_pointer_t<decltype(tg)>;
       if (P > 0)
-        permute_kernel<A, G><<<static_cast<unsigned>(P), 128, 0, s>>>(x, perm_tok_.as<int32_t>(), total, H,
-                                                                     xperm_.as<G>());
+        permute_kernel<A, G><<<static_cast<unsigned>(P), 128, 0, s>>>(x, pair_pos_.as<int32_t>(),
+                                                                     static_cast<int>(K), H, xperm_.as<G>());
       if (sn > 0)
         convert_kernel<A, G><<<grid_for(sn * H, 256), 256, 0, s>>>(x + s0 * H, xs_.as<G>(), sn * H);
       if (d_.shared_gate && sn > 0)
@@ -1064,20 +1182,20 @@ void CudaLayer::compute(const DeviceRows& r, void* stream) {
 
   // Routed experts.
   const int64_t wgu_stride = 2 * I * H, wd_stride = H * I;
-  if (P > 0 && sync_free) {
-    grouped_gemm(gdt_, xperm_.p, w_gu_.p, wgu_stride, h_.as<float>(), offsets, L, 0, static_cast<int>(2 * I),
-                 static_cast<int>(H), s);
+  const int gu_n = static_cast<int>(2 * I), h_n = static_cast<int>(H), i_n = static_cast<int>(I);
+  // Rows an active expert is expected to get (the grouped kernel's shape).
+  const int64_t hint = L > 0 ? (P + L * d_.ep_size - 1) / (static_cast<int64_t>(L) * d_.ep_size) : P;
+  if (P > 0 && sync_free && pad == 0) {
+    grouped_gemm(gdt_, xperm_.p, w_gu_.p, wgu_stride, h_.as<float>(), offsets, nullptr, 0, L, 0, gu_n, h_n, s, hint);
     act(h_.as<float>(), a_.p, total, P, I, s);
-    grouped_gemm(gdt_, a_.p, w_down_.p, wd_stride, y_.as<float>(), offsets, L, 0, static_cast<int>(H),
-                 static_cast<int>(I), s);
+    grouped_gemm(gdt_, a_.p, w_down_.p, wd_stride, y_.as<float>(), offsets, nullptr, 0, L, 0, h_n, i_n, s, hint);
+  } else if (P > 0 && pad > 0) {
+    if (!lt_gemm(Gemm::GateUp, gdt_, w_gu_.p, xperm_.p, h_.as<float>(), pad, gu_n, h_n, s, L))
+      grouped_gemm(gdt_, xperm_.p, w_gu_.p, wgu_stride, h_.as<float>(), nullptr, meta, pad, L, 0, gu_n, h_n, s, hint);
+    act(h_.as<float>(), a_.p, nullptr, L * pad, I, s);
+    if (!lt_gemm(Gemm::Down, gdt_, w_down_.p, a_.p, y_.as<float>(), pad, h_n, i_n, s, L))
+      grouped_gemm(gdt_, a_.p, w_down_.p, wd_stride, y_.as<float>(), nullptr, meta, pad, L, 0, h_n, i_n, s, hint);
   } else if (P > 0) {
-    // The one synchronisation: the per-expert counts (and any input error).
-    int* hm = host_meta_;
-    int32_t* hoff = host_meta_ + meta_ints_;
-    check(cudaMemcpyAsync(hm, meta, meta_ints_ * 4, cudaMemcpyDeviceToHost, s), "read counts");
-    check(cudaMemcpyAsync(hoff, offsets, static_cast<size_t>(L + 1) * 4, cudaMemcpyDeviceToHost, s), "read offsets");
-    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-    check_errors(hm);
     const char* xp = xperm_.as<char>();
     const char* ap = a_.as<char>();
     bool lt_ok = true;
@@ -1085,47 +1203,50 @@ void CudaLayer::compute(const DeviceRows& r, void* stream) {
       const int64_t m = hoff[l + 1] - hoff[l];
       if (m == 0) continue;
       lt_ok = lt_gemm(Gemm::GateUp, gdt_, w_gu_.as<char>() + l * wgu_stride * static_cast<int64_t>(ges_),
-                      xp + hoff[l] * H * static_cast<int64_t>(ges_), h_.as<float>() + hoff[l] * 2 * I, m,
-                      static_cast<int>(2 * I), static_cast<int>(H), s);
+                      xp + hoff[l] * H * static_cast<int64_t>(ges_), h_.as<float>() + hoff[l] * 2 * I, m, gu_n, h_n,
+                      s, 1);
     }
     if (!lt_ok)
-      grouped_gemm(gdt_, xperm_.p, w_gu_.p, wgu_stride, h_.as<float>(), offsets, L, 0, static_cast<int>(2 * I),
-                   static_cast<int>(H), s);
-    const int64_t rows = hoff[L];
-    act(h_.as<float>(), a_.p, nullptr, rows, I, s);
+      grouped_gemm(gdt_, xperm_.p, w_gu_.p, wgu_stride, h_.as<float>(), offsets, nullptr, 0, L, 0, gu_n, h_n, s, hint);
+    act(h_.as<float>(), a_.p, nullptr, hoff[L], I, s);
     lt_ok = true;
     for (int l = 0; l < L && lt_ok; ++l) {
       const int64_t m = hoff[l + 1] - hoff[l];
       if (m == 0) continue;
       lt_ok = lt_gemm(Gemm::Down, gdt_, w_down_.as<char>() + l * wd_stride * static_cast<int64_t>(ges_),
-                      ap + hoff[l] * I * static_cast<int64_t>(ges_), y_.as<float>() + hoff[l] * H, m,
-                      static_cast<int>(H), static_cast<int>(I), s);
+                      ap + hoff[l] * I * static_cast<int64_t>(ges_), y_.as<float>() + hoff[l] * H, m, h_n, i_n, s, 1);
     }
     if (!lt_ok)
-      grouped_gemm(gdt_, a_.p, w_down_.p, wd_stride, y_.as<float>(), offsets, L, 0, static_cast<int>(H),
-                   static_cast<int>(I), s);
+      grouped_gemm(gdt_, a_.p, w_down_.p, wd_stride, y_.as<float>(), offsets, nullptr, 0, L, 0, h_n, i_n, s, hint);
   }
   // Shared expert shard on its rows (their count is known on the host).
   if (sn > 0) {
     if (!lt_gemm(Gemm::SharedGateUp, gdt_, s_gu_.p, xs_.p, hs_.as<float>(), sn, static_cast<int>(2 * S),
-                 static_cast<int>(H), s))
-      grouped_gemm(gdt_, xs_.p, s_gu_.p, 0, hs_.as<float>(), nullptr, 1, sn, static_cast<int>(2 * S),
-                   static_cast<int>(H), s);
+                 static_cast<int>(H), s, 1))
+      grouped_gemm(gdt_, xs_.p, s_gu_.p, 0, hs_.as<float>(), nullptr, nullptr, 0, 1, sn, static_cast<int>(2 * S),
+                   static_cast<int>(H), s, sn);
     act(hs_.as<float>(), as_.p, nullptr, sn, S, s);
     if (!lt_gemm(Gemm::SharedDown, gdt_, s_down_.p, as_.p, ys_.as<float>(), sn, static_cast<int>(H),
-                 static_cast<int>(S), s))
-      grouped_gemm(gdt_, as_.p, s_down_.p, 0, ys_.as<float>(), nullptr, 1, sn, static_cast<int>(H),
-                   static_cast<int>(S), s);
+                 static_cast<int>(S), s, 1))
+      grouped_gemm(gdt_, as_.p, s_down_.p, 0, ys_.as<float>(), nullptr, nullptr, 0, 1, sn, static_cast<int>(H),
+                   static_cast<int>(S), s, sn);
   }
   if (timed) check(cudaEventRecord(ev_[2], s), "cudaEventRecord");
 
   // Combine into the output rows (act dtype).
   with_type(adt, [&](auto* ta) {
     using A = std::remove_pointer_t<decltype(ta)>;
-    combine_kernel<A><<<static_cast<unsigned>(n), 128, 0, s>>>(
-        y_.as<float>(), P > 0 ? pair_pos_.as<int32_t>() : nullptr, pair_w_.as<float>(), static_cast<int>(K),
-        sn > 0 ? ys_.as<float>() : nullptr, d_.shared_gate && sn > 0 ? gs_.as<float>() : nullptr, s0, s1, H,
-        static_cast<A*>(r.out));
+    const float* ysp = sn > 0 ? ys_.as<float>() : nullptr;
+    const float* gsp = d_.shared_gate && sn > 0 ? gs_.as<float>() : nullptr;
+    const int32_t* pp = P > 0 ? pair_pos_.as<int32_t>() : nullptr;
+    if (H % 4 == 0)  // rows of y are then 16-byte aligned
+      combine_kernel<A, 4><<<static_cast<unsigned>(n), 128, 0, s>>>(y_.as<float>(), pp, pair_w_.as<float>(),
+                                                                  static_cast<int>(K), ysp, gsp, s0, s1, H,
+                                                                  static_cast<A*>(r.out));
+    else
+      combine_kernel<A, 1><<<static_cast<unsigned>(n), 128, 0, s>>>(y_.as<float>(), pp, pair_w_.as<float>(),
+                                                                  static_cast<int>(K), ysp, gsp, s0, s1, H,
+                                                                  static_cast<A*>(r.out));
   });
   check_launch("combine kernel");
   if (timed) {

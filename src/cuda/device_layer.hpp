@@ -34,7 +34,7 @@ struct DeviceLayerDesc {
   int64_t max_tokens = 0;
   int32_t sync_free_tokens = 0;
   // Placement: local slots, this rank, and per expert its replica slots.
-  int32_t num_local = 0, ep_rank = 0, my_slot_begin = 0;
+  int32_t num_local = 0, ep_rank = 0, ep_size = 1, my_slot_begin = 0;
   std::vector<int32_t> replica_begin, replica_slots, slot_rank;
   std::vector<int32_t> global_to_local;  // [E]: local slot of an expert, -1 when not here
   // Workspace of the distributed flows (rows after the DP gather or the

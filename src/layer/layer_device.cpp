@@ -83,6 +83,7 @@ void Layer::setup_device() {
   d.sync_free_tokens = std::min(c.sync_free_tokens, c.max_tokens);
   d.num_local = static_cast<int32_t>(experts_.size());
   d.ep_rank = map_.ep_rank();
+  d.ep_size = map_.ep_size();
   d.my_slot_begin = map_.rank_slot_begin()[static_cast<size_t>(map_.ep_rank())];
   d.replica_begin = replica_begin_;
   d.replica_slots = replica_slots_;

@@ -57,6 +57,7 @@ struct Case {
   int skip_mode = EP_MOE_SKIP_TOKENS;
   int sync_free = 16;
   bool device_weights = false;  // weights given as device buffers of the weight dtype
+  bool skew = false;            // given top-k: every token picks expert 0 (uneven expert counts)
 };
 
 double tolerance(int adt, int wdt) {
@@ -192,6 +193,7 @@ Step draw(const Case& c, int T, const ref::Weights& w, const std::vector<float>&
         std::vector<int> perm(static_cast<size_t>(s.E));
         std::iota(perm.begin(), perm.end(), 0);
         std::shuffle(perm.begin(), perm.end(), rng);
+        if (c.skew) std::swap(perm[0], *std::find(perm.begin(), perm.end(), 0));
         ids.assign(perm.begin(), perm.begin() + s.K);
         wts.clear();
         for (int k = 0; k < s.K; ++k) {
@@ -773,6 +775,15 @@ std::vector<Case> cases() {
     c.ep = 2;
     c.tokens = {33, 7};
     c.device_weights = true;
+    v.push_back(c);
+  }
+  {
+    Case c = base("skewed top-k (one expert in every token), bf16 ep2", 128, 64, 32, 2);
+    c.wdt = c.adt = ref::BF16;
+    c.ep = 2;
+    c.mode = 1;
+    c.skew = true;
+    c.tokens = {200, 40};
     v.push_back(c);
   }
   {

@@ -18,6 +18,10 @@ t0=$(date +%s)
 
 if [ ! -x "$build/tests/cuda_layer_test" ] || [ ! -x "$build/bench/ep_moe_cuda_bench" ]; then
   log "building $build"
+  # Debian/Ubuntu packages the build needs (nlohmann-json, catch2...), when apt is there.
+  if command -v apt-get >/dev/null && command -v dpkg-query >/dev/null; then scripts/deps.sh build || exit 1
+    for p in catch2; do dpkg-query -W "$p" >/dev/null 2>&1 || apt-get install -y -qq "$p" >/dev/null || exit 1; done
+  fi
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEP_MOE_WITH_CUDA=ON -DEP_MOE_WITH_MPI=OFF \
     -DEP_MOE_BUILD_DOCS=OFF -DEP_MOE_BUILD_TESTS=ON >/dev/null || exit 1
   cmake --build "$build" --target cuda_layer_test nccl_test ep_moe_cuda_bench || exit 1
