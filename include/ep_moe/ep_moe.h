@@ -1101,7 +1101,10 @@ typedef enum ep_moe_weight {
  * expert with no slot on this rank is skipped (`*out_stored` = 0) and not
  * read. The shared expert is given full size; this rank keeps its shard
  * (gate/up rows, down columns). Data is converted to the layer's weight
- * dtype and repacked; the buffer is read during the call only.
+ * dtype and repacked; the buffer is read during the call only. A CUDA layer
+ * (config `device` >= 0) takes host or device memory: a device buffer
+ * already in the weight dtype is copied on the device, others are converted
+ * through the host.
  * \param[out] out_stored 1 when stored, 0 when skipped as non-local; may be NULL.
  * \param[in,out] layer   The handle.
  * \param[in]  which      ::ep_moe_weight_t.
@@ -1170,6 +1173,20 @@ EP_MOE_API ep_moe_status_t ep_moe_forward_args_init(ep_moe_forward_args_t* out);
  * (variable-length) gather. The padded gather is reduced with ONE
  * reduce-scatter when the DP group is the EP group, else with an all-reduce
  * and a slice, as is the compact gather.
+ *
+ * CUDA layers: `hidden`, `router_logits`, `topk_ids`, `topk_weights` and
+ * `out` are device pointers (`dp_*` stay on the host), and the work is
+ * enqueued on `stream`. A forward of at most `sync_free_tokens` rows (after
+ * the DP gather) in the all-gather flow, or any forward on a stream being
+ * captured, returns without waiting for the device, can be captured in a
+ * CUDA graph (with an NCCL communicator or none), and does not check
+ * device-resident values: NaN logits give NaN rows, out-of-range ids are
+ * dropped. Larger forwards synchronise once to read the per-expert counts
+ * and check the values. Without a collective the output may still be being
+ * written on `stream` when the call returns. The all-to-all flow plans on
+ * the host (it synchronises, and cannot be captured); host communicators are
+ * staged through pinned memory (synchronising; capturing them returns
+ * ::EP_MOE_ERR_UNSUPPORTED).
  * \param[in,out] layer The handle.
  * \param[in]     args  The tensors and DP metadata.
  * \return ::EP_MOE_OK; ::EP_MOE_ERR_INVALID_ARGUMENT (sizes, NULL buffers,
@@ -1177,7 +1194,7 @@ EP_MOE_API ep_moe_status_t ep_moe_forward_args_init(ep_moe_forward_args_t* out);
  *         inconsistent DP counts: nothing is written to `out`);
  *         ::EP_MOE_ERR_STATE when a weight is missing; ::EP_MOE_ERR_REMOTE
  *         when another rank failed; ::EP_MOE_ERR_TIMEOUT;
- *         ::EP_MOE_ERR_ABORTED.
+ *         ::EP_MOE_ERR_ABORTED; ::EP_MOE_ERR_DEVICE when a CUDA call failed.
  */
 EP_MOE_API ep_moe_status_t ep_moe_layer_forward(ep_moe_layer_t* layer, const ep_moe_forward_args_t* args);
 
@@ -1204,7 +1221,7 @@ typedef enum ep_moe_layer_attr {
   EP_MOE_LAYER_ATTR_REPLACE_BYTES_READ = 18,     /**< Bytes this rank read from the checkpoint in the last ep_moe_layer_replace(). */
   EP_MOE_LAYER_ATTR_REPLACE_EXPERTS_KEPT = 19,   /**< Routed experts the last ep_moe_layer_replace() kept in place on this rank. */
   EP_MOE_LAYER_ATTR_NUM_EXPERTS = 20,            /**< Logical routed experts E of the layer (the config's num_experts). */
-  EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS = 21,        /**< Nanoseconds the last forward spent on this rank moving token rows into the order the experts read (packing rows to send, unpacking received rows, widening inputs to f32); collectives excluded. */
+  EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS = 21,        /**< Nanoseconds the last forward spent on this rank moving token rows into the order the experts read (packing rows to send, unpacking received rows, widening inputs to f32); collectives excluded. CUDA layers (attrs 21-25): CUDA-event times of the last forward not captured in a graph, this one covering routing, the plan (with its synchronisation on the prefill path) and the permutation. */
   EP_MOE_LAYER_ATTR_LAST_PERMUTE_BYTES = 22,     /**< Bytes of rows those steps wrote. */
   EP_MOE_LAYER_ATTR_LAST_EXPERT_NS = 23,         /**< Nanoseconds the last forward spent in expert FFNs on this rank (routed and shared; in all-gather mode it includes the weighted combine, which is fused into the down projection). */
   EP_MOE_LAYER_ATTR_LAST_COMBINE_NS = 24,        /**< Nanoseconds the last forward spent on this rank turning expert results into output rows (converting partial rows for the return or the reduction, adding returned rows per token, writing the output); collectives excluded. */

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "../common/reference_moe.hpp"
+#include "../io/writers.hpp"
 #include "ep_moe/ep_moe.h"
 
 namespace {
@@ -629,6 +630,85 @@ std::vector<GroupCase> group_cases() {
   return v;
 }
 
+// Weights from the checkpoint loader (safetensors in two namings, GGUF
+// Q8_0), each of 2 ranks reading its own experts into device memory; the
+// layer's own loaded router routes.
+void loader_case(std::mt19937& rng) {
+  using writers::Scheme;
+  const std::pair<Scheme, const char*> files[] = {{Scheme::Qwen, "BF16"}, {Scheme::FusedTransposed, "F16"},
+                                                 {Scheme::Gguf, "Q8_0"}};
+  for (const auto& f : files) {
+    writers::Model m;
+    m.spec.H = 64;
+    m.spec.I = 32;
+    m.spec.E = 8;
+    m.spec.K = 2;
+    m.dtype = f.second;
+    m.layer = 3;
+    m.w = ref::random_weights(m.spec, ref::F32, rng);
+    const auto ts = writers::moe_tensors(m, f.first, rng);
+    const std::string dir = writers::temp_dir("cuda");
+    std::string path;
+    if (f.first == Scheme::Gguf) {
+      path = dir + "/model.gguf";
+      writers::write_file(path, writers::gguf_bytes(ts, writers::gguf_meta(m)));
+    } else {
+      const std::string config = writers::hf_config(m, f.first);
+      writers::write_file(dir + "/config.json", std::vector<uint8_t>(config.begin(), config.end()));
+      path = dir + "/model.safetensors";
+      writers::write_file(path, writers::safetensors_bytes(ts, {{"format", "pt"}}));
+    }
+    const std::string name = std::string("loader ") + f.second + (f.first == Scheme::Gguf ? " gguf" : " safetensors");
+    ep_moe_checkpoint_t* ck = nullptr;
+    if (ep_moe_checkpoint_open(&ck, path.c_str(), nullptr) != EP_MOE_OK) {
+      expect(false, name + ": open: " + ep_moe_last_error());
+      continue;
+    }
+    Case c;
+    c.name = name;
+    c.s = m.spec;
+    c.mode = 2;
+    const int T = 24, n = 2;
+    const Step st = draw(c, T, m.w, m.router, rng);
+    const size_t cnt = static_cast<size_t>(T) * c.s.H;
+    std::vector<double> sum(cnt, 0.0);
+    std::vector<std::unique_ptr<DevBuf>> keep;
+    DevBuf out(cnt * 4);
+    bool ok = true;
+    for (int r = 0; r < n && ok; ++r) {
+      Case cr = c;
+      cr.ep = n;
+      RankLayer rl;
+      rl.map = make_map(cr, r);
+      ep_moe_layer_config_t lc;
+      ep_moe_layer_config_init(&lc);
+      ok = ep_moe_checkpoint_layer_config(&lc, ck, m.layer) == EP_MOE_OK;
+      lc.max_tokens = 64;
+      lc.device = 0;
+      ok = ok && rl.map && ep_moe_layer_create(&rl.layer, &lc, rl.map, nullptr, nullptr) == EP_MOE_OK;
+      ok = ok && ep_moe_layer_load(rl.layer, ck, m.layer) == EP_MOE_OK;
+      if (!ok) {
+        expect(false, name + ": " + (rl.layer ? ep_moe_layer_last_error(rl.layer) : ep_moe_last_error()));
+        break;
+      }
+      DeviceStep d;
+      fill_step(d, c, st, T, out.p, nullptr);  // mode 2: no logits, no top-k
+      ok = ep_moe_layer_forward(rl.layer, &d.args) == EP_MOE_OK;
+      expect(ok, name + ": forward: " + ep_moe_layer_last_error(rl.layer));
+      CU(cudaDeviceSynchronize());
+      const std::vector<double> part = read_out(out.p, c, cnt);
+      for (size_t i = 0; i < cnt; ++i) sum[i] += part[i];
+    }
+    ep_moe_checkpoint_close(ck);
+    if (!ok) continue;
+    const double err = rel_err(sum, st.expect);
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "%s EP=2 T=%d: rel err %.3g (tol 1e-2)", name.c_str(), T, err);
+    std::printf("  %s\n", buf);
+    expect(err <= 1e-2, buf);
+  }
+}
+
 // Bad input: clear statuses, and the layer still works afterwards.
 void error_cases(std::mt19937& rng) {
   Case c;
@@ -861,6 +941,7 @@ int main() {
   if (!quick) {
     for (const GroupCase& g : group_cases()) group_case(g, rng);
     graph_case(rng);
+    loader_case(rng);
     nccl_case(rng);
     error_cases(rng);
   }
