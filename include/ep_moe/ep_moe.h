@@ -1478,7 +1478,8 @@ EP_MOE_API ep_moe_status_t ep_moe_layer_load(ep_moe_layer_t* layer, const ep_moe
  * Each forward adds, per logical expert, the (token, expert) pairs this
  * rank computed (real pairs only: skipped and weight-0 pairs, and DP
  * padding, are not counted). Summed over the EP group, every routed pair of
- * the window counts once.
+ * the window counts once. CUDA layers count on the device; the call waits
+ * for the device first (the window then holds every forward enqueued).
  * \param[out] out          E counts (E = the layer's num_experts).
  * \param[in]  out_len      Entries of `out`; at least E.
  * \param[in,out] layer     The handle.
@@ -1580,7 +1581,9 @@ EP_MOE_API ep_moe_status_t ep_moe_rebalance(int32_t* out_slots, size_t out_len, 
  * nothing, so everything it needs is sent to it.
  *
  * Atomic: on any failure, on any rank, every rank returns an error and
- * keeps its old placement and weights. The load window is reset.
+ * keeps its old placement and weights. The load window is reset. CUDA
+ * layers do not support it yet: such a rank still takes part and every rank
+ * returns ::EP_MOE_ERR_UNSUPPORTED (or ::EP_MOE_ERR_REMOTE).
  * \param[in,out] layer        The handle.
  * \param[in]     new_map      This rank's map of the new placement (copied):
  *                             same global_num_experts, no fused shared

@@ -290,6 +290,7 @@ struct PlanArgs {
   const int32_t* rep_slots;
   const int32_t* slot_rank;
   const int32_t* g2l;  // assigned rows: global id -> local slot
+  unsigned long long* load;  // [E] real pairs computed here (the load window)
 };
 
 // meta: [0, n_local) counts, [n_local] skipped, [n_local+1] error code,
@@ -304,6 +305,7 @@ __global__ void plan_count_kernel(PlanArgs a, const int32_t* ids, const float* w
   const int32_t e = ids[i];
   float wt = w[i];
   int l = -1;
+  bool real = true;
   if (k == 0 && e != -1 && !a.assigned) atomicAdd(meta + a.n_local + 4, 1);
   if (e < 0 || e >= a.E) {
     // -1: a padding row, a token the router rejected (its error is already
@@ -322,6 +324,7 @@ __global__ void plan_count_kernel(PlanArgs a, const int32_t* ids, const float* w
     } else if (a.weight_zero && a.n_local > 0) {
       l = e % a.n_local;  // computed anyway with weight 0 (the seed's strategy)
       wt = 0.0f;
+      real = false;
     } else {
       atomicAdd(meta + a.n_local, 1);
     }
@@ -329,6 +332,7 @@ __global__ void plan_count_kernel(PlanArgs a, const int32_t* ids, const float* w
   pair_local[i] = l;
   pair_w[i] = wt;
   if (l >= 0) atomicAdd(meta + l, 1);
+  if (l >= 0 && real) atomicAdd(a.load + e, 1ull);
 }
 
 // One block: offsets = exclusive scan of the counts; cursors start there.
@@ -692,6 +696,14 @@ class CudaLayer final : public DeviceLayer {
   DeviceStats stats() override;
   void set_stat_tokens(int64_t tokens) override { tokens_override_ = tokens; }
   int64_t weight_bytes() const override { return weight_bytes_; }
+  void read_load(int64_t* out, bool reset) override {
+    DeviceGuard g(d_.device);
+    check(cudaDeviceSynchronize(), "wait for the forwards");  // their streams are the caller's
+    static_assert(sizeof(unsigned long long) == sizeof(int64_t), "64-bit counts");
+    check(cudaMemcpy(out, load_.p, static_cast<size_t>(d_.num_experts) * 8, cudaMemcpyDeviceToHost), "read load");
+    if (reset) check(cudaMemset(load_.p, 0, static_cast<size_t>(d_.num_experts) * 8), "reset load");
+  }
+  int64_t* load_scratch() override { return load_scratch_.as<int64_t>(); }
   bool is_device_pointer(const void* p) const override;
   void download(void* dst, const void* src, size_t bytes) const override {
     DeviceGuard g(d_.device);
@@ -735,6 +747,7 @@ class CudaLayer final : public DeviceLayer {
   int64_t weight_bytes_ = 0;
   // Placement tables.
   DevBuf rep_begin_, rep_slots_, slot_rank_, g2l_;
+  DevBuf load_, load_scratch_;  // [E] pairs computed here; scratch for its reduction
   // Workspace of compute(), sized for max_rows.
   DevBuf pair_local_, pair_w_, pair_pos_, offsets_, cursor_, meta_;
   DevBuf xperm_, h_, a_, y_, xs_, hs_, as_, ys_, gs_, xf_, logits_;
@@ -783,6 +796,9 @@ CudaLayer::CudaLayer(const DeviceLayerDesc& d) : d_(d), gdt_(d.weight_dtype), ge
   upload_table(rep_slots_, d.replica_slots);
   upload_table(slot_rank_, d.slot_rank);
   upload_table(g2l_, d.global_to_local);
+  load_.alloc(static_cast<size_t>(E) * 8, "load counts");
+  load_scratch_.alloc(static_cast<size_t>(E) * 8, "load counts");
+  check(cudaMemset(load_.p, 0, load_.bytes), "clear load counts");
 
   const auto sz = [](int64_t n) { return static_cast<size_t>(std::max<int64_t>(n, 1)); };
   pair_local_.alloc(sz(P) * 4, "workspace");
@@ -1114,7 +1130,8 @@ void CudaLayer::compute(const DeviceRows& r, void* stream) {
   const int32_t* hoff = nullptr;
   if (P > 0) {
     PlanArgs pa{P, static_cast<int>(K), d_.num_experts, d_.ep_rank, d_.my_slot_begin, L, d_.weight_zero, r.assigned,
-                rep_begin_.as<int32_t>(), rep_slots_.as<int32_t>(), slot_rank_.as<int32_t>(), g2l_.as<int32_t>()};
+                rep_begin_.as<int32_t>(), rep_slots_.as<int32_t>(), slot_rank_.as<int32_t>(), g2l_.as<int32_t>(),
+                load_.as<unsigned long long>()};
     plan_count_kernel<<<grid_for(P, 256), 256, 0, s>>>(pa, r.ids, r.w, pair_local_.as<int32_t>(), pair_w_.as<float>(),
                                                        meta);
     check_launch("plan kernel");

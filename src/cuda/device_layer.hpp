@@ -134,6 +134,12 @@ class DeviceLayer {
   // Overrides the token count of the last forward's statistics.
   virtual void set_stat_tokens(int64_t tokens) = 0;
   virtual int64_t weight_bytes() const = 0;
+  // The per-logical-expert count of real pairs computed here since the last
+  // reset ([E], waits for the device); `reduce` (may be null) sums it over
+  // the group with device buffers when given.
+  virtual void read_load(int64_t* out, bool reset) = 0;
+  // Device scratch of E int64 for reducing the load over a device communicator.
+  virtual int64_t* load_scratch() = 0;
   virtual bool is_device_pointer(const void* p) const = 0;
   // Copies `bytes` of device memory to the host.
   virtual void download(void* dst, const void* src, size_t bytes) const = 0;

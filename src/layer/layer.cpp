@@ -1042,8 +1042,17 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
 }
 
 void Layer::expert_load(int64_t* out, bool across_ranks, bool reset) {
-  if (dev_) fail(EP_MOE_ERR_UNSUPPORTED, "expert load statistics are not kept by CUDA layers yet");
   const size_t E = load_.size();
+  if (dev_) dev_->read_load(load_.data(), reset);  // the device keeps the window
+  if (dev_ && across_ranks && ep_ && ep_->device_memory()) {
+    int64_t* d = dev_->load_scratch();
+    dev_->copy(d, load_.data(), E * 8, nullptr);
+    ep_->all_reduce(d, d, E, EP_MOE_DTYPE_I64, nullptr);
+    dev_->copy(out, d, E * 8, nullptr);
+    dev_->sync(nullptr);
+    if (reset) load_steps_ = 0;
+    return;
+  }
   if (across_ranks && ep_) {
     std::vector<int64_t> sum(load_);
     ep_->all_reduce(sum.data(), sum.data(), E, EP_MOE_DTYPE_I64, nullptr);

@@ -169,6 +169,7 @@ bool set_weights(ep_moe_layer_t* l, const Case& c, const ref::Weights& w, const 
 struct Step {
   std::vector<float> hidden, logits, topk_w;
   std::vector<int32_t> topk_ids;
+  std::vector<int> ref_ids;  // [T, K] the reference's choice
   std::vector<double> expect;
 };
 
@@ -217,6 +218,7 @@ Step draw(const Case& c, int T, const ref::Weights& w, const std::vector<float>&
       }
     }
     ref::moe_token(s, w, x, ids, wts, st.expect.data() + static_cast<size_t>(t) * s.H);
+    st.ref_ids.insert(st.ref_ids.end(), ids.begin(), ids.end());
   }
   return st;
 }
@@ -439,6 +441,10 @@ void nccl_case(std::mt19937& rng) {
       const double err = rel_err(read_out(out.p, c, static_cast<size_t>(T) * c.s.H), st.expect);
       std::printf("  nccl EP=1 %s T=%d: rel err %.3g (tol 1e-4)\n", mode, T, err);
       expect(err <= 1e-4, std::string("nccl output, ") + mode);
+      std::vector<int64_t> load(static_cast<size_t>(c.s.E), -1), want(static_cast<size_t>(c.s.E), 0);
+      for (int e : st.ref_ids) ++want[static_cast<size_t>(e)];
+      expect(ep_moe_layer_expert_load(load.data(), load.size(), rl.layer, 1, 1) == EP_MOE_OK && load == want,
+             std::string("nccl: expert load, ") + mode + " " + ep_moe_layer_last_error(rl.layer));
     }
     if (dispatch == EP_MOE_DISPATCH_ALLGATHER) {  // captured with the NCCL all-reduce inside
       const int T = 4;
@@ -520,6 +526,7 @@ void group_case(const GroupCase& g, std::mt19937& rng) {
     std::vector<int32_t> counts(g.tokens.begin(), g.tokens.end()), decode(static_cast<size_t>(n), g.decode ? 1 : 0);
     std::vector<std::string> errors(static_cast<size_t>(n));
     std::vector<double> errs(static_cast<size_t>(n), 0.0);
+    std::vector<std::vector<int64_t>> loads(static_cast<size_t>(n), std::vector<int64_t>(static_cast<size_t>(c.s.E), -1));
     std::vector<std::thread> th;
     for (int r = 0; r < n; ++r)
       th.emplace_back([&, r] {
@@ -542,6 +549,10 @@ void group_case(const GroupCase& g, std::mt19937& rng) {
         } else {
           CU(cudaStreamSynchronize(s));
           errs[static_cast<size_t>(r)] = rel_err(read_out(out.p, c, cnt), steps[static_cast<size_t>(r)].expect);
+          // The load window over the group (collective), then reset.
+          if (ep_moe_layer_expert_load(loads[static_cast<size_t>(r)].data(), static_cast<size_t>(c.s.E), l, 1, 1) !=
+              EP_MOE_OK)
+            errors[static_cast<size_t>(r)] = std::string("expert_load: ") + ep_moe_layer_last_error(l);
         }
         CU(cudaStreamDestroy(s));
       });
@@ -556,6 +567,13 @@ void group_case(const GroupCase& g, std::mt19937& rng) {
       std::printf("  %s\n", buf);
       expect(errors[static_cast<size_t>(r)].empty() && errs[static_cast<size_t>(r)] <= tol, buf);
     }
+    // Every rank sees the group's per-expert pairs: the reference's choices
+    // over the distinct tokens.
+    std::vector<int64_t> want(static_cast<size_t>(c.s.E), 0);
+    for (int r = 0; r < (same ? 1 : n); ++r)
+      for (int e : steps[static_cast<size_t>(r)].ref_ids) ++want[static_cast<size_t>(e)];
+    for (int r = 0; r < n; ++r)
+      expect(loads[static_cast<size_t>(r)] == want, c.name + ": expert load of rank " + std::to_string(r));
     if (g.dispatch != EP_MOE_DISPATCH_AUTO) {
       int64_t mode = -1;
       ep_moe_layer_get_attr(&mode, ranks[0].layer, EP_MOE_LAYER_ATTR_LAST_DISPATCH);
