@@ -35,6 +35,10 @@ nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 [ -n "$nccl_dir" ] && libs="$libs:$nccl_dir"
 export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "tests/gpu/run.sh: no NVIDIA GPU visible (nvidia-smi -L failed): the GPU check needs one" >&2
+  exit 1
+fi
 log "device"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv 2>&1 | head -3
 
@@ -46,8 +50,10 @@ run() {  # name, command...
   [ -n "$out" ] && f="$out/$name.log"
   "$@" 2>&1 | tee "$f"
   local rc=${PIPESTATUS[0]}
-  echo "[$name] exit $rc"
-  results+=("$name: exit $rc")
+  local what="exit $rc"
+  [ "$rc" -eq 77 ] && what="skipped: no CUDA device (nothing was checked)"
+  echo "[$name] $what"
+  results+=("$name: $what")
   [ "$rc" -eq 0 ] || status=1
 }
 results=()
