@@ -1582,8 +1582,10 @@ EP_MOE_API ep_moe_status_t ep_moe_rebalance(int32_t* out_slots, size_t out_len, 
  *
  * Atomic: on any failure, on any rank, every rank returns an error and
  * keeps its old placement and weights. The load window is reset. CUDA
- * layers do not support it yet: such a rank still takes part and every rank
- * returns ::EP_MOE_ERR_UNSUPPORTED (or ::EP_MOE_ERR_REMOTE).
+ * layers take part the same way: kept experts are copied on the device,
+ * moved ones go through host memory (over NCCL, staged through device
+ * memory), and the new layer's device workspace exists beside the old one
+ * until the call returns.
  * \param[in,out] layer        The handle.
  * \param[in]     new_map      This rank's map of the new placement (copied):
  *                             same global_num_experts, no fused shared

@@ -704,6 +704,19 @@ class CudaLayer final : public DeviceLayer {
     if (reset) check(cudaMemset(load_.p, 0, static_cast<size_t>(d_.num_experts) * 8), "reset load");
   }
   int64_t* load_scratch() override { return load_scratch_.as<int64_t>(); }
+  void extract_units(int32_t slot, int32_t j0, int32_t n, uint8_t* out) override;
+  void copy_expert_from(const DeviceLayer& src, int32_t src_slot, int32_t dst_slot) override;
+  void copy_router_from(const DeviceLayer& src) override;
+  void* scratch(size_t bytes) override {
+    if (bytes > scratch_.bytes) {
+      DeviceGuard g(d_.device);
+      if (scratch_.p) check(cudaFree(scratch_.p), "cudaFree");
+      scratch_.p = nullptr;
+      scratch_.bytes = 0;
+      scratch_.alloc(bytes, "staging scratch");
+    }
+    return scratch_.p;
+  }
   bool is_device_pointer(const void* p) const override;
   void download(void* dst, const void* src, size_t bytes) const override {
     DeviceGuard g(d_.device);
@@ -748,6 +761,7 @@ class CudaLayer final : public DeviceLayer {
   // Placement tables.
   DevBuf rep_begin_, rep_slots_, slot_rank_, g2l_;
   DevBuf load_, load_scratch_;  // [E] pairs computed here; scratch for its reduction
+  DevBuf scratch_;              // host data over a device communicator (re-placement)
   // Workspace of compute(), sized for max_rows.
   DevBuf pair_local_, pair_w_, pair_pos_, offsets_, cursor_, meta_;
   DevBuf xperm_, h_, a_, y_, xs_, hs_, as_, ys_, gs_, xf_, logits_;
@@ -1310,6 +1324,49 @@ void CudaLayer::sum_returned(void* out, const void* own, const void* ret, const 
         static_cast<A*>(out), static_cast<const A*>(own), static_cast<const A*>(ret), off, idx, d_.hidden);
   });
   check_launch("return-sum kernel");
+}
+
+void CudaLayer::extract_units(int32_t slot, int32_t j0, int32_t n, uint8_t* out) {
+  if (n <= 0) return;
+  DeviceGuard g(d_.device);
+  const int64_t H = d_.hidden;
+  const int64_t rows = slot >= 0 ? d_.inter : d_.shared_count;  // gate rows (up follows)
+  const char* gu = slot >= 0 ? w_gu_.as<char>() + slot * 2 * rows * H * static_cast<int64_t>(ges_) : s_gu_.as<char>();
+  const char* dn = slot >= 0 ? w_down_.as<char>() + slot * H * rows * static_cast<int64_t>(ges_) : s_down_.as<char>();
+  const size_t row = static_cast<size_t>(H) * ges_, nn = static_cast<size_t>(n);
+  std::vector<char> gate(nn * row), up(nn * row), down(static_cast<size_t>(H) * nn * ges_);
+  check(cudaMemcpy(gate.data(), gu + j0 * static_cast<int64_t>(row), gate.size(), cudaMemcpyDeviceToHost), "read units");
+  check(cudaMemcpy(up.data(), gu + (rows + j0) * static_cast<int64_t>(row), up.size(), cudaMemcpyDeviceToHost),
+        "read units");
+  // Columns j0 .. j0+n of down [H, rows]: one strided copy.
+  check(cudaMemcpy2D(down.data(), nn * ges_, dn + j0 * static_cast<int64_t>(ges_), static_cast<size_t>(rows) * ges_,
+                     nn * ges_, static_cast<size_t>(H), cudaMemcpyDeviceToHost),
+        "read units");
+  for (size_t j = 0; j < nn; ++j) {
+    uint8_t* u = out + j * 3 * row;
+    std::memcpy(u, gate.data() + j * row, row);
+    std::memcpy(u + row, up.data() + j * row, row);
+    for (int64_t h = 0; h < H; ++h)
+      std::memcpy(u + 2 * row + static_cast<size_t>(h) * ges_, down.data() + (static_cast<size_t>(h) * nn + j) * ges_,
+                  ges_);
+  }
+}
+
+void CudaLayer::copy_expert_from(const DeviceLayer& src, int32_t src_slot, int32_t dst_slot) {
+  DeviceGuard g(d_.device);
+  const auto& o = static_cast<const CudaLayer&>(src);
+  const size_t gu = static_cast<size_t>(2) * d_.inter * d_.hidden * ges_, dn = static_cast<size_t>(d_.hidden) * d_.inter * ges_;
+  check(cudaMemcpy(w_gu_.as<char>() + dst_slot * gu, o.w_gu_.as<char>() + src_slot * gu, gu, cudaMemcpyDeviceToDevice),
+        "copy expert");
+  check(cudaMemcpy(w_down_.as<char>() + dst_slot * dn, o.w_down_.as<char>() + src_slot * dn, dn,
+                   cudaMemcpyDeviceToDevice),
+        "copy expert");
+}
+
+void CudaLayer::copy_router_from(const DeviceLayer& src) {
+  DeviceGuard g(d_.device);
+  const auto& o = static_cast<const CudaLayer&>(src);
+  check(cudaMemcpy(router_.p, o.router_.p, router_.bytes, cudaMemcpyDeviceToDevice), "copy router");
 }
 
 DeviceStats CudaLayer::stats() {

@@ -140,6 +140,16 @@ class DeviceLayer {
   virtual void read_load(int64_t* out, bool reset) = 0;
   // Device scratch of E int64 for reducing the load over a device communicator.
   virtual int64_t* load_scratch() = 0;
+  // Live re-placement (replace.cpp): `n` units [gate row | up row | down
+  // column] (H elements each, weight dtype) from row j0 of local slot `slot`
+  // (-1: the shared shard) into host memory.
+  virtual void extract_units(int32_t slot, int32_t j0, int32_t n, uint8_t* out) = 0;
+  // Device-to-device copies from another layer of the same shapes.
+  virtual void copy_expert_from(const DeviceLayer& src, int32_t src_slot, int32_t dst_slot) = 0;
+  virtual void copy_router_from(const DeviceLayer& src) = 0;
+  // At least `bytes` of device memory for host data over a device
+  // communicator (grows; never used by forward).
+  virtual void* scratch(size_t bytes) = 0;
   virtual bool is_device_pointer(const void* p) const = 0;
   // Copies `bytes` of device memory to the host.
   virtual void download(void* dst, const void* src, size_t bytes) const = 0;

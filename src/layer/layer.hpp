@@ -123,6 +123,9 @@ class Layer {
   void device_allgather(const ep_moe_forward_args_t& a, void* stages, int64_t dp_offset, int64_t padded, Gather gather,
                         bool capturing);
   void device_alltoall(const ep_moe_forward_args_t& a, void* stages);
+  // Host buffers over a device communicator (staged through device memory),
+  // for the re-placement's records and weight units.
+  std::unique_ptr<Comm> host_view(Comm* c);
   void set_gate_up_part(Expert& x, int half, const cpu::Source& src, int32_t inter, int32_t k);
   void finish_gate_up(Expert& x, int32_t inter, int32_t k);
   int32_t pick_slot(int32_t expert, int64_t token, int32_t k) const;

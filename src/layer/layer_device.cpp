@@ -244,6 +244,66 @@ void Layer::host_all_gather(Comm* c, void* out, const void* in, size_t count, ep
   dev_->sync(stream);
 }
 
+// --- host data over a device communicator -------------------------------
+
+namespace {
+// Host buffers in, host buffers out, over a communicator that moves device
+// memory (NCCL): each collective copies its input into device scratch, runs
+// there and copies the result back. Used outside forward only (re-placement).
+class StagedComm final : public Comm {
+ public:
+  StagedComm(Comm* inner, cuda::DeviceLayer* dev) : c_(inner), dev_(dev) { timeout_ms_ = inner->timeout_ms(); }
+  int rank() const override { return c_->rank(); }
+  int size() const override { return c_->size(); }
+  int ranks_in_process() const override { return c_->ranks_in_process(); }
+  const char* backend() const override { return c_->backend(); }
+  void all_reduce(void* out, const void* in, size_t count, ep_moe_dtype_t dt, void*) override {
+    run(out, count * dtype_size(dt), in, count * dtype_size(dt),
+        [&](void* o, const void* i) { c_->all_reduce(o, i, count, dt, nullptr); });
+  }
+  void reduce_scatter(void* out, const void* in, size_t count, ep_moe_dtype_t dt, void*) override {
+    run(out, count * dtype_size(dt), in, count * dtype_size(dt) * static_cast<size_t>(size()),
+        [&](void* o, const void* i) { c_->reduce_scatter(o, i, count, dt, nullptr); });
+  }
+  void all_gather(void* out, const void* in, size_t count, ep_moe_dtype_t dt, void*) override {
+    run(out, count * dtype_size(dt) * static_cast<size_t>(size()), in, count * dtype_size(dt),
+        [&](void* o, const void* i) { c_->all_gather(o, i, count, dt, nullptr); });
+  }
+  void all_gather_v(void* out, const void* in, const size_t* counts, ep_moe_dtype_t dt, void*) override {
+    run(out, total(counts, size()) * dtype_size(dt), in, counts[rank()] * dtype_size(dt),
+        [&](void* o, const void* i) { c_->all_gather_v(o, i, counts, dt, nullptr); });
+  }
+  void all_to_all_v(void* out, const size_t* out_counts, const void* in, const size_t* in_counts, ep_moe_dtype_t dt,
+                    void*) override {
+    run(out, total(out_counts, size()) * dtype_size(dt), in, total(in_counts, size()) * dtype_size(dt),
+        [&](void* o, const void* i) { c_->all_to_all_v(o, out_counts, i, in_counts, dt, nullptr); });
+  }
+  void barrier(void* stream) override { c_->barrier(stream); }
+  ep_moe_status_t async_error(int* peer, std::string* message) const override { return c_->async_error(peer, message); }
+  std::unique_ptr<Comm> split(int, int) override {
+    fail(EP_MOE_ERR_UNSUPPORTED, "a staged view of a communicator cannot be split");
+  }
+  void fail_collective(ep_moe_status_t s, const std::string& m) noexcept override { c_->fail_collective(s, m); }
+  void abort() noexcept override { c_->abort(); }
+
+ private:
+  template <class F>
+  void run(void* out, size_t out_bytes, const void* in, size_t in_bytes, F&& f) {
+    const size_t a = (in_bytes + 255) / 256 * 256;
+    auto* d = static_cast<char*>(dev_->scratch(a + out_bytes + 1));
+    dev_->copy(d, in, in_bytes, nullptr);
+    dev_->sync(nullptr);
+    f(d + a, d);
+    dev_->copy(out, d + a, out_bytes, nullptr);
+    dev_->sync(nullptr);
+  }
+  Comm* c_;
+  cuda::DeviceLayer* dev_;
+};
+}  // namespace
+
+std::unique_ptr<Comm> Layer::host_view(Comm* c) { return std::make_unique<StagedComm>(c, dev_.get()); }
+
 // --- the forward -----------------------------------------------------------
 
 void Layer::forward_device(const ep_moe_forward_args_t& a) {

@@ -80,6 +80,11 @@ struct Transfer {
 }  // namespace
 
 void Layer::extract_units(const Expert& x, int32_t j0, int32_t n, uint8_t* out) const {
+  if (dev_) {  // the slot of `x` in this layer's device weights (-1: the shared shard)
+    const int32_t slot = &x == &shared_ ? -1 : static_cast<int32_t>(&x - experts_.data());
+    dev_->extract_units(slot, j0, n, out);
+    return;
+  }
   const size_t es = dtype_size(static_cast<ep_moe_dtype_t>(cfg_.weight_dtype));
   const size_t H = static_cast<size_t>(cfg_.hidden_size), ub = 3 * H * es;
   for (int32_t j = 0; j < n; ++j) {
@@ -123,8 +128,10 @@ void Layer::copy_expert(Expert& dst, const Expert& src) {
 
 std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const io::Checkpoint* ck, int32_t L,
                                       ep_moe_status_t pre_status, const std::string& pre_error) {
-  if (dev_ && pre_status == EP_MOE_OK)  // still takes part, so the peers fail too
-    return replace(nmap, comm, ck, L, EP_MOE_ERR_UNSUPPORTED, "live re-placement is not supported by CUDA layers yet");
+  // A CUDA layer's host-side records and units cross a device communicator
+  // through device memory.
+  std::unique_ptr<Comm> staged = dev_ && comm && comm->device_memory() ? host_view(comm) : nullptr;
+  Comm* xc = staged ? staged.get() : comm;
   const int32_t E = cfg_.num_experts, I = cfg_.intermediate_size, Is = cfg_.shared_intermediate_size;
   const size_t es = dtype_size(static_cast<ep_moe_dtype_t>(cfg_.weight_dtype));
   const size_t unit_bytes = 3 * static_cast<size_t>(cfg_.hidden_size) * es;
@@ -163,7 +170,7 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
   for (int32_t e = 0; e < E; ++e)
     if (old_slot[static_cast<size_t>(e)] >= 0) mine[kHeader + static_cast<size_t>(e) / 64] |= int64_t{1} << (e % 64);
   if (comm) {
-    comm->all_gather(all.data(), mine.data(), rec_len, EP_MOE_DTYPE_I64, nullptr);
+    xc->all_gather(all.data(), mine.data(), rec_len, EP_MOE_DTYPE_I64, nullptr);
   } else {
     all = mine;
   }
@@ -344,7 +351,7 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
           at += static_cast<size_t>(x.u1 - x.u0) * unit_bytes;
         }
       ++entered;
-      comm->all_to_all_v(recvbuf.get(), in_n.data(), sendbuf.get(), out_n.data(), EP_MOE_DTYPE_U8, nullptr);
+      xc->all_to_all_v(recvbuf.get(), in_n.data(), sendbuf.get(), out_n.data(), EP_MOE_DTYPE_U8, nullptr);
       sent += static_cast<int64_t>(out_total);
       received += static_cast<int64_t>(in_total);
       at = 0;
@@ -395,8 +402,24 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
     for (size_t l = 0; l < nl->experts_.size(); ++l) {
       const int32_t e = nl2g[l];
       if (old_slot[static_cast<size_t>(e)] < 0) continue;
-      if (!first[static_cast<size_t>(e)]) copy_expert(nl->experts_[l], experts_[static_cast<size_t>(old_slot[static_cast<size_t>(e)])]);
+      const int32_t o = old_slot[static_cast<size_t>(e)];
+      if (dev_) {  // CUDA: every kept expert is copied now (the old layer's memory is freed with it)
+        nl->dev_->copy_expert_from(*dev_, o, static_cast<int32_t>(l));
+        Expert& x = nl->experts_[l];
+        x.has_gate = x.has_up = x.has_down = true;
+      } else if (!first[static_cast<size_t>(e)]) {
+        copy_expert(nl->experts_[l], experts_[static_cast<size_t>(o)]);
+      }
       first[static_cast<size_t>(e)] = 0;
+    }
+    if (dev_) {  // router, bias and shared gate live on the device too
+      if (has_router_) nl->dev_->copy_router_from(*dev_);
+      if (has_bias_)
+        nl->dev_->upload(cuda::Part::Bias, 0, 0, cpu::Source{bias_.data(), EP_MOE_DTYPE_F32, E}, 1, E, false);
+      if (has_shared_gate_)
+        nl->dev_->upload(cuda::Part::SharedGate, 0, 0,
+                         cpu::Source{shared_gate_.data(), EP_MOE_DTYPE_F32, cfg_.hidden_size}, 1, cfg_.hidden_size,
+                         false);
     }
   });
 
@@ -404,7 +427,7 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
   if (comm) {
     std::vector<int32_t> votes(static_cast<size_t>(n));
     const int32_t v = status;
-    comm->all_gather(votes.data(), &v, 1, EP_MOE_DTYPE_I32, nullptr);
+    xc->all_gather(votes.data(), &v, 1, EP_MOE_DTYPE_I32, nullptr);
     for (int i = 0; i < n; ++i) {
       const auto s = static_cast<ep_moe_status_t>(votes[static_cast<size_t>(i)]);
       if (s == EP_MOE_OK) continue;
@@ -422,7 +445,7 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
     for (size_t l = 0; l < nl->experts_.size(); ++l) {
       const int32_t e = nl2g[l];
       const int32_t o = old_slot[static_cast<size_t>(e)];
-      if (o < 0 || !first[static_cast<size_t>(e)]) continue;
+      if (o < 0 || !first[static_cast<size_t>(e)] || dev_) continue;  // CUDA: copied before the vote
       first[static_cast<size_t>(e)] = 0;
       nl->experts_[l] = std::move(experts_[static_cast<size_t>(o)]);
     }

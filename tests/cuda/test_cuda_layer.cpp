@@ -12,6 +12,7 @@
 // (ctest's "skipped"), never "passed".
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -727,6 +728,153 @@ void loader_case(std::mt19937& rng) {
   }
 }
 
+// Live re-placement of CUDA layers: EP 2 -> 3 with a joining rank (experts
+// and shared shards move between ranks through a host communicator), then a
+// custom placement with replicas on the same 3 ranks; and over NCCL (one
+// rank, replicas: records and units staged through device memory). Each
+// placement is checked by a forward against the reference.
+ep_moe_expert_map_t* custom_map(int ep, int rank, int E, const std::vector<int32_t>& slots) {
+  ep_moe_expert_map_config_t mc;
+  ep_moe_expert_map_config_init(&mc);
+  mc.ep_size = ep;
+  mc.ep_rank = rank;
+  mc.global_num_experts = E;
+  if (!slots.empty()) {
+    mc.placement = EP_MOE_PLACEMENT_CUSTOM;
+    mc.custom_slots = slots.data();
+    mc.num_custom_slots = static_cast<int32_t>(slots.size());
+  }
+  ep_moe_expert_map_t* m = nullptr;
+  if (ep_moe_expert_map_create(&m, &mc) != EP_MOE_OK) expect(false, std::string("map: ") + ep_moe_last_error());
+  return m;
+}
+
+// One all-gather forward on every layer (threads), checked against `st`.
+void check_group(const std::string& name, const Case& c, std::vector<ep_moe_layer_t*>& layers, const Step& st, int T) {
+  const size_t n = layers.size(), cnt = static_cast<size_t>(T) * c.s.H, es = c.adt == ref::F32 ? 4 : 2;
+  std::vector<std::string> errors(n);
+  std::vector<double> errs(n, 0.0);
+  std::vector<std::thread> th;
+  for (size_t r = 0; r < n; ++r)
+    th.emplace_back([&, r] {
+      cudaStream_t s;
+      CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      DevBuf out(cnt * es);
+      DeviceStep d;
+      fill_step(d, c, st, T, out.p, s);
+      if (ep_moe_layer_forward(layers[r], &d.args) != EP_MOE_OK) {
+        errors[r] = ep_moe_layer_last_error(layers[r]);
+      } else {
+        CU(cudaStreamSynchronize(s));
+        errs[r] = rel_err(read_out(out.p, c, cnt), st.expect);
+      }
+      CU(cudaStreamDestroy(s));
+    });
+  for (auto& t : th) t.join();
+  for (size_t r = 0; r < n; ++r) {
+    char buf[300];
+    std::snprintf(buf, sizeof buf, "%s rank %zu: rel err %.3g (tol 1e-2)%s%s", name.c_str(), r, errs[r],
+                  errors[r].empty() ? "" : " forward failed: ", errors[r].c_str());
+    std::printf("  %s\n", buf);
+    expect(errors[r].empty() && errs[r] <= 1e-2, buf);
+  }
+}
+
+void replace_case(std::mt19937& rng) {
+  Case c;
+  c.name = "replace";
+  c.s.H = 128;
+  c.s.I = 64;
+  c.s.E = 8;
+  c.s.K = 2;
+  c.s.Is = 48;
+  c.wdt = c.adt = ref::BF16;
+  c.sync_free = 4;
+  const ref::Weights w = ref::random_weights(c.s, c.wdt, rng);
+  const int T = 24;
+  std::vector<std::unique_ptr<DevBuf>> keep;
+  std::vector<ep_moe_comm_t*> two(2, nullptr), three(3, nullptr);
+  ep_moe_comm_create_local(two.data(), 2, nullptr);
+  ep_moe_comm_create_local(three.data(), 3, nullptr);
+  std::vector<ep_moe_layer_t*> layers;
+  ep_moe_layer_config_t lc = layer_config(c, 64);
+  bool ok = true;
+  for (int r = 0; r < 2 && ok; ++r) {
+    ep_moe_expert_map_t* m = custom_map(2, r, c.s.E, {});
+    ep_moe_layer_t* l = nullptr;
+    ok = m && ep_moe_layer_create(&l, &lc, m, two[static_cast<size_t>(r)], nullptr) == EP_MOE_OK;
+    ep_moe_expert_map_destroy(m);
+    if (ok) layers.push_back(l);
+    Case cr = c;
+    ok = ok && set_weights(l, cr, w, {}, keep);
+  }
+  if (ok) {
+    check_group("replace: EP2 before", c, layers, draw(c, T, w, {}, rng), T);
+    // The joining rank: a layer of the new placement, no weights.
+    ep_moe_expert_map_t* m2 = custom_map(3, 2, c.s.E, {});
+    ep_moe_layer_t* fresh = nullptr;
+    ok = m2 && ep_moe_layer_create(&fresh, &lc, m2, three[2], nullptr) == EP_MOE_OK;
+    ep_moe_expert_map_destroy(m2);
+    if (ok) layers.push_back(fresh);
+  }
+  auto replace_all = [&](const std::vector<int32_t>& slots, bool new_comm, const char* what) {
+    std::vector<ep_moe_status_t> st(layers.size(), EP_MOE_OK);
+    std::vector<std::string> msg(layers.size());
+    std::vector<std::thread> th;
+    for (size_t r = 0; r < layers.size(); ++r)
+      th.emplace_back([&, r] {
+        ep_moe_expert_map_t* m = custom_map(3, static_cast<int>(r), c.s.E, slots);
+        st[r] = ep_moe_layer_replace(layers[r], m, new_comm ? three[r] : nullptr, nullptr, 0);
+        if (st[r] != EP_MOE_OK) msg[r] = ep_moe_layer_last_error(layers[r]);
+        ep_moe_expert_map_destroy(m);
+      });
+    for (auto& t : th) t.join();
+    for (size_t r = 0; r < layers.size(); ++r)
+      expect(st[r] == EP_MOE_OK, std::string(what) + ": rank " + std::to_string(r) + ": " + msg[r]);
+    return std::all_of(st.begin(), st.end(), [](ep_moe_status_t x) { return x == EP_MOE_OK; });
+  };
+  if (ok && replace_all({}, true, "replace EP2 -> EP3 (a joining rank)")) {
+    int64_t got = 0;
+    ep_moe_layer_get_attr(&got, layers[2], EP_MOE_LAYER_ATTR_REPLACE_BYTES_RECEIVED);
+    expect(got > 0, "the joining rank received weights");
+    check_group("replace: EP3 after growing", c, layers, draw(c, T, w, {}, rng), T);
+    const std::vector<int32_t> slots = {7, 6, 5, 4, 3, 2, 1, 0, 0, 7, 3, 4};  // reversed, plus replicas
+    if (replace_all(slots, false, "replace with a custom placement and replicas"))
+      check_group("replace: EP3 custom placement with replicas", c, layers, draw(c, T, w, {}, rng), T);
+  }
+  for (auto* l : layers) ep_moe_layer_destroy(l);
+  for (auto* x : two) ep_moe_comm_destroy(x);
+  for (auto* x : three) ep_moe_comm_destroy(x);
+
+  // NCCL, one rank: the same placement with replicas of two experts.
+  if (!ep_moe_has_feature(EP_MOE_FEATURE_NCCL)) return;
+  uint8_t id[128];
+  ep_moe_comm_t* comm = nullptr;
+  if (ep_moe_nccl_get_unique_id(id, sizeof id) != EP_MOE_OK ||
+      ep_moe_comm_create_nccl_from_id(&comm, id, sizeof id, 0, 1, nullptr) != EP_MOE_OK) {
+    expect(false, std::string("replace nccl: comm: ") + ep_moe_last_error());
+    return;
+  }
+  ep_moe_expert_map_t* m = custom_map(1, 0, c.s.E, {});
+  ep_moe_layer_t* l = nullptr;
+  if (m && ep_moe_layer_create(&l, &lc, m, comm, nullptr) == EP_MOE_OK && set_weights(l, c, w, {}, keep)) {
+    ep_moe_expert_map_t* m1 = custom_map(1, 0, c.s.E, {0, 1, 2, 3, 4, 5, 6, 7, 5, 2});
+    const ep_moe_status_t st = ep_moe_layer_replace(l, m1, nullptr, nullptr, 0);
+    expect(st == EP_MOE_OK, std::string("replace over NCCL: ") + ep_moe_layer_last_error(l));
+    ep_moe_expert_map_destroy(m1);
+    int64_t slots = 0;
+    ep_moe_layer_get_attr(&slots, l, EP_MOE_LAYER_ATTR_NUM_LOCAL_EXPERTS);
+    expect(slots == 10, "replace over NCCL: 10 slots");
+    std::vector<ep_moe_layer_t*> one = {l};
+    if (st == EP_MOE_OK) check_group("replace over NCCL, replicas", c, one, draw(c, T, w, {}, rng), T);
+  } else {
+    expect(false, std::string("replace nccl: layer: ") + ep_moe_last_error());
+  }
+  ep_moe_layer_destroy(l);
+  ep_moe_expert_map_destroy(m);
+  ep_moe_comm_destroy(comm);
+}
+
 // Bad input: clear statuses, and the layer still works afterwards.
 void error_cases(std::mt19937& rng) {
   Case c;
@@ -960,6 +1108,7 @@ int main() {
     for (const GroupCase& g : group_cases()) group_case(g, rng);
     graph_case(rng);
     loader_case(rng);
+    replace_case(rng);
     nccl_case(rng);
     error_cases(rng);
   }
