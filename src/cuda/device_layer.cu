@@ -336,33 +336,43 @@ __global__ void plan_count_kernel(PlanArgs a, const int32_t* ids, const float* w
 }
 
 // One block: offsets = exclusive scan of the counts; cursors start there.
+// Each thread sums a run of slots, the runs' totals are scanned with warp
+// shuffles (then the warps' totals by warp 0), and each thread writes its run.
 __global__ void plan_scan_kernel(int n_local, int* meta, int32_t* offsets, int32_t* cursor) {
-  __shared__ int part[1024];
+  __shared__ int warp_total[32];
   const int per = (n_local + blockDim.x - 1) / blockDim.x;
   const int b = threadIdx.x * per, e = min(n_local, b + per);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
   int s = 0, active = 0;
   for (int l = b; l < e; ++l) {
     s += meta[l];
     active += meta[l] > 0;
   }
-  part[threadIdx.x] = s;
+  int incl = s;  // inclusive scan within the warp
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) warp_total[warp] = incl;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int run = 0;
-    for (unsigned i = 0; i < blockDim.x; ++i) {
-      const int v = part[i];
-      part[i] = run;
-      run += v;
+  if (warp == 0) {
+    int t = lane < nw ? warp_total[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, t, o);
+      if (lane >= o) t += v;
     }
-    offsets[n_local] = run;
+    if (lane < nw) warp_total[lane] = t;  // inclusive over warps
   }
   __syncthreads();
-  int run = part[threadIdx.x];
+  int run = incl - s + (warp > 0 ? warp_total[warp - 1] : 0);
   for (int l = b; l < e; ++l) {
     offsets[l] = run;
     cursor[l] = run;
     run += meta[l];
   }
+  if (threadIdx.x == blockDim.x - 1) offsets[n_local] = run;
   if (active) atomicAdd(meta + n_local + 3, active);
 }
 
@@ -1150,7 +1160,9 @@ void CudaLayer::compute(const DeviceRows& r, void* stream) {
                                                        meta);
     check_launch("plan kernel");
     if (L > 0) {
-      plan_scan_kernel<<<1, 1024, 0, s>>>(L, meta, offsets, cursor_.as<int32_t>());
+      // A warp per 32 slots, up to 1024 threads (then several slots each).
+      const int threads = std::min(1024, (L + 31) / 32 * 32);
+      plan_scan_kernel<<<1, threads, 0, s>>>(L, meta, offsets, cursor_.as<int32_t>());
       check_launch("plan scan kernel");
     } else {
       check(cudaMemsetAsync(offsets, 0, 4, s), "clear offsets");

@@ -1032,6 +1032,13 @@ std::vector<Case> cases() {
     c.tokens = {200, 40};
     v.push_back(c);
   }
+  for (int E : {160, 1100}) {  // plan scans over several warps, and several slots per thread
+    Case c = base("many experts", 32, 16, E, 4);
+    c.name += " E=" + std::to_string(E);
+    c.tokens = {300, 40, 2};
+    c.sync_free = 48;
+    v.push_back(c);
+  }
   {
     Case c = base("own router f32 ep2", 64, 48, 8, 2);
     c.mode = 2;
