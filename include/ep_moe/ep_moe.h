@@ -128,7 +128,7 @@ EP_MOE_API const char* ep_moe_last_error(void);
  */
 typedef enum ep_moe_feature {
   EP_MOE_FEATURE_CPU = 1u << 0,      /**< CPU kernels (always built). */
-  EP_MOE_FEATURE_CUDA = 1u << 1,     /**< CUDA backend built. */
+  EP_MOE_FEATURE_CUDA = 1u << 1,     /**< CUDA layer backend built (layers with a `device`; cuBLASLt). */
   EP_MOE_FEATURE_NCCL = 1u << 2,     /**< NCCL communicator built. */
   EP_MOE_FEATURE_CUBLASLT = 1u << 3, /**< cuBLASLt expert GEMMs built. */
   EP_MOE_FEATURE_MPI = 1u << 4,       /**< MPI communicator built. */

@@ -43,7 +43,7 @@ const char* ep_moe_last_error(void) { return thread_error(); }
 
 int ep_moe_has_feature(uint32_t features) {
   uint32_t built = EP_MOE_FEATURE_CPU | EP_MOE_FEATURE_LOCAL_COMM | EP_MOE_FEATURE_CALLBACKS;
-#if defined(EP_MOE_HAVE_CUDA)
+#if defined(EP_MOE_HAVE_CUDA) && defined(EP_MOE_HAVE_CUBLASLT)  // the CUDA layer backend needs both
   built |= EP_MOE_FEATURE_CUDA;
 #endif
 #if defined(EP_MOE_HAVE_NCCL)

@@ -506,14 +506,13 @@ void Layer::device_alltoall(const ep_moe_forward_args_t& a, void* stages) {
     index.insert(index.end(), p, p + len);
     return at;
   };
-  std::vector<int32_t> off32(static_cast<size_t>(T) + 1), idx32(static_cast<size_t>(rows_out));
-  for (int64_t t = 0; t <= T; ++t) off32[static_cast<size_t>(t)] = static_cast<int32_t>(back_off_[static_cast<size_t>(t)]);
-  for (int64_t j = 0; j < rows_out; ++j) idx32[static_cast<size_t>(j)] = static_cast<int32_t>(back_idx_[static_cast<size_t>(j)]);
   const size_t at_dest = put(dest_.data(), static_cast<size_t>(T * K));
   const size_t at_tok = put(send_tok_.data(), static_cast<size_t>(rows_out));
   const size_t at_rd = put(row_dest.data(), static_cast<size_t>(rows_out));
-  const size_t at_off = put(off32.data(), off32.size());
-  const size_t at_idx = put(idx32.data(), idx32.size());
+  const size_t at_off = index.size();  // the return CSR, as int32
+  for (int64_t t = 0; t <= T; ++t) index.push_back(static_cast<int32_t>(back_off_[static_cast<size_t>(t)]));
+  const size_t at_idx = index.size();
+  for (int64_t j = 0; j < rows_out; ++j) index.push_back(static_cast<int32_t>(back_idx_[static_cast<size_t>(j)]));
   auto* idx_d = static_cast<int32_t*>(dev_->buffer(cuda::Buf::Index));
   if (index.size() * 4 > dev_->buffer_bytes(cuda::Buf::Index)) fail(EP_MOE_ERR_INTERNAL, "index buffer too small");
   dev_->copy(idx_d, index.data(), index.size() * 4, a.stream);
