@@ -296,10 +296,9 @@ struct PlanArgs {
 // meta: [0, n_local) counts, [n_local] skipped, [n_local+1] error code,
 // [n_local+2] error position, [n_local+3] active experts, [n_local+4]
 // tokens (rows that are not padding).
-__global__ void plan_count_kernel(PlanArgs a, const int32_t* ids, const float* w, int32_t* pair_local, float* pair_w,
-                                  int* meta) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= a.pairs) return;
+// Pair i's local slot (-1: none) and weight; counts skipped pairs, tokens,
+// errors and the load window in the meta block and a.load.
+__device__ int plan_pair(const PlanArgs& a, const int32_t* ids, const float* w, int64_t i, int* meta, float* weight) {
   const int64_t t = i / a.K;
   const int k = static_cast<int>(i % a.K);
   const int32_t e = ids[i];
@@ -329,31 +328,42 @@ __global__ void plan_count_kernel(PlanArgs a, const int32_t* ids, const float* w
       atomicAdd(meta + a.n_local, 1);
     }
   }
+  if (l >= 0 && real) atomicAdd(a.load + e, 1ull);
+  *weight = wt;
+  return l;
+}
+
+__global__ void plan_count_kernel(PlanArgs a, const int32_t* ids, const float* w, int32_t* pair_local, float* pair_w,
+                                  int* meta) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= a.pairs) return;
+  float wt;
+  const int l = plan_pair(a, ids, w, i, meta, &wt);
   pair_local[i] = l;
   pair_w[i] = wt;
   if (l >= 0) atomicAdd(meta + l, 1);
-  if (l >= 0 && real) atomicAdd(a.load + e, 1ull);
 }
 
-// One block: offsets = exclusive scan of the counts; cursors start there.
-// Each thread sums a run of slots, the runs' totals are scanned with warp
-// shuffles (then the warps' totals by warp 0), and each thread writes its run.
-__global__ void plan_scan_kernel(int n_local, int* meta, int32_t* offsets, int32_t* cursor) {
+// Exclusive scan of c[0, n) by one block into out (and out2 when set);
+// returns the total to every thread. Each thread sums a run of entries, the
+// runs' totals are scanned with warp shuffles (the warps' totals by warp 0).
+__device__ int block_scan(const int* c, int n, int32_t* out, int32_t* out2, int* active_out) {
   __shared__ int warp_total[32];
-  const int per = (n_local + blockDim.x - 1) / blockDim.x;
-  const int b = threadIdx.x * per, e = min(n_local, b + per);
+  const int per = (n + blockDim.x - 1) / blockDim.x;
+  const int b = threadIdx.x * per, e = min(n, b + per);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
   int s = 0, active = 0;
   for (int l = b; l < e; ++l) {
-    s += meta[l];
-    active += meta[l] > 0;
+    s += c[l];
+    active += c[l] > 0;
   }
-  int incl = s;  // inclusive scan within the warp
+  int incl = s;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
     const int v = __shfl_up_sync(0xffffffffu, incl, o);
     if (lane >= o) incl += v;
   }
+  __syncthreads();
   if (lane == 31) warp_total[warp] = incl;
   __syncthreads();
   if (warp == 0) {
@@ -368,13 +378,53 @@ __global__ void plan_scan_kernel(int n_local, int* meta, int32_t* offsets, int32
   __syncthreads();
   int run = incl - s + (warp > 0 ? warp_total[warp - 1] : 0);
   for (int l = b; l < e; ++l) {
-    offsets[l] = run;
-    cursor[l] = run;
-    run += meta[l];
+    out[l] = run;
+    if (out2) out2[l] = run;
+    run += c[l];
   }
-  if (threadIdx.x == blockDim.x - 1) offsets[n_local] = run;
-  if (active) atomicAdd(meta + n_local + 3, active);
+  if (active && active_out) atomicAdd(active_out, active);
+  return warp_total[nw - 1];
 }
+
+// The whole plan of a small batch in one block (the synchronisation-free
+// path): slots and weights per pair, counts in shared memory, offsets, and
+// positions (in slots of `pad` rows each when pad > 0).
+__global__ void plan_small_kernel(PlanArgs a, const int32_t* ids, const float* w, int32_t* pair_local, float* pair_w,
+                                  int32_t* pair_pos, int* meta, int32_t* offsets, int64_t pad) {
+  extern __shared__ int smem[];
+  int* count = smem;            // [n_local]
+  int* cursor = smem + a.n_local;  // [n_local]
+  for (int l = threadIdx.x; l < a.n_local; l += blockDim.x) count[l] = 0;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < a.pairs; i += blockDim.x) {
+    float wt;
+    const int l = plan_pair(a, ids, w, i, meta, &wt);
+    pair_local[i] = l;
+    pair_w[i] = wt;
+    if (l >= 0) atomicAdd(count + l, 1);
+  }
+  __syncthreads();
+  const int total = block_scan(count, a.n_local, offsets, cursor, meta + a.n_local + 3);
+  for (int l = threadIdx.x; l < a.n_local; l += blockDim.x) {
+    meta[l] = count[l];
+    if (pad > 0) cursor[l] = static_cast<int>(l * pad);
+  }
+  if (threadIdx.x == 0) offsets[a.n_local] = total;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < a.pairs; i += blockDim.x) {
+    const int l = pair_local[i];  // written by this block before the barrier
+    pair_pos[i] = l >= 0 ? atomicAdd(cursor + l, 1) : -1;
+  }
+}
+
+// One block: offsets = exclusive scan of the counts; cursors start there.
+__global__ void plan_scan_kernel(int n_local, int* meta, int32_t* offsets, int32_t* cursor) {
+  const int total = block_scan(meta, n_local, offsets, cursor, meta + n_local + 3);
+  if (threadIdx.x == 0) offsets[n_local] = total;
+}
+
+// Plans of at most this many pairs run in one block (plan_small_kernel).
+constexpr int64_t kSmallPlanPairs = 8192;
 
 // Padded layout: local slot l's rows start at l * pad.
 __global__ void padded_cursor_kernel(int n_local, int64_t pad, int32_t* cursor) {
@@ -563,6 +613,48 @@ __global__ void sum_returned_kernel(A* out, const A* own, const A* ret, const in
 // weight row is read from memory once per kRows rows (what small decode
 // batches need); a block covers 16 * kPasses columns, so that blocks are
 // few enough for their launch not to dominate yet enough to fill the GPU.
+// acc0[q] / acc1[q] = this lane's part of rows rb+q of `in` dotted with
+// weight rows w0 / w1 (q < nr); the caller sums them over the warp.
+template <class G, int VEC, int kRows>
+__device__ __forceinline__ void dot_rows2(const G* w0, const G* w1, const G* in, int64_t rb, int nr, int Kd, int lane,
+                                          float* acc0, float* acc1) {
+#pragma unroll
+  for (int q = 0; q < kRows; ++q) acc0[q] = acc1[q] = 0.0f;
+#pragma unroll 2
+  for (int c = lane * VEC; c < Kd; c += 32 * VEC) {
+    float a[VEC], b[VEC];
+    ld_vec<G, VEC>(w0 + c, a);
+    ld_vec<G, VEC>(w1 + c, b);
+#pragma unroll
+    for (int q = 0; q < kRows; ++q) {
+      if (q < nr) {
+        float xv[VEC];
+        ld_vec<G, VEC>(in + (rb + q) * Kd + c, xv);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          acc0[q] = fmaf(a[v], xv[v], acc0[q]);
+          acc1[q] = fmaf(b[v], xv[v], acc1[q]);
+        }
+      }
+    }
+  }
+}
+
+// Rows [r0, r1) of group l: [off[l], off[l+1]) when `pad` is 0, else
+// [l*pad, l*pad + cnt[l]); [0, rows) when `off` is null.
+__device__ __forceinline__ void group_rows(const int32_t* off, const int* cnt, int64_t pad, int64_t rows, int l,
+                                           int64_t* r0, int64_t* r1) {
+  *r0 = 0;
+  *r1 = rows;
+  if (off && pad == 0) {
+    *r0 = off[l];
+    *r1 = off[l + 1];
+  } else if (pad > 0) {
+    *r0 = l * pad;
+    *r1 = *r0 + cnt[l];
+  }
+}
+
 template <class G, int VEC, int kRows>
 __global__ void __launch_bounds__(256) grouped_gemm_kernel(const G* in, const G* W, int64_t w_stride, float* out,
                                                            const int32_t* off, const int* cnt, int64_t pad,
@@ -570,14 +662,8 @@ __global__ void __launch_bounds__(256) grouped_gemm_kernel(const G* in, const G*
   constexpr int kCols = 2;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int l = blockIdx.y;
-  int64_t r0 = 0, r1 = rows;
-  if (off && pad == 0) {
-    r0 = off[l];
-    r1 = off[l + 1];
-  } else if (pad > 0) {
-    r0 = l * pad;
-    r1 = r0 + cnt[l];
-  }
+  int64_t r0, r1;
+  group_rows(off, cnt, pad, rows, l, &r0, &r1);
   if (r0 >= r1) return;
   const G* Wl = W + l * w_stride;
   for (int pass = 0; pass < kPasses; ++pass) {
@@ -589,26 +675,7 @@ __global__ void __launch_bounds__(256) grouped_gemm_kernel(const G* in, const G*
     for (int64_t rb = r0; rb < r1; rb += kRows) {
       const int nr = r1 - rb < kRows ? static_cast<int>(r1 - rb) : kRows;
       float acc0[kRows], acc1[kRows];
-#pragma unroll
-      for (int q = 0; q < kRows; ++q) acc0[q] = acc1[q] = 0.0f;
-#pragma unroll 2
-      for (int c = lane * VEC; c < Kd; c += 32 * VEC) {
-        float a[VEC], b[VEC];
-        ld_vec<G, VEC>(w0 + c, a);
-        ld_vec<G, VEC>(w1 + c, b);
-#pragma unroll
-        for (int q = 0; q < kRows; ++q) {
-          if (q < nr) {
-            float xv[VEC];
-            ld_vec<G, VEC>(in + (rb + q) * Kd + c, xv);
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-              acc0[q] = fmaf(a[v], xv[v], acc0[q]);
-              acc1[q] = fmaf(b[v], xv[v], acc1[q]);
-            }
-          }
-        }
-      }
+      dot_rows2<G, VEC, kRows>(w0, w1, in, rb, nr, Kd, lane, acc0, acc1);
 #pragma unroll
       for (int q = 0; q < kRows; ++q) {
         const float s0 = warp_sum(acc0[q]), s1 = warp_sum(acc1[q]);
@@ -616,6 +683,36 @@ __global__ void __launch_bounds__(256) grouped_gemm_kernel(const G* in, const G*
           out[(rb + q) * N + j0] = s0;
           if (two) out[(rb + q) * N + j0 + 1] = s1;
         }
+      }
+    }
+  }
+}
+
+// The gate/up GEMM fused with the activation: each warp takes gate row j
+// and up row j of W_l ([2I, Kd]) together and writes a[r, j] = act(gate) * up
+// in the GEMM type, so the f32 gate/up rows never reach memory.
+template <class G, int VEC, int kRows>
+__global__ void __launch_bounds__(256) grouped_gated_kernel(const G* in, const G* W, int64_t w_stride, G* out,
+                                                            const int32_t* off, int I, int Kd, int act, int kPasses) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int l = blockIdx.y;
+  int64_t r0, r1;
+  group_rows(off, nullptr, 0, 0, l, &r0, &r1);
+  if (r0 >= r1) return;
+  const G* Wl = W + l * w_stride;
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int j = (static_cast<int>(blockIdx.x) * kPasses + pass) * warps + warp;
+    if (j >= I) break;
+    const G* wg = Wl + static_cast<int64_t>(j) * Kd;
+    const G* wu = Wl + static_cast<int64_t>(I + j) * Kd;
+    for (int64_t rb = r0; rb < r1; rb += kRows) {
+      const int nr = r1 - rb < kRows ? static_cast<int>(r1 - rb) : kRows;
+      float acc0[kRows], acc1[kRows];
+      dot_rows2<G, VEC, kRows>(wg, wu, in, rb, nr, Kd, lane, acc0, acc1);
+#pragma unroll
+      for (int q = 0; q < kRows; ++q) {
+        const float g = warp_sum(acc0[q]), u = warp_sum(acc1[q]);
+        if (lane == 0 && q < nr) out[(rb + q) * I + j] = cvt<G>(activate(act, g) * u);
       }
     }
   }
@@ -753,6 +850,10 @@ class CudaLayer final : public DeviceLayer {
                     const int* cnt, int64_t pad, int groups, int64_t rows, int N, int Kd, cudaStream_t s,
                     int64_t rows_hint);
   void act(const float* h, void* a, const int32_t* rows_dev, int64_t rows, int64_t I, cudaStream_t s);
+  // The experts' gate/up GEMM with the activation fused: rows of X (groups
+  // by `off`) -> A [rows, I] in the GEMM type.
+  void grouped_gated(const void* X, void* A, const int32_t* off, int groups, int I, int Kd, cudaStream_t s,
+                     int64_t rows_hint);
   void check_errors(const int* hm);
 
   DeviceLayerDesc d_;
@@ -833,8 +934,12 @@ CudaLayer::CudaLayer(const DeviceLayerDesc& d) : d_(d), gdt_(d.weight_dtype), ge
   meta_ints_ = static_cast<size_t>(L + 5);
   meta_.alloc(meta_ints_ * 4, "workspace");
   // The expert rows: room for the pairs plus half again, so that the padded
-  // (one call per GEMM) layout fits when the experts' counts are uneven.
-  cap_rows_ = std::max<int64_t>(P + P / 2, L * std::min<int64_t>(d.sync_free_tokens, R));
+  // (one call per GEMM) layout fits when the experts' counts are uneven, and
+  // for slots of sync_free_tokens rows per local expert (decode), the latter
+  // capped at 256 MiB of rows (beyond it decode uses the grouped kernel).
+  const int64_t row_cost = H * static_cast<int64_t>(ges_) + 2 * I * 4 + I * static_cast<int64_t>(ges_) + H * 4;
+  const int64_t slot_rows = std::min<int64_t>(L * std::min<int64_t>(d.sync_free_tokens, R), (int64_t{256} << 20) / row_cost);
+  cap_rows_ = std::max<int64_t>(P + P / 2, slot_rows);
   xperm_.alloc(sz(cap_rows_ * H) * ges_, "workspace");
   h_.alloc(sz(cap_rows_ * 2 * I) * 4, "workspace");
   a_.alloc(sz(cap_rows_ * I) * ges_, "workspace");
@@ -1027,6 +1132,30 @@ void CudaLayer::grouped_gemm(ep_moe_dtype_t dt, const void* X, const void* W, in
   check_launch("grouped GEMM kernel");
 }
 
+void CudaLayer::grouped_gated(const void* X, void* A, const int32_t* off, int groups, int I, int Kd, cudaStream_t s,
+                              int64_t rows_hint) {
+  if (groups <= 0) return;
+  const bool many = rows_hint > 6;
+  const int passes = rows_hint > 2 ? 2 : 1;
+  const dim3 grid(static_cast<unsigned>((I + 8 * passes - 1) / (8 * passes)), static_cast<unsigned>(groups));
+  const int64_t w_stride = 2 * static_cast<int64_t>(I) * Kd;
+  const bool vec = (Kd * static_cast<int64_t>(ges_)) % 16 == 0 && alignment_of(X) >= 16 && alignment_of(w_gu_.p) >= 16;
+  with_type(gdt_, [&](auto* tag) {
+    using G = std::remove_pointer_t<decltype(tag)>;
+    constexpr int V = 16 / sizeof(G);
+    const G* x = static_cast<const G*>(X);
+    const G* w = w_gu_.as<G>();
+    G* a = static_cast<G*>(A);
+    if (vec && many)
+      grouped_gated_kernel<G, V, 16><<<grid, 256, 0, s>>>(x, w, w_stride, a, off, I, Kd, d_.activation, passes);
+    else if (vec)
+      grouped_gated_kernel<G, V, 4><<<grid, 256, 0, s>>>(x, w, w_stride, a, off, I, Kd, d_.activation, passes);
+    else
+      grouped_gated_kernel<G, 1, 4><<<grid, 256, 0, s>>>(x, w, w_stride, a, off, I, Kd, d_.activation, passes);
+  });
+  check_launch("grouped gate/up kernel");
+}
+
 void CudaLayer::act(const float* h, void* a, const int32_t* rows_dev, int64_t rows, int64_t I, cudaStream_t s) {
   if (rows <= 0 || I <= 0) return;
   with_type(gdt_, [&](auto* tag) {
@@ -1140,7 +1269,6 @@ void CudaLayer::compute(const DeviceRows& r, void* stream) {
   if (P > 0 && !routed_) check(cudaMemsetAsync(meta, 0, meta_ints_ * 4, s), "clear counts");
   if (P > 0) routed_ = false;
   int32_t* offsets = offsets_.as<int32_t>();
-  const int32_t* total = offsets + L;
   const ep_moe_dtype_t adt = d_.act_dtype;
   const int64_t s0 = S > 0 ? std::max<int64_t>(0, r.shared_begin) : 0;
   const int64_t s1 = S > 0 ? std::min<int64_t>(n, r.shared_end) : 0;
@@ -1156,17 +1284,6 @@ void CudaLayer::compute(const DeviceRows& r, void* stream) {
     PlanArgs pa{P, static_cast<int>(K), d_.num_experts, d_.ep_rank, d_.my_slot_begin, L, d_.weight_zero, r.assigned,
                 rep_begin_.as<int32_t>(), rep_slots_.as<int32_t>(), slot_rank_.as<int32_t>(), g2l_.as<int32_t>(),
                 load_.as<unsigned long long>()};
-    plan_count_kernel<<<grid_for(P, 256), 256, 0, s>>>(pa, r.ids, r.w, pair_local_.as<int32_t>(), pair_w_.as<float>(),
-                                                       meta);
-    check_launch("plan kernel");
-    if (L > 0) {
-      // A warp per 32 slots, up to 1024 threads (then several slots each).
-      const int threads = std::min(1024, (L + 31) / 32 * 32);
-      plan_scan_kernel<<<1, threads, 0, s>>>(L, meta, offsets, cursor_.as<int32_t>());
-      check_launch("plan scan kernel");
-    } else {
-      check(cudaMemsetAsync(offsets, 0, 4, s), "clear offsets");
-    }
     if (sync_free && !d_.weight_zero && L > 0 && L * n <= cap_rows_) {
       // No counts on the host, but no expert gets more than n rows (a
       // token picks an expert once): when most experts are likely active
@@ -1175,35 +1292,53 @@ void CudaLayer::compute(const DeviceRows& r, void* stream) {
       // weights once at full speed; with few active experts the grouped
       // kernel, which skips the idle ones, reads less.
       const double active = 1.0 - std::pow(1.0 - static_cast<double>(K) / d_.num_experts, static_cast<double>(n));
-      if (active >= 0.5) {
-        pad = n;
+      if (active >= 0.5) pad = n;
+    }
+    if (sync_free && P <= kSmallPlanPairs && L > 0) {
+      // The whole plan in one block (one launch instead of four).
+      plan_small_kernel<<<1, 512, static_cast<size_t>(2 * L) * 4, s>>>(pa, r.ids, r.w, pair_local_.as<int32_t>(),
+                                                                     pair_w_.as<float>(), pair_pos_.as<int32_t>(),
+                                                                     meta, offsets, pad);
+      check_launch("plan kernel");
+    } else {
+      plan_count_kernel<<<grid_for(P, 256), 256, 0, s>>>(pa, r.ids, r.w, pair_local_.as<int32_t>(),
+                                                         pair_w_.as<float>(), meta);
+      check_launch("plan kernel");
+      if (L > 0) {
+        // A warp per 32 slots, up to 1024 threads (then several slots each).
+        const int threads = std::min(1024, (L + 31) / 32 * 32);
+        plan_scan_kernel<<<1, threads, 0, s>>>(L, meta, offsets, cursor_.as<int32_t>());
+        check_launch("plan scan kernel");
+      } else {
+        check(cudaMemsetAsync(offsets, 0, 4, s), "clear offsets");
+      }
+      if (!sync_free) {
+        // The one synchronisation: the per-expert counts (and any input error).
+        int* hm = host_meta_;
+        int32_t* ho = host_meta_ + meta_ints_;
+        check(cudaMemcpyAsync(hm, meta, meta_ints_ * 4, cudaMemcpyDeviceToHost, s), "read counts");
+        check(cudaMemcpyAsync(ho, offsets, static_cast<size_t>(L + 1) * 4, cudaMemcpyDeviceToHost, s), "read offsets");
+        check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+        check_errors(hm);
+        hoff = ho;
+        int64_t most = 0;
+        for (int l = 0; l < L; ++l) most = std::max<int64_t>(most, hoff[l + 1] - hoff[l]);
+        const int64_t used = hoff[L];
+        if (L > 1 && most > 0 && L * most <= cap_rows_ && L * most <= 2 * used) {
+          pad = most;
+          int32_t* starts = ho + L + 1;
+          for (int l = 0; l < L; ++l) starts[l] = static_cast<int32_t>(l * pad);
+          check(cudaMemcpyAsync(cursor_.p, starts, static_cast<size_t>(L) * 4, cudaMemcpyHostToDevice, s),
+                "padded slots");
+        }
+      } else if (pad > 0) {
         padded_cursor_kernel<<<grid_for(L, 256), 256, 0, s>>>(L, pad, cursor_.as<int32_t>());
         check_launch("padded slots");
       }
+      plan_fill_kernel<<<grid_for(P, 256), 256, 0, s>>>(P, pair_local_.as<int32_t>(), cursor_.as<int32_t>(),
+                                                        pair_pos_.as<int32_t>());
+      check_launch("plan fill kernel");
     }
-    if (!sync_free) {
-      // The one synchronisation: the per-expert counts (and any input error).
-      int* hm = host_meta_;
-      int32_t* ho = host_meta_ + meta_ints_;
-      check(cudaMemcpyAsync(hm, meta, meta_ints_ * 4, cudaMemcpyDeviceToHost, s), "read counts");
-      check(cudaMemcpyAsync(ho, offsets, static_cast<size_t>(L + 1) * 4, cudaMemcpyDeviceToHost, s), "read offsets");
-      check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-      check_errors(hm);
-      hoff = ho;
-      int64_t most = 0;
-      for (int l = 0; l < L; ++l) most = std::max<int64_t>(most, hoff[l + 1] - hoff[l]);
-      const int64_t used = hoff[L];
-      if (L > 1 && most > 0 && L * most <= cap_rows_ && L * most <= 2 * used) {
-        pad = most;
-        int32_t* starts = ho + L + 1;
-        for (int l = 0; l < L; ++l) starts[l] = static_cast<int32_t>(l * pad);
-        check(cudaMemcpyAsync(cursor_.p, starts, static_cast<size_t>(L) * 4, cudaMemcpyHostToDevice, s),
-              "padded slots");
-      }
-    }
-    plan_fill_kernel<<<grid_for(P, 256), 256, 0, s>>>(P, pair_local_.as<int32_t>(), cursor_.as<int32_t>(),
-                                                      pair_pos_.as<int32_t>());
-    check_launch("plan fill kernel");
   }
   with_type(adt, [&](auto* ta) {
     using A = std::remove_pointer_t<decltype(ta)>;
@@ -1229,8 +1364,7 @@ void CudaLayer::compute(const DeviceRows& r, void* stream) {
   // Rows an active expert is expected to get (the grouped kernel's shape).
   const int64_t hint = L > 0 ? (P + L * d_.ep_size - 1) / (static_cast<int64_t>(L) * d_.ep_size) : P;
   if (P > 0 && sync_free && pad == 0) {
-    grouped_gemm(gdt_, xperm_.p, w_gu_.p, wgu_stride, h_.as<float>(), offsets, nullptr, 0, L, 0, gu_n, h_n, s, hint);
-    act(h_.as<float>(), a_.p, total, P, I, s);
+    grouped_gated(xperm_.p, a_.p, offsets, L, i_n, h_n, s, hint);
     grouped_gemm(gdt_, a_.p, w_down_.p, wd_stride, y_.as<float>(), offsets, nullptr, 0, L, 0, h_n, i_n, s, hint);
   } else if (P > 0 && pad > 0) {
     if (!lt_gemm(Gemm::GateUp, gdt_, w_gu_.p, xperm_.p, h_.as<float>(), pad, gu_n, h_n, s, L))
