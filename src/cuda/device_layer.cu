@@ -824,7 +824,8 @@ class CudaLayer final : public DeviceLayer {
     }
     return scratch_.p;
   }
-  bool is_device_pointer(const void* p) const override;
+  int pointer_device(const void* p) const override;
+  int device_ordinal() const override { return d_.device; }
   void download(void* dst, const void* src, size_t bytes) const override {
     DeviceGuard g(d_.device);
     check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "read device buffer");
@@ -998,13 +999,14 @@ CudaLayer::~CudaLayer() {
   if (lt_) (void)cublasLtDestroy(lt_);
 }
 
-bool CudaLayer::is_device_pointer(const void* p) const {
+int CudaLayer::pointer_device(const void* p) const {
   cudaPointerAttributes at;
   if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
     (void)cudaGetLastError();
-    return false;
+    return -1;
   }
-  return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
+  if (at.type == cudaMemoryTypeManaged) return d_.device;
+  return at.type == cudaMemoryTypeDevice ? at.device : -1;
 }
 
 void CudaLayer::upload(Part part, int32_t slot, int64_t row0, const cpu::Source& src, int64_t rows, int64_t cols,

@@ -150,7 +150,12 @@ class DeviceLayer {
   // At least `bytes` of device memory for host data over a device
   // communicator (grows; never used by forward).
   virtual void* scratch(size_t bytes) = 0;
-  virtual bool is_device_pointer(const void* p) const = 0;
+  // The device whose memory p is (managed memory: this layer's), or -1 for
+  // host memory.
+  virtual int pointer_device(const void* p) const = 0;
+  // Whether p is memory of this layer's device.
+  bool is_device_pointer(const void* p) const { return pointer_device(p) == device_ordinal(); }
+  virtual int device_ordinal() const = 0;
   // Copies `bytes` of device memory to the host.
   virtual void download(void* dst, const void* src, size_t bytes) const = 0;
 };

@@ -281,7 +281,10 @@ bool Layer::set_weight(ep_moe_weight_t which, int32_t expert, const void* data, 
                    static_cast<long long>(r), static_cast<long long>(c), static_cast<long long>(rows),
                    static_cast<long long>(cols));
   EP_MOE_CHECK_ARG(data != nullptr, "data is NULL");
-  if (dev_ && wants(which, expert) && dev_->is_device_pointer(data)) {
+  const int on = dev_ && wants(which, expert) ? dev_->pointer_device(data) : -1;
+  EP_MOE_CHECK_ARG(on < 0 || on == cfg_.device, "data is memory of CUDA device %d, but the layer is on device %d", on,
+                   cfg_.device);
+  if (on >= 0) {
     if (which == EP_MOE_WEIGHT_SCORE_BIAS || which == EP_MOE_WEIGHT_SHARED_EXPERT_GATE) {
       // Small vectors the layer checks on the host: read them back first.
       std::vector<char> host(static_cast<size_t>(rows * cols) * dtype_size(dtype));

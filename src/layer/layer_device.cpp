@@ -323,8 +323,9 @@ void Layer::forward_device(const ep_moe_forward_args_t& a) {
     if (T > 0) {
       auto on_device = [&](const void* p, const char* what) {
         if (p != nullptr && !dev_->is_device_pointer(p))
-          fail(EP_MOE_ERR_INVALID_ARGUMENT, "%s is not device memory: a CUDA layer (device %d) takes device pointers",
-               what, cfg_.device);
+          fail(EP_MOE_ERR_INVALID_ARGUMENT,
+               "%s is not memory of CUDA device %d: a CUDA layer takes pointers to its own device's memory", what,
+               cfg_.device);
       };
       on_device(a.hidden, "hidden");
       on_device(a.out, "out");

@@ -908,7 +908,7 @@ void error_cases(std::mt19937& rng) {
     d.args.hidden = st.hidden.data();  // host memory
     expect(ep_moe_layer_forward(rl.layer, &d.args) == EP_MOE_ERR_INVALID_ARGUMENT,
            "host hidden pointer is an INVALID_ARGUMENT");
-    expect(std::string(ep_moe_layer_last_error(rl.layer)).find("device memory") != std::string::npos,
+    expect(std::string(ep_moe_layer_last_error(rl.layer)).find("memory of CUDA device") != std::string::npos,
            "the message says device memory");
   }
   {
