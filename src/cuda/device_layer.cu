@@ -1032,6 +1032,9 @@ void CudaLayer::upload(Part part, int32_t slot, int64_t row0, const cpu::Source&
     check(cudaMemcpy2D(dst, row_bytes, s0, static_cast<size_t>(src.ld) * ses, row_bytes, static_cast<size_t>(rows),
                        src_on_device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice),
           "weight upload");
+    // A device-to-device cudaMemcpy may return before the copy is done; the
+    // caller may reuse its buffer once set_weight returns.
+    if (src_on_device) check(cudaDeviceSynchronize(), "weight upload");
     return;
   }
   // Other layouts: the source span to the host (when on the device), then
