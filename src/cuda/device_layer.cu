@@ -1512,12 +1512,14 @@ void CudaLayer::copy_expert_from(const DeviceLayer& src, int32_t src_slot, int32
   check(cudaMemcpy(w_down_.as<char>() + dst_slot * dn, o.w_down_.as<char>() + src_slot * dn, dn,
                    cudaMemcpyDeviceToDevice),
         "copy expert");
+  check(cudaDeviceSynchronize(), "copy expert");  // done before the old layer can be freed
 }
 
 void CudaLayer::copy_router_from(const DeviceLayer& src) {
   DeviceGuard g(d_.device);
   const auto& o = static_cast<const CudaLayer&>(src);
   check(cudaMemcpy(router_.p, o.router_.p, router_.bytes, cudaMemcpyDeviceToDevice), "copy router");
+  check(cudaDeviceSynchronize(), "copy router");
 }
 
 DeviceStats CudaLayer::stats() {
