@@ -294,10 +294,9 @@ struct PlanArgs {
 };
 
 // meta: [0, n_local) counts, [n_local] skipped, [n_local+1] error code,
-// [n_local+2] error position, [n_local+3] active experts, [n_local+4]
-// tokens (rows that are not padding).
-// Pair i's local slot (-1: none) and weight; counts skipped pairs, tokens,
-// errors and the load window in the meta block and a.load.
+// [n_local+2] error position, [n_local+3] active experts.
+// Pair i's local slot (-1: none) and weight; counts skipped pairs, errors
+// and the load window in the meta block and a.load.
 __device__ int plan_pair(const PlanArgs& a, const int32_t* ids, const float* w, int64_t i, int* meta, float* weight) {
   const int64_t t = i / a.K;
   const int k = static_cast<int>(i % a.K);
@@ -305,7 +304,6 @@ __device__ int plan_pair(const PlanArgs& a, const int32_t* ids, const float* w, 
   float wt = w[i];
   int l = -1;
   bool real = true;
-  if (k == 0 && e != -1 && !a.assigned) atomicAdd(meta + a.n_local + 4, 1);
   if (e < 0 || e >= a.E) {
     // -1: a padding row, a token the router rejected (its error is already
     // set), or (assigned rows) a pair sent to another rank.
@@ -478,11 +476,10 @@ __device__ __forceinline__ float activate(int act, float g) {
   }
 }
 
-// a[r, j] = act(h[r, j]) * h[r, I + j] for r < rows (rows from the device
-// when `rows_dev` is set, else `rows`).
+// a[r, j] = act(h[r, j]) * h[r, I + j] for r < rows.
 template <class G>
-__global__ void act_kernel(const float* h, G* a, const int32_t* rows_dev, int64_t rows, int64_t I, int act) {
-  const int64_t n = (rows_dev ? static_cast<int64_t>(*rows_dev) : rows) * I;
+__global__ void act_kernel(const float* h, G* a, int64_t rows, int64_t I, int act) {
+  const int64_t n = rows * I;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / I, j = i - r * I;
@@ -801,16 +798,18 @@ class CudaLayer final : public DeviceLayer {
     check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
   }
   DeviceStats stats() override;
-  void set_stat_tokens(int64_t tokens) override { tokens_override_ = tokens; }
   int64_t weight_bytes() const override { return weight_bytes_; }
-  void read_load(int64_t* out, bool reset) override {
+  void read_load(int64_t* out) override {
     DeviceGuard g(d_.device);
     check(cudaDeviceSynchronize(), "wait for the forwards");  // their streams are the caller's
     static_assert(sizeof(unsigned long long) == sizeof(int64_t), "64-bit counts");
     check(cudaMemcpy(out, load_.p, static_cast<size_t>(d_.num_experts) * 8, cudaMemcpyDeviceToHost), "read load");
-    if (reset) check(cudaMemset(load_.p, 0, static_cast<size_t>(d_.num_experts) * 8), "reset load");
   }
-  int64_t* load_scratch() override { return load_scratch_.as<int64_t>(); }
+  void reset_load() override {
+    DeviceGuard g(d_.device);
+    check(cudaMemset(load_.p, 0, static_cast<size_t>(d_.num_experts) * 8), "reset load");
+    check(cudaDeviceSynchronize(), "reset load");
+  }
   void extract_units(int32_t slot, int32_t j0, int32_t n, uint8_t* out) override;
   void copy_expert_from(const DeviceLayer& src, int32_t src_slot, int32_t dst_slot) override;
   void copy_router_from(const DeviceLayer& src) override;
@@ -850,7 +849,7 @@ class CudaLayer final : public DeviceLayer {
   void grouped_gemm(ep_moe_dtype_t dt, const void* X, const void* W, int64_t w_stride, float* Y, const int32_t* off,
                     const int* cnt, int64_t pad, int groups, int64_t rows, int N, int Kd, cudaStream_t s,
                     int64_t rows_hint);
-  void act(const float* h, void* a, const int32_t* rows_dev, int64_t rows, int64_t I, cudaStream_t s);
+  void act(const float* h, void* a, int64_t rows, int64_t I, cudaStream_t s);
   // The experts' gate/up GEMM with the activation fused: rows of X (groups
   // by `off`) -> A [rows, I] in the GEMM type.
   void grouped_gated(const void* X, void* A, const int32_t* off, int groups, int I, int Kd, cudaStream_t s,
@@ -872,7 +871,7 @@ class CudaLayer final : public DeviceLayer {
   int64_t weight_bytes_ = 0;
   // Placement tables.
   DevBuf rep_begin_, rep_slots_, slot_rank_, g2l_;
-  DevBuf load_, load_scratch_;  // [E] pairs computed here; scratch for its reduction
+  DevBuf load_;                 // [E] pairs computed here (the load window)
   DevBuf scratch_;              // host data over a device communicator (re-placement)
   // Workspace of compute(), sized for max_rows.
   DevBuf pair_local_, pair_w_, pair_pos_, offsets_, cursor_, meta_;
@@ -884,10 +883,10 @@ class CudaLayer final : public DeviceLayer {
   int* host_meta_ = nullptr;      // pinned copy of meta_ + offsets_
   cudaEvent_t ev_[4] = {};        // start, routed+permuted, experts, combined
   cudaEvent_t ev_meta_ = nullptr;
-  bool capturing_ = false, have_stats_ = false, have_times_ = false, routed_ = false;
+  bool capturing_ = false, have_stats_ = false, have_times_ = false;
   int64_t last_shared_rows_ = 0, cap_rows_ = 0;
   DeviceStats last_;
-  int64_t last_rows_ = 0, tokens_override_ = -1;
+  int64_t last_rows_ = 0;
   size_t meta_ints_ = 0;
 };
 
@@ -923,7 +922,6 @@ CudaLayer::CudaLayer(const DeviceLayerDesc& d) : d_(d), gdt_(d.weight_dtype), ge
   upload_table(slot_rank_, d.slot_rank);
   upload_table(g2l_, d.global_to_local);
   load_.alloc(static_cast<size_t>(E) * 8, "load counts");
-  load_scratch_.alloc(static_cast<size_t>(E) * 8, "load counts");
   check(cudaMemset(load_.p, 0, load_.bytes), "clear load counts");
 
   const auto sz = [](int64_t n) { return static_cast<size_t>(std::max<int64_t>(n, 1)); };
@@ -932,7 +930,7 @@ CudaLayer::CudaLayer(const DeviceLayerDesc& d) : d_(d), gdt_(d.weight_dtype), ge
   pair_pos_.alloc(sz(P) * 4, "workspace");
   offsets_.alloc(sz(L + 1) * 4, "workspace");
   cursor_.alloc(sz(L) * 4, "workspace");
-  meta_ints_ = static_cast<size_t>(L + 5);
+  meta_ints_ = static_cast<size_t>(L + 4);
   meta_.alloc(meta_ints_ * 4, "workspace");
   // The expert rows: room for the pairs plus half again, so that the padded
   // (one call per GEMM) layout fits when the experts' counts are uneven, and
@@ -1161,11 +1159,11 @@ void CudaLayer::grouped_gated(const void* X, void* A, const int32_t* off, int gr
   check_launch("grouped gate/up kernel");
 }
 
-void CudaLayer::act(const float* h, void* a, const int32_t* rows_dev, int64_t rows, int64_t I, cudaStream_t s) {
+void CudaLayer::act(const float* h, void* a, int64_t rows, int64_t I, cudaStream_t s) {
   if (rows <= 0 || I <= 0) return;
   with_type(gdt_, [&](auto* tag) {
     using G = std::remove_pointer_t<decltype(tag)>;
-    act_kernel<G><<<grid_for(rows * I, 256), 256, 0, s>>>(h, static_cast<G*>(a), rows_dev, rows, I, d_.activation);
+    act_kernel<G><<<grid_for(rows * I, 256), 256, 0, s>>>(h, static_cast<G*>(a), rows, I, d_.activation);
   });
   check_launch("activation kernel");
 }
@@ -1178,8 +1176,9 @@ bool CudaLayer::begin(void* stream) {
   have_stats_ = have_times_ = false;
   last_ = DeviceStats{};
   last_rows_ = 0;
-  tokens_override_ = -1;
-  routed_ = false;
+  // The meta block (counts, errors) starts each forward cleared: routing
+  // writes its errors there, the plan its counts.
+  check(cudaMemsetAsync(meta_.p, 0, meta_ints_ * 4, static_cast<cudaStream_t>(stream)), "clear counts");
   return capturing_;
 }
 
@@ -1189,9 +1188,7 @@ void CudaLayer::route(const DeviceForward& f, int32_t* ids, float* w) {
   const int64_t T = f.tokens, H = d_.hidden, K = d_.top_k, E = d_.num_experts;
   if (T == 0) return;
   const int L = d_.num_local;
-  int* meta = meta_.as<int>();
-  // Routing errors land in the meta block, which compute() reads.
-  check(cudaMemsetAsync(meta, 0, meta_ints_ * 4, s), "clear counts");
+  int* meta = meta_.as<int>();  // routing errors land there (cleared by begin())
   if (f.own_router || f.router_logits) {
     RouteArgs ra{static_cast<int>(E), static_cast<int>(K), d_.num_group, d_.topk_group, d_.sigmoid, d_.renormalize,
                  d_.use_bias ? bias_.as<float>() : nullptr, d_.scale};
@@ -1224,7 +1221,6 @@ void CudaLayer::route(const DeviceForward& f, int32_t* ids, float* w) {
     check(cudaMemcpyAsync(w, f.topk_weights, static_cast<size_t>(T * K) * 4, cudaMemcpyDeviceToDevice, s),
           "copy topk_weights");
   }
-  routed_ = true;
 }
 
 void CudaLayer::check_route(void* stream) {
@@ -1271,8 +1267,6 @@ void CudaLayer::compute(const DeviceRows& r, void* stream) {
   const bool timed = !capturing_ && r.ids != nullptr;
   if (timed) check(cudaEventRecord(ev_[0], s), "cudaEventRecord");
   int* meta = meta_.as<int>();
-  if (P > 0 && !routed_) check(cudaMemsetAsync(meta, 0, meta_ints_ * 4, s), "clear counts");
-  if (P > 0) routed_ = false;
   int32_t* offsets = offsets_.as<int32_t>();
   const ep_moe_dtype_t adt = d_.act_dtype;
   const int64_t s0 = S > 0 ? std::max<int64_t>(0, r.shared_begin) : 0;
@@ -1374,7 +1368,7 @@ void CudaLayer::compute(const DeviceRows& r, void* stream) {
   } else if (P > 0 && pad > 0) {
     if (!lt_gemm(Gemm::GateUp, gdt_, w_gu_.p, xperm_.p, h_.as<float>(), pad, gu_n, h_n, s, L))
       grouped_gemm(gdt_, xperm_.p, w_gu_.p, wgu_stride, h_.as<float>(), nullptr, meta, pad, L, 0, gu_n, h_n, s, hint);
-    act(h_.as<float>(), a_.p, nullptr, L * pad, I, s);
+    act(h_.as<float>(), a_.p, L * pad, I, s);
     if (!lt_gemm(Gemm::Down, gdt_, w_down_.p, a_.p, y_.as<float>(), pad, h_n, i_n, s, L))
       grouped_gemm(gdt_, a_.p, w_down_.p, wd_stride, y_.as<float>(), nullptr, meta, pad, L, 0, h_n, i_n, s, hint);
   } else if (P > 0) {
@@ -1390,7 +1384,7 @@ void CudaLayer::compute(const DeviceRows& r, void* stream) {
     }
     if (!lt_ok)
       grouped_gemm(gdt_, xperm_.p, w_gu_.p, wgu_stride, h_.as<float>(), offsets, nullptr, 0, L, 0, gu_n, h_n, s, hint);
-    act(h_.as<float>(), a_.p, nullptr, hoff[L], I, s);
+    act(h_.as<float>(), a_.p, hoff[L], I, s);
     lt_ok = true;
     for (int l = 0; l < L && lt_ok; ++l) {
       const int64_t m = hoff[l + 1] - hoff[l];
@@ -1407,7 +1401,7 @@ void CudaLayer::compute(const DeviceRows& r, void* stream) {
                  static_cast<int>(H), s, 1))
       grouped_gemm(gdt_, xs_.p, s_gu_.p, 0, hs_.as<float>(), nullptr, nullptr, 0, 1, sn, static_cast<int>(2 * S),
                    static_cast<int>(H), s, sn);
-    act(hs_.as<float>(), as_.p, nullptr, sn, S, s);
+    act(hs_.as<float>(), as_.p, sn, S, s);
     if (!lt_gemm(Gemm::SharedDown, gdt_, s_down_.p, as_.p, ys_.as<float>(), sn, static_cast<int>(H),
                  static_cast<int>(S), s, 1))
       grouped_gemm(gdt_, as_.p, s_down_.p, 0, ys_.as<float>(), nullptr, nullptr, 0, 1, sn, static_cast<int>(H),
@@ -1532,7 +1526,6 @@ DeviceStats CudaLayer::stats() {
   for (int l = 0; l < L; ++l) st.local_pairs += host_meta_[l];
   st.skipped = host_meta_[L];
   st.active = host_meta_[L + 3];
-  st.tokens = tokens_override_ >= 0 ? tokens_override_ : host_meta_[L + 4];
   if (have_times_) {
     float ms[3] = {0, 0, 0};
     for (int i = 0; i < 3; ++i) check(cudaEventElapsedTime(&ms[i], ev_[i], ev_[i + 1]), "cudaEventElapsedTime");

@@ -76,7 +76,7 @@ struct DeviceRows {
 // What the last forward did, for the layer's attributes. Counts are read
 // from the device lazily (after the forward's work completes).
 struct DeviceStats {
-  int64_t tokens = 0, local_pairs = 0, skipped = 0, active = 0;
+  int64_t local_pairs = 0, skipped = 0, active = 0;
   int64_t permute_ns = 0, permute_bytes = 0, expert_ns = 0, combine_ns = 0, combine_bytes = 0;
   int32_t sync_free = -1;
 };
@@ -131,15 +131,11 @@ class DeviceLayer {
   virtual void copy(void* dst, const void* src, size_t bytes, void* stream) = 0;
   virtual void sync(void* stream) = 0;
   virtual DeviceStats stats() = 0;
-  // Overrides the token count of the last forward's statistics.
-  virtual void set_stat_tokens(int64_t tokens) = 0;
   virtual int64_t weight_bytes() const = 0;
   // The per-logical-expert count of real pairs computed here since the last
-  // reset ([E], waits for the device); `reduce` (may be null) sums it over
-  // the group with device buffers when given.
-  virtual void read_load(int64_t* out, bool reset) = 0;
-  // Device scratch of E int64 for reducing the load over a device communicator.
-  virtual int64_t* load_scratch() = 0;
+  // reset ([E]; waits for the device), and the reset.
+  virtual void read_load(int64_t* out) = 0;
+  virtual void reset_load() = 0;
   // Live re-placement (replace.cpp): `n` units [gate row | up row | down
   // column] (H elements each, weight dtype) from row j0 of local slot `slot`
   // (-1: the shared shard) into host memory.
@@ -148,7 +144,7 @@ class DeviceLayer {
   virtual void copy_expert_from(const DeviceLayer& src, int32_t src_slot, int32_t dst_slot) = 0;
   virtual void copy_router_from(const DeviceLayer& src) = 0;
   // At least `bytes` of device memory for host data over a device
-  // communicator (grows; never used by forward).
+  // communicator (grows; forward only uses what setup sized).
   virtual void* scratch(size_t bytes) = 0;
   // The device whose memory p is (managed memory: this layer's), or -1 for
   // host memory.

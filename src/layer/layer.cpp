@@ -514,10 +514,6 @@ void Layer::route_tokens(const ep_moe_forward_args_t& a) {
 }
 
 void Layer::forward(const ep_moe_forward_args_t& a) {
-  if (dev_) {
-    forward_device(a);
-    return;
-  }
   Stages st;
   const bool decide = dispatch_ != EP_MOE_DISPATCH_ALLGATHER;
   if (decide) {
@@ -530,9 +526,17 @@ void Layer::forward(const ep_moe_forward_args_t& a) {
     int64_t dp_offset = 0, padded = 0;
     Gather gather = Gather::None;
     validate_forward(a, &dp_offset, &padded, &gather);
-    route_tokens(a);
+    // CUDA layers route on the device (layer_device.cpp); `capturing`: their
+    // stream is being captured into a CUDA graph.
+    bool capturing = false;
+    if (dev_) {
+      capturing = route_device(a);
+    } else {
+      route_tokens(a);
+    }
     int32_t mode = EP_MOE_DISPATCH_ALLGATHER;
     if (decide) {
+      if (dev_) choice_to_host(a, capturing);
       plan_sends(a.num_tokens);
       exchange_counts(st.enter(), a);
       mode = dispatch_ == EP_MOE_DISPATCH_AUTO ? cheaper_mode(a, gather, padded) : EP_MOE_DISPATCH_ALLTOALL;
@@ -545,7 +549,13 @@ void Layer::forward(const ep_moe_forward_args_t& a) {
       }
     }
     if (mode == EP_MOE_DISPATCH_ALLGATHER) {
-      forward_allgather(a, &st, dp_offset, padded, gather);
+      if (dev_) {
+        device_allgather(a, &st, dp_offset, padded, gather, capturing);
+      } else {
+        forward_allgather(a, &st, dp_offset, padded, gather);
+      }
+    } else if (dev_) {
+      device_alltoall(a, &st);
     } else {
       forward_alltoall(a, &st);
     }
@@ -882,7 +892,9 @@ void Layer::exchange_counts(Comm* ep, const ep_moe_forward_args_t& a) {
   std::vector<int64_t>& mine = count_row_;
   mine[0] = a.num_tokens;
   for (int32_t d = 0; d < n; ++d) mine[static_cast<size_t>(d) + 1] = send_count_[static_cast<size_t>(d)];
-  ep->all_gather(count_matrix_.data(), mine.data(), static_cast<size_t>(n) + 1, EP_MOE_DTYPE_I64, a.stream);
+  // A CUDA layer over NCCL: these host counts go through device memory.
+  Comm* c = ep_staged_ ? ep_staged_.get() : ep;
+  c->all_gather(count_matrix_.data(), mine.data(), static_cast<size_t>(n) + 1, EP_MOE_DTYPE_I64, a.stream);
 }
 
 int32_t Layer::cheaper_mode(const ep_moe_forward_args_t& a, Gather gather, int64_t padded) {
@@ -1046,24 +1058,17 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
 
 void Layer::expert_load(int64_t* out, bool across_ranks, bool reset) {
   const size_t E = load_.size();
-  if (dev_) dev_->read_load(load_.data(), reset);  // the device keeps the window
-  if (dev_ && across_ranks && ep_ && ep_->device_memory()) {
-    int64_t* d = dev_->load_scratch();
-    dev_->copy(d, load_.data(), E * 8, nullptr);
-    ep_->all_reduce(d, d, E, EP_MOE_DTYPE_I64, nullptr);
-    dev_->copy(out, d, E * 8, nullptr);
-    dev_->sync(nullptr);
-    if (reset) load_steps_ = 0;
-    return;
-  }
+  if (dev_) dev_->read_load(load_.data());  // a CUDA layer counts on the device
   if (across_ranks && ep_) {
     std::vector<int64_t> sum(load_);
-    ep_->all_reduce(sum.data(), sum.data(), E, EP_MOE_DTYPE_I64, nullptr);
+    Comm* c = ep_staged_ ? ep_staged_.get() : ep_;  // host data over NCCL goes through device memory
+    c->all_reduce(sum.data(), sum.data(), E, EP_MOE_DTYPE_I64, nullptr);
     std::copy(sum.begin(), sum.end(), out);
   } else {
     std::copy(load_.begin(), load_.end(), out);
   }
   if (reset) {
+    if (dev_) dev_->reset_load();
     std::fill(load_.begin(), load_.end(), 0);
     load_steps_ = 0;
   }
@@ -1073,7 +1078,6 @@ int64_t Layer::attr(ep_moe_layer_attr_t a) const {
   if (dev_) {
     switch (a) {
       case EP_MOE_LAYER_ATTR_WEIGHT_BYTES: return dev_->weight_bytes() + (has_router_ ? int64_t{cfg_.num_experts} * cfg_.hidden_size * 4 : 0);
-      case EP_MOE_LAYER_ATTR_LAST_TOKENS: return dev_->stats().tokens;
       case EP_MOE_LAYER_ATTR_LAST_LOCAL_PAIRS: return dev_->stats().local_pairs;
       case EP_MOE_LAYER_ATTR_LAST_SKIPPED_PAIRS: return dev_->stats().skipped;
       case EP_MOE_LAYER_ATTR_LAST_ACTIVE_EXPERTS: return dev_->stats().active;

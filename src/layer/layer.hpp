@@ -23,6 +23,9 @@ namespace ep_moe {
 
 const char* weight_name(ep_moe_weight_t w);
 
+// The collectives a CUDA layer's flows run (layer_device.cpp).
+enum class CollectiveOp { AllReduce, ReduceScatter, AllGather, AllGatherV, AllToAllV };
+
 class Layer {
  public:
   // Validates the config against the map and the communicators (throws).
@@ -111,15 +114,13 @@ class Layer {
   bool store(ep_moe_weight_t which, int32_t expert, cpu::Source src, bool shard_relative, bool src_on_device = false);
   // CUDA layers (cfg.device >= 0): the device part and its forward.
   void store_device(ep_moe_weight_t which, int32_t expert, cpu::Source src, bool shard_relative, bool src_on_device);
-  void forward_device(const ep_moe_forward_args_t& a);
   void setup_device();
-  enum class DevOp { AllReduce, ReduceScatter, AllGather, AllGatherV, AllToAllV };
+  bool route_device(const ep_moe_forward_args_t& a);
+  void choice_to_host(const ep_moe_forward_args_t& a, bool capturing);
   // A collective on device buffers (staged through pinned host memory for
   // host communicators; `counts`: per-rank counts of the v variants).
-  void dev_collective(Comm* c, DevOp op, void* out, const void* in, size_t count, const size_t* counts,
+  void dev_collective(Comm* c, CollectiveOp op, void* out, const void* in, size_t count, const size_t* counts,
                       const size_t* out_counts, ep_moe_dtype_t dt, void* stream, bool capturing);
-  // An all-gather of host data, also over a device communicator.
-  void host_all_gather(Comm* c, void* out, const void* in, size_t count, ep_moe_dtype_t dt, void* stream);
   void device_allgather(const ep_moe_forward_args_t& a, void* stages, int64_t dp_offset, int64_t padded, Gather gather,
                         bool capturing);
   void device_alltoall(const ep_moe_forward_args_t& a, void* stages);
@@ -147,6 +148,7 @@ class Layer {
   std::unique_ptr<cpu::ThreadPool> pool_;
   std::unique_ptr<cpu::FfnRunner> ffn_;
   std::unique_ptr<cuda::DeviceLayer> dev_;  // CUDA layers only
+  std::unique_ptr<Comm> ep_staged_;         // CUDA layer, NCCL, all-to-all: host counts over ep_ (host_view)
 
   std::vector<Expert> experts_;  // one per local routed slot
   Expert shared_;

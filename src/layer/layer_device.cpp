@@ -16,6 +16,9 @@
 namespace ep_moe {
 
 namespace {
+// Device scratch a staged collective of in/out bytes needs (StagedComm).
+size_t staged_scratch_bytes(size_t in, size_t out) { return (in + 255) / 256 * 256 + out + 1; }
+
 constexpr int32_t kMaxDeviceTopK = 64;      // per-token scratch of the routing and combine kernels
 constexpr int32_t kMaxDeviceExperts = 4096;  // the routing kernel keeps 2 E scores in shared memory
 size_t round_up(size_t v, size_t m) { return (v + m - 1) / m * m; }
@@ -93,10 +96,15 @@ void Layer::setup_device() {
   d.max_rows = flows ? max_rows : 0;
   d.max_send_rows = send_rows;
   d.max_ret_rows = a2a ? T * fanout : 0;
-  d.max_index = a2a ? T * K + 2 * send_rows + (T + 1) + T * fanout + 4 * ep * (ep + 1) + 64 : 0;
+  d.max_index = a2a ? T * K + 2 * send_rows + (T + 1) + T * fanout : 0;
   if (host_comm)  // the largest staged transfer: rows of the gather/all-to-all, or a partial output
     d.staging_bytes = static_cast<size_t>(std::max<int64_t>(max_rows, T)) * row_bytes_;
   dev_ = cuda::create_device_layer(d);
+  if (ep_ && ep_->device_memory()) {  // host data over NCCL: load statistics, the all-to-all's counts
+    ep_staged_ = host_view(ep_);
+    const size_t row = (static_cast<size_t>(ep) + 1) * 8;  // sized here: forward allocates nothing
+    if (a2a) dev_->scratch(staged_scratch_bytes(row, static_cast<size_t>(ep) * row));
+  }
   log(EP_MOE_LOG_INFO,
       "[EP rank %d/%d] MoE layer on CUDA device %d: H=%d I=%d E=%d top-%d, %d local experts, shared shard %d/%d, "
       "dp %d, collectives %s",
@@ -182,74 +190,43 @@ size_t total(const size_t* counts, int n) {
   for (int i = 0; i < n; ++i) s += counts[i];
   return s;
 }
-}  // namespace
 
-void Layer::dev_collective(Comm* c, DevOp op, void* out, const void* in, size_t count, const size_t* counts,
-                           const size_t* out_counts, ep_moe_dtype_t dt, void* stream, bool capturing) {
-  const size_t es = dtype_size(dt);
-  const int n = c->size();
-  if (c->device_memory()) {
-    switch (op) {
-      case DevOp::AllReduce: c->all_reduce(out, in, count, dt, stream); break;
-      case DevOp::ReduceScatter: c->reduce_scatter(out, in, count, dt, stream); break;
-      case DevOp::AllGather: c->all_gather(out, in, count, dt, stream); break;
-      case DevOp::AllGatherV: c->all_gather_v(out, in, counts, dt, stream); break;
-      case DevOp::AllToAllV: c->all_to_all_v(out, out_counts, in, counts, dt, stream); break;
-    }
-    return;
+// One collective: what it is, apart from its buffers and stream.
+struct Collective {
+  CollectiveOp op;
+  size_t count;               // elements (per rank for reduce-scatter)
+  const size_t* counts;       // the v variants: per-rank counts (sent, for all-to-all)
+  const size_t* out_counts;   // all-to-all: per-rank counts received
+  ep_moe_dtype_t dt;
+};
+
+void run(Comm* c, const Collective& x, void* out, const void* in, void* stream) {
+  switch (x.op) {
+    case CollectiveOp::AllReduce: c->all_reduce(out, in, x.count, x.dt, stream); break;
+    case CollectiveOp::ReduceScatter: c->reduce_scatter(out, in, x.count, x.dt, stream); break;
+    case CollectiveOp::AllGather: c->all_gather(out, in, x.count, x.dt, stream); break;
+    case CollectiveOp::AllGatherV: c->all_gather_v(out, in, x.counts, x.dt, stream); break;
+    case CollectiveOp::AllToAllV: c->all_to_all_v(out, x.out_counts, in, x.counts, x.dt, stream); break;
   }
-  if (capturing)
-    fail(EP_MOE_ERR_UNSUPPORTED,
-         "a CUDA graph cannot capture a collective of the '%s' communicator (host memory): use NCCL to capture",
-         c->backend());
-  size_t in_bytes = 0, out_bytes = 0;
-  switch (op) {
-    case DevOp::AllReduce: in_bytes = out_bytes = count * es; break;
-    case DevOp::ReduceScatter: in_bytes = count * static_cast<size_t>(n) * es; out_bytes = count * es; break;
-    case DevOp::AllGather: in_bytes = count * es; out_bytes = count * static_cast<size_t>(n) * es; break;
-    case DevOp::AllGatherV: in_bytes = counts[c->rank()] * es; out_bytes = total(counts, n) * es; break;
-    case DevOp::AllToAllV: in_bytes = total(counts, n) * es; out_bytes = total(out_counts, n) * es; break;
-  }
-  const size_t cap = dev_->buffer_bytes(cuda::Buf::StageIn);
-  if (in_bytes > cap || out_bytes > cap)
-    fail(EP_MOE_ERR_INTERNAL, "staging buffer of %zu bytes is too small for %zu/%zu bytes", cap, in_bytes, out_bytes);
-  void* hin = dev_->buffer(cuda::Buf::StageIn);
-  void* hout = dev_->buffer(cuda::Buf::StageOut);
-  dev_->copy(hin, in, in_bytes, stream);
-  dev_->sync(stream);
-  switch (op) {
-    case DevOp::AllReduce: c->all_reduce(hout, hin, count, dt, nullptr); break;
-    case DevOp::ReduceScatter: c->reduce_scatter(hout, hin, count, dt, nullptr); break;
-    case DevOp::AllGather: c->all_gather(hout, hin, count, dt, nullptr); break;
-    case DevOp::AllGatherV: c->all_gather_v(hout, hin, counts, dt, nullptr); break;
-    case DevOp::AllToAllV: c->all_to_all_v(hout, out_counts, hin, counts, dt, nullptr); break;
-  }
-  dev_->copy(out, hout, out_bytes, stream);
-  dev_->sync(stream);  // the staging buffers are reused by the next collective
 }
 
-void Layer::host_all_gather(Comm* c, void* out, const void* in, size_t count, ep_moe_dtype_t dt, void* stream) {
-  if (!c->device_memory()) {
-    c->all_gather(out, in, count, dt, stream);
-    return;
+// Bytes this rank gives and gets.
+void bytes_of(const Collective& x, const Comm& c, size_t* in, size_t* out) {
+  const size_t es = dtype_size(x.dt), n = static_cast<size_t>(c.size());
+  switch (x.op) {
+    case CollectiveOp::AllReduce: *in = *out = x.count * es; break;
+    case CollectiveOp::ReduceScatter: *in = x.count * n * es; *out = x.count * es; break;
+    case CollectiveOp::AllGather: *in = x.count * es; *out = x.count * n * es; break;
+    case CollectiveOp::AllGatherV: *in = x.counts[c.rank()] * es; *out = total(x.counts, c.size()) * es; break;
+    case CollectiveOp::AllToAllV: *in = total(x.counts, c.size()) * es; *out = total(x.out_counts, c.size()) * es; break;
   }
-  // Host data over a device communicator: through the index buffer.
-  const size_t es = dtype_size(dt), n = static_cast<size_t>(c->size());
-  auto* d = static_cast<char*>(dev_->buffer(cuda::Buf::Index));
-  if ((n + 1) * count * es > dev_->buffer_bytes(cuda::Buf::Index))
-    fail(EP_MOE_ERR_INTERNAL, "index buffer too small for the counts exchange");
-  dev_->copy(d, in, count * es, stream);
-  c->all_gather(d + count * es, d, count, dt, stream);
-  dev_->copy(out, d + count * es, n * count * es, stream);
-  dev_->sync(stream);
 }
 
-// --- host data over a device communicator -------------------------------
-
-namespace {
 // Host buffers in, host buffers out, over a communicator that moves device
-// memory (NCCL): each collective copies its input into device scratch, runs
-// there and copies the result back. Used outside forward only (re-placement).
+// memory (NCCL): each collective copies its input into the layer's device
+// scratch, runs there and copies the result back. For the counts exchange
+// of the all-to-all forward (the scratch is sized for it at create) and the
+// re-placement.
 class StagedComm final : public Comm {
  public:
   StagedComm(Comm* inner, cuda::DeviceLayer* dev) : c_(inner), dev_(dev) { timeout_ms_ = inner->timeout_ms(); }
@@ -258,25 +235,20 @@ class StagedComm final : public Comm {
   int ranks_in_process() const override { return c_->ranks_in_process(); }
   const char* backend() const override { return c_->backend(); }
   void all_reduce(void* out, const void* in, size_t count, ep_moe_dtype_t dt, void*) override {
-    run(out, count * dtype_size(dt), in, count * dtype_size(dt),
-        [&](void* o, const void* i) { c_->all_reduce(o, i, count, dt, nullptr); });
+    stage({CollectiveOp::AllReduce, count, nullptr, nullptr, dt}, out, in);
   }
   void reduce_scatter(void* out, const void* in, size_t count, ep_moe_dtype_t dt, void*) override {
-    run(out, count * dtype_size(dt), in, count * dtype_size(dt) * static_cast<size_t>(size()),
-        [&](void* o, const void* i) { c_->reduce_scatter(o, i, count, dt, nullptr); });
+    stage({CollectiveOp::ReduceScatter, count, nullptr, nullptr, dt}, out, in);
   }
   void all_gather(void* out, const void* in, size_t count, ep_moe_dtype_t dt, void*) override {
-    run(out, count * dtype_size(dt) * static_cast<size_t>(size()), in, count * dtype_size(dt),
-        [&](void* o, const void* i) { c_->all_gather(o, i, count, dt, nullptr); });
+    stage({CollectiveOp::AllGather, count, nullptr, nullptr, dt}, out, in);
   }
   void all_gather_v(void* out, const void* in, const size_t* counts, ep_moe_dtype_t dt, void*) override {
-    run(out, total(counts, size()) * dtype_size(dt), in, counts[rank()] * dtype_size(dt),
-        [&](void* o, const void* i) { c_->all_gather_v(o, i, counts, dt, nullptr); });
+    stage({CollectiveOp::AllGatherV, 0, counts, nullptr, dt}, out, in);
   }
   void all_to_all_v(void* out, const size_t* out_counts, const void* in, const size_t* in_counts, ep_moe_dtype_t dt,
                     void*) override {
-    run(out, total(out_counts, size()) * dtype_size(dt), in, total(in_counts, size()) * dtype_size(dt),
-        [&](void* o, const void* i) { c_->all_to_all_v(o, out_counts, i, in_counts, dt, nullptr); });
+    stage({CollectiveOp::AllToAllV, 0, in_counts, out_counts, dt}, out, in);
   }
   void barrier(void* stream) override { c_->barrier(stream); }
   ep_moe_status_t async_error(int* peer, std::string* message) const override { return c_->async_error(peer, message); }
@@ -287,14 +259,15 @@ class StagedComm final : public Comm {
   void abort() noexcept override { c_->abort(); }
 
  private:
-  template <class F>
-  void run(void* out, size_t out_bytes, const void* in, size_t in_bytes, F&& f) {
-    const size_t a = (in_bytes + 255) / 256 * 256;
-    auto* d = static_cast<char*>(dev_->scratch(a + out_bytes + 1));
-    dev_->copy(d, in, in_bytes, nullptr);
+  void stage(const Collective& x, void* out, const void* in) {
+    size_t ib = 0, ob = 0;
+    bytes_of(x, *this, &ib, &ob);
+    auto* d = static_cast<char*>(dev_->scratch(staged_scratch_bytes(ib, ob)));
+    char* dout = d + (ib + 255) / 256 * 256;
+    dev_->copy(d, in, ib, nullptr);
     dev_->sync(nullptr);
-    f(d + a, d);
-    dev_->copy(out, d + a, out_bytes, nullptr);
+    run(c_, x, dout, d, nullptr);
+    dev_->copy(out, dout, ob, nullptr);
     dev_->sync(nullptr);
   }
   Comm* c_;
@@ -302,97 +275,82 @@ class StagedComm final : public Comm {
 };
 }  // namespace
 
+// --- collectives on device buffers ---------------------------------------
+// A device communicator (NCCL) takes the device pointers and the stream; a
+// host one (local, MPI, callbacks) gets the bytes through the layer's pinned
+// staging buffers, which synchronises the stream (and cannot be captured).
+void Layer::dev_collective(Comm* c, CollectiveOp op, void* out, const void* in, size_t count, const size_t* counts,
+                           const size_t* out_counts, ep_moe_dtype_t dt, void* stream, bool capturing) {
+  const Collective x{op, count, counts, out_counts, dt};
+  if (c->device_memory()) {
+    run(c, x, out, in, stream);
+    return;
+  }
+  if (capturing)
+    fail(EP_MOE_ERR_UNSUPPORTED,
+         "a CUDA graph cannot capture a collective of the '%s' communicator (host memory): use NCCL to capture",
+         c->backend());
+  size_t in_bytes = 0, out_bytes = 0;
+  bytes_of(x, *c, &in_bytes, &out_bytes);
+  const size_t cap = dev_->buffer_bytes(cuda::Buf::StageIn);
+  if (in_bytes > cap || out_bytes > cap)
+    fail(EP_MOE_ERR_INTERNAL, "staging buffer of %zu bytes is too small for %zu/%zu bytes", cap, in_bytes, out_bytes);
+  void* hin = dev_->buffer(cuda::Buf::StageIn);
+  void* hout = dev_->buffer(cuda::Buf::StageOut);
+  dev_->copy(hin, in, in_bytes, stream);
+  dev_->sync(stream);
+  run(c, x, hout, hin, nullptr);
+  dev_->copy(out, hout, out_bytes, stream);
+  dev_->sync(stream);  // the staging buffers are reused by the next collective
+}
+
 std::unique_ptr<Comm> Layer::host_view(Comm* c) { return std::make_unique<StagedComm>(c, dev_.get()); }
 
 // --- the forward -----------------------------------------------------------
 
-void Layer::forward_device(const ep_moe_forward_args_t& a) {
-  Stages st;
-  const bool decide = dispatch_ != EP_MOE_DISPATCH_ALLGATHER;
-  if (decide) {
-    st.add(ep_);  // the exchange of send counts comes first
-  } else {
-    if (dp_size_ > 1) st.add(dp_);
-    if (ep_) st.add(ep_);
+// forward()'s routing on a CUDA layer: the pointers must be this device's;
+// the top-k choice lands in the device Ids/Weights buffers. Returns whether
+// the stream is being captured into a CUDA graph.
+bool Layer::route_device(const ep_moe_forward_args_t& a) {
+  if (a.num_tokens > 0) {
+    auto on_device = [&](const void* p, const char* what) {
+      if (p != nullptr && !dev_->is_device_pointer(p))
+        fail(EP_MOE_ERR_INVALID_ARGUMENT,
+             "%s is not memory of CUDA device %d: a CUDA layer takes pointers to its own device's memory", what,
+             cfg_.device);
+    };
+    on_device(a.hidden, "hidden");
+    on_device(a.out, "out");
+    on_device(a.router_logits, "router_logits");
+    on_device(a.topk_ids, "topk_ids");
+    on_device(a.topk_weights, "topk_weights");
   }
-  try {
-    int64_t dp_offset = 0, padded = 0;
-    Gather gather = Gather::None;
-    validate_forward(a, &dp_offset, &padded, &gather);
-    const int64_t T = a.num_tokens, K = cfg_.top_k;
-    if (T > 0) {
-      auto on_device = [&](const void* p, const char* what) {
-        if (p != nullptr && !dev_->is_device_pointer(p))
-          fail(EP_MOE_ERR_INVALID_ARGUMENT,
-               "%s is not memory of CUDA device %d: a CUDA layer takes pointers to its own device's memory", what,
-               cfg_.device);
-      };
-      on_device(a.hidden, "hidden");
-      on_device(a.out, "out");
-      on_device(a.router_logits, "router_logits");
-      on_device(a.topk_ids, "topk_ids");
-      on_device(a.topk_weights, "topk_weights");
-    }
-    const bool capturing = dev_->begin(a.stream);
-    auto* ids_d = static_cast<int32_t*>(dev_->buffer(cuda::Buf::Ids));
-    auto* w_d = static_cast<float*>(dev_->buffer(cuda::Buf::Weights));
-    cuda::DeviceForward f;
-    f.tokens = T;
-    f.hidden = a.hidden;
-    f.router_logits = a.router_logits;
-    f.topk_ids = a.topk_ids;
-    f.topk_weights = a.topk_weights;
-    f.own_router = a.router_logits == nullptr && a.topk_ids == nullptr && has_router_;
-    f.stream = a.stream;
-    dev_->route(f, ids_d, w_d);
+  const bool capturing = dev_->begin(a.stream);
+  cuda::DeviceForward f;
+  f.tokens = a.num_tokens;
+  f.hidden = a.hidden;
+  f.router_logits = a.router_logits;
+  f.topk_ids = a.topk_ids;
+  f.topk_weights = a.topk_weights;
+  f.own_router = a.router_logits == nullptr && a.topk_ids == nullptr && has_router_;
+  f.stream = a.stream;
+  dev_->route(f, static_cast<int32_t*>(dev_->buffer(cuda::Buf::Ids)),
+              static_cast<float*>(dev_->buffer(cuda::Buf::Weights)));
+  return capturing;
+}
 
-    int32_t mode = EP_MOE_DISPATCH_ALLGATHER;
-    if (decide) {
-      if (capturing)
-        fail(EP_MOE_ERR_UNSUPPORTED, "the all-to-all dispatch plans on the host: it cannot be captured in a CUDA graph");
-      // The plan needs the choice on the host.
-      if (T > 0) {
-        if (a.topk_ids) {
-          dev_->copy(ids_.data(), ids_d, static_cast<size_t>(T * K) * 4, a.stream);
-          dev_->copy(weights_.data(), w_d, static_cast<size_t>(T * K) * 4, a.stream);
-          dev_->sync(a.stream);
-          check_topk(ids_.data(), weights_.data(), T, cfg_.top_k, cfg_.num_experts);
-        } else {
-          dev_->check_route(a.stream);
-          dev_->copy(ids_.data(), ids_d, static_cast<size_t>(T * K) * 4, a.stream);
-          dev_->sync(a.stream);
-        }
-      }
-      plan_sends(T);
-      const int32_t n = map_.ep_size();
-      count_row_[0] = T;
-      for (int32_t d = 0; d < n; ++d) count_row_[static_cast<size_t>(d) + 1] = send_count_[static_cast<size_t>(d)];
-      host_all_gather(st.enter(), count_matrix_.data(), count_row_.data(), static_cast<size_t>(n) + 1,
-                      EP_MOE_DTYPE_I64, a.stream);
-      mode = dispatch_ == EP_MOE_DISPATCH_AUTO ? cheaper_mode(a, gather, padded) : EP_MOE_DISPATCH_ALLTOALL;
-      if (mode == EP_MOE_DISPATCH_ALLGATHER) {
-        if (dp_size_ > 1) st.add(dp_);
-        st.add(ep_);
-      } else {
-        st.add(ep_);
-        st.add(ep_);
-      }
-    }
-    if (mode == EP_MOE_DISPATCH_ALLGATHER) {
-      device_allgather(a, &st, dp_offset, padded, gather, capturing);
-    } else {
-      device_alltoall(a, &st);
-    }
-    last_gather_ = mode == EP_MOE_DISPATCH_ALLGATHER ? gather : Gather::None;
-    last_dispatch_ = mode;
-    ++load_steps_;
-  } catch (const Error& e) {
-    st.fail_rest(e.status(), e.what());
-    throw;
-  } catch (const std::exception& e) {
-    st.fail_rest(EP_MOE_ERR_INTERNAL, e.what());
-    throw;
-  }
+// The all-to-all plan (plan_sends) reads the choice on the host: copy it
+// back, checked as the CPU path checks it (synchronises).
+void Layer::choice_to_host(const ep_moe_forward_args_t& a, bool capturing) {
+  if (capturing)
+    fail(EP_MOE_ERR_UNSUPPORTED, "the all-to-all dispatch plans on the host: it cannot be captured in a CUDA graph");
+  const int64_t T = a.num_tokens, K = cfg_.top_k;
+  if (T == 0) return;
+  if (!a.topk_ids) dev_->check_route(a.stream);  // bad logits, before their ids are used
+  dev_->copy(ids_.data(), dev_->buffer(cuda::Buf::Ids), static_cast<size_t>(T * K) * 4, a.stream);
+  if (a.topk_ids) dev_->copy(weights_.data(), dev_->buffer(cuda::Buf::Weights), static_cast<size_t>(T * K) * 4, a.stream);
+  dev_->sync(a.stream);
+  if (a.topk_ids) check_topk(ids_.data(), weights_.data(), T, cfg_.top_k, cfg_.num_experts);
 }
 
 void Layer::device_allgather(const ep_moe_forward_args_t& a, void* stages, int64_t dp_offset, int64_t padded,
@@ -421,7 +379,7 @@ void Layer::device_allgather(const ep_moe_forward_args_t& a, void* stages, int64
     Comm* dp = st.enter();
     int64_t T_all = 0;
     if (gather == Gather::Padded) {
-      dev_collective(dp, DevOp::AllGather, recv, send, static_cast<size_t>(padded) * words, nullptr, nullptr,
+      dev_collective(dp, CollectiveOp::AllGather, recv, send, static_cast<size_t>(padded) * words, nullptr, nullptr,
                      EP_MOE_DTYPE_I32, a.stream, capturing);
       T_all = padded * dp_size_;
     } else {
@@ -429,7 +387,7 @@ void Layer::device_allgather(const ep_moe_forward_args_t& a, void* stages, int64
         counts_[static_cast<size_t>(i)] = static_cast<size_t>(a.dp_token_counts[i]) * words;
         T_all += a.dp_token_counts[i];
       }
-      dev_collective(dp, DevOp::AllGatherV, recv, send, 0, counts_.data(), nullptr, EP_MOE_DTYPE_I32, a.stream,
+      dev_collective(dp, CollectiveOp::AllGatherV, recv, send, 0, counts_.data(), nullptr, EP_MOE_DTYPE_I32, a.stream,
                      capturing);
     }
     rows.n = T_all;
@@ -454,6 +412,12 @@ void Layer::device_allgather(const ep_moe_forward_args_t& a, void* stages, int64
     rows.shared_end = rows.shared_begin + split_count(static_cast<int32_t>(T), ep, r);
   }
   dev_->compute(rows, a.stream);
+  if (dp_size_ > 1) {  // tokens of the gathered batch (padding rows excluded)
+    last_tokens_ = 0;
+    for (int i = 0; i < dp_size_; ++i) last_tokens_ += a.dp_token_counts[i];
+  } else {
+    last_tokens_ = T;
+  }
 
   // ONE reduction of (routed + shared) partials, then this rank's rows.
   if (!ep_) {
@@ -464,11 +428,11 @@ void Layer::device_allgather(const ep_moe_forward_args_t& a, void* stages, int64
   Comm* ep = st.enter();
   if (dp_size_ > 1 && gather == Gather::Padded && dp_is_ep_) {
     void* own = dev_->buffer(cuda::Buf::Own);
-    dev_collective(ep, DevOp::ReduceScatter, own, rows.out, static_cast<size_t>(padded * H), nullptr, nullptr, adt,
+    dev_collective(ep, CollectiveOp::ReduceScatter, own, rows.out, static_cast<size_t>(padded * H), nullptr, nullptr, adt,
                    a.stream, capturing);
     dev_->copy(a.out, own, static_cast<size_t>(T * H) * es, a.stream);
   } else {
-    dev_collective(ep, DevOp::AllReduce, rows.out, rows.out, static_cast<size_t>(rows.n * H), nullptr, nullptr, adt,
+    dev_collective(ep, CollectiveOp::AllReduce, rows.out, rows.out, static_cast<size_t>(rows.n * H), nullptr, nullptr, adt,
                    a.stream, capturing);
     if (dp_size_ > 1)
       dev_->copy(a.out, static_cast<const char*>(rows.out) + dp_offset * H * static_cast<int64_t>(es),
@@ -533,7 +497,7 @@ void Layer::device_alltoall(const ep_moe_forward_args_t& a, void* stages) {
     counts_[static_cast<size_t>(d)] = static_cast<size_t>(send_count_[static_cast<size_t>(d)]) * words;
     recv_words_[static_cast<size_t>(d)] = recv_count_[static_cast<size_t>(d)] * words;
   }
-  dev_collective(st.enter(), DevOp::AllToAllV, recv, send, 0, counts_.data(), recv_words_.data(), EP_MOE_DTYPE_I32,
+  dev_collective(st.enter(), CollectiveOp::AllToAllV, recv, send, 0, counts_.data(), recv_words_.data(), EP_MOE_DTYPE_I32,
                  a.stream, false);
 
   // 2. Experts on the rows received; partial sums back in the same order.
@@ -547,13 +511,13 @@ void Layer::device_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   dev_->unpack_rows(recv, R, const_cast<void*>(rows.x), const_cast<int32_t*>(rows.ids), const_cast<float*>(rows.w),
                     a.stream);
   dev_->compute(rows, a.stream);
-  dev_->set_stat_tokens(R);
+  last_tokens_ = R;
   void* ret = dev_->buffer(cuda::Buf::RetRecv);
   for (int32_t d = 0; d < n; ++d) {
     counts_[static_cast<size_t>(d)] = recv_count_[static_cast<size_t>(d)] * static_cast<size_t>(H);
     recv_words_[static_cast<size_t>(d)] = static_cast<size_t>(send_count_[static_cast<size_t>(d)]) * static_cast<size_t>(H);
   }
-  dev_collective(st.enter(), DevOp::AllToAllV, ret, rows.out, 0, counts_.data(), recv_words_.data(), adt, a.stream,
+  dev_collective(st.enter(), CollectiveOp::AllToAllV, ret, rows.out, 0, counts_.data(), recv_words_.data(), adt, a.stream,
                  false);
 
   // 3. Own tokens: the shared expert (whole, replicated) plus the returned
