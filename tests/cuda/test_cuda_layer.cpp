@@ -62,6 +62,18 @@ struct Case {
   bool skew = false;            // given top-k: every token picks expert 0 (uneven expert counts)
 };
 
+// A case of these shapes; the rest at the defaults above.
+Case make_case(const char* name, int H, int I, int E, int K, int ep = 1) {
+  Case c;
+  c.name = name;
+  c.s.H = H;
+  c.s.I = I;
+  c.s.E = E;
+  c.s.K = K;
+  c.ep = ep;
+  return c;
+}
+
 double tolerance(int adt, int wdt) {
   if (adt == ref::BF16 || wdt == ref::BF16) return 1e-2;
   if (adt == ref::F16 || wdt == ref::F16) return 5e-3;
@@ -82,13 +94,20 @@ void* upload(const std::vector<uint8_t>& v, std::vector<std::unique_ptr<DevBuf>>
   return keep.back()->p;
 }
 
-ep_moe_expert_map_t* make_map(const Case& c, int rank) {
+// Rank `rank` of `ep`: linear placement with `redundant` replica slots, or
+// the custom slot table `slots`. NULL (and a failure) when it cannot be made.
+ep_moe_expert_map_t* map_for(int ep, int rank, int E, int redundant = 0, const std::vector<int32_t>& slots = {}) {
   ep_moe_expert_map_config_t mc;
   ep_moe_expert_map_config_init(&mc);
-  mc.ep_size = c.ep;
+  mc.ep_size = ep;
   mc.ep_rank = rank;
-  mc.global_num_experts = c.s.E;
-  mc.num_redundant_experts = c.redundant;
+  mc.global_num_experts = E;
+  mc.num_redundant_experts = redundant;
+  if (!slots.empty()) {
+    mc.placement = EP_MOE_PLACEMENT_CUSTOM;
+    mc.custom_slots = slots.data();
+    mc.num_custom_slots = static_cast<int32_t>(slots.size());
+  }
   ep_moe_expert_map_t* m = nullptr;
   if (ep_moe_expert_map_create(&m, &mc) != EP_MOE_OK) {
     expect(false, std::string("map: ") + ep_moe_last_error());
@@ -96,6 +115,8 @@ ep_moe_expert_map_t* make_map(const Case& c, int rank) {
   }
   return m;
 }
+
+ep_moe_expert_map_t* make_map(const Case& c, int rank) { return map_for(c.ep, rank, c.s.E, c.redundant); }
 
 ep_moe_layer_config_t layer_config(const Case& c, int max_tokens) {
   ep_moe_layer_config_t lc;
@@ -339,12 +360,7 @@ void run_case(const Case& c, std::mt19937& rng) {
 // The synchronisation-free path captured in a CUDA graph, replayed on new
 // inputs copied into the captured buffers.
 void graph_case(std::mt19937& rng) {
-  Case c;
-  c.name = "graph";
-  c.s.H = 128;
-  c.s.I = 64;
-  c.s.E = 16;
-  c.s.K = 4;
+  Case c = make_case("graph", 128, 64, 16, 4);
   c.s.Is = 48;
   c.wdt = c.adt = ref::BF16;
   c.sync_free = 8;
@@ -403,12 +419,7 @@ void nccl_case(std::mt19937& rng) {
     std::printf("  nccl: not built, skipped\n");
     return;
   }
-  Case c;
-  c.name = "nccl";
-  c.s.H = 96;
-  c.s.I = 64;
-  c.s.E = 8;
-  c.s.K = 2;
+  Case c = make_case("nccl", 96, 64, 8, 2);
   c.s.Is = 32;
   c.sync_free = 8;
   uint8_t id[128];
@@ -592,12 +603,7 @@ std::vector<GroupCase> group_cases() {
   std::vector<GroupCase> v;
   auto make = [](const char* name, int ep, int H, int I, int E, int K) {
     GroupCase g;
-    g.c.name = name;
-    g.c.ep = ep;
-    g.c.s.H = H;
-    g.c.s.I = I;
-    g.c.s.E = E;
-    g.c.s.K = K;
+    g.c = make_case(name, H, I, E, K, ep);
     return g;
   };
   {
@@ -733,22 +739,6 @@ void loader_case(std::mt19937& rng) {
 // custom placement with replicas on the same 3 ranks; and over NCCL (one
 // rank, replicas: records and units staged through device memory). Each
 // placement is checked by a forward against the reference.
-ep_moe_expert_map_t* custom_map(int ep, int rank, int E, const std::vector<int32_t>& slots) {
-  ep_moe_expert_map_config_t mc;
-  ep_moe_expert_map_config_init(&mc);
-  mc.ep_size = ep;
-  mc.ep_rank = rank;
-  mc.global_num_experts = E;
-  if (!slots.empty()) {
-    mc.placement = EP_MOE_PLACEMENT_CUSTOM;
-    mc.custom_slots = slots.data();
-    mc.num_custom_slots = static_cast<int32_t>(slots.size());
-  }
-  ep_moe_expert_map_t* m = nullptr;
-  if (ep_moe_expert_map_create(&m, &mc) != EP_MOE_OK) expect(false, std::string("map: ") + ep_moe_last_error());
-  return m;
-}
-
 // One all-gather forward on every layer (threads), checked against `st`.
 void check_group(const std::string& name, const Case& c, std::vector<ep_moe_layer_t*>& layers, const Step& st, int T) {
   const size_t n = layers.size(), cnt = static_cast<size_t>(T) * c.s.H, es = c.adt == ref::F32 ? 4 : 2;
@@ -781,12 +771,7 @@ void check_group(const std::string& name, const Case& c, std::vector<ep_moe_laye
 }
 
 void replace_case(std::mt19937& rng) {
-  Case c;
-  c.name = "replace";
-  c.s.H = 128;
-  c.s.I = 64;
-  c.s.E = 8;
-  c.s.K = 2;
+  Case c = make_case("replace", 128, 64, 8, 2);
   c.s.Is = 48;
   c.wdt = c.adt = ref::BF16;
   c.sync_free = 4;
@@ -800,7 +785,7 @@ void replace_case(std::mt19937& rng) {
   ep_moe_layer_config_t lc = layer_config(c, 64);
   bool ok = true;
   for (int r = 0; r < 2 && ok; ++r) {
-    ep_moe_expert_map_t* m = custom_map(2, r, c.s.E, {});
+    ep_moe_expert_map_t* m = map_for(2, r, c.s.E);
     ep_moe_layer_t* l = nullptr;
     ok = m && ep_moe_layer_create(&l, &lc, m, two[static_cast<size_t>(r)], nullptr) == EP_MOE_OK;
     ep_moe_expert_map_destroy(m);
@@ -811,7 +796,7 @@ void replace_case(std::mt19937& rng) {
   if (ok) {
     check_group("replace: EP2 before", c, layers, draw(c, T, w, {}, rng), T);
     // The joining rank: a layer of the new placement, no weights.
-    ep_moe_expert_map_t* m2 = custom_map(3, 2, c.s.E, {});
+    ep_moe_expert_map_t* m2 = map_for(3, 2, c.s.E);
     ep_moe_layer_t* fresh = nullptr;
     ok = m2 && ep_moe_layer_create(&fresh, &lc, m2, three[2], nullptr) == EP_MOE_OK;
     ep_moe_expert_map_destroy(m2);
@@ -823,7 +808,7 @@ void replace_case(std::mt19937& rng) {
     std::vector<std::thread> th;
     for (size_t r = 0; r < layers.size(); ++r)
       th.emplace_back([&, r] {
-        ep_moe_expert_map_t* m = custom_map(3, static_cast<int>(r), c.s.E, slots);
+        ep_moe_expert_map_t* m = map_for(3, static_cast<int>(r), c.s.E, 0, slots);
         st[r] = ep_moe_layer_replace(layers[r], m, new_comm ? three[r] : nullptr, nullptr, 0);
         if (st[r] != EP_MOE_OK) msg[r] = ep_moe_layer_last_error(layers[r]);
         ep_moe_expert_map_destroy(m);
@@ -855,10 +840,10 @@ void replace_case(std::mt19937& rng) {
     expect(false, std::string("replace nccl: comm: ") + ep_moe_last_error());
     return;
   }
-  ep_moe_expert_map_t* m = custom_map(1, 0, c.s.E, {});
+  ep_moe_expert_map_t* m = map_for(1, 0, c.s.E);
   ep_moe_layer_t* l = nullptr;
   if (m && ep_moe_layer_create(&l, &lc, m, comm, nullptr) == EP_MOE_OK && set_weights(l, c, w, {}, keep)) {
-    ep_moe_expert_map_t* m1 = custom_map(1, 0, c.s.E, {0, 1, 2, 3, 4, 5, 6, 7, 5, 2});
+    ep_moe_expert_map_t* m1 = map_for(1, 0, c.s.E, 0, {0, 1, 2, 3, 4, 5, 6, 7, 5, 2});
     const ep_moe_status_t st = ep_moe_layer_replace(l, m1, nullptr, nullptr, 0);
     expect(st == EP_MOE_OK, std::string("replace over NCCL: ") + ep_moe_layer_last_error(l));
     ep_moe_expert_map_destroy(m1);
@@ -877,12 +862,7 @@ void replace_case(std::mt19937& rng) {
 
 // Bad input: clear statuses, and the layer still works afterwards.
 void error_cases(std::mt19937& rng) {
-  Case c;
-  c.name = "errors";
-  c.s.H = 64;
-  c.s.I = 32;
-  c.s.E = 8;
-  c.s.K = 2;
+  Case c = make_case("errors", 64, 32, 8, 2);
   c.sync_free = 4;
   const ref::Weights w = ref::random_weights(c.s, c.wdt, rng);
   RankLayer rl;
@@ -974,24 +954,15 @@ void error_cases(std::mt19937& rng) {
 
 std::vector<Case> cases() {
   std::vector<Case> v;
-  auto base = [](const char* name, int H, int I, int E, int K) {
-    Case c;
-    c.name = name;
-    c.s.H = H;
-    c.s.I = I;
-    c.s.E = E;
-    c.s.K = K;
-    return c;
-  };
   for (int ep : {1, 2, 3}) {
-    Case c = base("f32 softmax", 128, 96, 16, 4);
+    Case c = make_case("f32 softmax", 128, 96, 16, 4);
     c.name += " ep" + std::to_string(ep);
     c.ep = ep;
     c.tokens = {37, 5, 1, 0};
     v.push_back(c);
   }
   {
-    Case c = base("bf16 sigmoid grouped+bias shared (deepseek-like) ep3", 256, 128, 32, 6);
+    Case c = make_case("bf16 sigmoid grouped+bias shared (deepseek-like) ep3", 256, 128, 32, 6);
     c.s.sigmoid = true;
     c.s.groups = 8;
     c.s.topk_group = 3;
@@ -1005,7 +976,7 @@ std::vector<Case> cases() {
     v.push_back(c);
   }
   {
-    Case c = base("bf16 weights f32 act, given top-k, weight-0 ep2", 128, 64, 16, 4);
+    Case c = make_case("bf16 weights f32 act, given top-k, weight-0 ep2", 128, 64, 16, 4);
     c.wdt = ref::BF16;
     c.ep = 2;
     c.mode = 1;
@@ -1014,7 +985,7 @@ std::vector<Case> cases() {
     v.push_back(c);
   }
   {
-    Case c = base("f16 odd sizes, gated shared (qwen2-like) ep2", 97, 45, 12, 3);
+    Case c = make_case("f16 odd sizes, gated shared (qwen2-like) ep2", 97, 45, 12, 3);
     c.s.Is = 50;
     c.s.shared_gate = true;
     c.wdt = c.adt = ref::F16;
@@ -1024,7 +995,7 @@ std::vector<Case> cases() {
     v.push_back(c);
   }
   {
-    Case c = base("skewed top-k (one expert in every token), bf16 ep2", 128, 64, 32, 2);
+    Case c = make_case("skewed top-k (one expert in every token), bf16 ep2", 128, 64, 32, 2);
     c.wdt = c.adt = ref::BF16;
     c.ep = 2;
     c.mode = 1;
@@ -1033,21 +1004,21 @@ std::vector<Case> cases() {
     v.push_back(c);
   }
   for (int E : {160, 1100}) {  // plan scans over several warps, and several slots per thread
-    Case c = base("many experts", 32, 16, E, 4);
+    Case c = make_case("many experts", 32, 16, E, 4);
     c.name += " E=" + std::to_string(E);
     c.tokens = {300, 40, 2};
     c.sync_free = 48;
     v.push_back(c);
   }
   {
-    Case c = base("own router f32 ep2", 64, 48, 8, 2);
+    Case c = make_case("own router f32 ep2", 64, 48, 8, 2);
     c.mode = 2;
     c.ep = 2;
     c.tokens = {20, 2};
     v.push_back(c);
   }
   {
-    Case c = base("replicas ep4 gelu", 128, 64, 16, 4);
+    Case c = make_case("replicas ep4 gelu", 128, 64, 16, 4);
     c.s.act = ref::GELU;
     c.redundant = 4;
     c.ep = 4;
@@ -1055,7 +1026,7 @@ std::vector<Case> cases() {
     v.push_back(c);
   }
   {
-    Case c = base("bf16 large batch ep4 gelu-tanh", 512, 256, 32, 8);
+    Case c = make_case("bf16 large batch ep4 gelu-tanh", 512, 256, 32, 8);
     c.s.act = ref::GELU_TANH;
     c.s.Is = 128;
     c.wdt = c.adt = ref::BF16;
@@ -1069,12 +1040,7 @@ std::vector<Case> cases() {
 
 int no_device() {
   // The refusal is part of the contract: check it before saying "skipped".
-  ep_moe_expert_map_config_t mc;
-  ep_moe_expert_map_config_init(&mc);
-  mc.ep_size = 1;
-  mc.ep_rank = 0;
-  mc.global_num_experts = 4;
-  ep_moe_expert_map_t* m = nullptr;
+  ep_moe_expert_map_t* m = map_for(1, 0, 4);
   ep_moe_layer_config_t lc;
   ep_moe_layer_config_init(&lc);
   lc.hidden_size = 8;
@@ -1083,7 +1049,7 @@ int no_device() {
   lc.top_k = 2;
   lc.device = 0;
   ep_moe_layer_t* l = nullptr;
-  if (ep_moe_expert_map_create(&m, &mc) != EP_MOE_OK) return 1;
+  if (!m) return 1;
   const ep_moe_status_t st = ep_moe_layer_create(&l, &lc, m, nullptr, nullptr);
   ep_moe_expert_map_destroy(m);
   if (st != EP_MOE_ERR_UNSUPPORTED) {
