@@ -902,7 +902,7 @@ CudaLayer::CudaLayer(const DeviceLayerDesc& d) : d_(d), gdt_(d.weight_dtype), ge
   const int64_t H = d.hidden, I = d.inter, S = d.shared_count, L = d.num_local, E = d.num_experts, K = d.top_k;
   const int64_t T = d.max_tokens, R = std::max(d.max_rows, T), P = R * K;
   const size_t aes = dtype_size(d.act_dtype);
-  row_bytes_ = (static_cast<size_t>(H) * aes + static_cast<size_t>(K) * 8 + 3) / 4 * 4;
+  row_bytes_ = d.row_bytes;
   w_gu_.alloc(static_cast<size_t>(L * 2 * I * H) * ges_, "expert gate/up weights");
   w_down_.alloc(static_cast<size_t>(L * H * I) * ges_, "expert down weights");
   s_gu_.alloc(static_cast<size_t>(2 * S * H) * ges_, "shared gate/up weights");

@@ -40,6 +40,7 @@ struct DeviceLayerDesc {
   // Workspace of the distributed flows (rows after the DP gather or the
   // all-to-all receive; rows sent; pinned staging for host communicators).
   int64_t max_rows = 0, max_send_rows = 0, max_ret_rows = 0, max_index = 0;
+  size_t row_bytes = 0;  // one packed row [hidden | K ids | K weights] (the layer's wire format)
   size_t staging_bytes = 0;
 };
 

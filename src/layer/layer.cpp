@@ -167,13 +167,8 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
 
   EP_MOE_CHECK_ARG(c.device >= -1, "device must be -1 (CPU) or a CUDA device ordinal, got %d", c.device);
   EP_MOE_CHECK_ARG(c.sync_free_tokens >= 0, "sync_free_tokens must be >= 0, got %d", c.sync_free_tokens);
-  if (c.device >= 0) {
-    setup_device();
-    return;
-  }
 
-  // Threads and workspace.
-  pool_ = std::make_unique<cpu::ThreadPool>(cpu::default_threads(c.num_threads, ep_ ? ep_->ranks_in_process() : 1));
+  // Sizes of the flows and the host plan arrays, for either backend.
   const int64_t H = c.hidden_size, K = c.top_k, T = c.max_tokens;
   const size_t es = dtype_size(static_cast<ep_moe_dtype_t>(c.act_dtype));
   const int64_t ep = map.ep_size();
@@ -183,22 +178,11 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
   const int64_t max_rows = std::max<int64_t>(max_all_, a2a ? ep * T : 0);  // rows experts may see
   row_bytes_ = round_up(static_cast<size_t>(H) * es + static_cast<size_t>(K) * 8, 4);
   const int64_t send_rows = std::max<int64_t>(dp_size_ > 1 ? T : 0, a2a ? T * fanout : 0);
-  if (send_rows > 0) send_rows_.resize(static_cast<size_t>(send_rows) * row_bytes_);
-  if (dp_size_ > 1 || a2a) recv_rows_.resize(static_cast<size_t>(max_rows) * row_bytes_);
-  x_f32_.resize(static_cast<size_t>(max_rows * H) * 4);
-  acc_.resize(static_cast<size_t>(max_rows * H) * 4);
-  own_x_.resize(static_cast<size_t>(T * H) * 4);
-  if (c.act_dtype != EP_MOE_DTYPE_F32) partial_.resize(static_cast<size_t>(max_all_ * H) * es);
-  if (dp_is_ep_) scatter_out_.resize(static_cast<size_t>(T * H) * es);
   if (a2a) {
-    own_acc_.resize(static_cast<size_t>(T * H) * 4);
-    ret_send_.resize(static_cast<size_t>(ep * T * H) * es);
-    ret_recv_.resize(static_cast<size_t>(T * fanout * H) * es);
     send_tok_.resize(static_cast<size_t>(T * fanout));
     back_off_.resize(static_cast<size_t>(T) + 1);
     back_idx_.resize(static_cast<size_t>(T * fanout));
     dest_.resize(static_cast<size_t>(T * K));
-    row_ids_.resize(static_cast<size_t>(K) * static_cast<size_t>(pool_->size()));  // K per pool thread
     send_count_.resize(static_cast<size_t>(ep));
     send_off_.resize(static_cast<size_t>(ep) + 1);
     stamp_.resize(static_cast<size_t>(ep));
@@ -211,6 +195,26 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
   counts_.resize(static_cast<size_t>(std::max<int64_t>(ep, dp_size_)));
   ids_.resize(static_cast<size_t>(max_rows * K));
   weights_.resize(static_cast<size_t>(max_rows * K));
+  if (c.device >= 0) {
+    setup_device(max_rows, send_rows, fanout);
+    return;
+  }
+
+  // CPU threads and workspace.
+  pool_ = std::make_unique<cpu::ThreadPool>(cpu::default_threads(c.num_threads, ep_ ? ep_->ranks_in_process() : 1));
+  if (send_rows > 0) send_rows_.resize(static_cast<size_t>(send_rows) * row_bytes_);
+  if (dp_size_ > 1 || a2a) recv_rows_.resize(static_cast<size_t>(max_rows) * row_bytes_);
+  x_f32_.resize(static_cast<size_t>(max_rows * H) * 4);
+  acc_.resize(static_cast<size_t>(max_rows * H) * 4);
+  own_x_.resize(static_cast<size_t>(T * H) * 4);
+  if (c.act_dtype != EP_MOE_DTYPE_F32) partial_.resize(static_cast<size_t>(max_all_ * H) * es);
+  if (dp_is_ep_) scatter_out_.resize(static_cast<size_t>(T * H) * es);
+  if (a2a) {
+    own_acc_.resize(static_cast<size_t>(T * H) * 4);
+    ret_send_.resize(static_cast<size_t>(ep * T * H) * es);
+    ret_recv_.resize(static_cast<size_t>(T * fanout * H) * es);
+    row_ids_.resize(static_cast<size_t>(K) * static_cast<size_t>(pool_->size()));  // K per pool thread
+  }
   logits_.resize(static_cast<size_t>(T) * static_cast<size_t>(c.num_experts));
   pair_rows_.resize(static_cast<size_t>(max_rows * K));
   pair_weights_.resize(static_cast<size_t>(max_rows * K));

@@ -21,10 +21,9 @@ size_t staged_scratch_bytes(size_t in, size_t out) { return (in + 255) / 256 * 2
 
 constexpr int32_t kMaxDeviceTopK = 64;      // per-token scratch of the routing and combine kernels
 constexpr int32_t kMaxDeviceExperts = 4096;  // the routing kernel keeps 2 E scores in shared memory
-size_t round_up(size_t v, size_t m) { return (v + m - 1) / m * m; }
 }  // namespace
 
-void Layer::setup_device() {
+void Layer::setup_device(int64_t max_rows, int64_t send_rows, int64_t fanout) {
   const ep_moe_layer_config_t& c = cfg_;
   if (c.top_k > kMaxDeviceTopK)
     fail(EP_MOE_ERR_UNSUPPORTED, "CUDA layers support top_k up to %d, got %d", kMaxDeviceTopK, c.top_k);
@@ -32,32 +31,9 @@ void Layer::setup_device() {
     fail(EP_MOE_ERR_UNSUPPORTED, "CUDA layers support up to %d experts, got %d", kMaxDeviceExperts, c.num_experts);
   pool_ = std::make_unique<cpu::ThreadPool>(1);
 
-  // Host-side plan arrays (the all-to-all plan, the counts exchange).
-  const int64_t T = c.max_tokens, K = c.top_k, H = c.hidden_size;
-  const int64_t ep = map_.ep_size();
-  const bool a2a = dispatch_ != EP_MOE_DISPATCH_ALLGATHER;
-  const int64_t fanout = std::min<int64_t>(ep, K);
-  const size_t es = dtype_size(static_cast<ep_moe_dtype_t>(c.act_dtype));
-  row_bytes_ = round_up(static_cast<size_t>(H) * es + static_cast<size_t>(K) * 8, 4);
-  max_all_ = T * dp_size_;
-  const int64_t max_rows = std::max<int64_t>(max_all_, a2a ? ep * T : 0);
-  const int64_t send_rows = std::max<int64_t>(dp_size_ > 1 ? T : 0, a2a ? T * fanout : 0);
-  ids_.resize(static_cast<size_t>(T * K));
-  weights_.resize(static_cast<size_t>(T * K));
-  counts_.resize(static_cast<size_t>(std::max<int64_t>(ep, dp_size_)));
-  if (a2a) {
-    send_tok_.resize(static_cast<size_t>(T * fanout));
-    back_off_.resize(static_cast<size_t>(T) + 1);
-    back_idx_.resize(static_cast<size_t>(T * fanout));
-    dest_.resize(static_cast<size_t>(T * K));
-    send_count_.resize(static_cast<size_t>(ep));
-    send_off_.resize(static_cast<size_t>(ep) + 1);
-    stamp_.resize(static_cast<size_t>(ep));
-    cursor64_.resize(static_cast<size_t>(ep));
-    count_row_.resize(static_cast<size_t>(ep) + 1);
-    count_matrix_.resize(static_cast<size_t>(ep * (ep + 1)));
-    recv_words_.resize(static_cast<size_t>(ep));
-    recv_count_.resize(static_cast<size_t>(ep));
+  // The all-to-all plan's upload (device_alltoall) reuses these.
+  if (dispatch_ != EP_MOE_DISPATCH_ALLGATHER) {
+    const int64_t T = c.max_tokens, K = c.top_k;
     row_ids_.reserve(static_cast<size_t>(T * fanout));
     pair_rows_.reserve(static_cast<size_t>(T * K + 3 * T * fanout + T + 1));
   }
@@ -92,7 +68,10 @@ void Layer::setup_device() {
   d.replica_slots = replica_slots_;
   d.slot_rank = map_.slot_rank();
   d.global_to_local = map_.expert_map();
+  const int64_t T = c.max_tokens, K = c.top_k, ep = map_.ep_size();
+  const bool a2a = dispatch_ != EP_MOE_DISPATCH_ALLGATHER;
   const bool flows = dp_size_ > 1 || a2a;
+  d.row_bytes = row_bytes_;
   d.max_rows = flows ? max_rows : 0;
   d.max_send_rows = send_rows;
   d.max_ret_rows = a2a ? T * fanout : 0;
