@@ -181,8 +181,6 @@ struct Row {
   double permute_gbs = 0, combine_gbs = 0, stream_gbs = 0;
 };
 
-std::string get_attr_error(ep_moe_layer_t* l) { return ep_moe_layer_last_error(l); }
-
 int64_t attr(ep_moe_layer_t* l, ep_moe_layer_attr_t a) {
   int64_t v = 0;
   ep_moe_layer_get_attr(&v, l, a);
@@ -298,7 +296,7 @@ int main(int argc, char** argv) {
            EP_MOE_OK;
     }
     if (!ok || attr(layer, EP_MOE_LAYER_ATTR_READY) != 1) {
-      std::fprintf(stderr, "%s: weights: %s\n", name.c_str(), get_attr_error(layer).c_str());
+      std::fprintf(stderr, "%s: weights: %s\n", name.c_str(), ep_moe_layer_last_error(layer));
       return 1;
     }
     const int64_t S = attr(layer, EP_MOE_LAYER_ATTR_SHARED_SHARD_SIZE);

@@ -18,9 +18,11 @@ t0=$(date +%s)
 
 if [ ! -x "$build/tests/cuda_layer_test" ] || [ ! -x "$build/bench/ep_moe_cuda_bench" ]; then
   log "building $build"
-  # Debian/Ubuntu packages the build needs (nlohmann-json, catch2...), when apt is there.
-  if command -v apt-get >/dev/null && command -v dpkg-query >/dev/null; then scripts/deps.sh build || exit 1
-    for p in catch2; do dpkg-query -W "$p" >/dev/null 2>&1 || apt-get install -y -qq "$p" >/dev/null || exit 1; done
+  # Debian/Ubuntu packages the build needs, when apt is there: deps.sh's build
+  # set, plus catch2 for the tests (deps.sh installs it only with 'test').
+  if command -v apt-get >/dev/null && command -v dpkg-query >/dev/null; then
+    scripts/deps.sh build || exit 1
+    dpkg-query -W catch2 >/dev/null 2>&1 || apt-get install -y -qq catch2 >/dev/null || exit 1
   fi
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEP_MOE_WITH_CUDA=ON -DEP_MOE_WITH_MPI=OFF \
     -DEP_MOE_BUILD_DOCS=OFF -DEP_MOE_BUILD_TESTS=ON >/dev/null || exit 1
