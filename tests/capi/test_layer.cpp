@@ -102,6 +102,8 @@ TEST_CASE("layer config errors name the field", "[layer][errors]") {
       {"max_tokens", [](ep_moe_layer_config_t& c) { c.max_tokens = 0; }},
       {"num_threads", [](ep_moe_layer_config_t& c) { c.num_threads = -1; }},
       {"skip_mode", [](ep_moe_layer_config_t& c) { c.skip_mode = 7; }},
+      {"device", [](ep_moe_layer_config_t& c) { c.device = -2; }},
+      {"sync_free_tokens", [](ep_moe_layer_config_t& c) { c.sync_free_tokens = -1; }},
   };
   for (const auto& k : cases) {
     INFO(k.field);
@@ -138,6 +140,23 @@ TEST_CASE("layer config errors name the field", "[layer][errors]") {
   CHECK(l == nullptr);
   for (auto* h : w2) ep_moe_comm_destroy(h);
   for (auto* h : w3) ep_moe_comm_destroy(h);
+}
+
+TEST_CASE("a CPU layer by default: device -1, and the CUDA-only attributes say so", "[layer]") {
+  ep_moe_layer_config_t c;
+  REQUIRE(ep_moe_layer_config_init(&c) == EP_MOE_OK);
+  CHECK(c.device == -1);
+  CHECK(c.sync_free_tokens == 64);
+  MapHolder m(1, 0, 4);
+  c = small_config();
+  ep_moe_layer_t* l = nullptr;
+  REQUIRE(ep_moe_layer_create(&l, &c, m.m, nullptr, nullptr) == EP_MOE_OK);
+  int64_t v = 0;
+  REQUIRE(ep_moe_layer_get_attr(&v, l, EP_MOE_LAYER_ATTR_DEVICE) == EP_MOE_OK);
+  CHECK(v == -1);
+  REQUIRE(ep_moe_layer_get_attr(&v, l, EP_MOE_LAYER_ATTR_LAST_SYNC_FREE) == EP_MOE_OK);
+  CHECK(v == -1);
+  ep_moe_layer_destroy(l);
 }
 
 TEST_CASE("set_weight checks shapes, ids, dtypes and the configuration", "[layer][errors]") {
