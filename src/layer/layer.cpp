@@ -891,6 +891,34 @@ void Layer::plan_sends(int64_t T) {
     }
 }
 
+int64_t Layer::a2a_counts(size_t per_row, bool outbound) {
+  const int32_t n = map_.ep_size(), me = map_.ep_rank();
+  int64_t R = 0;
+  for (int32_t p = 0; p < n; ++p) {
+    const int64_t c = count_matrix_[static_cast<size_t>(p) * (static_cast<size_t>(n) + 1) + 1 + static_cast<size_t>(me)];
+    recv_count_[static_cast<size_t>(p)] = static_cast<size_t>(c);
+    R += c;
+  }
+  for (int32_t d = 0; d < n; ++d) {
+    const size_t sent = static_cast<size_t>(send_count_[static_cast<size_t>(d)]) * per_row;
+    const size_t got = recv_count_[static_cast<size_t>(d)] * per_row;
+    counts_[static_cast<size_t>(d)] = outbound ? sent : got;
+    recv_words_[static_cast<size_t>(d)] = outbound ? got : sent;
+  }
+  return R;
+}
+
+void Layer::build_back_csr(int64_t T) {
+  const int64_t back_rows = send_off_[static_cast<size_t>(map_.ep_size())];
+  std::fill(back_off_.begin(), back_off_.begin() + T + 1, 0);
+  for (int64_t j = 0; j < back_rows; ++j) ++back_off_[static_cast<size_t>(send_tok_[static_cast<size_t>(j)]) + 1];
+  for (int64_t t = 0; t < T; ++t) back_off_[static_cast<size_t>(t) + 1] += back_off_[static_cast<size_t>(t)];
+  for (int64_t j = 0; j < back_rows; ++j)  // fills each token's range in j order (shifts back_off_ by one token)
+    back_idx_[static_cast<size_t>(back_off_[static_cast<size_t>(send_tok_[static_cast<size_t>(j)])]++)] = j;
+  for (int64_t t = T; t > 0; --t) back_off_[static_cast<size_t>(t)] = back_off_[static_cast<size_t>(t) - 1];
+  back_off_[0] = 0;
+}
+
 void Layer::exchange_counts(Comm* ep, const ep_moe_forward_args_t& a) {
   const int32_t n = map_.ep_size();
   std::vector<int64_t>& mine = count_row_;
@@ -966,16 +994,7 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   });
   ph.permute_bytes += rows_out * static_cast<int64_t>(row_bytes_);
   ph.permute_ns += now_ns() - t0;
-  int64_t R = 0;
-  for (int32_t p = 0; p < n; ++p) {
-    const int64_t c = count_matrix_[static_cast<size_t>(p) * (static_cast<size_t>(n) + 1) + 1 + static_cast<size_t>(me)];
-    recv_count_[static_cast<size_t>(p)] = static_cast<size_t>(c);
-    R += c;
-  }
-  for (int32_t d = 0; d < n; ++d) {
-    counts_[static_cast<size_t>(d)] = static_cast<size_t>(send_count_[static_cast<size_t>(d)]) * words;
-    recv_words_[static_cast<size_t>(d)] = recv_count_[static_cast<size_t>(d)] * words;
-  }
+  const int64_t R = a2a_counts(words, true);
   st.enter()->all_to_all_v(recv_rows_.data(), recv_words_.data(), send, counts_.data(), EP_MOE_DTYPE_I32, a.stream);
 
   // 2. Experts on the rows received; partial sums back in the same order.
@@ -998,10 +1017,7 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   narrow_rows(acc, R, back);
   ph.combine_bytes += R * H * 4;
   ph.combine_ns += now_ns() - t0;
-  for (int32_t d = 0; d < n; ++d) {
-    counts_[static_cast<size_t>(d)] = recv_count_[static_cast<size_t>(d)] * static_cast<size_t>(H);
-    recv_words_[static_cast<size_t>(d)] = static_cast<size_t>(send_count_[static_cast<size_t>(d)]) * static_cast<size_t>(H);
-  }
+  a2a_counts(static_cast<size_t>(H), false);
   st.enter()->all_to_all_v(ret_recv_.data(), recv_words_.data(), back, counts_.data(), adt, a.stream);
 
   // 3. Own tokens: the shared expert (whole, replicated), then the partial
@@ -1030,13 +1046,7 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   // returned row. Token blocks in parallel.
   const char* ret = ret_recv_.data<char>();
   const int64_t back_rows = send_off_[static_cast<size_t>(n)];
-  std::fill(back_off_.begin(), back_off_.begin() + T + 1, 0);
-  for (int64_t j = 0; j < back_rows; ++j) ++back_off_[static_cast<size_t>(send_tok_[static_cast<size_t>(j)]) + 1];
-  for (int64_t t = 0; t < T; ++t) back_off_[static_cast<size_t>(t) + 1] += back_off_[static_cast<size_t>(t)];
-  for (int64_t j = 0; j < back_rows; ++j)  // fills each token's range in j order (shifts back_off_ by one token)
-    back_idx_[static_cast<size_t>(back_off_[static_cast<size_t>(send_tok_[static_cast<size_t>(j)])]++)] = j;
-  for (int64_t t = T; t > 0; --t) back_off_[static_cast<size_t>(t)] = back_off_[static_cast<size_t>(t) - 1];
-  back_off_[0] = 0;
+  build_back_csr(T);
   pool_->parallel_ranges(static_cast<size_t>(T), 8, [&](size_t b0, size_t b1, int) {
     constexpr int64_t cb = 512;
     alignas(64) float sum[cb], tmp[cb];

@@ -87,6 +87,13 @@ class Layer {
   void forward_alltoall(const ep_moe_forward_args_t& a, void* stages);
   void plan_sends(int64_t tokens);
   void exchange_counts(Comm* ep, const ep_moe_forward_args_t& a);
+  // All-to-all, after exchange_counts: recv_count_ (rows from each rank) and
+  // the per-rank element counts of the row exchange (`outbound`: counts_ =
+  // sent, recv_words_ = received) or of the return trip (the reverse), at
+  // `per_row` elements a row. Returns the rows received.
+  int64_t a2a_counts(size_t per_row, bool outbound);
+  // back_off_/back_idx_: each own token's returned rows (CSR, in send order).
+  void build_back_csr(int64_t T);
   int32_t cheaper_mode(const ep_moe_forward_args_t& a, Gather gather, int64_t padded);
   int64_t plan_pairs(int64_t rows, const int32_t* ids, const float* w, bool assigned, int64_t* skipped);
   void add_expert_jobs();

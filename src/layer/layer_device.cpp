@@ -422,7 +422,7 @@ void Layer::device_allgather(const ep_moe_forward_args_t& a, void* stages, int64
 void Layer::device_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   Stages& st = *static_cast<Stages*>(stages);
   const int64_t T = a.num_tokens, H = cfg_.hidden_size, K = cfg_.top_k;
-  const int32_t n = map_.ep_size(), me = map_.ep_rank();
+  const int32_t n = map_.ep_size();
   const auto adt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
   const size_t words = row_bytes_ / 4;
   auto* ids_d = static_cast<int32_t*>(dev_->buffer(cuda::Buf::Ids));
@@ -436,13 +436,7 @@ void Layer::device_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   for (int32_t d = 0; d < n; ++d)
     for (int64_t j = send_off_[static_cast<size_t>(d)]; j < send_off_[static_cast<size_t>(d) + 1]; ++j)
       row_dest[static_cast<size_t>(j)] = d;
-  std::fill(back_off_.begin(), back_off_.begin() + T + 1, 0);
-  for (int64_t j = 0; j < rows_out; ++j) ++back_off_[static_cast<size_t>(send_tok_[static_cast<size_t>(j)]) + 1];
-  for (int64_t t = 0; t < T; ++t) back_off_[static_cast<size_t>(t) + 1] += back_off_[static_cast<size_t>(t)];
-  for (int64_t j = 0; j < rows_out; ++j)
-    back_idx_[static_cast<size_t>(back_off_[static_cast<size_t>(send_tok_[static_cast<size_t>(j)])]++)] = j;
-  for (int64_t t = T; t > 0; --t) back_off_[static_cast<size_t>(t)] = back_off_[static_cast<size_t>(t) - 1];
-  back_off_[0] = 0;
+  build_back_csr(T);
   std::vector<int32_t>& index = pair_rows_;  // host image of the index buffer
   index.clear();
   auto put = [&](const int32_t* p, size_t len) {
@@ -466,16 +460,7 @@ void Layer::device_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   void* recv = dev_->buffer(cuda::Buf::RecvRows);
   dev_->pack_rows(send, rows_out, rows_out, a.hidden, ids_d, w_d, idx_d + at_tok, idx_d + at_dest, idx_d + at_rd,
                   a.stream);
-  int64_t R = 0;
-  for (int32_t p = 0; p < n; ++p) {
-    const int64_t c = count_matrix_[static_cast<size_t>(p) * (static_cast<size_t>(n) + 1) + 1 + static_cast<size_t>(me)];
-    recv_count_[static_cast<size_t>(p)] = static_cast<size_t>(c);
-    R += c;
-  }
-  for (int32_t d = 0; d < n; ++d) {
-    counts_[static_cast<size_t>(d)] = static_cast<size_t>(send_count_[static_cast<size_t>(d)]) * words;
-    recv_words_[static_cast<size_t>(d)] = recv_count_[static_cast<size_t>(d)] * words;
-  }
+  const int64_t R = a2a_counts(words, true);
   dev_collective(st.enter(), CollectiveOp::AllToAllV, recv, send, 0, counts_.data(), recv_words_.data(), EP_MOE_DTYPE_I32,
                  a.stream, false);
 
@@ -492,10 +477,7 @@ void Layer::device_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   dev_->compute(rows, a.stream);
   last_tokens_ = R;
   void* ret = dev_->buffer(cuda::Buf::RetRecv);
-  for (int32_t d = 0; d < n; ++d) {
-    counts_[static_cast<size_t>(d)] = recv_count_[static_cast<size_t>(d)] * static_cast<size_t>(H);
-    recv_words_[static_cast<size_t>(d)] = static_cast<size_t>(send_count_[static_cast<size_t>(d)]) * static_cast<size_t>(H);
-  }
+  a2a_counts(static_cast<size_t>(H), false);
   dev_collective(st.enter(), CollectiveOp::AllToAllV, ret, rows.out, 0, counts_.data(), recv_words_.data(), adt, a.stream,
                  false);
 
