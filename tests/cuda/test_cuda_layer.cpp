@@ -357,6 +357,47 @@ void run_case(const Case& c, std::mt19937& rng) {
   CU(cudaStreamDestroy(stream));
 }
 
+// Captures one forward of `layer` (T tokens, router logits) in a CUDA graph
+// and replays it `replays` times, each on fresh inputs copied into the
+// captured buffers, every output (poisoned first) against the reference.
+void capture_and_replay(const std::string& name, ep_moe_layer_t* layer, const Case& c, const ref::Weights& w, int T,
+                        int replays, std::mt19937& rng) {
+  cudaStream_t s;
+  CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const size_t n = static_cast<size_t>(T) * c.s.H, es = c.adt == ref::F32 ? 4 : 2;
+  const double tol = tolerance(c.adt, c.wdt);
+  DevBuf out(n * es);
+  DeviceStep d;
+  fill_step(d, c, draw(c, T, w, {}, rng), T, out.p, s);  // the buffers the graph captures
+  cudaGraph_t graph;
+  CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  const ep_moe_status_t rc = ep_moe_layer_forward(layer, &d.args);
+  CU(cudaStreamEndCapture(s, &graph));
+  expect(rc == EP_MOE_OK, name + ": forward under capture: " + ep_moe_layer_last_error(layer));
+  if (rc == EP_MOE_OK) {
+    cudaGraphExec_t exec;
+    CU(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < replays; ++rep) {
+      const Step st = draw(c, T, w, {}, rng);
+      const auto hid = ref::encode(st.hidden, c.adt);
+      const auto lg = ref::encode(st.logits, ref::F32);
+      CU(cudaMemcpyAsync(const_cast<void*>(d.args.hidden), hid.data(), hid.size(), cudaMemcpyHostToDevice, s));
+      CU(cudaMemcpyAsync(const_cast<void*>(d.args.router_logits), lg.data(), lg.size(), cudaMemcpyHostToDevice, s));
+      CU(cudaMemsetAsync(out.p, 0xff, n * es, s));
+      CU(cudaGraphLaunch(exec, s));
+      CU(cudaStreamSynchronize(s));
+      const double err = rel_err(read_out(out.p, c, n), st.expect);
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "%s replay %d: rel err %.3g (tol %.0e)", name.c_str(), rep, err, tol);
+      std::printf("  %s\n", buf);
+      expect(err <= tol, buf);
+    }
+    CU(cudaGraphExecDestroy(exec));
+  }
+  CU(cudaGraphDestroy(graph));
+  CU(cudaStreamDestroy(s));
+}
+
 // The synchronisation-free path captured in a CUDA graph, replayed on new
 // inputs copied into the captured buffers.
 void graph_case(std::mt19937& rng) {
@@ -375,39 +416,7 @@ void graph_case(std::mt19937& rng) {
     return;
   }
   if (!set_weights(rl.layer, c, w, {}, keep)) return;
-  cudaStream_t s;
-  CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  const size_t n = static_cast<size_t>(T) * c.s.H;
-  DevBuf out(n * 2);
-  Step first = draw(c, T, w, {}, rng);
-  DeviceStep d;
-  fill_step(d, c, first, T, out.p, s);
-  cudaGraph_t graph;
-  CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  const ep_moe_status_t rc = ep_moe_layer_forward(rl.layer, &d.args);
-  CU(cudaStreamEndCapture(s, &graph));
-  expect(rc == EP_MOE_OK, std::string("graph: forward under capture: ") + ep_moe_layer_last_error(rl.layer));
-  if (rc != EP_MOE_OK) return;
-  cudaGraphExec_t exec;
-  CU(cudaGraphInstantiate(&exec, graph, 0));
-  for (int rep = 0; rep < 3; ++rep) {
-    const Step st = rep == 0 ? first : draw(c, T, w, {}, rng);
-    const auto hid = ref::encode(st.hidden, c.adt);
-    const auto lg = ref::encode(st.logits, ref::F32);
-    CU(cudaMemcpyAsync(const_cast<void*>(d.args.hidden), hid.data(), hid.size(), cudaMemcpyHostToDevice, s));
-    CU(cudaMemcpyAsync(const_cast<void*>(d.args.router_logits), lg.data(), lg.size(), cudaMemcpyHostToDevice, s));
-    CU(cudaMemsetAsync(out.p, 0xff, n * 2, s));
-    CU(cudaGraphLaunch(exec, s));
-    CU(cudaStreamSynchronize(s));
-    const double err = rel_err(read_out(out.p, c, n), st.expect);
-    char buf[128];
-    std::snprintf(buf, sizeof buf, "graph replay %d: rel err %.3g (tol 1e-2)", rep, err);
-    std::printf("  %s\n", buf);
-    expect(err <= 1e-2, buf);
-  }
-  CU(cudaGraphExecDestroy(exec));
-  CU(cudaGraphDestroy(graph));
-  CU(cudaStreamDestroy(s));
+  capture_and_replay("graph", rl.layer, c, w, T, 3, rng);
 }
 
 // EP=1 through an NCCL communicator of one rank, in both dispatch modes
@@ -459,35 +468,7 @@ void nccl_case(std::mt19937& rng) {
              std::string("nccl: expert load, ") + mode + " " + ep_moe_layer_last_error(rl.layer));
     }
     if (dispatch == EP_MOE_DISPATCH_ALLGATHER) {  // captured with the NCCL all-reduce inside
-      const int T = 4;
-      cudaStream_t s;
-      CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-      DevBuf out(static_cast<size_t>(T) * c.s.H * 4);
-      Step st = draw(c, T, w, {}, rng);
-      DeviceStep d;
-      fill_step(d, c, st, T, out.p, s);
-      cudaGraph_t graph;
-      CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      const ep_moe_status_t rc = ep_moe_layer_forward(rl.layer, &d.args);
-      CU(cudaStreamEndCapture(s, &graph));
-      expect(rc == EP_MOE_OK, std::string("nccl: capture: ") + ep_moe_layer_last_error(rl.layer));
-      if (rc == EP_MOE_OK) {
-        cudaGraphExec_t exec;
-        CU(cudaGraphInstantiate(&exec, graph, 0));
-        st = draw(c, T, w, {}, rng);
-        const auto hid = ref::encode(st.hidden, c.adt);
-        const auto lg = ref::encode(st.logits, ref::F32);
-        CU(cudaMemcpyAsync(const_cast<void*>(d.args.hidden), hid.data(), hid.size(), cudaMemcpyHostToDevice, s));
-        CU(cudaMemcpyAsync(const_cast<void*>(d.args.router_logits), lg.data(), lg.size(), cudaMemcpyHostToDevice, s));
-        CU(cudaGraphLaunch(exec, s));
-        CU(cudaStreamSynchronize(s));
-        const double err = rel_err(read_out(out.p, c, static_cast<size_t>(T) * c.s.H), st.expect);
-        std::printf("  nccl EP=1 graph replay: rel err %.3g (tol 1e-4)\n", err);
-        expect(err <= 1e-4, "nccl graph replay output");
-        CU(cudaGraphExecDestroy(exec));
-      }
-      CU(cudaGraphDestroy(graph));
-      CU(cudaStreamDestroy(s));
+      capture_and_replay("nccl EP=1 graph", rl.layer, c, w, 4, 1, rng);
     }
   }
   ep_moe_comm_destroy(comm);
