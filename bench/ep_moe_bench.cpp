@@ -74,6 +74,7 @@ struct DispatchRow {
   int ranks = 0, tokens = 0, iters = 0;
   double permute_mb = 0, permute_gbs = 0, permute_base_gbs = 0;  // per rank and forward
   double combine_mb = 0, combine_gbs = 0, combine_base_gbs = 0;
+  double forward_us = 0;  // wall time of one forward, collectives included (mean over ranks and forwards)
 };
 
 // The all-to-all flow of `model` on `ranks` in-process ranks of one thread
@@ -89,9 +90,10 @@ std::string run_dispatch(const presets::Model& model, int ranks, int T, ep_moe_d
   m.shared_intermediate = 0;
   std::vector<ep_moe_comm_t*> comms(static_cast<size_t>(ranks), nullptr);
   if (ep_moe_comm_create_local(comms.data(), ranks, nullptr) != EP_MOE_OK) return ep_moe_last_error();
-  const int iters = T >= 4096 ? 6 : 24;  // the same on every rank: forward is collective
+  const int iters = T >= 4096 ? 6 : T <= 64 ? 1000 : 24;  // the same on every rank: forward is collective
   std::vector<std::string> errs(static_cast<size_t>(ranks));
-  std::vector<double> perm_ns(static_cast<size_t>(ranks)), perm_b(perm_ns), comb_ns(perm_ns), comb_b(perm_ns);
+  std::vector<double> perm_ns(static_cast<size_t>(ranks)), perm_b(perm_ns), comb_ns(perm_ns), comb_b(perm_ns),
+      fwd_ns(perm_ns);
   std::vector<std::thread> ts;
   for (int r = 0; r < ranks; ++r) {
     ts.emplace_back([&, r] {
@@ -128,11 +130,13 @@ std::string run_dispatch(const presets::Model& model, int ranks, int T, ep_moe_d
       a.router_logits = lg.data();
       a.out = out.data();
       for (int it = 0; it <= iters && err.empty(); ++it) {  // call 0 warms up
+        const auto f0 = std::chrono::steady_clock::now();
         if (ep_moe_layer_forward(layer, &a) != EP_MOE_OK) {
           err = ep_moe_layer_last_error(layer);
           break;
         }
         if (it == 0) continue;
+        fwd_ns[static_cast<size_t>(r)] += std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - f0).count();
         int64_t v[4] = {0, 0, 0, 0};
         ep_moe_layer_get_attr(&v[0], layer, EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS);
         ep_moe_layer_get_attr(&v[1], layer, EP_MOE_LAYER_ATTR_LAST_PERMUTE_BYTES);
@@ -150,8 +154,9 @@ std::string run_dispatch(const presets::Model& model, int ranks, int T, ep_moe_d
   for (auto* c : comms) ep_moe_comm_destroy(c);
   for (const auto& e : errs)
     if (!e.empty()) return e;
-  double pn = 0, pb = 0, cn = 0, cb = 0;
+  double pn = 0, pb = 0, cn = 0, cb = 0, fn = 0;
   for (int r = 0; r < ranks; ++r) {
+    fn += fwd_ns[static_cast<size_t>(r)];
     pn += perm_ns[static_cast<size_t>(r)];
     pb += perm_b[static_cast<size_t>(r)];
     cn += comb_ns[static_cast<size_t>(r)];
@@ -166,6 +171,7 @@ std::string run_dispatch(const presets::Model& model, int ranks, int T, ep_moe_d
   const double calls = static_cast<double>(ranks) * iters;
   row->permute_mb = pb / calls / 1e6;
   row->combine_mb = cb / calls / 1e6;
+  row->forward_us = fn / calls / 1e3;
   row->permute_base_gbs = bench::memcpy_gbs_per_thread(ranks, min_time, static_cast<size_t>(pb / calls));
   row->combine_base_gbs = bench::memcpy_gbs_per_thread(ranks, min_time, static_cast<size_t>(cb / calls));
   return "";
@@ -381,8 +387,8 @@ int main(int argc, char** argv) {
     std::printf("\npermutation / combine: all-to-all dispatch, %d in-process ranks x 1 thread, %s rows; GB/s per rank "
                 "against memcpy of the same bytes per rank by %d concurrent threads\n",
                 dranks, dtype_name(o.dtype), dranks);
-    std::printf("%-14s %6s %6s %10s %9s %9s %6s %10s %9s %9s %6s\n", "preset", "ranks", "tokens", "perm_MB", "GB/s",
-                "memcpy", "%cpy", "comb_MB", "GB/s", "memcpy", "%cpy");
+    std::printf("%-14s %6s %6s %10s %9s %9s %6s %10s %9s %9s %6s %10s\n", "preset", "ranks", "tokens", "perm_MB", "GB/s",
+                "memcpy", "%cpy", "comb_MB", "GB/s", "memcpy", "%cpy", "fwd_us");
     for (const auto& name : o.presets) {
       const presets::Model* m = presets::find(name);
       for (int T : o.tokens) {
@@ -392,10 +398,10 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "dispatch part: %s\n", err.c_str());
           return 1;
         }
-        std::printf("%-14s %6d %6d %10.3f %9.2f %9.2f %5.1f%% %10.3f %9.2f %9.2f %5.1f%%\n", name.c_str(), d.ranks,
-                    d.tokens, d.permute_mb, d.permute_gbs, d.permute_base_gbs,
+        std::printf("%-14s %6d %6d %10.3f %9.2f %9.2f %5.1f%% %10.3f %9.2f %9.2f %5.1f%% %10.1f\n", name.c_str(),
+                    d.ranks, d.tokens, d.permute_mb, d.permute_gbs, d.permute_base_gbs,
                     100 * d.permute_gbs / std::max(1e-9, d.permute_base_gbs), d.combine_mb, d.combine_gbs,
-                    d.combine_base_gbs, 100 * d.combine_gbs / std::max(1e-9, d.combine_base_gbs));
+                    d.combine_base_gbs, 100 * d.combine_gbs / std::max(1e-9, d.combine_base_gbs), d.forward_us);
         std::fflush(stdout);
         drows.push_back(d);
       }
@@ -431,9 +437,9 @@ int main(int argc, char** argv) {
       std::fprintf(f,
                    "    {\"preset\": \"%s\", \"ranks\": %d, \"tokens\": %d, \"iters\": %d, \"permute_mb\": %.4f, "
                    "\"permute_gbs\": %.3f, \"permute_memcpy_gbs\": %.3f, \"combine_mb\": %.4f, \"combine_gbs\": %.3f, "
-                   "\"combine_memcpy_gbs\": %.3f}%s\n",
+                   "\"combine_memcpy_gbs\": %.3f, \"forward_us\": %.3f}%s\n",
                    d.preset.c_str(), d.ranks, d.tokens, d.iters, d.permute_mb, d.permute_gbs, d.permute_base_gbs,
-                   d.combine_mb, d.combine_gbs, d.combine_base_gbs, i + 1 < drows.size() ? "," : "");
+                   d.combine_mb, d.combine_gbs, d.combine_base_gbs, d.forward_us, i + 1 < drows.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
     std::fclose(f);

@@ -8,7 +8,12 @@
 //             directly between the peers' buffers;
 //   depart  - each rank waits until all ranks are done, so no buffer is
 //             released while a peer may still read or write it.
-// Each wait honours the caller's timeout and the group's abort flag. A
+// A waiting rank first spins for up to kSpinMicros on the phase counter
+// (when the group has no more ranks than the machine has hardware threads),
+// then sleeps on the group's condition variable: a futex wake-up costs tens
+// of microseconds on a virtual machine, and a forward runs several
+// collectives back to back. Each wait honours the caller's timeout and the
+// group's abort flag. A
 // timeout or abort breaks the group for good; a rank that posts a failure
 // (fail_collective) makes the others return EP_MOE_ERR_REMOTE but leaves the
 // group usable.
@@ -20,6 +25,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -85,17 +91,27 @@ struct Family {
   void abort();
 };
 
+// How long a rank spins before it sleeps in a phase (see the top).
+constexpr int kSpinMicros = 50;
+
 struct Group {
-  Group(int n, std::shared_ptr<Family> fam) : size(n), slots(static_cast<size_t>(n)), seq(static_cast<size_t>(n), 0), family(std::move(fam)) {}
+  Group(int n, std::shared_ptr<Family> fam)
+      : size(n),
+        spin(n <= static_cast<int>(std::thread::hardware_concurrency())),
+        slots(static_cast<size_t>(n)),
+        seq(static_cast<size_t>(n), 0),
+        family(std::move(fam)) {}
 
   const int size;
+  const bool spin;  // no more ranks than hardware threads: waiting ranks spin first
   std::mutex mutex;
   std::condition_variable cv;
   std::vector<Slot> slots;
   std::vector<uint64_t> seq;  // collectives each rank has entered
   int arrived = 0, departed = 0;
-  uint64_t arrive_gen = 0, depart_gen = 0;
-  bool broken = false;
+  // Written under `mutex`; read without it while a rank spins.
+  std::atomic<uint64_t> arrive_gen{0}, depart_gen{0};
+  std::atomic<bool> broken{false};
   ep_moe_status_t broken_status = EP_MOE_OK;
   std::string broken_message;
   int broken_peer = -1;  // first rank that did not arrive, when known
@@ -300,16 +316,30 @@ class LocalComm final : public Comm {
   }
 
   // Waits in one phase. `count`/`gen` are the phase's counters.
-  void phase(std::unique_lock<std::mutex>& lock, int& count, uint64_t& gen, Clock::time_point deadline,
+  void phase(std::unique_lock<std::mutex>& lock, int& count, std::atomic<uint64_t>& gen, Clock::time_point deadline,
              const char* what, Op op) {
     Group& g = *group_;
     throw_if_broken_locked();
-    const uint64_t my_gen = gen;
+    const uint64_t my_gen = gen.load(std::memory_order_relaxed);
     if (++count == g.size) {
       count = 0;
-      ++gen;
+      gen.fetch_add(1, std::memory_order_release);
       g.cv.notify_all();
       return;
+    }
+    if (g.spin) {  // the lock is taken again below, which orders the peers' writes before ours
+      lock.unlock();
+      const auto until = Clock::now() + std::chrono::microseconds(kSpinMicros);
+      for (unsigned i = 0;; ++i) {
+        if (gen.load(std::memory_order_acquire) != my_gen || g.broken.load(std::memory_order_acquire)) break;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#else
+        std::this_thread::yield();
+#endif
+        if ((i & 63) == 63 && Clock::now() > until) break;
+      }
+      lock.lock();
     }
     while (gen == my_gen) {
       if (g.broken) {
