@@ -19,13 +19,13 @@
 #include <cstring>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/dtype.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/pack.hpp"
+#include "cpu/thread_pool.hpp"
 #include "oneapi/dnnl/dnnl.hpp"
 
 extern "C" char* openblas_get_corename(void);
@@ -79,6 +79,7 @@ int main(int argc, char** argv) {
   openblas_set_num_threads(threads);
   setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);  // oneDNN's OpenMP, before its first use
   const cpu::Kernels& kern = cpu::kernels_for(cpu::detect_isa());
+  cpu::ThreadPool pool(threads);  // ep_moe's kernels run on the layer's pool, as in a forward
   const auto sbgemm = reinterpret_cast<SbgemmFn>(dlsym(RTLD_DEFAULT, "cblas_sbgemm"));
   if (!sbgemm) std::printf("this OpenBLAS has no cblas_sbgemm (built without BUILD_BFLOAT16): no OpenBLAS bf16 rows\n");
   std::printf("threads %d; ep_moe kernels %s; OpenBLAS core %s; oneDNN %d.%d\n", threads, cpu::isa_name(kern.isa),
@@ -133,9 +134,8 @@ int main(int argc, char** argv) {
         auto ours = [&](int c) {
           const cpu::PackedWeight& w = packed[static_cast<size_t>(c)];
           const int panels = w.panels();
-          std::vector<std::thread> ts;
-          for (int t = 0; t < threads; ++t)
-            ts.emplace_back([&, t] {
+          pool.parallel_for(static_cast<size_t>(threads), [&](size_t ti, int) {
+              const int t = static_cast<int>(ti);
               constexpr int kRows = 64;
               std::vector<float> tile(static_cast<size_t>(kRows) * kern.nr);
               const float* rows[kRows];
@@ -157,7 +157,6 @@ int main(int argc, char** argv) {
                                 tile.data() + static_cast<size_t>(i) * kern.nr, static_cast<size_t>(cols) * 4);
                 }
             });
-          for (auto& t : ts) t.join();
         };
         const double t_ours = time_it(copies, seconds, ours);
 
