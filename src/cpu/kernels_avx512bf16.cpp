@@ -82,7 +82,7 @@ void dot_rows(int m, const uint16_t* const* a, int k, const void* panel, float* 
 
 // Any m, split into register tiles as gemm<> (for_row_tiles).
 void dot_gemm(int m, const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const void* next) {
-  for_row_tiles(m, (k + 1) / 2, 2 * NR * 2, next, [&](int r0, int rows, const char* pf, int stride) {
+  for_row_tiles(m, panel, (k + 1) / 2, 2 * NR * 2, next, [&](int r0, int rows, const char* pf, int stride) {
     dot_rows(rows, a + r0, k, panel, c + static_cast<size_t>(r0) * ldc, ldc, pf, stride);
   });
 }
