@@ -1024,7 +1024,6 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   //    sums in destination-rank order.
   float* ox = own_x_.data<float>();
   float* oacc = own_acc_.data<float>();
-  std::memset(oacc, 0, static_cast<size_t>(T * H) * 4);
   if (shared_count_ > 0) {  // the shared expert (and its gate) read own rows in f32
     t0 = now_ns();
     widen_rows(a.hidden, T, ox);
@@ -1035,15 +1034,17 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   add_shared_job(ox, 0, T, nullptr);
   const bool any_shared = !jobs_.empty();
   if (any_shared) {
+    std::memset(oacc, 0, static_cast<size_t>(T * H) * 4);
     t0 = now_ns();
     ffn_->run(*pool_, jobs_, ox, H, oacc, H, act_);
     ph.expert_ns += now_ns() - t0;
   }
   t0 = now_ns();
-  // Per token: its shared-expert result plus the rows that came back for
-  // it (in destination-rank order, as sent), summed in f32 one column block
-  // at a time and written out once: no f32 row is read and written per
-  // returned row. Token blocks in parallel.
+  // Per token: its shared-expert result (if any) plus the rows that came
+  // back for it (in destination-rank order, as sent), summed in f32 one
+  // column block at a time and written out once: no f32 row is read and
+  // written per returned row. Without a shared expert the sum starts from
+  // the first returned row. Token blocks in parallel.
   const char* ret = ret_recv_.data<char>();
   const int64_t back_rows = send_off_[static_cast<size_t>(n)];
   build_back_csr(T);
@@ -1053,8 +1054,17 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
     for (auto t = static_cast<int64_t>(b0); t < static_cast<int64_t>(b1); ++t) {
       for (int64_t c0 = 0; c0 < H; c0 += cb) {
         const int64_t len = std::min(cb, H - c0);
-        std::memcpy(sum, oacc + t * H + c0, static_cast<size_t>(len) * 4);
-        for (int64_t q = back_off_[static_cast<size_t>(t)]; q < back_off_[static_cast<size_t>(t) + 1]; ++q) {
+        int64_t q = back_off_[static_cast<size_t>(t)];
+        const int64_t q_end = back_off_[static_cast<size_t>(t) + 1];
+        if (any_shared) {
+          std::memcpy(sum, oacc + t * H + c0, static_cast<size_t>(len) * 4);
+        } else if (q < q_end) {
+          convert_row(kern_, sum, ret + static_cast<size_t>(back_idx_[static_cast<size_t>(q)] * H + c0) * es, adt, len);
+          ++q;
+        } else {
+          std::memset(sum, 0, static_cast<size_t>(len) * 4);
+        }
+        for (; q < q_end; ++q) {
           convert_row(kern_, tmp, ret + static_cast<size_t>(back_idx_[static_cast<size_t>(q)] * H + c0) * es, adt, len);
           kern_.axpy(sum, 1.0f, tmp, static_cast<int>(len));
         }
