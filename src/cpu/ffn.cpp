@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace ep_moe {
 namespace cpu {
@@ -42,7 +43,7 @@ FfnRunner::FfnRunner(const Kernels& k, int32_t hidden, int32_t max_inter, int64_
 }
 
 void FfnRunner::run(ThreadPool& pool, const std::vector<ExpertJob>& jobs, const float* x, int64_t ldx, float* acc,
-                    int64_t ldacc, Act act) {
+                    int64_t ldacc, Act act, const uint16_t* x16, int64_t ldx16) {
   std::vector<Segment> segs;
   int64_t used = 0;
   for (const ExpertJob& j : jobs) {
@@ -53,17 +54,17 @@ void FfnRunner::run(ThreadPool& pool, const std::vector<ExpertJob>& jobs, const 
       used += take;
       b += take;
       if (used == chunk_) {
-        run_chunk(pool, segs, used, x, ldx, acc, ldacc, act);
+        run_chunk(pool, segs, used, x, ldx, acc, ldacc, act, x16, ldx16);
         segs.clear();
         used = 0;
       }
     }
   }
-  if (used > 0) run_chunk(pool, segs, used, x, ldx, acc, ldacc, act);
+  if (used > 0) run_chunk(pool, segs, used, x, ldx, acc, ldacc, act, x16, ldx16);
 }
 
 void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, int64_t rows, const float* x,
-                          int64_t ldx, float* acc, int64_t ldacc, Act act) {
+                          int64_t ldx, float* acc, int64_t ldacc, Act act, const uint16_t* x16, int64_t ldx16) {
   const int nr = k_.nr, h = nr / 2;
   float* hbuf = h_.data<float>();
   // bf16 weights on a CPU with bf16 dot products: the rows of x (gathered
@@ -80,7 +81,8 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
       for (int64_t r = r0; r < r1; ++r) {
         while (r >= segs[s].offset + segs[s].len) ++s;
         const int64_t tok = segs[s].job->rows[segs[s].begin + (r - segs[s].offset)];
-        k_.to_bf16(x + tok * ldx, xb + r * ldxb_, hidden_);
+        if (x16) std::memcpy(xb + r * ldxb_, x16 + tok * ldx16, static_cast<size_t>(hidden_) * 2);
+        else k_.to_bf16(x + tok * ldx, xb + r * ldxb_, hidden_);
       }
     });
   }

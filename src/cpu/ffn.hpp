@@ -36,8 +36,17 @@ class FfnRunner {
 
   // acc[rows[i]] += weights[i] * down(act(gate(x[rows[i]])) * up(x[rows[i]]))
   // for every job and row, in job order then row order for each token.
+  // x: f32 rows, ldx floats apart. x16 (optional): the same rows in bf16,
+  // ldx16 elements apart; where the bf16 tiles run (reads_bf16_rows) they
+  // are copied from x16 instead of narrowed from x, and x may be null.
   void run(ThreadPool& pool, const std::vector<ExpertJob>& jobs, const float* x, int64_t ldx, float* acc,
-           int64_t ldacc, Act act);
+           int64_t ldacc, Act act, const uint16_t* x16 = nullptr, int64_t ldx16 = 0);
+
+  // Whether every job with weights of `weight_dtype` runs on the bf16
+  // tiles, which read x in bf16 only: then run() needs x16, not x.
+  bool reads_bf16_rows(ep_moe_dtype_t weight_dtype) const {
+    return bf16_act_ && weight_dtype == EP_MOE_DTYPE_BF16;
+  }
 
   size_t workspace_bytes() const { return h_.size() + xb_.size() + hb_.size(); }
 
@@ -48,7 +57,7 @@ class FfnRunner {
     int64_t offset;      // first workspace row
   };
   void run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, int64_t rows, const float* x, int64_t ldx,
-                 float* acc, int64_t ldacc, Act act);
+                 float* acc, int64_t ldacc, Act act, const uint16_t* x16, int64_t ldx16);
 
   const Kernels& k_;
   int32_t hidden_, ldh_, ldxb_ = 0;

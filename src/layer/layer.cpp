@@ -204,7 +204,12 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
   pool_ = std::make_unique<cpu::ThreadPool>(cpu::default_threads(c.num_threads, ep_ ? ep_->ranks_in_process() : 1));
   if (send_rows > 0) send_rows_.resize(static_cast<size_t>(send_rows) * row_bytes_);
   if (dp_size_ > 1 || a2a) recv_rows_.resize(static_cast<size_t>(max_rows) * row_bytes_);
-  x_f32_.resize(static_cast<size_t>(max_rows * H) * 4);
+  const int64_t chunk = std::min<int64_t>(kMaxChunkPairs, max_rows * (K + 1));
+  ffn_ = std::make_unique<cpu::FfnRunner>(kern_, c.hidden_size, std::max(c.intermediate_size, shared_count_), chunk,
+                                          c.act_dtype == EP_MOE_DTYPE_BF16);
+  // bf16 rows straight into the bf16 tiles: no f32 copy of the rows at all.
+  direct_bf16_ = ffn_->reads_bf16_rows(static_cast<ep_moe_dtype_t>(c.weight_dtype));
+  if (!direct_bf16_) x_f32_.resize(static_cast<size_t>(max_rows * H) * 4);
   acc_.resize(static_cast<size_t>(max_rows * H) * 4);
   own_x_.resize(static_cast<size_t>(T * H) * 4);
   if (c.act_dtype != EP_MOE_DTYPE_F32) partial_.resize(static_cast<size_t>(max_all_ * H) * es);
@@ -223,9 +228,6 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
   shared_rows_.resize(static_cast<size_t>(max_rows));
   shared_weights_.resize(static_cast<size_t>(max_rows));
   jobs_.reserve(experts_.size() + 1);
-  const int64_t chunk = std::min<int64_t>(kMaxChunkPairs, max_rows * (K + 1));
-  ffn_ = std::make_unique<cpu::FfnRunner>(kern_, c.hidden_size, std::max(c.intermediate_size, shared_count_), chunk,
-                                          c.act_dtype == EP_MOE_DTYPE_BF16);
 
   log(EP_MOE_LOG_INFO,
       "[EP rank %d/%d] MoE layer: H=%d I=%d E=%d top-%d, %d local experts, shared shard %d/%d, dp %d, %d threads, "
@@ -636,7 +638,8 @@ void Layer::add_expert_jobs() {
   }
 }
 
-void Layer::add_shared_job(const float* x, int64_t row0, int64_t n_rows, const int32_t* ids) {
+void Layer::add_shared_job(const float* x, int64_t row0, int64_t n_rows, const int32_t* ids, const uint16_t* x16,
+                           int64_t ld16) {
   if (shared_count_ == 0) return;
   const int64_t H = cfg_.hidden_size, K = cfg_.top_k;
   int64_t n = 0;
@@ -645,8 +648,13 @@ void Layer::add_shared_job(const float* x, int64_t row0, int64_t n_rows, const i
     float g = 1.0f;
     if (cfg_.shared_expert_gate) {
       float dot = 0.0f;
-      const float* xr = x + t * H;
-      for (int64_t i = 0; i < H; ++i) dot += xr[i] * shared_gate_[static_cast<size_t>(i)];
+      if (x) {
+        const float* xr = x + t * H;
+        for (int64_t i = 0; i < H; ++i) dot += xr[i] * shared_gate_[static_cast<size_t>(i)];
+      } else {  // the same values, widened here
+        const uint16_t* xr = x16 + t * ld16;
+        for (int64_t i = 0; i < H; ++i) dot += bf16_to_f32(xr[i]) * shared_gate_[static_cast<size_t>(i)];
+      }
       g = 1.0f / (1.0f + std::exp(-dot));
     }
     shared_rows_[static_cast<size_t>(n)] = static_cast<int32_t>(t);
@@ -702,13 +710,25 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
       dp->all_gather_v(recv_rows_.data(), send, counts_.data(), EP_MOE_DTYPE_I32, a.stream);
     }
     t0 = now_ns();
-    unpack_rows(T_all, x);
-    ph.permute_bytes += T_all * H * 4;
+    if (direct_bf16_) {  // the rows stay where they arrived
+      unpack_ids(T_all);
+      ph.permute_bytes += T_all * K * 8;
+    } else {
+      unpack_rows(T_all, x);
+      ph.permute_bytes += T_all * H * 4;
+    }
     ph.permute_ns += now_ns() - t0;
-  } else {
+  } else if (!direct_bf16_) {
     widen_rows(a.hidden, T, x);
     ph.permute_bytes += T * H * 4;
     ph.permute_ns += now_ns() - t0;
+  }
+  // With direct_bf16_ the experts read the bf16 rows where they are.
+  const uint16_t* x16 = nullptr;
+  int64_t ld16 = 0;
+  if (direct_bf16_) {
+    x16 = dp_size_ > 1 ? recv_rows_.data<uint16_t>() : static_cast<const uint16_t*>(a.hidden);
+    ld16 = dp_size_ > 1 ? static_cast<int64_t>(row_bytes_ / 2) : H;
   }
 
   // Plan the pairs this rank computes, then experts + shared into acc.
@@ -718,15 +738,16 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
   std::memset(acc, 0, static_cast<size_t>(T_all * H) * 4);
   add_expert_jobs();
   if (!shared_replicated_) {
-    add_shared_job(x, 0, T_all, ids);  // this rank's shard, every token
+    add_shared_job(x, 0, T_all, ids, x16, ld16);  // this rank's shard, every token
   } else if (dp_size_ > 1) {
-    add_shared_job(x, dp_offset, T, ids);  // the whole expert, this replica's tokens
+    add_shared_job(x, dp_offset, T, ids, x16, ld16);  // the whole expert, this replica's tokens
   } else {
     const int32_t ep = map_.ep_size(), r = map_.ep_rank();  // the whole expert, a share of the tokens
-    add_shared_job(x, split_start(static_cast<int32_t>(T), ep, r), split_count(static_cast<int32_t>(T), ep, r), ids);
+    add_shared_job(x, split_start(static_cast<int32_t>(T), ep, r), split_count(static_cast<int32_t>(T), ep, r), ids,
+                   x16, ld16);
   }
   t0 = now_ns();
-  ffn_->run(*pool_, jobs_, x, H, acc, H, act_);
+  ffn_->run(*pool_, jobs_, x, H, acc, H, act_, x16, ld16);
   ph.expert_ns += now_ns() - t0;
 
   // ONE reduction of (routed + shared) partials, then this rank's rows.
@@ -803,6 +824,17 @@ void Layer::narrow_rows(const float* src, int64_t n, void* dst) {
     for (size_t t = t0; t < t1; ++t)
       store_row(kern_, static_cast<char*>(dst) + t * row, adt, src + static_cast<int64_t>(t) * H, H);
   });
+}
+
+void Layer::unpack_ids(int64_t n) {
+  const int64_t H = cfg_.hidden_size, K = cfg_.top_k;
+  const size_t es = dtype_size(static_cast<ep_moe_dtype_t>(cfg_.act_dtype));
+  for (int64_t t = 0; t < n; ++t) {
+    const auto* rid = reinterpret_cast<const int32_t*>(recv_rows_.data<char>() + static_cast<size_t>(t) * row_bytes_ +
+                                                       static_cast<size_t>(H) * es);
+    std::memcpy(ids_.data() + t * K, rid, static_cast<size_t>(K) * 4);
+    std::memcpy(weights_.data() + t * K, rid + K, static_cast<size_t>(K) * 4);
+  }
 }
 
 void Layer::unpack_row(const char* row, int64_t t, float* x) {
@@ -1000,8 +1032,13 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   // 2. Experts on the rows received; partial sums back in the same order.
   float* x = x_f32_.data<float>();
   t0 = now_ns();
-  unpack_rows(R, x);
-  ph.permute_bytes += R * H * 4;
+  if (direct_bf16_) {  // the experts read the bf16 rows where they arrived
+    unpack_ids(R);
+    ph.permute_bytes += R * K * 8;
+  } else {
+    unpack_rows(R, x);
+    ph.permute_bytes += R * H * 4;
+  }
   ph.permute_ns += now_ns() - t0;
   int64_t skipped = 0;
   const int64_t local_pairs = plan_pairs(R, ids_.data(), weights_.data(), true, &skipped);
@@ -1009,7 +1046,8 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   std::memset(acc, 0, static_cast<size_t>(R * H) * 4);
   add_expert_jobs();
   t0 = now_ns();
-  ffn_->run(*pool_, jobs_, x, H, acc, H, act_);
+  if (direct_bf16_) ffn_->run(*pool_, jobs_, nullptr, H, acc, H, act_, recv_rows_.data<uint16_t>(), static_cast<int64_t>(row_bytes_ / 2));
+  else ffn_->run(*pool_, jobs_, x, H, acc, H, act_);
   ph.expert_ns += now_ns() - t0;
   record(R, local_pairs, 0);
   char* back = ret_send_.data<char>();

@@ -97,10 +97,14 @@ class Layer {
   int32_t cheaper_mode(const ep_moe_forward_args_t& a, Gather gather, int64_t padded);
   int64_t plan_pairs(int64_t rows, const int32_t* ids, const float* w, bool assigned, int64_t* skipped);
   void add_expert_jobs();
-  void add_shared_job(const float* x, int64_t row0, int64_t n_rows, const int32_t* ids);
+  // The shared expert's job over rows [row0, row0 + n_rows) of x (f32), or
+  // of x16 (bf16, ld16 apart) when x is null.
+  void add_shared_job(const float* x, int64_t row0, int64_t n_rows, const int32_t* ids, const uint16_t* x16 = nullptr,
+                      int64_t ld16 = 0);
   void record(int64_t tokens, int64_t local_pairs, int64_t skipped);
   void pack_row(char* row, const char* hidden, const int32_t* ids, const float* w) const;
   void unpack_row(const char* row, int64_t t, float* x);
+  void unpack_ids(int64_t n);                 // recv_rows_[0, n) -> ids_, weights_ (the rows stay)
   void unpack_rows(int64_t n, float* x);  // recv_rows_[0, n) -> x, ids_, weights_ (on the pool)
   // n hidden rows in the activation dtype -> f32, and back (on the pool).
   void widen_rows(const void* src, int64_t n, float* dst);
@@ -149,6 +153,7 @@ class Layer {
   bool dp_is_ep_ = false;
   int32_t dispatch_ = EP_MOE_DISPATCH_ALLGATHER;
   bool shared_replicated_ = false;  // all-to-all modes keep the whole shared expert
+  bool direct_bf16_ = false;        // bf16 rows go straight into the bf16 tiles (no x_f32_)
   RoutingParams routing_;
   cpu::Act act_;
 

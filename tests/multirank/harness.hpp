@@ -123,6 +123,7 @@ struct RankResult {
   int64_t own_tokens = 0;  // this rank's tokens in the last forward (its replica's)
   // EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS .. LAST_COMBINE_BYTES after the last forward
   int64_t permute_ns = -1, permute_bytes = -1, expert_ns = -1, combine_ns = -1, combine_bytes = -1;
+  int64_t cpu_isa = -1;
   int stored = 0;
 };
 
@@ -312,6 +313,7 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
     ep_moe_layer_get_attr(&res.dispatch, layer, EP_MOE_LAYER_ATTR_LAST_DISPATCH);
     ep_moe_layer_get_attr(&res.permute_ns, layer, EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS);
     ep_moe_layer_get_attr(&res.permute_bytes, layer, EP_MOE_LAYER_ATTR_LAST_PERMUTE_BYTES);
+    ep_moe_layer_get_attr(&res.cpu_isa, layer, EP_MOE_LAYER_ATTR_CPU_ISA);
     ep_moe_layer_get_attr(&res.expert_ns, layer, EP_MOE_LAYER_ATTR_LAST_EXPERT_NS);
     ep_moe_layer_get_attr(&res.combine_ns, layer, EP_MOE_LAYER_ATTR_LAST_COMBINE_NS);
     ep_moe_layer_get_attr(&res.combine_bytes, layer, EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES);
@@ -338,13 +340,22 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
     CHECK(x.permute_ns >= 0);
     CHECK(x.expert_ns >= 0);
     CHECK(x.combine_ns >= 0);
-    CHECK(x.permute_bytes >= T * H * es);  // every own token row is moved at least once
+    // bf16 rows with bf16 weights on AVX512_BF16 go to the bf16 tiles where
+    // they are: no row is widened, only the routing rows are unpacked.
+    const bool direct = c.adt == ref::BF16 && c.wdt == ref::BF16 && x.cpu_isa == 3;
+    const int64_t K = c.spec.K;
+    if (direct) {
+      CHECK(x.permute_bytes >= 0);
+    } else {
+      CHECK(x.permute_bytes >= T * H * es);  // every own token row is moved at least once
+    }
     CHECK(x.combine_bytes >= T * H * es);  // and every output row written from a result
     if (x.local_pairs > 0) CHECK(x.expert_ns > 0);
     if (x.dispatch == EP_MOE_DISPATCH_ALLGATHER && c.dp == 1) {
-      CHECK(x.permute_bytes == T * H * 4);  // inputs widened to f32
+      CHECK(x.permute_bytes == (direct ? 0 : T * H * 4));  // inputs widened to f32, or read in place
       CHECK(x.combine_bytes == T * H * es + (es == 4 ? 0 : T * H * 4));
     }
+    if (direct && x.dispatch == EP_MOE_DISPATCH_ALLGATHER && c.dp > 1) CHECK(x.permute_bytes % (K * 8) == 0);
   }
 
   const double tol = tolerance(c.adt, c.wdt);
