@@ -179,21 +179,36 @@ uint64_t sum_scalar(const uint64_t* p, size_t n) {
 }  // namespace
 
 double read_bandwidth_gbs(int threads, double seconds, int megabytes) {
+  ReadBandwidth probe(threads, megabytes);
+  return probe.measure(seconds);
+}
+
+ReadBandwidth::ReadBandwidth(int threads, int megabytes) : threads_(threads) {
   const size_t n = (static_cast<size_t>(megabytes) << 20) / sizeof(uint64_t);
-  uint64_t (*sum)(const uint64_t*, size_t) = sum_scalar;
-#if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx2")) sum = sum_avx2;
-#endif
   // 2 MiB aligned with transparent huge pages asked for, as the library's
   // weight buffers are (src/cpu/aligned.hpp); every page touched before timing.
   const size_t huge = size_t{2} << 20, bytes = (n * sizeof(uint64_t) + huge - 1) / huge * huge;
-  std::unique_ptr<uint64_t, void (*)(void*)> hold(static_cast<uint64_t*>(std::aligned_alloc(huge, bytes)), std::free);
-  if (!hold) return 0;
-  uint64_t* buf = hold.get();
+  auto* buf = static_cast<uint64_t*>(std::aligned_alloc(huge, bytes));
+  if (!buf) return;
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   (void)madvise(buf, bytes, MADV_HUGEPAGE);
 #endif
   for (size_t i = 0; i < n; ++i) buf[i] = i;
+  buf_ = buf;
+  n_ = n;
+}
+
+ReadBandwidth::~ReadBandwidth() { std::free(buf_); }
+
+double ReadBandwidth::measure(double seconds) {
+  if (!buf_) return 0;
+  const size_t n = n_;
+  const int threads = threads_;
+  const uint64_t* buf = static_cast<const uint64_t*>(buf_);
+  uint64_t (*sum)(const uint64_t*, size_t) = sum_scalar;
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2")) sum = sum_avx2;
+#endif
   std::atomic<bool> stop{false};
   std::vector<std::atomic<uint64_t>> done(static_cast<size_t>(threads));
   for (auto& d : done) d = 0;

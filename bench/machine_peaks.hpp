@@ -19,6 +19,23 @@ double bf16_dot_peak_gflops(int threads, double seconds);
 // vector loads, GB/s: the best of 8 windows of seconds / 8 each.
 double read_bandwidth_gbs(int threads, double seconds, int megabytes);
 
+// The same probe with its buffer kept (allocated and touched once), so the
+// bandwidth can be measured again next to each result: on a shared machine
+// it moves by tens of per cent within minutes.
+class ReadBandwidth {
+ public:
+  ReadBandwidth(int threads, int megabytes);
+  ~ReadBandwidth();
+  ReadBandwidth(const ReadBandwidth&) = delete;
+  ReadBandwidth& operator=(const ReadBandwidth&) = delete;
+  double measure(double seconds);  // GB/s; 0 if the buffer could not be allocated
+
+ private:
+  int threads_;
+  size_t n_ = 0;  // uint64_t elements
+  void* buf_ = nullptr;
+};
+
 // memcpy rate of ONE of `threads` threads running at the same time, each
 // copying its own `bytes`-byte buffer over and over (bytes copied per
 // second, GB/s, the mean over the threads): the baseline for moving the
