@@ -128,29 +128,32 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
     }
   });
 
-  // Phase B: acc[token] += weight * (h W_down^T), per panel of hidden
-  // columns (every down weight has hidden_ rows): a thread owns its columns
-  // of acc, so the weighted combine is fused in, and each token's rows are
-  // added in job order then row order, whatever the thread count.
-  // Items are blocks of consecutive panels; within one, the panels are
-  // visited panel by panel, segment by segment, each call prefetching the
-  // weight panel visited next.
+  // Phase B: acc[token] += weight * (h W_down^T), per block of panels of
+  // hidden columns (every down weight has hidden_ rows): a thread owns its
+  // columns of acc, so the weighted combine is fused in, and each token's
+  // rows are added in job order then row order, whatever the thread count.
+  // Within a block the segments come first and their panels second, so a
+  // thread streams each expert's block of panels as one contiguous run
+  // (qwen3 T=8: 88-93 % -> 97-98 % of the read bandwidth against visiting
+  // every expert's panel p before any panel p+1); each call prefetches the
+  // panel visited next. Blocks of up to 8 panels, at least 4 per thread
+  // (qwen3 T=8 at ~80 GB/s: 2.06-2.10 ms against 2.35 ms with blocks of 4).
   const int32_t panels = (hidden_ + nr - 1) / nr;
-  const int32_t per_block = std::max(1, std::min(8, panels / (8 * pool.size())));
+  const int32_t per_block = std::max(1, std::min(8, panels / (4 * pool.size())));
   pool.parallel_for(static_cast<size_t>((panels + per_block - 1) / per_block), [&](size_t bi, int) {
     const float* a[kRows];
     const uint16_t* a16[kRows];
     alignas(64) float c[kRows * 32];
     const int32_t p0 = static_cast<int32_t>(bi) * per_block, p_end = std::min(panels, p0 + per_block);
-    for (int32_t p = p0; p < p_end; ++p) {
-      const int32_t col0 = p * nr;
-      const int ncols = std::min(nr, hidden_ - col0);
-      for (size_t si = 0; si < segs.size(); ++si) {
-        const Segment& s = segs[si];
-        const PackedWeight& w = *s.job->down;
-        const void* next = si + 1 < segs.size() ? segs[si + 1].job->down->panel(p)
-                           : p + 1 < p_end    ? segs[0].job->down->panel(p + 1)
-                                              : nullptr;
+    for (size_t si = 0; si < segs.size(); ++si) {
+      const Segment& s = segs[si];
+      const PackedWeight& w = *s.job->down;
+      for (int32_t p = p0; p < p_end; ++p) {
+        const int32_t col0 = p * nr;
+        const int ncols = std::min(nr, hidden_ - col0);
+        const void* next = p + 1 < p_end            ? w.panel(p + 1)
+                           : si + 1 < segs.size() ? segs[si + 1].job->down->panel(p0)
+                                                  : nullptr;
         for (int64_t r0 = 0; r0 < s.len; r0 += kRows) {
           const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
           if (dot) {
