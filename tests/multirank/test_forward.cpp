@@ -138,6 +138,31 @@ TEST_CASE("DP gather modes follow seed 001: padded for prefill/graph/mixed, comp
   harness::run_case(c, rng());
 }
 
+TEST_CASE("bf16 rows read in place: DP gathers, shared expert with its gate, odd row strides", "[forward][dp][bf16]") {
+  // bf16 weights and activations: on AVX512_BF16 the experts and the
+  // shared gate read the gathered rows where they arrived (row stride
+  // H*2 + K*8 bytes, here not a multiple of 4 elements); elsewhere the
+  // widening path runs. Both must match the reference.
+  for (int dp : {2, 4}) {
+    for (bool decode : {false, true}) {
+      Case c;
+      c.ep = 4;
+      c.dp = dp;
+      c.wdt = ref::BF16;
+      c.adt = ref::BF16;
+      c.spec.H = 41;
+      c.spec.I = 19;
+      c.spec.E = 10;
+      c.spec.K = 3;
+      c.spec.Is = 14;
+      c.spec.shared_gate = true;
+      c.all_decode = decode;
+      c.tokens = dp == 2 ? std::vector<int>{0, 7} : std::vector<int>{5, 0, 2, 9};
+      harness::run_case(c, rng());
+    }
+  }
+}
+
 TEST_CASE("zero tokens on every rank, and at max_tokens", "[forward][edge]") {
   for (int ep : {1, 3, 4}) {
     Case c;
