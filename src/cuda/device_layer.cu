@@ -542,7 +542,13 @@ __global__ void combine_kernel(const float* y, const int32_t* pair_pos, const fl
   }
 }
 
-// Packed rows [hidden (act dtype) | K ids | K weights], row_bytes apart.
+// Packed rows [hidden (act dtype) | K ids | K weights], row_bytes apart; the
+// ids start on a 4-byte boundary (Layer::ids_off_: odd H in bf16/f16 pads 2 bytes).
+template <class A>
+__device__ __forceinline__ int64_t ids_offset(int64_t H) {
+  return (H * static_cast<int64_t>(sizeof(A)) + 3) / 4 * 4;
+}
+
 template <class A>
 __global__ void pack_rows_kernel(char* out, int64_t rows, int64_t valid, size_t row_bytes, const A* hidden,
                                  const int32_t* ids, const float* w, const int32_t* tok, const int32_t* dest,
@@ -551,7 +557,7 @@ __global__ void pack_rows_kernel(char* out, int64_t rows, int64_t valid, size_t 
   if (j >= rows) return;
   char* row = out + j * static_cast<int64_t>(row_bytes);
   A* x = reinterpret_cast<A*>(row);
-  int32_t* rid = reinterpret_cast<int32_t*>(row + H * static_cast<int64_t>(sizeof(A)));
+  int32_t* rid = reinterpret_cast<int32_t*>(row + ids_offset<A>(H));
   float* rw = reinterpret_cast<float*>(rid + K);
   if (j >= valid) {
     for (int64_t c = threadIdx.x; c < H; c += blockDim.x) x[c] = cvt<A>(0.0f);
@@ -578,7 +584,7 @@ __global__ void unpack_rows_kernel(const char* in, int64_t rows, size_t row_byte
   if (j >= rows) return;
   const char* row = in + j * static_cast<int64_t>(row_bytes);
   const A* rx = reinterpret_cast<const A*>(row);
-  const int32_t* rid = reinterpret_cast<const int32_t*>(row + H * static_cast<int64_t>(sizeof(A)));
+  const int32_t* rid = reinterpret_cast<const int32_t*>(row + ids_offset<A>(H));
   const float* rw = reinterpret_cast<const float*>(rid + K);
   for (int64_t c = threadIdx.x; c < H; c += blockDim.x) x[j * H + c] = rx[c];
   for (int k = threadIdx.x; k < K; k += blockDim.x) {

@@ -176,7 +176,10 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
   const int64_t fanout = std::min<int64_t>(ep, K);  // rows a token sends (all-to-all)
   max_all_ = T * dp_size_;
   const int64_t max_rows = std::max<int64_t>(max_all_, a2a ? ep * T : 0);  // rows experts may see
-  row_bytes_ = round_up(static_cast<size_t>(H) * es + static_cast<size_t>(K) * 8, 4);
+  // [hidden | K ids | K weights], the ids on a 4-byte boundary (bf16 or f16
+  // with an odd hidden size would misalign them; a GPU faults on that).
+  ids_off_ = round_up(static_cast<size_t>(H) * es, 4);
+  row_bytes_ = ids_off_ + static_cast<size_t>(K) * 8;
   const int64_t send_rows = std::max<int64_t>(dp_size_ > 1 ? T : 0, a2a ? T * fanout : 0);
   if (a2a) {
     send_tok_.resize(static_cast<size_t>(T * fanout));
@@ -690,7 +693,7 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
       } else {  // padding row: never computed
         char* row = send + static_cast<size_t>(t) * row_bytes_;
         std::memset(row, 0, row_bytes_);
-        int32_t* rid = reinterpret_cast<int32_t*>(row + H * static_cast<int64_t>(es));
+        int32_t* rid = reinterpret_cast<int32_t*>(row + ids_off_);
         for (int64_t k = 0; k < K; ++k) rid[k] = -1;
       }
     }
@@ -796,8 +799,8 @@ void Layer::pack_row(char* row, const char* hidden, const int32_t* ids, const fl
   const int64_t H = cfg_.hidden_size, K = cfg_.top_k;
   const size_t es = dtype_size(static_cast<ep_moe_dtype_t>(cfg_.act_dtype));
   std::memcpy(row, hidden, static_cast<size_t>(H) * es);
-  std::memcpy(row + H * static_cast<int64_t>(es), ids, static_cast<size_t>(K) * 4);
-  std::memcpy(row + H * static_cast<int64_t>(es) + K * 4, w, static_cast<size_t>(K) * 4);
+  std::memcpy(row + ids_off_, ids, static_cast<size_t>(K) * 4);
+  std::memcpy(row + ids_off_ + K * 4, w, static_cast<size_t>(K) * 4);
 }
 
 void Layer::unpack_rows(int64_t n, float* x) {
@@ -827,23 +830,20 @@ void Layer::narrow_rows(const float* src, int64_t n, void* dst) {
 }
 
 void Layer::unpack_ids(int64_t n) {
-  const int64_t H = cfg_.hidden_size, K = cfg_.top_k;
-  const size_t es = dtype_size(static_cast<ep_moe_dtype_t>(cfg_.act_dtype));
+  const int64_t K = cfg_.top_k;
   for (int64_t t = 0; t < n; ++t) {
-    const auto* rid = reinterpret_cast<const int32_t*>(recv_rows_.data<char>() + static_cast<size_t>(t) * row_bytes_ +
-                                                       static_cast<size_t>(H) * es);
+    const char* rid = recv_rows_.data<char>() + static_cast<size_t>(t) * row_bytes_ + ids_off_;
     std::memcpy(ids_.data() + t * K, rid, static_cast<size_t>(K) * 4);
-    std::memcpy(weights_.data() + t * K, rid + K, static_cast<size_t>(K) * 4);
+    std::memcpy(weights_.data() + t * K, rid + K * 4, static_cast<size_t>(K) * 4);
   }
 }
 
 void Layer::unpack_row(const char* row, int64_t t, float* x) {
   const int64_t H = cfg_.hidden_size, K = cfg_.top_k;
   const auto adt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
-  const size_t es = dtype_size(adt);
-  const auto* rid = reinterpret_cast<const int32_t*>(row + H * static_cast<int64_t>(es));
+  const char* rid = row + ids_off_;
   std::memcpy(ids_.data() + t * K, rid, static_cast<size_t>(K) * 4);
-  std::memcpy(weights_.data() + t * K, rid + K, static_cast<size_t>(K) * 4);
+  std::memcpy(weights_.data() + t * K, rid + K * 4, static_cast<size_t>(K) * 4);
   convert_row(kern_, x + t * H, row, adt, H);
 }
 

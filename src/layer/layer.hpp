@@ -181,6 +181,7 @@ class Layer {
   // Workspace, sized at create for max_tokens; forward allocates nothing.
   int64_t max_all_ = 0;   // tokens after the DP gather
   size_t row_bytes_ = 0;  // one gathered row: hidden + ids + weights
+  size_t ids_off_ = 0;    // where the ids start: H * act size rounded up to 4 bytes
   AlignedBuffer send_rows_, recv_rows_, x_f32_, acc_, partial_, scatter_out_;
   AlignedBuffer own_x_, own_acc_, ret_send_, ret_recv_;  // own tokens; all-to-all returns
   std::vector<size_t> counts_, recv_words_, recv_count_;

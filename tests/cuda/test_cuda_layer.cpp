@@ -625,6 +625,22 @@ std::vector<GroupCase> group_cases() {
     g.tokens = {33, 1, 0, 80};
     v.push_back(g);
   }
+  // Odd H in bf16: a packed row's ids start 2 bytes past the activations
+  // (a misaligned int32 access faults on a GPU).
+  {
+    GroupCase g = make("local EP2 DP2 padded gather, bf16, odd H", 2, 97, 45, 8, 2);
+    g.c.wdt = g.c.adt = ref::BF16;
+    g.dp = true;
+    g.tokens = {7, 0};
+    v.push_back(g);
+  }
+  {
+    GroupCase g = make("local EP3 all-to-all, bf16, odd H", 3, 97, 45, 10, 3);
+    g.c.wdt = g.c.adt = ref::BF16;
+    g.dispatch = EP_MOE_DISPATCH_ALLTOALL;
+    g.tokens = {5, 0, 9};
+    v.push_back(g);
+  }
   {
     GroupCase g = make("local EP2 auto with DP", 2, 64, 48, 8, 2);
     g.c.s.Is = 32;
