@@ -1,31 +1,12 @@
 #include "cpu/thread_pool.hpp"
 
 #include <algorithm>
-#include <chrono>
+
+#include "common/spin.hpp"
 
 namespace ep_moe {
 namespace cpu {
 
-namespace {
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
-
-// Spins until pred() holds or kSpinMicros pass; returns pred().
-template <class Pred>
-bool spin_until(Pred pred) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
-  for (unsigned i = 0;; ++i) {
-    if (pred()) return true;
-    cpu_relax();
-    if ((i & 63) == 63 && std::chrono::steady_clock::now() > until) return pred();
-  }
-}
-}  // namespace
 
 ThreadPool::ThreadPool(int threads) {
   const int extra = std::max(0, threads - 1);

@@ -1,9 +1,9 @@
 // A small fork-join pool: the calling thread plus (n - 1) workers share the
 // items of one parallel loop at a time. Between loops the workers, and the
-// caller waiting for the last item, spin for up to kSpinMicros before they
-// block: a forward runs a few loops microseconds apart, and a wake-up through
-// the kernel costs tens of microseconds on a virtual machine, a tenth of a
-// decode step.
+// caller waiting for the last item, spin for up to kSpinMicros
+// (common/spin.hpp) before they block: a forward runs a few loops
+// microseconds apart, and a wake-up through the kernel costs tens of
+// microseconds on a virtual machine, a tenth of a decode step.
 #pragma once
 
 #include <atomic>
@@ -47,8 +47,6 @@ class ThreadPool {
   std::atomic<int> busy_{0};
   std::atomic<bool> stop_{false};
 };
-
-constexpr int kSpinMicros = 50;
 
 // Threads a rank should use: `requested` when > 0, else the machine's
 // hardware threads divided by the ranks sharing this process (at least 1).

@@ -8,15 +8,14 @@
 //             directly between the peers' buffers;
 //   depart  - each rank waits until all ranks are done, so no buffer is
 //             released while a peer may still read or write it.
-// A waiting rank first spins for up to kSpinMicros on the phase counter
+// A waiting rank first spins (common/spin.hpp) on the phase counter
 // (when the group has no more ranks than the machine has hardware threads),
 // then sleeps on the group's condition variable: a futex wake-up costs tens
 // of microseconds on a virtual machine, and a forward runs several
 // collectives back to back. Each wait honours the caller's timeout and the
-// group's abort flag. A
-// timeout or abort breaks the group for good; a rank that posts a failure
-// (fail_collective) makes the others return EP_MOE_ERR_REMOTE but leaves the
-// group usable.
+// group's abort flag. A timeout or abort breaks the group for good; a rank
+// that posts a failure (fail_collective) makes the others return
+// EP_MOE_ERR_REMOTE but leaves the group usable.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -33,6 +32,7 @@
 #include "comm/reduce.hpp"
 #include "common/dtype.hpp"
 #include "common/error.hpp"
+#include "common/spin.hpp"
 
 namespace ep_moe {
 
@@ -90,9 +90,6 @@ struct Family {
   std::atomic<bool> aborted{false};
   void abort();
 };
-
-// How long a rank spins before it sleeps in a phase (see the top).
-constexpr int kSpinMicros = 50;
 
 struct Group {
   Group(int n, std::shared_ptr<Family> fam)
@@ -329,16 +326,9 @@ class LocalComm final : public Comm {
     }
     if (g.spin) {  // the lock is taken again below, which orders the peers' writes before ours
       lock.unlock();
-      const auto until = Clock::now() + std::chrono::microseconds(kSpinMicros);
-      for (unsigned i = 0;; ++i) {
-        if (gen.load(std::memory_order_acquire) != my_gen || g.broken.load(std::memory_order_acquire)) break;
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#else
-        std::this_thread::yield();
-#endif
-        if ((i & 63) == 63 && Clock::now() > until) break;
-      }
+      spin_until([&] {
+        return gen.load(std::memory_order_acquire) != my_gen || g.broken.load(std::memory_order_acquire);
+      });
       lock.lock();
     }
     while (gen == my_gen) {
