@@ -178,11 +178,6 @@ uint64_t sum_scalar(const uint64_t* p, size_t n) {
 }
 }  // namespace
 
-double read_bandwidth_gbs(int threads, double seconds, int megabytes) {
-  ReadBandwidth probe(threads, megabytes);
-  return probe.measure(seconds);
-}
-
 ReadBandwidth::ReadBandwidth(int threads, int megabytes) : threads_(threads) {
   const size_t n = (static_cast<size_t>(megabytes) << 20) / sizeof(uint64_t);
   // 2 MiB aligned with transparent huge pages asked for, as the library's

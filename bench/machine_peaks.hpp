@@ -16,12 +16,10 @@ double fma_peak_gflops(int threads, double seconds, const char** isa);
 double bf16_dot_peak_gflops(int threads, double seconds);
 
 // Read bandwidth of `threads` threads streaming a `megabytes` buffer with
-// vector loads, GB/s: the best of 8 windows of seconds / 8 each.
-double read_bandwidth_gbs(int threads, double seconds, int megabytes);
-
-// The same probe with its buffer kept (allocated and touched once), so the
-// bandwidth can be measured again next to each result: on a shared machine
-// it moves by tens of per cent within minutes.
+// vector loads, GB/s: the best of 8 windows of seconds / 8 each. The buffer
+// is allocated and touched once, so the bandwidth can be measured again next
+// to each result: on a shared machine it moves by tens of per cent within
+// minutes.
 class ReadBandwidth {
  public:
   ReadBandwidth(int threads, int megabytes);

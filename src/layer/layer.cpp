@@ -804,15 +804,14 @@ void Layer::pack_row(char* row, const char* hidden, const int32_t* ids, const fl
 }
 
 void Layer::unpack_rows(int64_t n, float* x) {
-  pool_->parallel_ranges(static_cast<size_t>(n), 16, [&](size_t t0, size_t t1, int) {
-    for (size_t t = t0; t < t1; ++t) unpack_row(recv_rows_.data<char>() + t * row_bytes_, static_cast<int64_t>(t), x);
-  });
+  unpack_ids(n);
+  widen_rows(recv_rows_.data<char>(), n, x, row_bytes_);
 }
 
-void Layer::widen_rows(const void* src, int64_t n, float* dst) {
+void Layer::widen_rows(const void* src, int64_t n, float* dst, size_t src_stride) {
   const int64_t H = cfg_.hidden_size;
   const auto adt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
-  const size_t row = static_cast<size_t>(H) * dtype_size(adt);
+  const size_t row = src_stride ? src_stride : static_cast<size_t>(H) * dtype_size(adt);
   pool_->parallel_ranges(static_cast<size_t>(n), 16, [&](size_t t0, size_t t1, int) {
     for (size_t t = t0; t < t1; ++t)
       convert_row(kern_, dst + static_cast<int64_t>(t) * H, static_cast<const char*>(src) + t * row, adt, H);
@@ -836,15 +835,6 @@ void Layer::unpack_ids(int64_t n) {
     std::memcpy(ids_.data() + t * K, rid, static_cast<size_t>(K) * 4);
     std::memcpy(weights_.data() + t * K, rid + K * 4, static_cast<size_t>(K) * 4);
   }
-}
-
-void Layer::unpack_row(const char* row, int64_t t, float* x) {
-  const int64_t H = cfg_.hidden_size, K = cfg_.top_k;
-  const auto adt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
-  const char* rid = row + ids_off_;
-  std::memcpy(ids_.data() + t * K, rid, static_cast<size_t>(K) * 4);
-  std::memcpy(weights_.data() + t * K, rid + K * 4, static_cast<size_t>(K) * 4);
-  convert_row(kern_, x + t * H, row, adt, H);
 }
 
 void Layer::build_a2a_choice() {

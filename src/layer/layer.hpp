@@ -103,11 +103,11 @@ class Layer {
                       int64_t ld16 = 0);
   void record(int64_t tokens, int64_t local_pairs, int64_t skipped);
   void pack_row(char* row, const char* hidden, const int32_t* ids, const float* w) const;
-  void unpack_row(const char* row, int64_t t, float* x);
-  void unpack_ids(int64_t n);                 // recv_rows_[0, n) -> ids_, weights_ (the rows stay)
-  void unpack_rows(int64_t n, float* x);  // recv_rows_[0, n) -> x, ids_, weights_ (on the pool)
-  // n hidden rows in the activation dtype -> f32, and back (on the pool).
-  void widen_rows(const void* src, int64_t n, float* dst);
+  void unpack_ids(int64_t n);             // recv_rows_[0, n) -> ids_, weights_ (the rows stay)
+  void unpack_rows(int64_t n, float* x);  // the same, and the rows widened into x (on the pool)
+  // n hidden rows in the activation dtype -> f32 (src rows src_stride bytes
+  // apart, 0: packed), and back (on the pool).
+  void widen_rows(const void* src, int64_t n, float* dst, size_t src_stride = 0);
   void narrow_rows(const float* src, int64_t n, void* dst);
   int32_t pick_slot_a2a(int32_t expert, int64_t token, int32_t k) const;
   void build_a2a_choice();
