@@ -542,22 +542,17 @@ __global__ void combine_kernel(const float* y, const int32_t* pair_pos, const fl
   }
 }
 
-// Packed rows [hidden (act dtype) | K ids | K weights], row_bytes apart; the
-// ids start on a 4-byte boundary (Layer::ids_off_: odd H in bf16/f16 pads 2 bytes).
+// Packed rows [hidden (act dtype) | K ids | K weights], row_bytes apart, the
+// ids at ids_off (4-byte aligned; DeviceLayerDesc, from the layer).
 template <class A>
-__device__ __forceinline__ int64_t ids_offset(int64_t H) {
-  return (H * static_cast<int64_t>(sizeof(A)) + 3) / 4 * 4;
-}
-
-template <class A>
-__global__ void pack_rows_kernel(char* out, int64_t rows, int64_t valid, size_t row_bytes, const A* hidden,
-                                 const int32_t* ids, const float* w, const int32_t* tok, const int32_t* dest,
-                                 const int32_t* row_dest, int64_t H, int K) {
+__global__ void pack_rows_kernel(char* out, int64_t rows, int64_t valid, size_t row_bytes, size_t ids_off,
+                                 const A* hidden, const int32_t* ids, const float* w, const int32_t* tok,
+                                 const int32_t* dest, const int32_t* row_dest, int64_t H, int K) {
   const int64_t j = blockIdx.x;
   if (j >= rows) return;
   char* row = out + j * static_cast<int64_t>(row_bytes);
   A* x = reinterpret_cast<A*>(row);
-  int32_t* rid = reinterpret_cast<int32_t*>(row + ids_offset<A>(H));
+  int32_t* rid = reinterpret_cast<int32_t*>(row + ids_off);
   float* rw = reinterpret_cast<float*>(rid + K);
   if (j >= valid) {
     for (int64_t c = threadIdx.x; c < H; c += blockDim.x) x[c] = cvt<A>(0.0f);
@@ -578,13 +573,13 @@ __global__ void pack_rows_kernel(char* out, int64_t rows, int64_t valid, size_t 
 }
 
 template <class A>
-__global__ void unpack_rows_kernel(const char* in, int64_t rows, size_t row_bytes, A* x, int32_t* ids, float* w,
-                                   int64_t H, int K) {
+__global__ void unpack_rows_kernel(const char* in, int64_t rows, size_t row_bytes, size_t ids_off, A* x, int32_t* ids,
+                                   float* w, int64_t H, int K) {
   const int64_t j = blockIdx.x;
   if (j >= rows) return;
   const char* row = in + j * static_cast<int64_t>(row_bytes);
   const A* rx = reinterpret_cast<const A*>(row);
-  const int32_t* rid = reinterpret_cast<const int32_t*>(row + ids_offset<A>(H));
+  const int32_t* rid = reinterpret_cast<const int32_t*>(row + ids_off);
   const float* rw = reinterpret_cast<const float*>(rid + K);
   for (int64_t c = threadIdx.x; c < H; c += blockDim.x) x[j * H + c] = rx[c];
   for (int k = threadIdx.x; k < K; k += blockDim.x) {
@@ -1448,8 +1443,8 @@ void CudaLayer::pack_rows(void* out, int64_t rows, int64_t valid, const void* hi
   with_type(d_.act_dtype, [&](auto* ta) {
     using A = std::remove_pointer_t<decltype(ta)>;
     pack_rows_kernel<A><<<static_cast<unsigned>(rows), 128, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<char*>(out), rows, valid, row_bytes_, static_cast<const A*>(hidden), ids, w, tok, dest, row_dest,
-        d_.hidden, d_.top_k);
+        static_cast<char*>(out), rows, valid, row_bytes_, d_.ids_off, static_cast<const A*>(hidden), ids, w, tok, dest,
+        row_dest, d_.hidden, d_.top_k);
   });
   check_launch("pack kernel");
 }
@@ -1460,7 +1455,7 @@ void CudaLayer::unpack_rows(const void* in, int64_t rows, void* x, int32_t* ids,
   with_type(d_.act_dtype, [&](auto* ta) {
     using A = std::remove_pointer_t<decltype(ta)>;
     unpack_rows_kernel<A><<<static_cast<unsigned>(rows), 128, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const char*>(in), rows, row_bytes_, static_cast<A*>(x), ids, w, d_.hidden, d_.top_k);
+        static_cast<const char*>(in), rows, row_bytes_, d_.ids_off, static_cast<A*>(x), ids, w, d_.hidden, d_.top_k);
   });
   check_launch("unpack kernel");
 }

@@ -41,6 +41,7 @@ struct DeviceLayerDesc {
   // all-to-all receive; rows sent; pinned staging for host communicators).
   int64_t max_rows = 0, max_send_rows = 0, max_ret_rows = 0, max_index = 0;
   size_t row_bytes = 0;  // one packed row [hidden | K ids | K weights] (the layer's wire format)
+  size_t ids_off = 0;    // where a row's ids start (4-byte aligned)
   size_t staging_bytes = 0;
 };
 

@@ -72,6 +72,7 @@ void Layer::setup_device(int64_t max_rows, int64_t send_rows, int64_t fanout) {
   const bool a2a = dispatch_ != EP_MOE_DISPATCH_ALLGATHER;
   const bool flows = dp_size_ > 1 || a2a;
   d.row_bytes = row_bytes_;
+  d.ids_off = ids_off_;
   d.max_rows = flows ? max_rows : 0;
   d.max_send_rows = send_rows;
   d.max_ret_rows = a2a ? T * fanout : 0;
