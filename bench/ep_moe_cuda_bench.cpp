@@ -22,19 +22,12 @@
 #include <string>
 #include <vector>
 
+#include "cuda_check.hpp"
 #include "ep_moe/ep_moe.h"
 #include "presets.hpp"
 
 namespace {
 
-#define CU(call)                                                                                          \
-  do {                                                                                                    \
-    cudaError_t e_ = (call);                                                                              \
-    if (e_ != cudaSuccess) {                                                                              \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #call); \
-      std::exit(1);                                                                                       \
-    }                                                                                                     \
-  } while (0)
 #define LT(call)                                                                                 \
   do {                                                                                           \
     cublasStatus_t s_ = (call);                                                                  \

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/cuda_check.hpp"
 #include "../common/reference_moe.hpp"
 #include "../io/writers.hpp"
 #include "ep_moe/ep_moe.h"
@@ -38,15 +39,6 @@ void expect(bool ok, const std::string& what) {
     std::fprintf(stderr, "FAIL: %s\n", what.c_str());
   }
 }
-
-#define CU(call)                                                                                  \
-  do {                                                                                            \
-    cudaError_t e_ = (call);                                                                      \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #call); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 struct Case {
   std::string name;
