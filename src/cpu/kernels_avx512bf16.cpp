@@ -17,7 +17,7 @@ namespace {
 // pair block k/2 holds (W[j][k], W[j][k + 1]), exactly the operand layout of
 // vdpbf16ps, so two plain loads give columns 0..15 and 16..31.
 template <int M>
-void dot_tile_m(const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const char* pf, int pf_stride) {
+void dot_tile_m(const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const Prefetch& pf) {
   __m512 acc0[M], acc1[M];
   const uint16_t* ap[M];
 #pragma GCC unroll 16
@@ -30,11 +30,7 @@ void dot_tile_m(const uint16_t* const* a, int k, const void* panel, float* c, in
   int kk = 0;
   for (; kk + 1 < k; kk += 2) {
     const uint16_t* q = w + static_cast<size_t>(kk) * NR;
-    if (pf) {
-      const char* n = pf + static_cast<size_t>(kk >> 1) * pf_stride;
-      _mm_prefetch(n, _MM_HINT_T1);
-      if (pf_stride > 64) _mm_prefetch(n + 64, _MM_HINT_T1);
-    }
+    if (pf.a) pf.step(kk >> 1);
     const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q));
     const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + 2 * LANES));
 #pragma GCC unroll 16
@@ -65,25 +61,24 @@ void dot_tile_m(const uint16_t* const* a, int k, const void* panel, float* c, in
   }
 }
 
-void dot_rows(int m, const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const char* pf,
-              int pf_stride) {
+void dot_rows(int m, const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const Prefetch& pf) {
   switch (m) {
-    case 1: dot_tile_m<1>(a, k, panel, c, ldc, pf, pf_stride); break;
-    case 2: dot_tile_m<2>(a, k, panel, c, ldc, pf, pf_stride); break;
-    case 3: dot_tile_m<3>(a, k, panel, c, ldc, pf, pf_stride); break;
-    case 4: dot_tile_m<4>(a, k, panel, c, ldc, pf, pf_stride); break;
-    case 5: dot_tile_m<5>(a, k, panel, c, ldc, pf, pf_stride); break;
-    case 6: dot_tile_m<6>(a, k, panel, c, ldc, pf, pf_stride); break;
-    case 7: dot_tile_m<7>(a, k, panel, c, ldc, pf, pf_stride); break;
-    case 8: dot_tile_m<8>(a, k, panel, c, ldc, pf, pf_stride); break;
+    case 1: dot_tile_m<1>(a, k, panel, c, ldc, pf); break;
+    case 2: dot_tile_m<2>(a, k, panel, c, ldc, pf); break;
+    case 3: dot_tile_m<3>(a, k, panel, c, ldc, pf); break;
+    case 4: dot_tile_m<4>(a, k, panel, c, ldc, pf); break;
+    case 5: dot_tile_m<5>(a, k, panel, c, ldc, pf); break;
+    case 6: dot_tile_m<6>(a, k, panel, c, ldc, pf); break;
+    case 7: dot_tile_m<7>(a, k, panel, c, ldc, pf); break;
+    case 8: dot_tile_m<8>(a, k, panel, c, ldc, pf); break;
     default: break;
   }
 }
 
 // Any m, split into register tiles as gemm<> (for_row_tiles).
 void dot_gemm(int m, const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const void* next) {
-  for_row_tiles(m, panel, (k + 1) / 2, 2 * NR * 2, next, [&](int r0, int rows, const char* pf, int stride) {
-    dot_rows(rows, a + r0, k, panel, c + static_cast<size_t>(r0) * ldc, ldc, pf, stride);
+  for_row_tiles(m, panel, (k + 1) / 2, 2 * NR * 2, next, [&](int r0, int rows, const Prefetch& pf) {
+    dot_rows(rows, a + r0, k, panel, c + static_cast<size_t>(r0) * ldc, ldc, pf);
   });
 }
 
