@@ -10,9 +10,9 @@ namespace cpu {
 namespace {
 // Most rows per kernel call (the c tile lives on the stack: kRows x 32 f32).
 constexpr int kRows = 64;
-// Most gate/up panels per work item of phase A: consecutive panels, so each
-// kernel call prefetches the panel its thread takes next (12 measured best
-// on qwen3 T=512; fewer when that would leave threads without items).
+// Most gate/up panels per claim of phase A (12 measured best on qwen3
+// T=512 when claims were dealt out one at a time; fewer when that would
+// leave threads without claims).
 constexpr int32_t kMaxPanels = 12;
 }  // namespace
 
@@ -87,42 +87,51 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
     });
   }
 
-  // Phase A: h = act(x W_gate^T) * (x W_up^T), per (segment, block of
-  // per_item gate/up panels), flattened; the segment's rows in one kernel
-  // call (kRows at most), which prefetches the block's next panel.
-  int64_t all_panels = 0;
-  for (const Segment& s : segs) all_panels += s.job->gate_up->panels();
-  const int32_t per_item =
-      static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(kMaxPanels, all_panels / (8 * pool.size()))));
-  std::vector<std::pair<int32_t, int32_t>> items;
-  for (size_t s = 0; s < segs.size(); ++s)
-    for (int32_t p = 0; p < segs[s].job->gate_up->panels(); p += per_item) items.emplace_back(static_cast<int32_t>(s), p);
-  pool.parallel_for(items.size(), [&](size_t it, int) {
-    const Segment& s = segs[static_cast<size_t>(items[it].first)];
-    const PackedWeight& w = *s.job->gate_up;
-    const int32_t p_end = std::min(w.panels(), items[it].second + per_item);
+  // Phase A: h = act(x W_gate^T) * (x W_up^T), per gate/up panel of each
+  // segment, numbered in segment order (first[s]: segment s's first). The
+  // panels go out in one contiguous share per thread (parallel_shares), so
+  // a thread streams its run of panels, expert after expert, and every
+  // kernel call prefetches the panel that thread takes next, across claims
+  // too; the segment's rows in one kernel call (kRows at most).
+  std::vector<int64_t> first(segs.size() + 1, 0);
+  for (size_t s = 0; s < segs.size(); ++s) first[s + 1] = first[s] + segs[s].job->gate_up->panels();
+  const int64_t all_panels = first.back();
+  const auto gate_up_panel = [&](int64_t i, size_t s) {
+    while (i >= first[s + 1]) ++s;
+    return segs[s].job->gate_up->panel(static_cast<int32_t>(i - first[s]));
+  };
+  const auto grain_a =
+      static_cast<size_t>(std::max<int64_t>(1, std::min<int64_t>(kMaxPanels, all_panels / (8 * pool.size()))));
+  pool.parallel_shares(static_cast<size_t>(all_panels), grain_a, grain_a, [&](size_t b, size_t e, size_t nx, int) {
     const float* a[kRows];
     const uint16_t* a16[kRows];
     alignas(64) float c[kRows * 32];
-    for (int32_t p = items[it].second; p < p_end; ++p) {
-      const void* next = p + 1 < p_end ? w.panel(p + 1) : nullptr;
+    size_t si = static_cast<size_t>(std::upper_bound(first.begin(), first.end(), static_cast<int64_t>(b)) - first.begin()) - 1;
+    for (auto i = static_cast<int64_t>(b); i < static_cast<int64_t>(e); ++i) {
+      while (i >= first[si + 1]) ++si;
+      const Segment& s = segs[si];
+      const PackedWeight& w = *s.job->gate_up;
+      const auto p = static_cast<int32_t>(i - first[si]);
+      const void* next = i + 1 < static_cast<int64_t>(e) ? gate_up_panel(i + 1, si)
+                         : nx < static_cast<size_t>(all_panels) ? gate_up_panel(static_cast<int64_t>(nx), si)
+                                                                 : nullptr;
       for (int64_t r0 = 0; r0 < s.len; r0 += kRows) {
         const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
         if (dot) {
-          for (int i = 0; i < m; ++i) a16[i] = xb + (s.offset + r0 + i) * ldxb_;
+          for (int i2 = 0; i2 < m; ++i2) a16[i2] = xb + (s.offset + r0 + i2) * ldxb_;
           k_.gemm_bf16(m, a16, w.k, w.panel(p), c, nr, r0 == 0 ? next : nullptr);
         } else {
-          for (int i = 0; i < m; ++i) a[i] = x + static_cast<int64_t>(s.job->rows[s.begin + r0 + i]) * ldx;
+          for (int i2 = 0; i2 < m; ++i2) a[i2] = x + static_cast<int64_t>(s.job->rows[s.begin + r0 + i2]) * ldx;
           k_.gemm[w.dtype](m, a, w.k, w.panel(p), c, nr, r0 == 0 ? next : nullptr);
         }
-        for (int i = 0; i < m; ++i) {
-          const float* ci = c + i * nr;
+        for (int i2 = 0; i2 < m; ++i2) {
+          const float* ci = c + i2 * nr;
           float hv[32];
-          float* dst = dot ? hv : hbuf + (s.offset + r0 + i) * ldh_ + static_cast<int64_t>(p) * h;
+          float* dst = dot ? hv : hbuf + (s.offset + r0 + i2) * ldh_ + static_cast<int64_t>(p) * h;
           if (act == Act::Silu) k_.silu_mul(ci, ci + h, dst, h);
           else
             for (int j = 0; j < h; ++j) dst[j] = activate(act, ci[j]) * ci[h + j];
-          if (dot) k_.to_bf16(hv, hb + (s.offset + r0 + i) * ldh_ + static_cast<int64_t>(p) * h, h);
+          if (dot) k_.to_bf16(hv, hb + (s.offset + r0 + i2) * ldh_ + static_cast<int64_t>(p) * h, h);
         }
       }
     }
@@ -136,15 +145,21 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
   // thread streams each expert's block of panels as one contiguous run
   // (qwen3 T=8: 88-93 % -> 97-98 % of the read bandwidth against visiting
   // every expert's panel p before any panel p+1); each call prefetches the
-  // panel visited next. Blocks of up to 8 panels, at least 4 per thread
-  // (qwen3 T=8 at ~80 GB/s: 2.06-2.10 ms against 2.35 ms with blocks of 4).
+  // panel visited next, across claims too. The blocks are claims of
+  // parallel_shares: up to 16 panels from the front of a thread's own share,
+  // a quarter of that when helping another. Fewer, longer runs than blocks
+  // of 8 dealt out one at a time: with phase A's shares, qwen3 decode in an
+  // FfnRunner simulation (32 experts, alternating binaries, this VM's
+  // ~80 GB/s state) went T=1 96 -> 103 %, T=8 91 -> 97 %, T=32 85 -> 88 %,
+  // T=64 77 -> 80 % of the read bandwidth; T=512 unchanged.
   const int32_t panels = (hidden_ + nr - 1) / nr;
-  const int32_t per_block = std::max(1, std::min(8, panels / (4 * pool.size())));
-  pool.parallel_for(static_cast<size_t>((panels + per_block - 1) / per_block), [&](size_t bi, int) {
+  const auto grain_b = static_cast<size_t>(std::max(1, std::min(16, panels / (2 * pool.size()))));
+  pool.parallel_shares(static_cast<size_t>(panels), grain_b, std::max<size_t>(1, grain_b / 4),
+                       [&](size_t b, size_t e, size_t nx, int) {
     const float* a[kRows];
     const uint16_t* a16[kRows];
     alignas(64) float c[kRows * 32];
-    const int32_t p0 = static_cast<int32_t>(bi) * per_block, p_end = std::min(panels, p0 + per_block);
+    const auto p0 = static_cast<int32_t>(b), p_end = static_cast<int32_t>(e);
     for (size_t si = 0; si < segs.size(); ++si) {
       const Segment& s = segs[si];
       const PackedWeight& w = *s.job->down;
@@ -153,7 +168,8 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
         const int ncols = std::min(nr, hidden_ - col0);
         const void* next = p + 1 < p_end            ? w.panel(p + 1)
                            : si + 1 < segs.size() ? segs[si + 1].job->down->panel(p0)
-                                                  : nullptr;
+                           : nx < static_cast<size_t>(panels) ? segs[0].job->down->panel(static_cast<int32_t>(nx))
+                                                                  : nullptr;
         for (int64_t r0 = 0; r0 < s.len; r0 += kRows) {
           const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
           if (dot) {

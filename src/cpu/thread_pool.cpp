@@ -8,7 +8,7 @@ namespace ep_moe {
 namespace cpu {
 
 
-ThreadPool::ThreadPool(int threads) {
+ThreadPool::ThreadPool(int threads) : shares_(static_cast<size_t>(std::max(1, threads))) {
   const int extra = std::max(0, threads - 1);
   workers_.reserve(static_cast<size_t>(extra));
   try {
@@ -86,6 +86,55 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, int)>& 
 void ThreadPool::parallel_ranges(size_t n, size_t block, const std::function<void(size_t, size_t, int)>& fn) {
   block = std::max<size_t>(block, 1);
   parallel_for((n + block - 1) / block, [&](size_t b, int t) { fn(b * block, std::min(n, b * block + block), t); });
+}
+
+void ThreadPool::parallel_shares(size_t n, size_t grain, size_t steal,
+                                 const std::function<void(size_t, size_t, size_t, int)>& fn) {
+  if (n == 0) return;
+  grain = std::max<size_t>(grain, 1);
+  steal = std::max<size_t>(steal, 1);
+  const size_t s = static_cast<size_t>(size());
+  if (s == 1 || n == 1) {
+    for (size_t b = 0; b < n; b += grain) fn(b, std::min(n, b + grain), b + grain < n ? b + grain : n, 0);
+    return;
+  }
+  if (n >= (size_t{1} << 32)) {  // beyond the packed 32-bit bounds: plain blocks
+    parallel_ranges(n, grain, [&](size_t b, size_t e, int t) { fn(b, e, n, t); });
+    return;
+  }
+  using U = unsigned long long;
+  auto pack = [](size_t front, size_t back) { return static_cast<U>(front) | static_cast<U>(back) << 32; };
+  for (size_t i = 0; i < s; ++i) shares_[i].left.store(pack(n * i / s, n * (i + 1) / s), std::memory_order_relaxed);
+  // Published to the workers by parallel_for's generation (release/acquire).
+  parallel_for(s, [&](size_t own, int t) {
+    for (;;) {  // own share, from the front
+      U v = shares_[own].left.load(std::memory_order_relaxed);
+      size_t f, b, take;
+      do {
+        f = static_cast<size_t>(v & 0xffffffffu);
+        b = static_cast<size_t>(v >> 32);
+        if (f >= b) break;
+        take = std::min(grain, b - f);
+      } while (!shares_[own].left.compare_exchange_weak(v, pack(f + take, b), std::memory_order_relaxed));
+      if (f >= b) break;
+      fn(f, f + take, f + take < b ? f + take : n, t);
+    }
+    for (size_t d = 1; d < s; ++d) {  // then the others', from the back
+      Share& sh = shares_[(own + d) % s];
+      for (;;) {
+        U v = sh.left.load(std::memory_order_relaxed);
+        size_t f, b, take;
+        do {
+          f = static_cast<size_t>(v & 0xffffffffu);
+          b = static_cast<size_t>(v >> 32);
+          if (f >= b) break;
+          take = std::min(steal, b - f);
+        } while (!sh.left.compare_exchange_weak(v, pack(f, b - take), std::memory_order_relaxed));
+        if (f >= b) break;
+        fn(b - take, b, n, t);
+      }
+    }
+  });
 }
 
 int default_threads(int requested, int ranks_in_process) {

@@ -32,6 +32,17 @@ class ThreadPool {
   // The same over blocks of `block` consecutive indices of [0, n): calls
   // fn(begin, end, thread_index) once per block.
   void parallel_ranges(size_t n, size_t block, const std::function<void(size_t, size_t, int)>& fn);
+  // Items [0, n) in one contiguous share per thread (size() shares of
+  // nearly equal length), for loops that stream memory in item order: a
+  // thread runs its share front to back, `grain` items per claim, so it
+  // reads one long run instead of every size()-th block. A thread done with
+  // its share helps with the others, `steal` items at a time from their
+  // back, so a thread the OS holds up delays the loop by at most what it
+  // had claimed. Calls fn(begin, end, next, thread_index) once per claim;
+  // `next` is the item the thread will most likely start next (the first
+  // after `end` in its share), or n when there is no such guess.
+  void parallel_shares(size_t n, size_t grain, size_t steal,
+                       const std::function<void(size_t, size_t, size_t, int)>& fn);
 
  private:
   void worker(int index);
@@ -46,6 +57,12 @@ class ThreadPool {
   std::atomic<unsigned long long> generation_{0};  // written under mutex_
   std::atomic<int> busy_{0};
   std::atomic<bool> stop_{false};
+  // parallel_shares: per share, (front, back) of what is left, packed as
+  // front | back << 32, one cache line each.
+  struct alignas(64) Share {
+    std::atomic<unsigned long long> left{0};
+  };
+  std::vector<Share> shares_;
 };
 
 // Threads a rank should use: `requested` when > 0, else the machine's
