@@ -738,7 +738,7 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
   int64_t skipped = 0;
   const int64_t local_pairs = plan_pairs(T_all, ids, w, false, &skipped);
   float* acc = acc_.data<float>();
-  std::memset(acc, 0, static_cast<size_t>(T_all * H) * 4);
+  zero_rows(acc, T_all);
   add_expert_jobs();
   if (!shared_replicated_) {
     add_shared_job(x, 0, T_all, ids, x16, ld16);  // this rank's shard, every token
@@ -754,10 +754,13 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
   ph.expert_ns += now_ns() - t0;
 
   // ONE reduction of (routed + shared) partials, then this rank's rows.
+  // Without a collective or DP the narrowed sums are the output: they go
+  // straight into out (hidden, which out may alias, has been read by now).
+  const bool into_out = !ep_ && dp_size_ == 1;
   void* partial = acc;
   if (adt != EP_MOE_DTYPE_F32) {
     t0 = now_ns();
-    partial = partial_.data();
+    partial = into_out ? a.out : partial_.data();
     narrow_rows(acc, T_all, partial);
     ph.combine_bytes += T_all * H * 4;
     ph.combine_ns += now_ns() - t0;
@@ -775,10 +778,10 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
     }
   }
   t0 = now_ns();
-  if (T > 0)
+  if (T > 0 && result != a.out)
     std::memmove(a.out, static_cast<const char*>(result) + row0 * H * static_cast<int64_t>(es),
                  static_cast<size_t>(T * H) * es);
-  ph.combine_bytes += T * H * static_cast<int64_t>(es);
+  if (result != a.out) ph.combine_bytes += T * H * static_cast<int64_t>(es);
   ph.combine_ns += now_ns() - t0;
   last_phase_ = ph;
 
@@ -815,6 +818,13 @@ void Layer::widen_rows(const void* src, int64_t n, float* dst, size_t src_stride
   pool_->parallel_ranges(static_cast<size_t>(n), 16, [&](size_t t0, size_t t1, int) {
     for (size_t t = t0; t < t1; ++t)
       convert_row(kern_, dst + static_cast<int64_t>(t) * H, static_cast<const char*>(src) + t * row, adt, H);
+  });
+}
+
+void Layer::zero_rows(float* dst, int64_t n) {
+  const int64_t H = cfg_.hidden_size;
+  pool_->parallel_ranges(static_cast<size_t>(n), 16, [&](size_t t0, size_t t1, int) {
+    std::memset(dst + static_cast<int64_t>(t0) * H, 0, (t1 - t0) * static_cast<size_t>(H) * 4);
   });
 }
 
@@ -1033,7 +1043,7 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   int64_t skipped = 0;
   const int64_t local_pairs = plan_pairs(R, ids_.data(), weights_.data(), true, &skipped);
   float* acc = acc_.data<float>();
-  std::memset(acc, 0, static_cast<size_t>(R * H) * 4);
+  zero_rows(acc, R);
   add_expert_jobs();
   t0 = now_ns();
   if (direct_bf16_) ffn_->run(*pool_, jobs_, nullptr, H, acc, H, act_, recv_rows_.data<uint16_t>(), static_cast<int64_t>(row_bytes_ / 2));
@@ -1062,7 +1072,7 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   add_shared_job(ox, 0, T, nullptr);
   const bool any_shared = !jobs_.empty();
   if (any_shared) {
-    std::memset(oacc, 0, static_cast<size_t>(T * H) * 4);
+    zero_rows(oacc, T);
     t0 = now_ns();
     ffn_->run(*pool_, jobs_, ox, H, oacc, H, act_);
     ph.expert_ns += now_ns() - t0;

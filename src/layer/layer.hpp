@@ -108,6 +108,8 @@ class Layer {
   // n hidden rows in the activation dtype -> f32 (src rows src_stride bytes
   // apart, 0: packed), and back (on the pool).
   void widen_rows(const void* src, int64_t n, float* dst, size_t src_stride = 0);
+  // n rows of hidden_size zeros at dst, over the pool.
+  void zero_rows(float* dst, int64_t n);
   void narrow_rows(const float* src, int64_t n, void* dst);
   int32_t pick_slot_a2a(int32_t expert, int64_t token, int32_t k) const;
   void build_a2a_choice();

@@ -446,3 +446,49 @@ TEST_CASE("without ep_comm the layer returns this rank's partial sum for the cal
   }
   for (size_t i = 0; i < sum.size(); ++i) CHECK(std::fabs(sum[i] - in.expect[0][i]) <= 1e-4);
 }
+
+TEST_CASE("out may be the same buffer as hidden: the same result as a separate out", "[layer][inplace]") {
+  // Single-rank layers (no collective) write their sums straight into out;
+  // hidden must have been read in full by then, whatever the dtype and
+  // whether a shared expert (and its gate) reads the rows again.
+  std::mt19937 rng(test_seed() + 15);
+  for (int adt : {ref::F32, ref::BF16, ref::F16}) {
+    for (int ep : {1, 3}) {
+      for (int shared : {0, 10}) {
+        harness::Case c;
+        c.spec.H = 33;
+        c.spec.I = 12;
+        c.spec.E = 7;
+        c.spec.K = 3;
+        c.spec.Is = shared;
+        c.wdt = adt;
+        c.adt = adt;
+        c.tokens = {9};
+        INFO("adt " << adt << " ep " << ep << " shared " << shared);
+        const ref::Weights w = ref::random_weights(c.spec, adt, rng);
+        const harness::Inputs in = harness::make_inputs(c, w, rng);
+        MapHolder m(ep, ep - 1, 7);
+        const auto lc = harness::layer_config(c);
+        ep_moe_layer_t* l = nullptr;
+        REQUIRE(ep_moe_layer_create(&l, &lc, m.m, nullptr, nullptr) == EP_MOE_OK);
+        int stored = 0;
+        REQUIRE(harness::load_weights(l, c, w, &stored).empty());
+        const std::vector<uint8_t> hidden = ref::encode(in.hidden[0], adt);
+        std::vector<uint8_t> out(hidden.size(), 0xAB), buf = hidden;
+        ep_moe_forward_args_t a;
+        ep_moe_forward_args_init(&a);
+        a.num_tokens = 9;
+        a.hidden = hidden.data();
+        a.router_logits = in.logits[0].data();
+        a.out = out.data();
+        REQUIRE(ep_moe_layer_forward(l, &a) == EP_MOE_OK);
+        a.hidden = buf.data();
+        a.out = buf.data();
+        REQUIRE(ep_moe_layer_forward(l, &a) == EP_MOE_OK);
+        CHECK(buf == out);
+        CHECK(out != hidden);
+        ep_moe_layer_destroy(l);
+      }
+    }
+  }
+}
