@@ -16,8 +16,8 @@ namespace {
 // bf16 panels are stored in k-pair order (pack.hpp): the 32-bit word j of
 // pair block k/2 holds (W[j][k], W[j][k + 1]), exactly the operand layout of
 // vdpbf16ps, so two plain loads give columns 0..15 and 16..31.
-template <int M>
-void dot_tile_m(const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const Prefetch& pf) {
+template <int M, bool L1>
+void dot_tile_m(const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const char* pf, int pf_stride) {
   __m512 acc0[M], acc1[M];
   const uint16_t* ap[M];
 #pragma GCC unroll 16
@@ -30,7 +30,11 @@ void dot_tile_m(const uint16_t* const* a, int k, const void* panel, float* c, in
   int kk = 0;
   for (; kk + 1 < k; kk += 2) {
     const uint16_t* q = w + static_cast<size_t>(kk) * NR;
-    if (pf.a) pf.step(kk >> 1);
+    if (pf) {
+      const char* n = pf + static_cast<size_t>(kk >> 1) * pf_stride;
+      _mm_prefetch(n, L1 ? _MM_HINT_T0 : _MM_HINT_T1);
+      if (pf_stride > 64) _mm_prefetch(n + 64, L1 ? _MM_HINT_T0 : _MM_HINT_T1);
+    }
     const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q));
     const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + 2 * LANES));
 #pragma GCC unroll 16
@@ -61,24 +65,32 @@ void dot_tile_m(const uint16_t* const* a, int k, const void* panel, float* c, in
   }
 }
 
-void dot_rows(int m, const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const Prefetch& pf) {
+template <bool L1>
+void dot_rows_of(int m, const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const char* pf,
+                 int pf_stride) {
   switch (m) {
-    case 1: dot_tile_m<1>(a, k, panel, c, ldc, pf); break;
-    case 2: dot_tile_m<2>(a, k, panel, c, ldc, pf); break;
-    case 3: dot_tile_m<3>(a, k, panel, c, ldc, pf); break;
-    case 4: dot_tile_m<4>(a, k, panel, c, ldc, pf); break;
-    case 5: dot_tile_m<5>(a, k, panel, c, ldc, pf); break;
-    case 6: dot_tile_m<6>(a, k, panel, c, ldc, pf); break;
-    case 7: dot_tile_m<7>(a, k, panel, c, ldc, pf); break;
-    case 8: dot_tile_m<8>(a, k, panel, c, ldc, pf); break;
+    case 1: dot_tile_m<1, L1>(a, k, panel, c, ldc, pf, pf_stride); break;
+    case 2: dot_tile_m<2, L1>(a, k, panel, c, ldc, pf, pf_stride); break;
+    case 3: dot_tile_m<3, L1>(a, k, panel, c, ldc, pf, pf_stride); break;
+    case 4: dot_tile_m<4, L1>(a, k, panel, c, ldc, pf, pf_stride); break;
+    case 5: dot_tile_m<5, L1>(a, k, panel, c, ldc, pf, pf_stride); break;
+    case 6: dot_tile_m<6, L1>(a, k, panel, c, ldc, pf, pf_stride); break;
+    case 7: dot_tile_m<7, L1>(a, k, panel, c, ldc, pf, pf_stride); break;
+    case 8: dot_tile_m<8, L1>(a, k, panel, c, ldc, pf, pf_stride); break;
     default: break;
   }
 }
 
+void dot_rows(int m, const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const char* pf,
+              int pf_stride, bool l1) {
+  if (l1) dot_rows_of<true>(m, a, k, panel, c, ldc, pf, pf_stride);
+  else dot_rows_of<false>(m, a, k, panel, c, ldc, pf, pf_stride);
+}
+
 // Any m, split into register tiles as gemm<> (for_row_tiles).
 void dot_gemm(int m, const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const void* next) {
-  for_row_tiles(m, panel, (k + 1) / 2, 2 * NR * 2, next, [&](int r0, int rows, const Prefetch& pf) {
-    dot_rows(rows, a + r0, k, panel, c + static_cast<size_t>(r0) * ldc, ldc, pf);
+  for_row_tiles(m, panel, (k + 1) / 2, 2 * NR * 2, next, [&](int r0, int rows, const char* pf, int stride, bool l1) {
+    dot_rows(rows, a + r0, k, panel, c + static_cast<size_t>(r0) * ldc, ldc, pf, stride, l1);
   });
 }
 
