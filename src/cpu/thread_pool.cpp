@@ -47,7 +47,11 @@ void ThreadPool::worker(int index) {
     auto ready = [&] { return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen; };
     if (!spin_until(ready)) {
       std::unique_lock<std::mutex> lock(mutex_);
-      start_cv_.wait(lock, ready);
+      const unsigned long long poked = pokes_;
+      asleep_.fetch_add(1, std::memory_order_relaxed);
+      start_cv_.wait(lock, [&] { return ready() || pokes_ != poked; });
+      asleep_.fetch_sub(1, std::memory_order_relaxed);
+      if (!ready()) continue;  // woken ahead of a loop: spin for it
     }
     if (stop_.load(std::memory_order_acquire)) return;
     seen = generation_.load(std::memory_order_acquire);
@@ -57,6 +61,15 @@ void ThreadPool::worker(int index) {
       done_cv_.notify_one();
     }
   }
+}
+
+void ThreadPool::wake() {
+  if (asleep_.load(std::memory_order_relaxed) == 0) return;  // none blocked (a miss only costs time)
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++pokes_;
+  }
+  start_cv_.notify_all();
 }
 
 void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, int)>& fn) {

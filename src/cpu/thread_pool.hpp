@@ -32,6 +32,12 @@ class ThreadPool {
   // The same over blocks of `block` consecutive indices of [0, n): calls
   // fn(begin, end, thread_index) once per block.
   void parallel_ranges(size_t n, size_t block, const std::function<void(size_t, size_t, int)>& fn);
+  // Wakes the workers blocked between loops, so that they spin (up to
+  // kSpinMicros) for the next loop instead of needing a kernel wake-up when
+  // it starts: call it before serial work of a few tens of microseconds
+  // that a loop follows (a layer's forward calls it before routing). Cheap
+  // when no worker is blocked.
+  void wake();
   // Items [0, n) in one contiguous share per thread (size() shares of
   // nearly equal length), for loops that stream memory in item order: a
   // thread runs its share front to back, `grain` items per claim, so it
@@ -57,6 +63,8 @@ class ThreadPool {
   std::atomic<unsigned long long> generation_{0};  // written under mutex_
   std::atomic<int> busy_{0};
   std::atomic<bool> stop_{false};
+  unsigned long long pokes_ = 0;  // wake() calls, under mutex_
+  std::atomic<int> asleep_{0};     // workers blocked on start_cv_
   // parallel_shares: per share, (front, back) of what is left, packed as
   // front | back << 32, one cache line each.
   struct alignas(64) Share {
