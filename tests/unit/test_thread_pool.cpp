@@ -111,3 +111,20 @@ TEST_CASE("parallel_shares: a stalled thread's share is finished by the others",
   const int staller = by[lo].load();
   for (size_t i = lo + 5; i < hi; ++i) CHECK(by[i].load() != staller);
 }
+
+TEST_CASE("wake: blocked workers woken between loops still run every item once", "[unit][pool]") {
+  for (int threads : {1, 2, 4}) {
+    ThreadPool pool(threads);
+    for (int round = 0; round < 4; ++round) {
+      // Long enough for the workers to stop spinning and block.
+      std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      pool.wake();
+      if (round % 2) pool.wake();  // twice, and with workers already spinning
+      std::vector<std::atomic<int>> hits(100);
+      pool.parallel_for(hits.size(), [&](size_t i, int) { hits[i].fetch_add(1); });
+      for (auto& h : hits) CHECK(h.load() == 1);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    pool.wake();  // then destroyed at once: the woken workers still stop
+  }
+}
