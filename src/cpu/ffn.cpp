@@ -107,31 +107,31 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
     const uint16_t* a16[kRows];
     alignas(64) float c[kRows * 32];
     size_t si = static_cast<size_t>(std::upper_bound(first.begin(), first.end(), static_cast<int64_t>(b)) - first.begin()) - 1;
-    for (auto i = static_cast<int64_t>(b); i < static_cast<int64_t>(e); ++i) {
-      while (i >= first[si + 1]) ++si;
+    for (auto q = static_cast<int64_t>(b); q < static_cast<int64_t>(e); ++q) {
+      while (q >= first[si + 1]) ++si;
       const Segment& s = segs[si];
       const PackedWeight& w = *s.job->gate_up;
-      const auto p = static_cast<int32_t>(i - first[si]);
-      const void* next = i + 1 < static_cast<int64_t>(e) ? gate_up_panel(i + 1, si)
+      const auto p = static_cast<int32_t>(q - first[si]);
+      const void* next = q + 1 < static_cast<int64_t>(e) ? gate_up_panel(q + 1, si)
                          : nx < static_cast<size_t>(all_panels) ? gate_up_panel(static_cast<int64_t>(nx), si)
                                                                  : nullptr;
       for (int64_t r0 = 0; r0 < s.len; r0 += kRows) {
         const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
         if (dot) {
-          for (int i2 = 0; i2 < m; ++i2) a16[i2] = xb + (s.offset + r0 + i2) * ldxb_;
+          for (int i = 0; i < m; ++i) a16[i] = xb + (s.offset + r0 + i) * ldxb_;
           k_.gemm_bf16(m, a16, w.k, w.panel(p), c, nr, r0 == 0 ? next : nullptr);
         } else {
-          for (int i2 = 0; i2 < m; ++i2) a[i2] = x + static_cast<int64_t>(s.job->rows[s.begin + r0 + i2]) * ldx;
+          for (int i = 0; i < m; ++i) a[i] = x + static_cast<int64_t>(s.job->rows[s.begin + r0 + i]) * ldx;
           k_.gemm[w.dtype](m, a, w.k, w.panel(p), c, nr, r0 == 0 ? next : nullptr);
         }
-        for (int i2 = 0; i2 < m; ++i2) {
-          const float* ci = c + i2 * nr;
+        for (int i = 0; i < m; ++i) {
+          const float* ci = c + i * nr;
           float hv[32];
-          float* dst = dot ? hv : hbuf + (s.offset + r0 + i2) * ldh_ + static_cast<int64_t>(p) * h;
+          float* dst = dot ? hv : hbuf + (s.offset + r0 + i) * ldh_ + static_cast<int64_t>(p) * h;
           if (act == Act::Silu) k_.silu_mul(ci, ci + h, dst, h);
           else
             for (int j = 0; j < h; ++j) dst[j] = activate(act, ci[j]) * ci[h + j];
-          if (dot) k_.to_bf16(hv, hb + (s.offset + r0 + i2) * ldh_ + static_cast<int64_t>(p) * h, h);
+          if (dot) k_.to_bf16(hv, hb + (s.offset + r0 + i) * ldh_ + static_cast<int64_t>(p) * h, h);
         }
       }
     }
