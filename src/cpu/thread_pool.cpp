@@ -118,35 +118,29 @@ void ThreadPool::parallel_shares(size_t n, size_t grain, size_t steal,
   using U = unsigned long long;
   auto pack = [](size_t front, size_t back) { return static_cast<U>(front) | static_cast<U>(back) << 32; };
   for (size_t i = 0; i < s; ++i) shares_[i].left.store(pack(n * i / s, n * (i + 1) / s), std::memory_order_relaxed);
+  // Takes up to `most` items off the front (or back) of a share: false when
+  // it is empty; else [*begin, *end), and *rest: whether items remain past
+  // them at the front.
+  auto claim = [&](Share& sh, bool front, size_t most, size_t* begin, size_t* end, bool* rest) {
+    U v = sh.left.load(std::memory_order_relaxed);
+    for (;;) {
+      const auto f = static_cast<size_t>(v & 0xffffffffu), b = static_cast<size_t>(v >> 32);
+      if (f >= b) return false;
+      const size_t take = std::min(most, b - f);
+      *begin = front ? f : b - take;
+      *end = *begin + take;
+      *rest = front && *end < b;
+      if (sh.left.compare_exchange_weak(v, front ? pack(f + take, b) : pack(f, b - take), std::memory_order_relaxed))
+        return true;
+    }
+  };
   // Published to the workers by parallel_for's generation (release/acquire).
   parallel_for(s, [&](size_t own, int t) {
-    for (;;) {  // own share, from the front
-      U v = shares_[own].left.load(std::memory_order_relaxed);
-      size_t f, b, take;
-      do {
-        f = static_cast<size_t>(v & 0xffffffffu);
-        b = static_cast<size_t>(v >> 32);
-        if (f >= b) break;
-        take = std::min(grain, b - f);
-      } while (!shares_[own].left.compare_exchange_weak(v, pack(f + take, b), std::memory_order_relaxed));
-      if (f >= b) break;
-      fn(f, f + take, f + take < b ? f + take : n, t);
-    }
-    for (size_t d = 1; d < s; ++d) {  // then the others', from the back
-      Share& sh = shares_[(own + d) % s];
-      for (;;) {
-        U v = sh.left.load(std::memory_order_relaxed);
-        size_t f, b, take;
-        do {
-          f = static_cast<size_t>(v & 0xffffffffu);
-          b = static_cast<size_t>(v >> 32);
-          if (f >= b) break;
-          take = std::min(steal, b - f);
-        } while (!sh.left.compare_exchange_weak(v, pack(f, b - take), std::memory_order_relaxed));
-        if (f >= b) break;
-        fn(b - take, b, n, t);
-      }
-    }
+    size_t b = 0, e = 0;
+    bool rest = false;
+    while (claim(shares_[own], true, grain, &b, &e, &rest)) fn(b, e, rest ? e : n, t);  // own share, from the front
+    for (size_t d = 1; d < s; ++d)  // then the others', from the back
+      while (claim(shares_[(own + d) % s], false, steal, &b, &e, &rest)) fn(b, e, n, t);
   });
 }
 
