@@ -7,7 +7,6 @@
 namespace ep_moe {
 namespace cpu {
 
-
 ThreadPool::ThreadPool(int threads) : shares_(static_cast<size_t>(std::max(1, threads))) {
   const int extra = std::max(0, threads - 1);
   workers_.reserve(static_cast<size_t>(extra));

@@ -717,13 +717,7 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
       dp->all_gather_v(recv_rows_.data(), send, counts_.data(), EP_MOE_DTYPE_I32, a.stream);
     }
     t0 = now_ns();
-    if (direct_bf16_) {  // the rows stay where they arrived
-      unpack_ids(T_all);
-      ph.permute_bytes += T_all * K * 8;
-    } else {
-      unpack_rows(T_all, x);
-      ph.permute_bytes += T_all * H * 4;
-    }
+    ph.permute_bytes += unpack_rows(T_all, x);
     ph.permute_ns += now_ns() - t0;
   } else if (!direct_bf16_) {
     widen_rows(a.hidden, T, x);
@@ -810,9 +804,11 @@ void Layer::pack_row(char* row, const char* hidden, const int32_t* ids, const fl
   std::memcpy(row + ids_off_ + K * 4, w, static_cast<size_t>(K) * 4);
 }
 
-void Layer::unpack_rows(int64_t n, float* x) {
+int64_t Layer::unpack_rows(int64_t n, float* x) {
   unpack_ids(n);
+  if (direct_bf16_) return n * cfg_.top_k * 8;  // the experts read the bf16 rows where they arrived
   widen_rows(recv_rows_.data<char>(), n, x, row_bytes_);
+  return n * cfg_.hidden_size * 4;
 }
 
 void Layer::widen_rows(const void* src, int64_t n, float* dst, size_t src_stride) {
@@ -1036,13 +1032,7 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   // 2. Experts on the rows received; partial sums back in the same order.
   float* x = x_f32_.data<float>();
   t0 = now_ns();
-  if (direct_bf16_) {  // the experts read the bf16 rows where they arrived
-    unpack_ids(R);
-    ph.permute_bytes += R * K * 8;
-  } else {
-    unpack_rows(R, x);
-    ph.permute_bytes += R * H * 4;
-  }
+  ph.permute_bytes += unpack_rows(R, x);
   ph.permute_ns += now_ns() - t0;
   int64_t skipped = 0;
   const int64_t local_pairs = plan_pairs(R, ids_.data(), weights_.data(), true, &skipped);
@@ -1050,8 +1040,9 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   zero_rows(acc, R);
   add_expert_jobs();
   t0 = now_ns();
-  if (direct_bf16_) ffn_->run(*pool_, jobs_, nullptr, H, acc, H, act_, recv_rows_.data<uint16_t>(), static_cast<int64_t>(row_bytes_ / 2));
-  else ffn_->run(*pool_, jobs_, x, H, acc, H, act_);
+  // With direct_bf16_ the experts read the bf16 rows where they arrived.
+  const uint16_t* x16 = direct_bf16_ ? recv_rows_.data<uint16_t>() : nullptr;
+  ffn_->run(*pool_, jobs_, x, H, acc, H, act_, x16, static_cast<int64_t>(row_bytes_ / 2));
   ph.expert_ns += now_ns() - t0;
   record(R, local_pairs, 0);
   char* back = ret_send_.data<char>();

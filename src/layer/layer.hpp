@@ -104,7 +104,9 @@ class Layer {
   void record(int64_t tokens, int64_t local_pairs, int64_t skipped);
   void pack_row(char* row, const char* hidden, const int32_t* ids, const float* w) const;
   void unpack_ids(int64_t n);             // recv_rows_[0, n) -> ids_, weights_ (the rows stay)
-  void unpack_rows(int64_t n, float* x);  // the same, and the rows widened into x (on the pool)
+  // The same, and the rows widened into x (on the pool) unless the experts
+  // read them in place (direct_bf16_); returns the bytes written.
+  int64_t unpack_rows(int64_t n, float* x);
   // n hidden rows in the activation dtype -> f32 (src rows src_stride bytes
   // apart, 0: packed), and back (on the pool).
   void widen_rows(const void* src, int64_t n, float* dst, size_t src_stride = 0);

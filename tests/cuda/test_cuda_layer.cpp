@@ -617,8 +617,9 @@ std::vector<GroupCase> group_cases() {
     g.tokens = {33, 1, 0, 80};
     v.push_back(g);
   }
-  // Odd H in bf16: a packed row's ids start 2 bytes past the activations
-  // (a misaligned int32 access faults on a GPU).
+  // Odd H in bf16: the activations end 2 bytes off a 4-byte boundary, so a
+  // packed row's ids sit after 2 bytes of padding (a misaligned int32 access
+  // faults on a GPU).
   {
     GroupCase g = make("local EP2 DP2 padded gather, bf16, odd H", 2, 97, 45, 8, 2);
     g.c.wdt = g.c.adt = ref::BF16;
