@@ -143,8 +143,13 @@ std::vector<ep_moe_status_t> replace(World& W, const std::vector<int32_t>& custo
                                      const std::function<ep_moe_expert_map_t*(int)>& map_for = nullptr) {
   std::vector<ep_moe_status_t> st(static_cast<size_t>(new_ep), EP_MOE_OK);
   std::vector<std::string> msg(static_cast<size_t>(new_ep));
+  // The maps are made here, on the test's thread: make_map asserts, and
+  // Catch's assertions are not thread-safe (TSan reports a race otherwise).
+  std::vector<ep_moe_expert_map_t*> maps(static_cast<size_t>(new_ep), nullptr);
+  for (int r = 0; r < new_ep; ++r)
+    maps[static_cast<size_t>(r)] = map_for ? map_for(r) : make_map(new_ep, r, W.c.spec.E, custom);
   harness::run_ranks(new_ep, [&](int r) {
-    ep_moe_expert_map_t* m = map_for ? map_for(r) : make_map(new_ep, r, W.c.spec.E, custom);
+    ep_moe_expert_map_t* m = maps[static_cast<size_t>(r)];
     ep_moe_comm_t* c = new_comms.empty() ? nullptr : new_comms[static_cast<size_t>(r)];
     st[static_cast<size_t>(r)] = ep_moe_layer_replace(W.layers[static_cast<size_t>(r)], m, c, ck, layer_index);
     if (st[static_cast<size_t>(r)] != EP_MOE_OK) msg[static_cast<size_t>(r)] = ep_moe_layer_last_error(W.layers[static_cast<size_t>(r)]);
