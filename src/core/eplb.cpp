@@ -28,6 +28,49 @@ void balanced_packing(const std::vector<double>& w, int32_t packs, std::vector<i
     (*slot)[i] = static_cast<int32_t>(count[best]++);
     total[best] += w[i];
   }
+  // Greedy filling can leave the heaviest pack heavier than it needs to be
+  // (with equal counts per pack it is not even always better than taking
+  // the items in index order). Pairwise swaps between the heaviest pack and
+  // another follow, each the one that leaves the pair's heavier side
+  // lightest, while one lowers the heaviest pack below where it was. Each
+  // swap makes the packs' sorted loads strictly smaller, so this ends; a
+  // budget of pair evaluations keeps it bounded for huge inputs.
+  if (packs < 2) return;
+  std::vector<std::vector<size_t>> items(static_cast<size_t>(packs));
+  for (size_t i = 0; i < n; ++i) items[static_cast<size_t>((*pack)[i])].push_back(i);
+  int64_t budget = int64_t{1} << 26;
+  for (size_t iter = 0; iter < 4 * n && budget > 0; ++iter) {
+    const size_t h = static_cast<size_t>(std::max_element(total.begin(), total.end()) - total.begin());
+    double best_max = total[h];
+    size_t bx = SIZE_MAX, by = SIZE_MAX;
+    for (size_t a = 0; a < items[h].size(); ++a) {
+      const size_t x = items[h][a];
+      for (size_t p = 0; p < static_cast<size_t>(packs); ++p) {
+        if (p == h) continue;
+        budget -= static_cast<int64_t>(items[p].size());
+        for (size_t b = 0; b < items[p].size(); ++b) {
+          const size_t y = items[p][b];
+          const double d = w[x] - w[y];
+          if (!(d > 0)) continue;
+          const double m = std::max(total[h] - d, total[p] + d);
+          if (m < best_max) {
+            best_max = m;
+            bx = a;
+            by = y;
+          }
+        }
+      }
+    }
+    if (bx == SIZE_MAX) break;
+    const size_t x = items[h][bx], p = static_cast<size_t>((*pack)[by]);
+    const double d = w[x] - w[by];
+    total[h] -= d;
+    total[p] += d;
+    std::swap((*pack)[x], (*pack)[by]);
+    std::swap((*slot)[x], (*slot)[by]);
+    items[h][bx] = by;
+    *std::find(items[p].begin(), items[p].end(), by) = x;
+  }
 }
 
 namespace {

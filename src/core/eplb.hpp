@@ -2,7 +2,7 @@
 // physical slots (with replicas of hot experts) that evens the ranks' load.
 // The method follows DeepSeek's EPLB: groups of experts to nodes, replicas
 // within a node, replicas to the node's ranks — each step a greedy balanced
-// packing. Deterministic: ties go to the lower index.
+// packing refined by swaps. Deterministic: ties go to the lower index.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +28,8 @@ struct RebalanceParams {
 std::vector<int32_t> rebalance(const std::vector<double>& load, const RebalanceParams& p);
 
 // Greedy balanced packing: each pack receives exactly n / packs items
-// (n % packs == 0), heaviest first into the lightest pack with room.
+// (n % packs == 0), heaviest first into the lightest pack with room, then
+// pairwise swaps out of the heaviest pack while one makes it lighter.
 // pack[i] and slot[i] give item i's pack and its position in the pack.
 void balanced_packing(const std::vector<double>& weight, int32_t packs, std::vector<int32_t>* pack,
                       std::vector<int32_t>* slot);

@@ -249,6 +249,7 @@ std::vector<int32_t> rebalance(const std::vector<double>& load, int slots, int r
 // ---------------------------------------------------------------------------
 
 TEST_CASE("rebalance: every expert placed, replicas to the hot ones, balanced and deterministic", "[eplb][rebalance]") {
+  double excess = 0, linear_excess = 0;  // summed (imbalance - 1) over the trials
   for (int trial = 0; trial < 20; ++trial) {
     const int ranks = 1 << (trial % 4);  // 1, 2, 4, 8
     const int E = 16 * (1 + trial % 3);
@@ -276,13 +277,32 @@ TEST_CASE("rebalance: every expert placed, replicas to the hot ones, balanced an
     double heaviest = 0, total = std::accumulate(load.begin(), load.end(), 0.0);
     for (int e = 0; e < E; ++e) heaviest = std::max(heaviest, load[static_cast<size_t>(e)] / reps[static_cast<size_t>(e)]);
     CHECK(mine <= 1.0 + heaviest / (total / ranks) + 1e-9);
-    // Better than the linear placement without replicas.
+    // No swap of two replicas between the heaviest rank and another makes
+    // the heaviest lighter (the packing's swap refinement ran to its end).
+    const size_t per = slots.size() / static_cast<size_t>(ranks);
+    auto share = [&](size_t s) { return load[static_cast<size_t>(slots[s])] / reps[static_cast<size_t>(slots[s])]; };
+    std::vector<double> rl(static_cast<size_t>(ranks), 0.0);
+    for (size_t s = 0; s < slots.size(); ++s) rl[s / per] += share(s);
+    const size_t h = static_cast<size_t>(std::max_element(rl.begin(), rl.end()) - rl.begin());
+    int improving = 0;
+    for (size_t a = h * per; a < (h + 1) * per; ++a)
+      for (size_t b = 0; b < slots.size(); ++b) {
+        const double d = share(a) - share(b);
+        improving += b / per != h && d > 0 && std::max(rl[h] - d, rl[b / per] + d) < rl[h] * (1 - 1e-12);
+      }
+    CHECK(improving == 0);
+    // Far better than the linear placement without replicas, over the
+    // trials (not in every one: a lucky linear split can be within a
+    // rounding of perfect while no swap improves the rebalanced one; over
+    // 100k seeds the excess below was at most 0.7 % of linear's).
     std::vector<int32_t> linear(static_cast<size_t>(E));
     std::iota(linear.begin(), linear.end(), 0);
-    if (E % ranks == 0) CHECK(mine <= imbalance(load, linear, ranks) + 1e-9);
+    excess += mine - 1.0;
+    linear_excess += imbalance(load, linear, ranks) - 1.0;
     // Deterministic.
     CHECK(rebalance(load, P, ranks) == slots);
   }
+  CHECK(excess <= 0.1 * linear_excess);
 }
 
 TEST_CASE("rebalance: hierarchical keeps each expert group on one node", "[eplb][rebalance]") {
