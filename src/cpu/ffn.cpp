@@ -102,16 +102,41 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
   };
   const auto grain_a =
       static_cast<size_t>(std::max<int64_t>(1, std::min<int64_t>(kMaxPanels, all_panels / (8 * pool.size()))));
+  // The fused activation of row i of c (one gate/up panel's nr columns)
+  // into row `row` of h, at panel p's h columns.
+  const auto activate_row = [&](const float* ci, int64_t row, int32_t p) {
+    float hv[32];
+    float* dst = dot ? hv : hbuf + row * ldh_ + static_cast<int64_t>(p) * h;
+    if (act == Act::Silu) k_.silu_mul(ci, ci + h, dst, h);
+    else
+      for (int j = 0; j < h; ++j) dst[j] = activate(act, ci[j]) * ci[h + j];
+    if (dot) k_.to_bf16(hv, hb + row * ldh_ + static_cast<int64_t>(p) * h, h);
+  };
+  // A segment of one row (decode) goes through its run of panels in one
+  // gemv call, when the kernels have one.
   pool.parallel_shares(static_cast<size_t>(all_panels), grain_a, grain_a, [&](size_t b, size_t e, size_t nx, int) {
     const float* a[kRows];
     const uint16_t* a16[kRows];
     alignas(64) float c[kRows * 32];
     size_t si = static_cast<size_t>(std::upper_bound(first.begin(), first.end(), static_cast<int64_t>(b)) - first.begin()) - 1;
-    for (auto q = static_cast<int64_t>(b); q < static_cast<int64_t>(e); ++q) {
+    for (auto q = static_cast<int64_t>(b); q < static_cast<int64_t>(e);) {
       while (q >= first[si + 1]) ++si;
       const Segment& s = segs[si];
       const PackedWeight& w = *s.job->gate_up;
       const auto p = static_cast<int32_t>(q - first[si]);
+      const GemvFn gv = dot ? nullptr : k_.gemv[w.dtype];
+      if (s.len == 1 && (dot ? k_.gemv_bf16 != nullptr : gv != nullptr)) {
+        const int64_t run = std::min<int64_t>({static_cast<int64_t>(e), first[si + 1], q + kRows * 32 / nr}) - q;
+        const int64_t after = q + run;
+        const void* next = after < static_cast<int64_t>(e) ? gate_up_panel(after, si)
+                           : nx < static_cast<size_t>(all_panels) ? gate_up_panel(static_cast<int64_t>(nx), si)
+                                                                   : nullptr;
+        if (dot) k_.gemv_bf16(xb + s.offset * ldxb_, w.k, w.panel(p), static_cast<int>(run), c, next);
+        else gv(x + static_cast<int64_t>(s.job->rows[s.begin]) * ldx, w.k, w.panel(p), static_cast<int>(run), c, next);
+        for (int64_t j = 0; j < run; ++j) activate_row(c + j * nr, s.offset, p + static_cast<int32_t>(j));
+        q = after;
+        continue;
+      }
       const void* next = q + 1 < static_cast<int64_t>(e) ? gate_up_panel(q + 1, si)
                          : nx < static_cast<size_t>(all_panels) ? gate_up_panel(static_cast<int64_t>(nx), si)
                                                                  : nullptr;
@@ -124,16 +149,9 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
           for (int i = 0; i < m; ++i) a[i] = x + static_cast<int64_t>(s.job->rows[s.begin + r0 + i]) * ldx;
           k_.gemm[w.dtype](m, a, w.k, w.panel(p), c, nr, r0 == 0 ? next : nullptr);
         }
-        for (int i = 0; i < m; ++i) {
-          const float* ci = c + i * nr;
-          float hv[32];
-          float* dst = dot ? hv : hbuf + (s.offset + r0 + i) * ldh_ + static_cast<int64_t>(p) * h;
-          if (act == Act::Silu) k_.silu_mul(ci, ci + h, dst, h);
-          else
-            for (int j = 0; j < h; ++j) dst[j] = activate(act, ci[j]) * ci[h + j];
-          if (dot) k_.to_bf16(hv, hb + (s.offset + r0 + i) * ldh_ + static_cast<int64_t>(p) * h, h);
-        }
+        for (int i = 0; i < m; ++i) activate_row(c + i * nr, s.offset + r0 + i, p);
       }
+      ++q;
     }
   });
 
@@ -163,6 +181,25 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
     for (size_t si = 0; si < segs.size(); ++si) {
       const Segment& s = segs[si];
       const PackedWeight& w = *s.job->down;
+      const GemvFn gv = dot ? nullptr : k_.gemv[w.dtype];
+      if (s.len == 1 && (dot ? k_.gemv_bf16 != nullptr : gv != nullptr)) {
+        // One row (decode): the claim's panels in runs through gemv, each
+        // run's columns combined in one call (the same sums as per panel).
+        for (int32_t p = p0; p < p_end;) {
+          const int32_t run = std::min(p_end - p, kRows * 32 / nr), after = p + run;
+          const void* next = after < p_end               ? w.panel(after)
+                             : si + 1 < segs.size()      ? segs[si + 1].job->down->panel(p0)
+                             : nx < static_cast<size_t>(panels) ? segs[0].job->down->panel(static_cast<int32_t>(nx))
+                                                                    : nullptr;
+          if (dot) k_.gemv_bf16(hb + s.offset * ldh_, w.k, w.panel(p), run, c, next);
+          else gv(hbuf + s.offset * ldh_, w.k, w.panel(p), run, c, next);
+          const int32_t col0 = p * nr;
+          k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin, s.job->weights + s.begin, c, run * nr, 1,
+                         std::min(run * nr, hidden_ - col0));
+          p = after;
+        }
+        continue;
+      }
       for (int32_t p = p0; p < p_end; ++p) {
         const int32_t col0 = p * nr;
         const int ncols = std::min(nr, hidden_ - col0);

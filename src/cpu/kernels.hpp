@@ -24,6 +24,14 @@ using GemmFn = void (*)(int m, const float* const* a, int k, const void* panel, 
 using GemmBf16Fn = void (*)(int m, const uint16_t* const* a, int k, const void* panel, float* c, int ldc,
                            const void* next);
 
+// One activation row through `np` consecutive panels of one packed weight
+// (decode: one token for the expert): c[j * nr + col] for panel j. The
+// same bits as `np` calls of GemmFn with m = 1; two panels at a time, so
+// four accumulator chains run instead of two. `next`: as for GemmFn, the
+// panel the caller uses after the last of them.
+using GemvFn = void (*)(const float* a, int k, const void* panel, int np, float* c, const void* next);
+using GemvBf16Fn = void (*)(const uint16_t* a, int k, const void* panel, int np, float* c, const void* next);
+
 struct Kernels {
   Isa isa;
   int nr;  // panel width (output columns per tile)
@@ -45,6 +53,9 @@ struct Kernels {
   // acc[rows[i] * ldacc + j] += w[i] * c[i * ldc + j] (rows in order).
   void (*scatter_add)(float* acc, int64_t ldacc, const int32_t* rows, const float* w, const float* c, int ldc, int m,
                       int n) = nullptr;
+  // Where set (null: call gemm with m = 1 per panel).
+  GemvFn gemv[3] = {nullptr, nullptr, nullptr};  // by weight dtype
+  GemvBf16Fn gemv_bf16 = nullptr;                // with gemm_bf16
 };
 
 const Kernels& kernels_for(Isa isa);

@@ -94,11 +94,52 @@ void dot_gemm(int m, const uint16_t* const* a, int k, const void* panel, float* 
   });
 }
 
+// One row through two neighbouring panels at once: four accumulator
+// chains; each column's sum in dot_tile_m<1>'s order (the same bits).
+void dot_row_pair(const uint16_t* a, int k, const void* panel, size_t pb, float* c) {
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  const uint16_t* w0 = static_cast<const uint16_t*>(panel);
+  const uint16_t* w1 = reinterpret_cast<const uint16_t*>(static_cast<const char*>(panel) + pb);
+  const auto step = [&](int kk, int32_t pair) {
+    const size_t o = static_cast<size_t>(kk) * NR;
+    const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
+    acc[0] = _mm512_dpbf16_ps(acc[0], av, reinterpret_cast<__m512bh>(_mm512_loadu_si512(w0 + o)));
+    acc[1] = _mm512_dpbf16_ps(acc[1], av, reinterpret_cast<__m512bh>(_mm512_loadu_si512(w0 + o + 2 * LANES)));
+    acc[2] = _mm512_dpbf16_ps(acc[2], av, reinterpret_cast<__m512bh>(_mm512_loadu_si512(w1 + o)));
+    acc[3] = _mm512_dpbf16_ps(acc[3], av, reinterpret_cast<__m512bh>(_mm512_loadu_si512(w1 + o + 2 * LANES)));
+  };
+  int kk = 0;
+  for (; kk + 1 < k; kk += 2) {
+    int32_t pair;
+    std::memcpy(&pair, a + kk, 4);
+    step(kk, pair);
+  }
+  if (kk < k) step(kk, a[kk]);  // (a[kk], 0): nothing read past the row
+  _mm512_storeu_ps(c, acc[0]);
+  _mm512_storeu_ps(c + LANES, acc[1]);
+  _mm512_storeu_ps(c + NR, acc[2]);
+  _mm512_storeu_ps(c + NR + LANES, acc[3]);
+}
+
+// GemvBf16Fn, as gemv<> (kernels_x86.inc).
+void dot_gemv(const uint16_t* a, int k, const void* panel, int np, float* c, const void* next) {
+  const size_t pb = static_cast<size_t>((k + 1) / 2) * (2 * NR * 2);
+  const char* p = static_cast<const char*>(panel);
+  const bool follows = !next || next == p + pb * static_cast<size_t>(np);
+  const int paired = follows ? np : np - 1;
+  int j = 0;
+  for (; j + 1 < paired; j += 2) dot_row_pair(a, k, p + pb * static_cast<size_t>(j), pb, c + static_cast<size_t>(j) * NR);
+  for (; j < np; ++j)
+    dot_gemm(1, &a, k, p + pb * static_cast<size_t>(j), c + static_cast<size_t>(j) * NR, NR,
+             j + 1 < np ? static_cast<const void*>(p + pb * static_cast<size_t>(j + 1)) : next);
+}
+
 }  // namespace
 
 const Kernels& kernels_avx512bf16() {
   static const Kernels k{Isa::Avx512Bf16, NR, MR, {gemm<0>, gemm<1>, gemm<2>}, dot_gemm,
-                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16, silu_mul, axpy, scatter_add};
+                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16, silu_mul, axpy, scatter_add,
+                         {gemv<0>, gemv<1>, gemv<2>}, dot_gemv};
   return k;
 }
 

@@ -135,6 +135,64 @@ TEST_CASE("gemm kernels match a double product for every ISA, dtype and shape", 
   }
 }
 
+TEST_CASE("gemv gives gemm's bits for one row over every run of panels", "[unit][kernels]") {
+  std::mt19937 rng(Catch::rngSeed() + 13u);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  int checked = 0;
+  for (cpu::Isa isa : isas_here()) {
+    const cpu::Kernels& kern = cpu::kernels_for(isa);
+    for (ep_moe_dtype_t dt : {EP_MOE_DTYPE_F32, EP_MOE_DTYPE_BF16, EP_MOE_DTYPE_F16}) {
+      for (bool dot : {false, true}) {
+        if (dot ? !kern.gemv_bf16 || dt != EP_MOE_DTYPE_BF16 : !kern.gemv[dt]) continue;
+        for (int k : {1, 2, 7, 64, 131}) {
+          const int n = 6 * kern.nr - 3;  // six panels, the last one padded
+          std::vector<float> wf(static_cast<size_t>(n) * k);
+          std::vector<uint16_t> w16;
+          if (dt == EP_MOE_DTYPE_F32) {
+            for (auto& x : wf) x = nd(rng);
+          } else {
+            w16 = random16(wf.size(), dt, rng);
+          }
+          cpu::Source s{dt == EP_MOE_DTYPE_F32 ? static_cast<const void*>(wf.data()) : w16.data(), dt, k};
+          cpu::PackedWeight pw, other;
+          cpu::pack(pw, s, n, k, kern.nr, dt);
+          cpu::pack(other, s, kern.nr, k, kern.nr, dt);  // a panel elsewhere, for `next`
+          std::vector<float> a(static_cast<size_t>(k));
+          std::vector<uint16_t> ab(a.size());
+          for (size_t i = 0; i < a.size(); ++i) {
+            ab[i] = f32_to_bf16(nd(rng));
+            a[i] = dot ? bf16_to_f32(ab[i]) : nd(rng);
+          }
+          const float* row = a.data();
+          const uint16_t* row16 = ab.data();
+          const int P = pw.panels();
+          for (int p = 0; p < P; ++p)
+            for (int np = 1; p + np <= P; ++np)
+              for (int nk = 0; nk < 3; ++nk) {
+                // next: the panel that follows, none, or one elsewhere.
+                const void* next = nk == 0 ? (p + np < P ? pw.panel(p + np) : nullptr) : nk == 1 ? nullptr : other.panel(0);
+                INFO("isa " << cpu::isa_name(isa) << " dtype " << dt << (dot ? " bf16 dot" : "") << " k " << k
+                            << " panels " << p << ".." << p + np << " next " << nk);
+                std::vector<float> got(static_cast<size_t>(np + 1) * kern.nr, -777.0f);
+                if (dot) kern.gemv_bf16(row16, k, pw.panel(p), np, got.data(), next);
+                else kern.gemv[dt](row, k, pw.panel(p), np, got.data(), next);
+                for (int j = 0; j < np; ++j) {
+                  std::vector<float> want(static_cast<size_t>(kern.nr), -1.0f);
+                  if (dot) kern.gemm_bf16(1, &row16, k, pw.panel(p + j), want.data(), kern.nr, nullptr);
+                  else kern.gemm[dt](1, &row, k, pw.panel(p + j), want.data(), kern.nr, nullptr);
+                  REQUIRE(std::memcmp(got.data() + static_cast<size_t>(j) * kern.nr, want.data(), want.size() * 4) == 0);
+                }
+                for (size_t i = static_cast<size_t>(np) * kern.nr; i < got.size(); ++i) REQUIRE(got[i] == -777.0f);
+                ++checked;
+              }
+        }
+      }
+    }
+  }
+  INFO("no ISA here has a gemv kernel");
+  CHECK((checked > 0 || cpu::detect_isa() == cpu::Isa::Generic));
+}
+
 TEST_CASE("gate/up packing round-trips both halves exactly", "[unit][kernels]") {
   std::mt19937 rng(Catch::rngSeed() + 12u);
   for (cpu::Isa isa : isas_here()) {
