@@ -1542,7 +1542,7 @@ EP_MOE_API ep_moe_status_t ep_moe_rebalance_config_init(ep_moe_rebalance_config_
  * expert's load / replicas) are then packed onto the ranks, P / num_ranks
  * each, heaviest first into the least loaded rank with room, then pairs of
  * replicas are swapped out of the heaviest rank while a swap makes it
- * lighter (at most 2^26 pair evaluations per packing). Deterministic:
+ * lighter (at most 2^22 pair evaluations per packing). Deterministic:
  * the same load and config give the same table on every rank and platform
  * (ties go to the lower index; with ep_moe_rebalance_config_t::current_slots,
  * packs are matched to the ranks that hold most of them). The result is the

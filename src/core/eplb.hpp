@@ -29,10 +29,11 @@ std::vector<int32_t> rebalance(const std::vector<double>& load, const RebalanceP
 
 // Greedy balanced packing: each pack receives exactly n / packs items
 // (n % packs == 0), heaviest first into the lightest pack with room, then
-// pairwise swaps out of the heaviest pack while one makes it lighter.
+// (when `refine`) pairwise swaps out of the heaviest pack while one makes
+// it lighter.
 // pack[i] and slot[i] give item i's pack and its position in the pack.
 void balanced_packing(const std::vector<double>& weight, int32_t packs, std::vector<int32_t>* pack,
-                      std::vector<int32_t>* slot);
+                      std::vector<int32_t>* slot, bool refine = true);
 
 // Max over ranks of the load they hold, each replica carrying load/replicas,
 // divided by the mean (1.0 = perfect balance).
