@@ -28,13 +28,14 @@ void top_indices(const float* v, int32_t n, int32_t k, int32_t* out) {
 }  // namespace
 
 void route(const void* logits, ep_moe_dtype_t dtype, int64_t T, const RoutingParams& p, int32_t* ids,
-           float* weights) {
+           float* weights, int64_t first_token) {
   const int32_t E = p.num_experts, K = p.top_k;
   std::vector<float> scores(static_cast<size_t>(E)), sel(static_cast<size_t>(E));
   std::vector<int32_t> chosen(static_cast<size_t>(K));
   const int32_t G = p.num_group > 0 ? p.num_group : 0;
   std::vector<float> group_score(static_cast<size_t>(G));
   std::vector<int32_t> kept_groups(static_cast<size_t>(p.topk_group > 0 ? p.topk_group : 0));
+  std::vector<char> keep(static_cast<size_t>(G), 0);
 
   for (int64_t t = 0; t < T; ++t) {
     const int64_t base = t * E;
@@ -42,7 +43,7 @@ void route(const void* logits, ep_moe_dtype_t dtype, int64_t T, const RoutingPar
     for (int32_t e = 0; e < E; ++e) {
       const float l = load_elem(logits, dtype, base + e);
       if (std::isnan(l)) fail(EP_MOE_ERR_INVALID_ARGUMENT, "router_logits[token %lld, expert %d] is NaN",
-                              static_cast<long long>(t), e);
+                              static_cast<long long>(first_token + t), e);
       scores[static_cast<size_t>(e)] = l;
       mx = std::max(mx, l);
     }
@@ -51,7 +52,7 @@ void route(const void* logits, ep_moe_dtype_t dtype, int64_t T, const RoutingPar
     } else {
       if (std::isinf(mx))
         fail(EP_MOE_ERR_INVALID_ARGUMENT, "router_logits of token %lld are %s: softmax is undefined",
-             static_cast<long long>(t), mx > 0 ? "+inf" : "all -inf");
+             static_cast<long long>(first_token + t), mx > 0 ? "+inf" : "all -inf");
       float sum = 0.0f;
       for (auto& s : scores) {
         s = std::exp(s - mx);
@@ -82,7 +83,7 @@ void route(const void* logits, ep_moe_dtype_t dtype, int64_t T, const RoutingPar
         }
       }
       top_indices(group_score.data(), G, p.topk_group, kept_groups.data());
-      std::vector<char> keep(static_cast<size_t>(G), 0);
+      std::fill(keep.begin(), keep.end(), 0);
       for (int32_t g : kept_groups) keep[static_cast<size_t>(g)] = 1;
       for (int32_t e = 0; e < E; ++e)
         if (!keep[static_cast<size_t>(e / per)]) sel[static_cast<size_t>(e)] = -std::numeric_limits<float>::infinity();

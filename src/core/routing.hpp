@@ -20,10 +20,11 @@ struct RoutingParams {
   float scale = 1.0f;           // routed scaling factor
 };
 
-// Throws ep_moe::Error naming the token for NaN logits (or an infinity that
-// makes the scores undefined).
+// Throws ep_moe::Error naming the token (first_token + its index here) for
+// NaN logits (or an infinity that makes the scores undefined). Tokens are
+// independent: ranges of them may be routed by separate calls.
 void route(const void* logits, ep_moe_dtype_t dtype, int64_t num_tokens, const RoutingParams& p, int32_t* ids,
-           float* weights);
+           float* weights, int64_t first_token = 0);
 
 // Checks caller-given top-k ids/weights: ids in [0, E), weights finite.
 void check_topk(const int32_t* ids, const float* weights, int64_t num_tokens, int32_t top_k, int32_t num_experts);

@@ -83,6 +83,7 @@ class Layer {
   void validate_forward(const ep_moe_forward_args_t& a, int64_t* dp_offset, int64_t* dp_padded, Gather* gather) const;
   // Forward steps (layer.cpp). `stages` is the step's list of collectives.
   void route_tokens(const ep_moe_forward_args_t& a);
+  void route_all(const void* logits, ep_moe_dtype_t dtype, int64_t T);  // route() over the pool
   void forward_allgather(const ep_moe_forward_args_t& a, void* stages, int64_t dp_offset, int64_t padded, Gather gather);
   void forward_alltoall(const ep_moe_forward_args_t& a, void* stages);
   void plan_sends(int64_t tokens);

@@ -549,3 +549,68 @@ TEST_CASE("a token's output does not depend on the batch around it: the same bit
     }
   }
 }
+
+TEST_CASE("bad logits in a long batch: the first bad token is named, whichever thread routed it", "[layer][errors]") {
+  // Routing runs in blocks of tokens over the layer's threads; the error
+  // reported must still be the first bad token's, and nothing is written.
+  std::mt19937 rng(test_seed() + 17);
+  harness::Case c;
+  c.spec.H = 16;
+  c.spec.I = 8;
+  c.spec.E = 6;
+  c.spec.K = 2;
+  c.max_tokens = 64;
+  c.tokens = {64};
+  c.threads = 2;
+  const ref::Weights w = ref::random_weights(c.spec, c.wdt, rng);
+  const harness::Inputs in = harness::make_inputs(c, w, rng);
+  MapHolder m(1, 0, c.spec.E);
+  const auto lc = harness::layer_config(c);
+  ep_moe_layer_t* l = nullptr;
+  REQUIRE(ep_moe_layer_create(&l, &lc, m.m, nullptr, nullptr) == EP_MOE_OK);
+  int stored = 0;
+  REQUIRE(harness::load_weights(l, c, w, &stored).empty());
+  std::vector<float> out(static_cast<size_t>(64 * c.spec.H), 42.0f);
+  const int E = c.spec.E;
+  struct Bad {
+    std::vector<int> tokens;  // tokens given a bad logit
+    float value;
+    std::string needle;
+  };
+  const Bad cases[] = {
+      {{50, 37, 63}, std::nanf(""), "router_logits[token 37, expert 4] is NaN"},
+      {{63}, std::nanf(""), "router_logits[token 63, expert 4] is NaN"},
+      {{20, 5}, std::numeric_limits<float>::infinity(), "router_logits of token 5 are +inf"},
+  };
+  for (const auto& b : cases) {
+    INFO(b.needle);
+    std::vector<float> logits = in.logits[0];
+    for (int t : b.tokens) logits[static_cast<size_t>(t * E + 4)] = b.value;
+    ep_moe_forward_args_t a;
+    ep_moe_forward_args_init(&a);
+    a.num_tokens = 64;
+    a.hidden = in.hidden[0].data();
+    a.router_logits = logits.data();
+    a.out = out.data();
+    for (int rep = 0; rep < 5; ++rep) {  // the blocks go to the threads differently each time
+      CHECK(ep_moe_layer_forward(l, &a) == EP_MOE_ERR_INVALID_ARGUMENT);
+      CHECK(std::string(ep_moe_layer_last_error(l)).find(b.needle) != std::string::npos);
+      CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 42.0f; }));
+    }
+  }
+  // Still usable, and right.
+  ep_moe_forward_args_t a;
+  ep_moe_forward_args_init(&a);
+  a.num_tokens = 64;
+  a.hidden = in.hidden[0].data();
+  a.router_logits = in.logits[0].data();
+  a.out = out.data();
+  REQUIRE(ep_moe_layer_forward(l, &a) == EP_MOE_OK);
+  double scale = 1e-6, err = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    scale = std::max(scale, std::fabs(in.expect[0][i]));
+    err = std::max(err, std::fabs(out[i] - in.expect[0][i]));
+  }
+  CHECK(err / scale <= 1e-5);
+  ep_moe_layer_destroy(l);
+}
