@@ -35,6 +35,27 @@ struct MapHolder {
   ~MapHolder() { ep_moe_expert_map_destroy(m); }
 };
 
+// A layer of case c as rank ep-1 of ep (no collective), weights w loaded.
+ep_moe_layer_t* loaded_layer(const harness::Case& c, const ref::Weights& w, int ep) {
+  MapHolder m(ep, ep - 1, c.spec.E);
+  const auto lc = harness::layer_config(c);
+  ep_moe_layer_t* l = nullptr;
+  REQUIRE(ep_moe_layer_create(&l, &lc, m.m, nullptr, nullptr) == EP_MOE_OK);
+  int stored = 0;
+  REQUIRE(harness::load_weights(l, c, w, &stored).empty());
+  return l;
+}
+
+ep_moe_forward_args_t forward_args(int64_t T, const void* hidden, const float* logits, void* out) {
+  ep_moe_forward_args_t a;
+  ep_moe_forward_args_init(&a);
+  a.num_tokens = T;
+  a.hidden = hidden;
+  a.router_logits = logits;
+  a.out = out;
+  return a;
+}
+
 ep_moe_layer_config_t small_config() {
   ep_moe_layer_config_t c;
   REQUIRE(ep_moe_layer_config_init(&c) == EP_MOE_OK);
@@ -467,20 +488,10 @@ TEST_CASE("out may be the same buffer as hidden: the same result as a separate o
         INFO("adt " << adt << " ep " << ep << " shared " << shared);
         const ref::Weights w = ref::random_weights(c.spec, adt, rng);
         const harness::Inputs in = harness::make_inputs(c, w, rng);
-        MapHolder m(ep, ep - 1, 7);
-        const auto lc = harness::layer_config(c);
-        ep_moe_layer_t* l = nullptr;
-        REQUIRE(ep_moe_layer_create(&l, &lc, m.m, nullptr, nullptr) == EP_MOE_OK);
-        int stored = 0;
-        REQUIRE(harness::load_weights(l, c, w, &stored).empty());
+        ep_moe_layer_t* l = loaded_layer(c, w, ep);
         const std::vector<uint8_t> hidden = ref::encode(in.hidden[0], adt);
         std::vector<uint8_t> out(hidden.size(), 0xAB), buf = hidden;
-        ep_moe_forward_args_t a;
-        ep_moe_forward_args_init(&a);
-        a.num_tokens = 9;
-        a.hidden = hidden.data();
-        a.router_logits = in.logits[0].data();
-        a.out = out.data();
+        ep_moe_forward_args_t a = forward_args(9, hidden.data(), in.logits[0].data(), out.data());
         REQUIRE(ep_moe_layer_forward(l, &a) == EP_MOE_OK);
         a.hidden = buf.data();
         a.out = buf.data();
@@ -518,21 +529,11 @@ TEST_CASE("a token's output does not depend on the batch around it: the same bit
         INFO("wdt " << c.wdt << " adt " << c.adt << " ep " << ep << " shared " << shared);
         const ref::Weights w = ref::random_weights(c.spec, c.wdt, rng);
         const harness::Inputs in = harness::make_inputs(c, w, rng);
-        MapHolder m(ep, ep - 1, c.spec.E);
-        const auto lc = harness::layer_config(c);
-        ep_moe_layer_t* l = nullptr;
-        REQUIRE(ep_moe_layer_create(&l, &lc, m.m, nullptr, nullptr) == EP_MOE_OK);
-        int stored = 0;
-        REQUIRE(harness::load_weights(l, c, w, &stored).empty());
+        ep_moe_layer_t* l = loaded_layer(c, w, ep);
         const std::vector<uint8_t> hidden = ref::encode(in.hidden[0], c.adt);
         const size_t row = hidden.size() / 21;
         std::vector<uint8_t> out(hidden.size(), 0xAB), alone(row, 0xCD);
-        ep_moe_forward_args_t a;
-        ep_moe_forward_args_init(&a);
-        a.num_tokens = 21;
-        a.hidden = hidden.data();
-        a.router_logits = in.logits[0].data();
-        a.out = out.data();
+        ep_moe_forward_args_t a = forward_args(21, hidden.data(), in.logits[0].data(), out.data());
         REQUIRE(ep_moe_layer_forward(l, &a) == EP_MOE_OK);
         int same = 0;
         for (int t = 0; t < 21; ++t) {
@@ -564,12 +565,7 @@ TEST_CASE("bad logits in a long batch: the first bad token is named, whichever t
   c.threads = 2;
   const ref::Weights w = ref::random_weights(c.spec, c.wdt, rng);
   const harness::Inputs in = harness::make_inputs(c, w, rng);
-  MapHolder m(1, 0, c.spec.E);
-  const auto lc = harness::layer_config(c);
-  ep_moe_layer_t* l = nullptr;
-  REQUIRE(ep_moe_layer_create(&l, &lc, m.m, nullptr, nullptr) == EP_MOE_OK);
-  int stored = 0;
-  REQUIRE(harness::load_weights(l, c, w, &stored).empty());
+  ep_moe_layer_t* l = loaded_layer(c, w, 1);
   std::vector<float> out(static_cast<size_t>(64 * c.spec.H), 42.0f);
   const int E = c.spec.E;
   struct Bad {
@@ -586,12 +582,7 @@ TEST_CASE("bad logits in a long batch: the first bad token is named, whichever t
     INFO(b.needle);
     std::vector<float> logits = in.logits[0];
     for (int t : b.tokens) logits[static_cast<size_t>(t * E + 4)] = b.value;
-    ep_moe_forward_args_t a;
-    ep_moe_forward_args_init(&a);
-    a.num_tokens = 64;
-    a.hidden = in.hidden[0].data();
-    a.router_logits = logits.data();
-    a.out = out.data();
+    const ep_moe_forward_args_t a = forward_args(64, in.hidden[0].data(), logits.data(), out.data());
     for (int rep = 0; rep < 5; ++rep) {  // the blocks go to the threads differently each time
       CHECK(ep_moe_layer_forward(l, &a) == EP_MOE_ERR_INVALID_ARGUMENT);
       CHECK(std::string(ep_moe_layer_last_error(l)).find(b.needle) != std::string::npos);
@@ -599,12 +590,7 @@ TEST_CASE("bad logits in a long batch: the first bad token is named, whichever t
     }
   }
   // Still usable, and right.
-  ep_moe_forward_args_t a;
-  ep_moe_forward_args_init(&a);
-  a.num_tokens = 64;
-  a.hidden = in.hidden[0].data();
-  a.router_logits = in.logits[0].data();
-  a.out = out.data();
+  const ep_moe_forward_args_t a = forward_args(64, in.hidden[0].data(), in.logits[0].data(), out.data());
   REQUIRE(ep_moe_layer_forward(l, &a) == EP_MOE_OK);
   double scale = 1e-6, err = 0;
   for (size_t i = 0; i < out.size(); ++i) {

@@ -34,6 +34,21 @@ std::vector<uint16_t> random16(size_t n, ep_moe_dtype_t dt, std::mt19937& rng) {
 
 float value(const void* data, ep_moe_dtype_t dt, size_t i) { return load_elem(data, dt, static_cast<int64_t>(i)); }
 
+// A random W [n, k] in `dt`: its values in f32 (wf) and, for 16-bit dtypes,
+// their encoding (w16).
+void random_weight(int n, int k, ep_moe_dtype_t dt, std::mt19937& rng, std::vector<float>* wf,
+                   std::vector<uint16_t>* w16) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  wf->assign(static_cast<size_t>(n) * k, 0.0f);
+  w16->clear();
+  if (dt == EP_MOE_DTYPE_F32) {
+    for (auto& x : *wf) x = nd(rng);
+  } else {
+    *w16 = random16(wf->size(), dt, rng);
+    for (size_t i = 0; i < wf->size(); ++i) (*wf)[i] = value(w16->data(), dt, i);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("gemm kernels match a double product for every ISA, dtype and shape", "[unit][kernels]") {
@@ -46,14 +61,9 @@ TEST_CASE("gemm kernels match a double product for every ISA, dtype and shape", 
         for (int n : {1, 17, kern.nr + 3}) {
           for (bool transposed : {false, true}) {
             // W [n, k] in `dt`, stored row-major or transposed ([k, n]).
-            std::vector<float> wf(static_cast<size_t>(n) * k);
+            std::vector<float> wf;
             std::vector<uint16_t> w16;
-            if (dt == EP_MOE_DTYPE_F32) {
-              for (auto& x : wf) x = nd(rng);
-            } else {
-              w16 = random16(wf.size(), dt, rng);
-              for (size_t i = 0; i < wf.size(); ++i) wf[i] = value(w16.data(), dt, i);
-            }
+            random_weight(n, k, dt, rng, &wf, &w16);
             std::vector<float> st_f(wf.size());
             std::vector<uint16_t> st_16(wf.size());
             for (int r = 0; r < n; ++r)
@@ -146,13 +156,9 @@ TEST_CASE("gemv gives gemm's bits for one row over every run of panels", "[unit]
         if (dot ? !kern.gemv_bf16 || dt != EP_MOE_DTYPE_BF16 : !kern.gemv[dt]) continue;
         for (int k : {1, 2, 7, 64, 131}) {
           const int n = 6 * kern.nr - 3;  // six panels, the last one padded
-          std::vector<float> wf(static_cast<size_t>(n) * k);
+          std::vector<float> wf;
           std::vector<uint16_t> w16;
-          if (dt == EP_MOE_DTYPE_F32) {
-            for (auto& x : wf) x = nd(rng);
-          } else {
-            w16 = random16(wf.size(), dt, rng);
-          }
+          random_weight(n, k, dt, rng, &wf, &w16);
           cpu::Source s{dt == EP_MOE_DTYPE_F32 ? static_cast<const void*>(wf.data()) : w16.data(), dt, k};
           cpu::PackedWeight pw, other;
           cpu::pack(pw, s, n, k, kern.nr, dt);
