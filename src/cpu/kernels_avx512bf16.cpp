@@ -89,7 +89,8 @@ void dot_rows(int m, const uint16_t* const* a, int k, const void* panel, float* 
 
 // Any m, split into register tiles as gemm<> (for_row_tiles).
 void dot_gemm(int m, const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const void* next) {
-  for_row_tiles(m, panel, (k + 1) / 2, 2 * NR * 2, next, [&](int r0, int rows, const char* pf, int stride, bool l1) {
+  for_row_tiles(m, panel, panel_steps<1>(k), panel_step<1>(), next,
+                [&](int r0, int rows, const char* pf, int stride, bool l1) {
     dot_rows(rows, a + r0, k, panel, c + static_cast<size_t>(r0) * ldc, ldc, pf, stride, l1);
   });
 }
@@ -123,15 +124,10 @@ void dot_row_pair(const uint16_t* a, int k, const void* panel, size_t pb, float*
 
 // GemvBf16Fn, as gemv<> (kernels_x86.inc).
 void dot_gemv(const uint16_t* a, int k, const void* panel, int np, float* c, const void* next) {
-  const size_t pb = static_cast<size_t>((k + 1) / 2) * (2 * NR * 2);
-  const char* p = static_cast<const char*>(panel);
-  const bool follows = !next || next == p + pb * static_cast<size_t>(np);
-  const int paired = follows ? np : np - 1;
-  int j = 0;
-  for (; j + 1 < paired; j += 2) dot_row_pair(a, k, p + pb * static_cast<size_t>(j), pb, c + static_cast<size_t>(j) * NR);
-  for (; j < np; ++j)
-    dot_gemm(1, &a, k, p + pb * static_cast<size_t>(j), c + static_cast<size_t>(j) * NR, NR,
-             j + 1 < np ? static_cast<const void*>(p + pb * static_cast<size_t>(j + 1)) : next);
+  const size_t pb = static_cast<size_t>(panel_steps<1>(k)) * static_cast<size_t>(panel_step<1>());
+  for_panel_pairs(
+      panel, np, pb, NR, c, next, [&](const char* p, float* cj) { dot_row_pair(a, k, p, pb, cj); },
+      [&](const char* p, float* cj, const void* nx) { dot_gemm(1, &a, k, p, cj, NR, nx); });
 }
 
 }  // namespace
