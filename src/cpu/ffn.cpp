@@ -123,8 +123,16 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
       for (int j = 0; j < h; ++j) dst[j] = activate(act, ci[j]) * ci[h + j];
     if (dot) k_.to_bf16(hv, hb + row * ldh_ + static_cast<int64_t>(p) * h, h);
   };
-  // A segment of one row (decode) goes through its run of panels in one
-  // gemv call, when the kernels have one.
+  // A segment of one row (decode) goes through its runs of panels in gemv
+  // calls, when the kernels have one for its weights (both phases).
+  const auto one_row = [&](const Segment& sg, const PackedWeight& w) {
+    return sg.len == 1 && (dot ? k_.gemv_bf16 != nullptr : k_.gemv[w.dtype] != nullptr);
+  };
+  const auto gemv = [&](const PackedWeight& w, const float* row, const uint16_t* row16, int32_t p, int run,
+                        float* c, const void* next) {
+    if (dot) k_.gemv_bf16(row16, w.k, w.panel(p), run, c, next);
+    else k_.gemv[w.dtype](row, w.k, w.panel(p), run, c, next);
+  };
   pool.parallel_shares(static_cast<size_t>(all_panels), grain_a, grain_a, [&](size_t b, size_t e, size_t nx, int) {
     const float* a[kRows];
     const uint16_t* a16[kRows];
@@ -135,22 +143,21 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
       const Segment& s = *ord[si];
       const PackedWeight& w = *s.job->gate_up;
       const auto p = static_cast<int32_t>(q - first[si]);
-      const GemvFn gv = dot ? nullptr : k_.gemv[w.dtype];
-      if (s.len == 1 && (dot ? k_.gemv_bf16 != nullptr : gv != nullptr)) {
+      // The panel this thread takes after those up to `after`.
+      const auto next_after = [&](int64_t after) -> const void* {
+        return after < static_cast<int64_t>(e)            ? gate_up_panel(after, si)
+               : nx < static_cast<size_t>(all_panels) ? gate_up_panel(static_cast<int64_t>(nx), si)
+                                                       : nullptr;
+      };
+      if (one_row(s, w)) {
         const int64_t run = std::min<int64_t>({static_cast<int64_t>(e), first[si + 1], q + kRows * 32 / nr}) - q;
-        const int64_t after = q + run;
-        const void* next = after < static_cast<int64_t>(e) ? gate_up_panel(after, si)
-                           : nx < static_cast<size_t>(all_panels) ? gate_up_panel(static_cast<int64_t>(nx), si)
-                                                                   : nullptr;
-        if (dot) k_.gemv_bf16(xb + s.offset * ldxb_, w.k, w.panel(p), static_cast<int>(run), c, next);
-        else gv(x + static_cast<int64_t>(s.job->rows[s.begin]) * ldx, w.k, w.panel(p), static_cast<int>(run), c, next);
+        gemv(w, x ? x + static_cast<int64_t>(s.job->rows[s.begin]) * ldx : nullptr, xb ? xb + s.offset * ldxb_ : nullptr,
+             p, static_cast<int>(run), c, next_after(q + run));
         for (int64_t j = 0; j < run; ++j) activate_row(c + j * nr, s.offset, p + static_cast<int32_t>(j));
-        q = after;
+        q += run;
         continue;
       }
-      const void* next = q + 1 < static_cast<int64_t>(e) ? gate_up_panel(q + 1, si)
-                         : nx < static_cast<size_t>(all_panels) ? gate_up_panel(static_cast<int64_t>(nx), si)
-                                                                 : nullptr;
+      const void* next = next_after(q + 1);
       for (int64_t r0 = 0; r0 < s.len; r0 += kRows) {
         const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
         if (dot) {
@@ -192,32 +199,29 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
     for (size_t si = 0; si < segs.size(); ++si) {
       const Segment& s = segs[si];
       const PackedWeight& w = *s.job->down;
-      const GemvFn gv = dot ? nullptr : k_.gemv[w.dtype];
-      if (s.len == 1 && (dot ? k_.gemv_bf16 != nullptr : gv != nullptr)) {
-        // One row (decode): the claim's panels in runs through gemv, each
-        // run's columns combined in one call (the same sums as per panel).
+      // The panel this thread visits after those up to `after`.
+      const auto next_after = [&](int32_t after) -> const void* {
+        return after < p_end                       ? w.panel(after)
+               : si + 1 < segs.size()              ? segs[si + 1].job->down->panel(p0)
+               : nx < static_cast<size_t>(panels) ? segs[0].job->down->panel(static_cast<int32_t>(nx))
+                                                   : nullptr;
+      };
+      if (one_row(s, w)) {
+        // The claim's panels in runs through gemv, each run's columns
+        // combined in one call (the same sums as per panel).
         for (int32_t p = p0; p < p_end;) {
-          const int32_t run = std::min(p_end - p, kRows * 32 / nr), after = p + run;
-          const void* next = after < p_end               ? w.panel(after)
-                             : si + 1 < segs.size()      ? segs[si + 1].job->down->panel(p0)
-                             : nx < static_cast<size_t>(panels) ? segs[0].job->down->panel(static_cast<int32_t>(nx))
-                                                                    : nullptr;
-          if (dot) k_.gemv_bf16(hb + s.offset * ldh_, w.k, w.panel(p), run, c, next);
-          else gv(hbuf + s.offset * ldh_, w.k, w.panel(p), run, c, next);
-          const int32_t col0 = p * nr;
+          const int32_t run = std::min(p_end - p, kRows * 32 / nr), col0 = p * nr;
+          gemv(w, hbuf + s.offset * ldh_, hb ? hb + s.offset * ldh_ : nullptr, p, run, c, next_after(p + run));
           k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin, s.job->weights + s.begin, c, run * nr, 1,
                          std::min(run * nr, hidden_ - col0));
-          p = after;
+          p += run;
         }
         continue;
       }
       for (int32_t p = p0; p < p_end; ++p) {
         const int32_t col0 = p * nr;
         const int ncols = std::min(nr, hidden_ - col0);
-        const void* next = p + 1 < p_end            ? w.panel(p + 1)
-                           : si + 1 < segs.size() ? segs[si + 1].job->down->panel(p0)
-                           : nx < static_cast<size_t>(panels) ? segs[0].job->down->panel(static_cast<int32_t>(nx))
-                                                                  : nullptr;
+        const void* next = next_after(p + 1);
         for (int64_t r0 = 0; r0 < s.len; r0 += kRows) {
           const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
           if (dot) {
