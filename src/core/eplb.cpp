@@ -9,13 +9,21 @@
 
 namespace ep_moe {
 
-void balanced_packing(const std::vector<double>& w, int32_t packs, std::vector<int32_t>* pack,
-                      std::vector<int32_t>* slot, bool refine) {
-  const size_t n = w.size();
-  const size_t per = n / static_cast<size_t>(packs);
-  std::vector<size_t> order(n);
+namespace {
+// Item indices by weight, heaviest first (ties: lower index first).
+std::vector<size_t> heaviest_first(const std::vector<double>& w) {
+  std::vector<size_t> order(w.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return w[a] > w[b]; });
+  return order;
+}
+}  // namespace
+
+void balanced_packing(const std::vector<double>& w, int32_t packs, std::vector<int32_t>* pack,
+                      std::vector<int32_t>* slot) {
+  const size_t n = w.size();
+  const size_t per = n / static_cast<size_t>(packs);
+  const std::vector<size_t> order = heaviest_first(w);
   std::vector<double> total(static_cast<size_t>(packs), 0.0);
   std::vector<size_t> count(static_cast<size_t>(packs), 0);
   pack->assign(n, 0);
@@ -28,6 +36,10 @@ void balanced_packing(const std::vector<double>& w, int32_t packs, std::vector<i
     (*slot)[i] = static_cast<int32_t>(count[best]++);
     total[best] += w[i];
   }
+}
+
+void refine_packing(const std::vector<double>& w, int32_t packs, std::vector<int32_t>* pack,
+                    std::vector<int32_t>* slot) {
   // Greedy filling can leave the heaviest pack heavier than it needs to be
   // (with equal counts per pack it is not even always better than taking
   // the items in index order). Pairwise swaps between the heaviest pack and
@@ -37,7 +49,10 @@ void balanced_packing(const std::vector<double>& w, int32_t packs, std::vector<i
   // budget of pair evaluations keeps it bounded for huge inputs (2^22:
   // ~6 ms; DeepSeek-V3's 288 slots on 8 ranks took ~15 ms at 2^26 for a
   // third of a per cent of imbalance).
-  if (!refine || packs < 2) return;
+  if (packs < 2) return;
+  const size_t n = w.size();
+  std::vector<double> total(static_cast<size_t>(packs), 0.0);
+  for (size_t i : heaviest_first(w)) total[static_cast<size_t>((*pack)[i])] += w[i];  // as balanced_packing sums
   std::vector<std::vector<size_t>> items(static_cast<size_t>(packs));
   for (size_t i = 0; i < n; ++i) items[static_cast<size_t>((*pack)[i])].push_back(i);
   int64_t budget = int64_t{1} << 22;
@@ -217,6 +232,7 @@ std::vector<int32_t> rebalance(const std::vector<double>& load, const RebalanceP
   for (int32_t e = 0; e < E; ++e) group_load[static_cast<size_t>(e / group_size)] += load[static_cast<size_t>(e)];
   std::vector<int32_t> node_of_group, pos_in_node;
   balanced_packing(group_load, nodes, &node_of_group, &pos_in_node);
+  refine_packing(group_load, nodes, &node_of_group, &pos_in_node);
 
   // With a current placement, each pack of groups goes to the node that
   // holds most of its experts now.
@@ -257,6 +273,8 @@ std::vector<int32_t> rebalance(const std::vector<double>& load, const RebalanceP
     // 3. Replicas to the node's ranks.
     std::vector<int32_t> rank_of, pos;
     balanced_packing(phys_load, ranks_per_node, &rank_of, &pos);
+    const std::vector<int32_t> greedy = holds.empty() ? std::vector<int32_t>{} : rank_of;
+    refine_packing(phys_load, ranks_per_node, &rank_of, &pos);
     if (!holds.empty()) {
       // With a current placement, each pack goes to the node's rank that
       // holds most of its experts now, then swaps keep more replicas where
@@ -293,9 +311,8 @@ std::vector<int32_t> rebalance(const std::vector<double>& load, const RebalanceP
                        [static_cast<size_t>(experts[static_cast<size_t>(phys[s])])];
         return kept;
       };
-      std::vector<int32_t> greedy, gpos;
-      balanced_packing(phys_load, ranks_per_node, &greedy, &gpos, false);
-      if (keep(&greedy) > keep(&rank_of)) rank_of = greedy;
+      std::vector<int32_t> from_greedy = greedy;
+      if (keep(&from_greedy) > keep(&rank_of)) rank_of = from_greedy;
       // Positions within each rank follow.
       std::vector<int32_t> count(static_cast<size_t>(ranks_per_node), 0);
       for (size_t s = 0; s < phys.size(); ++s) pos[s] = count[static_cast<size_t>(rank_of[s])]++;

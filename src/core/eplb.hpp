@@ -28,12 +28,15 @@ struct RebalanceParams {
 std::vector<int32_t> rebalance(const std::vector<double>& load, const RebalanceParams& p);
 
 // Greedy balanced packing: each pack receives exactly n / packs items
-// (n % packs == 0), heaviest first into the lightest pack with room, then
-// (when `refine`) pairwise swaps out of the heaviest pack while one makes
-// it lighter.
+// (n % packs == 0), heaviest first into the lightest pack with room.
 // pack[i] and slot[i] give item i's pack and its position in the pack.
 void balanced_packing(const std::vector<double>& weight, int32_t packs, std::vector<int32_t>* pack,
-                      std::vector<int32_t>* slot, bool refine = true);
+                      std::vector<int32_t>* slot);
+
+// Then pairwise swaps out of the heaviest pack while one makes it lighter
+// (equal counts kept; pack and slot updated together).
+void refine_packing(const std::vector<double>& weight, int32_t packs, std::vector<int32_t>* pack,
+                    std::vector<int32_t>* slot);
 
 // Max over ranks of the load they hold, each replica carrying load/replicas,
 // divided by the mean (1.0 = perfect balance).
