@@ -63,6 +63,13 @@ void usage() {
 // bandwidth measured right before and after them (kLocalBwSeconds each).
 constexpr int kLocalBwTokens = 64;
 constexpr double kLocalBwSeconds = 0.25;
+// This VM's read bandwidth jumps between two states (~50 and ~80 GB/s),
+// sometimes within seconds. A streaming row whose two probes differ by more
+// than this fraction of the higher ran across such a jump: it is measured
+// again, up to kRowAttempts times in all, and flagged when no attempt was
+// steady (`~` after %bw, "bw_steady": false in the JSON).
+constexpr double kBwJump = 0.15;
+constexpr int kRowAttempts = 3;
 
 const char* dtype_name(ep_moe_dtype_t d) { return d == EP_MOE_DTYPE_F32 ? "f32" : d == EP_MOE_DTYPE_BF16 ? "bf16" : "f16"; }
 
@@ -71,6 +78,9 @@ struct Row {
   int ep = 0, tokens = 0, threads = 0, iters = 0;
   double ms = 0, expert_ms = 0, tokens_per_s = 0, gflops = 0, gflops_frac = 0, weight_gbs = 0, weight_frac = 0;
   double row_bw = 0;  // the read bandwidth weight_frac is against
+  double bw_before = 0, bw_after = 0;  // the probes around a streaming row (0: not probed)
+  bool bw_steady = true;               // the two probes within kBwJump of each other
+  int attempts = 1;
   std::string peak_kind;
   int64_t local_pairs = 0, active_experts = 0;
 };
@@ -262,8 +272,9 @@ int main(int argc, char** argv) {
   std::printf("%%peak is against the bf16 dot-product peak for bf16 weights and activations on the bf16 kernels, "
               "else the f32 FMA peak\n");
   std::printf("%%bw is against rowBW: for T <= %d the read bandwidth measured again just before and just after the "
-              "row (the higher of the two), else the one above\n\n",
-              kLocalBwTokens);
+              "row (the higher of the two), else the one above; a row whose two probes differ by more than %.0f %% is "
+              "measured again, up to %d times, and marked ~ if none was steady\n\n",
+              kLocalBwTokens, 100 * kBwJump, kRowAttempts);
   std::printf("%-14s %4s %6s %-7s %9s %9s %11s %9s %6s %9s %6s %6s %7s %6s\n", "preset", "ep", "tokens", "strat", "ms",
               "expert_ms", "tokens/s", "GFLOP/s", "%peak", "wGB/s", "rowBW", "%bw", "pairs", "active");
 
@@ -333,32 +344,44 @@ int main(int argc, char** argv) {
         // Weight-streaming rows: the bandwidth of this moment, not of the
         // start of the run (this VM's moves by tens of per cent).
         const bool local_bw = T <= kLocalBwTokens && o.min_time > 0;
-        double row_bw = local_bw ? bw_probe.measure(kLocalBwSeconds) : bw;
-        const auto start = Clock::now();
-        for (int it = 0;; ++it) {
-          a.hidden = hiddens[static_cast<size_t>(it % sets)].data();
-          a.router_logits = logits_sets[static_cast<size_t>(it % sets)].data();
-          const auto t0 = Clock::now();
-          if (ep_moe_layer_forward(layer, &a) != EP_MOE_OK) {
-            std::fprintf(stderr, "forward: %s\n", ep_moe_layer_last_error(layer));
-            return 1;
+        double row_bw = bw, bw_before = 0, bw_after = 0;
+        bool steady = true;
+        int attempt = 0;
+        while (attempt < kRowAttempts) {
+          ++attempt;
+          pairs_sum = active_sum = expert_ns_sum = 0;
+          times.clear();
+          if (local_bw) bw_before = bw_probe.measure(kLocalBwSeconds);
+          const auto start = Clock::now();
+          for (int it = 0;; ++it) {
+            a.hidden = hiddens[static_cast<size_t>(it % sets)].data();
+            a.router_logits = logits_sets[static_cast<size_t>(it % sets)].data();
+            const auto t0 = Clock::now();
+            if (ep_moe_layer_forward(layer, &a) != EP_MOE_OK) {
+              std::fprintf(stderr, "forward: %s\n", ep_moe_layer_last_error(layer));
+              return 1;
+            }
+            const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+            if (it > 0 || o.min_time <= 0) {  // the first call warms up
+              times.push_back(dt);
+              int64_t v = 0;
+              ep_moe_layer_get_attr(&v, layer, EP_MOE_LAYER_ATTR_LAST_LOCAL_PAIRS);
+              pairs_sum += v;
+              ep_moe_layer_get_attr(&v, layer, EP_MOE_LAYER_ATTR_LAST_ACTIVE_EXPERTS);
+              active_sum += v;
+              ep_moe_layer_get_attr(&v, layer, EP_MOE_LAYER_ATTR_LAST_EXPERT_NS);
+              expert_ns_sum += v;
+            }
+            const double total = std::chrono::duration<double>(Clock::now() - start).count();
+            if (times.size() >= 3 && total >= o.min_time) break;
+            if (!times.empty() && total >= 10 * o.min_time) break;  // very slow rows: a few samples
           }
-          const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-          if (it > 0 || o.min_time <= 0) {  // the first call warms up
-            times.push_back(dt);
-            int64_t v = 0;
-            ep_moe_layer_get_attr(&v, layer, EP_MOE_LAYER_ATTR_LAST_LOCAL_PAIRS);
-            pairs_sum += v;
-            ep_moe_layer_get_attr(&v, layer, EP_MOE_LAYER_ATTR_LAST_ACTIVE_EXPERTS);
-            active_sum += v;
-            ep_moe_layer_get_attr(&v, layer, EP_MOE_LAYER_ATTR_LAST_EXPERT_NS);
-            expert_ns_sum += v;
-          }
-          const double total = std::chrono::duration<double>(Clock::now() - start).count();
-          if (times.size() >= 3 && total >= o.min_time) break;
-          if (!times.empty() && total >= 10 * o.min_time) break;  // very slow rows: a few samples
+          if (!local_bw) break;
+          bw_after = bw_probe.measure(kLocalBwSeconds);
+          row_bw = std::max(bw_before, bw_after);
+          steady = std::fabs(bw_before - bw_after) <= kBwJump * row_bw;
+          if (steady) break;
         }
-        if (local_bw) row_bw = std::max(row_bw, bw_probe.measure(kLocalBwSeconds));
         // Work varies a little between batches: use mean work over mean time.
         double t = 0;
         for (double x : times) t += x;
@@ -385,10 +408,15 @@ int main(int argc, char** argv) {
         r.peak_kind = dot ? "bf16dot" : "f32fma";
         r.weight_gbs = (mean_active * expert_bytes + shared_bytes) / t / 1e9;
         r.row_bw = row_bw;
+        r.bw_before = bw_before;
+        r.bw_after = bw_after;
+        r.bw_steady = steady;
+        r.attempts = attempt;
         r.weight_frac = r.weight_gbs / row_bw;
-        std::printf("%-14s %4d %6d %-7s %9.3f %9.3f %11.1f %9.1f %5.1f%% %9.1f %6.1f %5.1f%% %7lld %6lld\n",
+        std::printf("%-14s %4d %6d %-7s %9.3f %9.3f %11.1f %9.1f %5.1f%% %9.1f %6.1f %5.1f%%%c %6lld %6lld\n",
                     name.c_str(), ep, T, r.strategy.c_str(), r.ms, r.expert_ms, r.tokens_per_s, r.gflops,
-                    100 * r.gflops_frac, r.weight_gbs, r.row_bw, 100 * r.weight_frac, static_cast<long long>(r.local_pairs),
+                    100 * r.gflops_frac, r.weight_gbs, r.row_bw, 100 * r.weight_frac, steady ? ' ' : '~',
+                    static_cast<long long>(r.local_pairs),
                     static_cast<long long>(r.active_experts));
         std::fflush(stdout);
         rows.push_back(r);
@@ -458,11 +486,13 @@ int main(int argc, char** argv) {
       std::fprintf(f,
                    "    {\"preset\": \"%s\", \"ep\": %d, \"tokens\": %d, \"strategy\": \"%s\", \"threads\": %d, "
                    "\"iters\": %d, \"ms\": %.6f, \"expert_ms\": %.6f, \"tokens_per_s\": %.3f, \"gflops\": %.3f, \"gflops_frac_peak\": "
-                   "%.5f, \"peak\": \"%s\", \"weight_gbs\": %.3f, \"row_read_bandwidth_gbs\": %.3f, \"weight_frac_bw\": %.5f, \"local_pairs\": %lld, "
+                   "%.5f, \"peak\": \"%s\", \"weight_gbs\": %.3f, \"row_read_bandwidth_gbs\": %.3f, \"weight_frac_bw\": %.5f, "
+                   "\"bw_before_gbs\": %.3f, \"bw_after_gbs\": %.3f, \"bw_steady\": %s, \"attempts\": %d, \"local_pairs\": %lld, "
                    "\"active_experts\": %lld}%s\n",
                    r.preset.c_str(), r.ep, r.tokens, r.strategy.c_str(), r.threads, r.iters, r.ms, r.expert_ms,
                    r.tokens_per_s,
-                   r.gflops, r.gflops_frac, r.peak_kind.c_str(), r.weight_gbs, r.row_bw, r.weight_frac, static_cast<long long>(r.local_pairs),
+                   r.gflops, r.gflops_frac, r.peak_kind.c_str(), r.weight_gbs, r.row_bw, r.weight_frac, r.bw_before, r.bw_after,
+                   r.bw_steady ? "true" : "false", r.attempts, static_cast<long long>(r.local_pairs),
                    static_cast<long long>(r.active_experts), i + 1 < rows.size() ? "," : "");
     }
     std::fprintf(f, "  ],\n  \"dispatch\": [\n");
