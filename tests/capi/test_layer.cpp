@@ -242,15 +242,7 @@ TEST_CASE("bad forward input: clear status, nothing written, the layer stays usa
   std::vector<int32_t> ids = {0, 1, 2, 3, 1, 2};
   std::vector<float> wts(6, 0.5f);
   std::vector<float> out(static_cast<size_t>(T * H), 42.0f);
-  auto base = [&] {
-    ep_moe_forward_args_t a;
-    ep_moe_forward_args_init(&a);
-    a.num_tokens = T;
-    a.hidden = hid.data();
-    a.router_logits = logits.data();
-    a.out = out.data();
-    return a;
-  };
+  auto base = [&] { return forward_args(T, hid.data(), logits.data(), out.data()); };
   struct Case {
     const char* needle;
     ep_moe_status_t status;
