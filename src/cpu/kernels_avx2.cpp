@@ -2,6 +2,8 @@
 // when the CPU has them).
 #include <immintrin.h>
 
+#include <type_traits>
+
 #include <cmath>
 
 #include "common/dtype.hpp"

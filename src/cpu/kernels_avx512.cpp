@@ -2,6 +2,8 @@
 // called only when the CPU has them).
 #include <immintrin.h>
 
+#include <type_traits>
+
 #include "cpu/kernels.hpp"
 
 namespace ep_moe {

@@ -2,6 +2,8 @@
 // only when the CPU has AVX512_BF16).
 #include <immintrin.h>
 
+#include <type_traits>
+
 #include <cstring>
 
 #include "cpu/kernels.hpp"
