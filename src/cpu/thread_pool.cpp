@@ -125,7 +125,10 @@ void ThreadPool::parallel_shares(size_t n, size_t grain, size_t steal,
     for (;;) {
       const auto f = static_cast<size_t>(v & 0xffffffffu), b = static_cast<size_t>(v >> 32);
       if (f >= b) return false;
-      const size_t take = std::min(most, b - f);
+      // From the front, at most half of what is left (at least `steal`):
+      // the owner's last claims are small, so a thread done early still
+      // finds items to take instead of waiting out a whole grain.
+      const size_t take = std::min(front ? std::min(most, std::max(steal, (b - f + 1) / 2)) : most, b - f);
       *begin = front ? f : b - take;
       *end = *begin + take;
       *rest = front && *end < b;

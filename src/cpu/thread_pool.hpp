@@ -40,8 +40,9 @@ class ThreadPool {
   void wake();
   // Items [0, n) in one contiguous share per thread (size() shares of
   // nearly equal length), for loops that stream memory in item order: a
-  // thread runs its share front to back, `grain` items per claim, so it
-  // reads one long run instead of every size()-th block. A thread done with
+  // thread runs its share front to back, `grain` items per claim (but at
+  // most half of what is left of it, and at least `steal`), so it reads
+  // one long run instead of every size()-th block. A thread done with
   // its share helps with the others, `steal` items at a time from their
   // back, so a thread the OS holds up delays the loop by at most what it
   // had claimed. Calls fn(begin, end, next, thread_index) once per claim;
