@@ -188,7 +188,7 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
   // FfnRunner simulation (32 experts, alternating binaries, this VM's
   // ~80 GB/s state) went T=1 96 -> 103 %, T=8 91 -> 97 %, T=32 85 -> 88 %,
   // T=64 77 -> 80 % of the read bandwidth; T=512 unchanged. The owner's
-  // claims shrink to a quarter near the end of its share (parallel_shares):
+  // claims shrink to a quarter of that near its share's end (parallel_shares):
   // with claims of 16 to the end, a thread waited out its peer's last claim
   // for 0.1-0.35 ms of qwen3 T=32's ~1.6 ms phase B in the ~80 GB/s state.
   const int32_t panels = (hidden_ + nr - 1) / nr;

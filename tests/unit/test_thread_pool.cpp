@@ -89,8 +89,9 @@ TEST_CASE("parallel_shares: a stalled thread's share is finished by the others",
   std::atomic<bool> stalled{false};
   pool.parallel_shares(n, 5, 1, [&](size_t b, size_t e, size_t, int t) {
     if (e - b == 1) {
-      // A steal (claims of 5 are the owners'): slow, so the middle share's
-      // owner has long made its first claim before thieves could reach it.
+      // A steal (or an owner's last item: owners claim 5, shrinking near
+      // their share's end): slow, so the middle share's owner has long made
+      // its first claim before thieves could reach it.
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     } else if (b >= lo && b < hi && !stalled.exchange(true)) {
       // The middle share's first owner claim holds its thread up until
