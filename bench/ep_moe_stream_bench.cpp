@@ -1,0 +1,233 @@
+// ep_moe_stream_bench: how close the CPU expert path (FfnRunner, phases A
+// and B as a forward runs them) comes to the plain tile kernels streaming
+// the same weights, in the same process and memory. The two alternate in
+// short blocks, because this VM's read bandwidth moves between states
+// within seconds and separate runs cannot be compared. For decode-like
+// jobs (a few rows per expert) both should be bound by reading the
+// weights; the ratio is what FfnRunner costs above the kernels. Uses the
+// library's internals, not its C API.
+//   ep_moe_stream_bench [--experts E] [--hidden H] [--inter I]
+//                       [--rows r1,r2,...] [--threads N] [--blocks B]
+//                       [--block-seconds S]
+// --rows: rows per expert (1..64), cycled over the experts (default
+// 2,1,3,2,5,1,4,6, about qwen3-30b-a3b T=32 on an EP-4 rank).
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu/ffn.hpp"
+#include "cpu/isa.hpp"
+#include "cpu/kernels.hpp"
+#include "cpu/pack.hpp"
+#include "cpu/thread_pool.hpp"
+
+using namespace ep_moe;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Small normal bf16 values (no NaNs or denormals): the contents do not
+// matter to the timing, only that they are ordinary numbers.
+void fill_bf16(cpu::PackedWeight& w, uint32_t seed) {
+  auto* p = w.data.data<uint16_t>();
+  const size_t n = w.bytes() / 2;
+  uint32_t s = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; ++i) {
+    s = s * 1664525u + 1013904223u;
+    p[i] = static_cast<uint16_t>(0x3c00u + ((s >> 24) & 0x7fu) + ((s >> 16) & 0x8000u));
+  }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int experts = 28, hidden = 2048, inter = 768, blocks = 20;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  double block_s = 0.25;
+  std::vector<int> rows_pattern = {2, 1, 3, 2, 5, 1, 4, 6};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", a.c_str());
+      return 2;
+    }
+    const std::string v = argv[++i];
+    if (a == "--experts") experts = std::atoi(v.c_str());
+    else if (a == "--hidden") hidden = std::atoi(v.c_str());
+    else if (a == "--inter") inter = std::atoi(v.c_str());
+    else if (a == "--threads") threads = std::atoi(v.c_str());
+    else if (a == "--blocks") blocks = std::atoi(v.c_str());
+    else if (a == "--block-seconds") block_s = std::atof(v.c_str());
+    else if (a == "--rows") {
+      rows_pattern.clear();
+      std::stringstream ss(v);
+      std::string t;
+      while (std::getline(ss, t, ',')) rows_pattern.push_back(std::atoi(t.c_str()));
+    } else {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if (experts < 1 || hidden < 2 || inter < 2 || threads < 1 || blocks < 1 || block_s <= 0 || rows_pattern.empty() ||
+      *std::min_element(rows_pattern.begin(), rows_pattern.end()) < 1 ||
+      *std::max_element(rows_pattern.begin(), rows_pattern.end()) > 64) {
+    std::fprintf(stderr, "need positive --experts, --hidden, --inter, --threads, --blocks, --block-seconds, and "
+                         "--rows of 1..64\n");
+    return 2;
+  }
+  const cpu::Kernels& kern = cpu::kernels_for(cpu::detect_isa());
+  if (!kern.gemm_bf16) {
+    std::printf("no bf16 dot-product tiles on this CPU (%s): nothing to compare\n", cpu::isa_name(kern.isa));
+    return 0;
+  }
+  const int nr = kern.nr;
+
+  // Weights: each expert's gate/up and down in their own buffers, as loaded.
+  std::vector<cpu::PackedWeight> gate_up(static_cast<size_t>(experts)), down(static_cast<size_t>(experts));
+  for (int e = 0; e < experts; ++e) {
+    cpu::init_gate_up(gate_up[static_cast<size_t>(e)], inter, hidden, nr, EP_MOE_DTYPE_BF16);
+    fill_bf16(gate_up[static_cast<size_t>(e)], static_cast<uint32_t>(2 * e + 1));
+    cpu::PackedWeight& d = down[static_cast<size_t>(e)];
+    d.n = hidden;
+    d.k = inter;
+    d.nr = nr;
+    d.dtype = EP_MOE_DTYPE_BF16;
+    d.data.resize(static_cast<size_t>(d.panels()) * d.panel_elems() * 2);
+    fill_bf16(d, static_cast<uint32_t>(2 * e + 2));
+  }
+  double bytes = 0;
+  for (int e = 0; e < experts; ++e) bytes += static_cast<double>(gate_up[static_cast<size_t>(e)].bytes() + down[static_cast<size_t>(e)].bytes());
+
+  // Jobs: expert e takes rows_pattern[e % size] token rows out of T tokens.
+  int max_rows = *std::max_element(rows_pattern.begin(), rows_pattern.end());
+  const int T = std::max(32, max_rows);
+  std::vector<std::vector<int32_t>> job_rows(static_cast<size_t>(experts));
+  std::vector<std::vector<float>> job_w(static_cast<size_t>(experts));
+  std::mt19937 rng(7);
+  std::vector<cpu::ExpertJob> jobs;
+  int64_t pairs = 0;
+  for (int e = 0; e < experts; ++e) {
+    const int m = rows_pattern[static_cast<size_t>(e) % rows_pattern.size()];
+    std::vector<int32_t> toks(static_cast<size_t>(T));
+    for (int t = 0; t < T; ++t) toks[static_cast<size_t>(t)] = t;
+    std::shuffle(toks.begin(), toks.end(), rng);
+    toks.resize(static_cast<size_t>(m));
+    std::sort(toks.begin(), toks.end());
+    job_rows[static_cast<size_t>(e)] = toks;
+    job_w[static_cast<size_t>(e)].assign(static_cast<size_t>(m), 0.125f);
+    cpu::ExpertJob j;
+    j.gate_up = &gate_up[static_cast<size_t>(e)];
+    j.down = &down[static_cast<size_t>(e)];
+    j.inter = inter;
+    j.rows = job_rows[static_cast<size_t>(e)].data();
+    j.weights = job_w[static_cast<size_t>(e)].data();
+    j.n = m;
+    jobs.push_back(j);
+    pairs += m;
+  }
+  std::vector<float> x(static_cast<size_t>(T) * hidden, 0.5f), acc(static_cast<size_t>(T) * hidden, 0.0f);
+  std::vector<uint16_t> x16(static_cast<size_t>(T) * hidden, 0x3f00);
+
+  cpu::ThreadPool pool(threads);
+  cpu::FfnRunner ffn(kern, hidden, inter, pairs, true);
+  const int use = static_cast<int>(std::min<size_t>(static_cast<size_t>(pool.size()), 64));
+
+  // The kernels alone: every expert's gate/up then down panels with the
+  // expert's rows, each thread a contiguous share of the experts' panels
+  // (by bytes), the next panel prefetched as FfnRunner's calls do; no
+  // activation, no combine.
+  struct Item {
+    const cpu::PackedWeight* w;
+    int32_t p;
+    int m;
+    const uint16_t* rows;  // m rows of k elements, `ld` apart
+    int ld;
+  };
+  std::vector<uint16_t> hrows(static_cast<size_t>(max_rows) * static_cast<size_t>(inter + 32), 0x3f00);
+  std::vector<Item> items;
+  for (int e = 0; e < experts; ++e) {
+    const int m = static_cast<int>(jobs[static_cast<size_t>(e)].n);
+    for (int32_t p = 0; p < gate_up[static_cast<size_t>(e)].panels(); ++p)
+      items.push_back(Item{&gate_up[static_cast<size_t>(e)], p, m, x16.data(), hidden});
+  }
+  for (int e = 0; e < experts; ++e) {
+    const int m = static_cast<int>(jobs[static_cast<size_t>(e)].n);
+    for (int32_t p = 0; p < down[static_cast<size_t>(e)].panels(); ++p)
+      items.push_back(Item{&down[static_cast<size_t>(e)], p, m, hrows.data(), inter + 32});
+  }
+  // Share boundaries: equal bytes per thread.
+  std::vector<size_t> cut(static_cast<size_t>(use) + 1, items.size());
+  cut[0] = 0;
+  {
+    double done = 0;
+    size_t t = 1;
+    for (size_t i = 0; i < items.size() && t < static_cast<size_t>(use); ++i) {
+      done += static_cast<double>(items[i].w->panel_elems()) * 2;
+      if (done >= bytes * static_cast<double>(t) / use) cut[t++] = i + 1;
+    }
+  }
+  auto kernels_only = [&] {
+    pool.parallel_for(static_cast<size_t>(use), [&](size_t t, int) {
+      const size_t b = cut[t], e = cut[t + 1];
+      const uint16_t* a[64];
+      alignas(64) float c[64 * 32];
+      for (size_t i = b; i < e; ++i) {
+        const Item& it = items[i];
+        for (int r = 0; r < it.m; ++r) a[r] = it.rows + static_cast<size_t>(r) * static_cast<size_t>(it.ld);
+        const void* next = i + 1 < e ? items[i + 1].w->panel(items[i + 1].p) : nullptr;
+        kern.gemm_bf16(it.m, a, it.w->k, it.w->panel(it.p), c, nr, next);
+      }
+    });
+  };
+  auto layer_path = [&] {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    ffn.run(pool, jobs, x.data(), hidden, acc.data(), hidden, cpu::Act::Silu, x16.data(), hidden);
+  };
+
+  std::printf("%d experts (H %d, I %d, rows per expert %d..%d, %lld pairs), %.1f MB of bf16 weights per pass, "
+              "%d threads, %s tiles\n",
+              experts, hidden, inter, *std::min_element(rows_pattern.begin(), rows_pattern.end()), max_rows,
+              static_cast<long long>(pairs), bytes / 1e6, pool.size(), cpu::isa_name(kern.isa));
+  std::printf("block  kernels GB/s  FfnRunner GB/s  FfnRunner/kernels\n");
+  kernels_only();
+  layer_path();
+  std::vector<double> ratios, kg, lg;
+  for (int b = 0; b < blocks; ++b) {
+    double gbs[2];
+    for (int ph = 0; ph < 2; ++ph) {
+      const int which = (ph + b) % 2;  // which one goes first alternates
+      double t = 0;
+      int n = 0;
+      const auto start = Clock::now();
+      while (n < 2 || std::chrono::duration<double>(Clock::now() - start).count() < block_s) {
+        const auto t0 = Clock::now();
+        if (which == 0) kernels_only();
+        else layer_path();
+        t += std::chrono::duration<double>(Clock::now() - t0).count();
+        ++n;
+      }
+      gbs[which] = bytes * n / t / 1e9;
+    }
+    kg.push_back(gbs[0]);
+    lg.push_back(gbs[1]);
+    ratios.push_back(gbs[1] / gbs[0]);
+    std::printf("%5d  %12.1f  %14.1f  %17.3f\n", b, gbs[0], gbs[1], gbs[1] / gbs[0]);
+  }
+  std::printf("median: kernels %.1f GB/s, FfnRunner %.1f GB/s, FfnRunner/kernels %.3f (min %.3f, max %.3f)\n",
+              median(kg), median(lg), median(ratios), *std::min_element(ratios.begin(), ratios.end()),
+              *std::max_element(ratios.begin(), ratios.end()));
+  return 0;
+}
