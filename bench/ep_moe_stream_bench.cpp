@@ -21,6 +21,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cpu/ffn.hpp"
@@ -34,16 +35,19 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// Most rows per expert: the kernel pass keeps its row pointers on the stack.
+constexpr int kMaxRows = 64;
+
 // Small normal bf16 values (no NaNs or denormals): the contents do not
 // matter to the timing, only that they are ordinary numbers.
-void fill_bf16(cpu::PackedWeight& w, uint32_t seed) {
-  auto* p = w.data.data<uint16_t>();
-  const size_t n = w.bytes() / 2;
-  uint32_t s = seed * 2654435761u + 1;
-  for (size_t i = 0; i < n; ++i) {
+std::vector<uint16_t> random_bf16(size_t n) {
+  std::vector<uint16_t> v(n);
+  uint32_t s = 12345;
+  for (auto& x : v) {
     s = s * 1664525u + 1013904223u;
-    p[i] = static_cast<uint16_t>(0x3c00u + ((s >> 24) & 0x7fu) + ((s >> 16) & 0x8000u));
+    x = static_cast<uint16_t>(0x3c00u + ((s >> 24) & 0x7fu) + ((s >> 16) & 0x8000u));
   }
+  return v;
 }
 
 double median(std::vector<double> v) {
@@ -83,7 +87,7 @@ int main(int argc, char** argv) {
   }
   if (experts < 1 || hidden < 2 || inter < 2 || threads < 1 || blocks < 1 || block_s <= 0 || rows_pattern.empty() ||
       *std::min_element(rows_pattern.begin(), rows_pattern.end()) < 1 ||
-      *std::max_element(rows_pattern.begin(), rows_pattern.end()) > 64) {
+      *std::max_element(rows_pattern.begin(), rows_pattern.end()) > kMaxRows) {
     std::fprintf(stderr, "need positive --experts, --hidden, --inter, --threads, --blocks, --block-seconds, and "
                          "--rows of 1..64\n");
     return 2;
@@ -95,24 +99,21 @@ int main(int argc, char** argv) {
   }
   const int nr = kern.nr;
 
-  // Weights: each expert's gate/up and down in their own buffers, as loaded.
+  // Weights: each expert's gate/up and down packed into their own buffers,
+  // as the layer loads them (one random source serves every matrix).
+  const std::vector<uint16_t> src = random_bf16(static_cast<size_t>(hidden) * static_cast<size_t>(inter));
   std::vector<cpu::PackedWeight> gate_up(static_cast<size_t>(experts)), down(static_cast<size_t>(experts));
-  for (int e = 0; e < experts; ++e) {
-    cpu::init_gate_up(gate_up[static_cast<size_t>(e)], inter, hidden, nr, EP_MOE_DTYPE_BF16);
-    fill_bf16(gate_up[static_cast<size_t>(e)], static_cast<uint32_t>(2 * e + 1));
-    cpu::PackedWeight& d = down[static_cast<size_t>(e)];
-    d.n = hidden;
-    d.k = inter;
-    d.nr = nr;
-    d.dtype = EP_MOE_DTYPE_BF16;
-    d.data.resize(static_cast<size_t>(d.panels()) * d.panel_elems() * 2);
-    fill_bf16(d, static_cast<uint32_t>(2 * e + 2));
+  for (size_t e = 0; e < gate_up.size(); ++e) {
+    cpu::init_gate_up(gate_up[e], inter, hidden, nr, EP_MOE_DTYPE_BF16);
+    for (int half = 0; half < 2; ++half)
+      cpu::pack_gate_up_half(gate_up[e], cpu::Source{src.data(), EP_MOE_DTYPE_BF16, hidden}, half, inter);
+    cpu::pack(down[e], cpu::Source{src.data(), EP_MOE_DTYPE_BF16, inter}, hidden, inter, nr, EP_MOE_DTYPE_BF16);
   }
   double bytes = 0;
   for (int e = 0; e < experts; ++e) bytes += static_cast<double>(gate_up[static_cast<size_t>(e)].bytes() + down[static_cast<size_t>(e)].bytes());
 
   // Jobs: expert e takes rows_pattern[e % size] token rows out of T tokens.
-  int max_rows = *std::max_element(rows_pattern.begin(), rows_pattern.end());
+  const int max_rows = *std::max_element(rows_pattern.begin(), rows_pattern.end());
   const int T = std::max(32, max_rows);
   std::vector<std::vector<int32_t>> job_rows(static_cast<size_t>(experts));
   std::vector<std::vector<float>> job_w(static_cast<size_t>(experts));
@@ -126,7 +127,7 @@ int main(int argc, char** argv) {
     std::shuffle(toks.begin(), toks.end(), rng);
     toks.resize(static_cast<size_t>(m));
     std::sort(toks.begin(), toks.end());
-    job_rows[static_cast<size_t>(e)] = toks;
+    job_rows[static_cast<size_t>(e)] = std::move(toks);
     job_w[static_cast<size_t>(e)].assign(static_cast<size_t>(m), 0.125f);
     cpu::ExpertJob j;
     j.gate_up = &gate_up[static_cast<size_t>(e)];
@@ -143,7 +144,7 @@ int main(int argc, char** argv) {
 
   cpu::ThreadPool pool(threads);
   cpu::FfnRunner ffn(kern, hidden, inter, pairs, true);
-  const int use = static_cast<int>(std::min<size_t>(static_cast<size_t>(pool.size()), 64));
+  const int use = pool.size();
 
   // The kernels alone: every expert's gate/up then down panels with the
   // expert's rows, each thread a contiguous share of the experts' panels
@@ -182,8 +183,8 @@ int main(int argc, char** argv) {
   auto kernels_only = [&] {
     pool.parallel_for(static_cast<size_t>(use), [&](size_t t, int) {
       const size_t b = cut[t], e = cut[t + 1];
-      const uint16_t* a[64];
-      alignas(64) float c[64 * 32];
+      const uint16_t* a[kMaxRows];
+      alignas(64) float c[kMaxRows * 32];
       for (size_t i = b; i < e; ++i) {
         const Item& it = items[i];
         for (int r = 0; r < it.m; ++r) a[r] = it.rows + static_cast<size_t>(r) * static_cast<size_t>(it.ld);
