@@ -128,7 +128,8 @@ void ThreadPool::parallel_shares(size_t n, size_t grain, size_t steal,
       // From the front, at most half of what is left (at least `steal`):
       // the owner's last claims are small, so a thread done early still
       // finds items to take instead of waiting out a whole grain.
-      const size_t take = std::min(front ? std::min(most, std::max(steal, (b - f + 1) / 2)) : most, b - f);
+      const size_t cap = front ? std::min(most, std::max(steal, (b - f + 1) / 2)) : most;
+      const size_t take = std::min(cap, b - f);
       *begin = front ? f : b - take;
       *end = *begin + take;
       *rest = front && *end < b;
