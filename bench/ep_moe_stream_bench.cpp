@@ -1,16 +1,26 @@
-// ep_moe_stream_bench: how close the CPU expert path (FfnRunner, phases A
-// and B as a forward runs them) comes to the plain tile kernels streaming
-// the same weights, in the same process and memory. The two alternate in
-// short blocks, because this VM's read bandwidth moves between states
-// within seconds and separate runs cannot be compared. For decode-like
-// jobs (a few rows per expert) both should be bound by reading the
-// weights; the ratio is what FfnRunner costs above the kernels. Uses the
-// library's internals, not its C API.
+// ep_moe_stream_bench: where the CPU expert path's decode time goes between
+// the machine's read bandwidth and FfnRunner (phases A and B as a forward
+// runs them), over the same weights in the same process. Five variants
+// alternate in short blocks, because this VM's read bandwidth moves between
+// states within seconds and separate runs cannot be compared:
+//   probe      the read-bandwidth probe ep_moe_bench holds decode rows to;
+//   read       a plain read of the weights' bytes through the thread pool,
+//              each thread its half (fork, join and a static split);
+//   flat       the tile kernels over every expert panel, the panels copied
+//              back to back into one buffer;
+//   tiles      the same calls on the experts' own buffers;
+//   FfnRunner  the layer's expert path (activation, combine, scheduling).
+// For decode-like jobs (a few rows per expert) every pass is bound by
+// reading the weights; each step down the list shows what one more part
+// costs. Uses the library's internals, not its C API.
 //   ep_moe_stream_bench [--experts E] [--hidden H] [--inter I]
 //                       [--rows r1,r2,...] [--threads N] [--blocks B]
-//                       [--block-seconds S]
+//                       [--block-seconds S] [--bw-mb M]
 // --rows: rows per expert (1..64), cycled over the experts (default
-// 2,1,3,2,5,1,4,6, about qwen3-30b-a3b T=32 on an EP-4 rank).
+// 2,1,3,2,5,1,4,6, about qwen3-30b-a3b T=32 on an EP-4 rank); --bw-mb: the
+// probe's buffer (default 1024).
+#include <immintrin.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -24,11 +34,13 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/aligned.hpp"
 #include "cpu/ffn.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/pack.hpp"
 #include "cpu/thread_pool.hpp"
+#include "machine_peaks.hpp"
 
 using namespace ep_moe;
 using Clock = std::chrono::steady_clock;
@@ -50,6 +62,24 @@ std::vector<uint16_t> random_bf16(size_t n) {
   return v;
 }
 
+// The plain read: 256 bytes per step in four AVX-512 loads (the bench runs
+// only where the CPU has AVX512_BF16, so AVX-512F is there).
+constexpr size_t kReadStep = 256;
+__attribute__((target("avx512f"))) uint64_t read_sum(const char* p, size_t len) {
+  __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+  for (size_t i = 0; i < len; i += kReadStep) {
+    s0 = _mm512_add_epi64(s0, _mm512_loadu_si512(p + i));
+    s1 = _mm512_add_epi64(s1, _mm512_loadu_si512(p + i + 64));
+    s2 = _mm512_add_epi64(s2, _mm512_loadu_si512(p + i + 128));
+    s3 = _mm512_add_epi64(s3, _mm512_loadu_si512(p + i + 192));
+  }
+  alignas(64) uint64_t lanes[8];
+  _mm512_store_si512(lanes, _mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)));
+  uint64_t sum = 0;
+  for (uint64_t v : lanes) sum += v;
+  return sum;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
@@ -58,7 +88,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int experts = 28, hidden = 2048, inter = 768, blocks = 20;
+  int experts = 28, hidden = 2048, inter = 768, blocks = 20, bw_mb = 1024;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   double block_s = 0.25;
   std::vector<int> rows_pattern = {2, 1, 3, 2, 5, 1, 4, 6};
@@ -74,6 +104,7 @@ int main(int argc, char** argv) {
     else if (a == "--inter") inter = std::atoi(v.c_str());
     else if (a == "--threads") threads = std::atoi(v.c_str());
     else if (a == "--blocks") blocks = std::atoi(v.c_str());
+    else if (a == "--bw-mb") bw_mb = std::atoi(v.c_str());
     else if (a == "--block-seconds") block_s = std::atof(v.c_str());
     else if (a == "--rows") {
       rows_pattern.clear();
@@ -85,10 +116,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (experts < 1 || hidden < 2 || inter < 2 || threads < 1 || blocks < 1 || block_s <= 0 || rows_pattern.empty() ||
+  if (experts < 1 || hidden < 2 || inter < 2 || threads < 1 || blocks < 1 || bw_mb < 1 || block_s <= 0 || rows_pattern.empty() ||
       *std::min_element(rows_pattern.begin(), rows_pattern.end()) < 1 ||
       *std::max_element(rows_pattern.begin(), rows_pattern.end()) > kMaxRows) {
-    std::fprintf(stderr, "need positive --experts, --hidden, --inter, --threads, --blocks, --block-seconds, and "
+    std::fprintf(stderr, "need positive --experts, --hidden, --inter, --threads, --blocks, --bw-mb, --block-seconds, and "
                          "--rows of 1..64\n");
     return 2;
   }
@@ -180,7 +211,10 @@ int main(int argc, char** argv) {
       if (done >= bytes * static_cast<double>(t) / use) cut[t++] = i + 1;
     }
   }
-  auto kernels_only = [&] {
+  // One pass of the tiles over the items [cut[t], cut[t + 1]) of each
+  // thread t, where panel(i) is item i's panel; the next item's panel is
+  // prefetched as FfnRunner's calls do. No activation, no combine.
+  auto tile_pass = [&](auto panel) {
     pool.parallel_for(static_cast<size_t>(use), [&](size_t t, int) {
       const size_t b = cut[t], e = cut[t + 1];
       const uint16_t* a[kMaxRows];
@@ -188,9 +222,25 @@ int main(int argc, char** argv) {
       for (size_t i = b; i < e; ++i) {
         const Item& it = items[i];
         for (int r = 0; r < it.m; ++r) a[r] = it.rows + static_cast<size_t>(r) * static_cast<size_t>(it.ld);
-        const void* next = i + 1 < e ? items[i + 1].w->panel(items[i + 1].p) : nullptr;
-        kern.gemm_bf16(it.m, a, it.w->k, it.w->panel(it.p), c, nr, next);
+        kern.gemm_bf16(it.m, a, it.w->k, panel(i), c, nr, i + 1 < e ? panel(i + 1) : nullptr);
       }
+    });
+  };
+  // The same items with their panels back to back in one buffer: what the
+  // experts' separate buffers (and the boundaries between them) cost.
+  std::vector<size_t> at(items.size() + 1, 0);
+  for (size_t i = 0; i < items.size(); ++i) at[i + 1] = at[i] + items[i].w->panel_elems() * 2;
+  AlignedBuffer flat(at.back());
+  for (size_t i = 0; i < items.size(); ++i)
+    std::memcpy(flat.data<char>() + at[i], items[i].w->panel(items[i].p), at[i + 1] - at[i]);
+  // A plain read of that buffer through the pool, each thread its half:
+  // what any pass can reach after fork, join and the split of the work.
+  std::vector<uint64_t> sink(static_cast<size_t>(use) * 8, 0);  // a cache line per thread
+  auto plain_read = [&] {
+    const size_t n = at.back() / kReadStep * kReadStep;
+    pool.parallel_for(static_cast<size_t>(use), [&](size_t t, int) {
+      const size_t b = n * t / use / kReadStep * kReadStep, e = n * (t + 1) / use / kReadStep * kReadStep;
+      sink[t * 8] += read_sum(flat.data<char>() + b, e - b);
     });
   };
   auto layer_path = [&] {
@@ -202,33 +252,54 @@ int main(int argc, char** argv) {
               "%d threads, %s tiles\n",
               experts, hidden, inter, *std::min_element(rows_pattern.begin(), rows_pattern.end()), max_rows,
               static_cast<long long>(pairs), bytes / 1e6, pool.size(), cpu::isa_name(kern.isa));
-  std::printf("block  kernels GB/s  FfnRunner GB/s  FfnRunner/kernels\n");
-  kernels_only();
-  layer_path();
-  std::vector<double> ratios, kg, lg;
+  // The read bandwidth, measured in every block as ep_moe_bench measures
+  // it next to each decode row: the figure %bw there is against.
+  bench::ReadBandwidth probe(use, bw_mb);
+  // Variant 0 is the probe; the others are passes, each timed for a block.
+  const char* names[] = {"probe", "read", "flat", "tiles", "FfnRunner"};
+  constexpr int kVariants = 5;
+  auto run_pass = [&](int v) {
+    if (v == 1) plain_read();
+    else if (v == 2) tile_pass([&](size_t i) { return static_cast<const void*>(flat.data<char>() + at[i]); });
+    else if (v == 3) tile_pass([&](size_t i) { return items[i].w->panel(items[i].p); });
+    else layer_path();
+  };
+  for (int v = 1; v < kVariants; ++v) run_pass(v);  // warm up
+  std::printf("GB/s of each pass, and in brackets its fraction of the probe in the same block\n");
+  std::printf("block  %6s  %15s  %15s  %15s  %15s  %s\n", names[0], names[1], names[2], names[3], names[4],
+              "FfnRunner/tiles");
+  std::vector<double> gb[kVariants], frac[kVariants], ratios;
   for (int b = 0; b < blocks; ++b) {
-    double gbs[2];
-    for (int ph = 0; ph < 2; ++ph) {
-      const int which = (ph + b) % 2;  // which one goes first alternates
+    double gbs[kVariants];
+    for (int ph = 0; ph < kVariants; ++ph) {
+      const int v = (ph + b) % kVariants;  // which one goes first rotates
+      if (v == 0) {
+        gbs[0] = probe.measure(block_s);
+        continue;
+      }
       double t = 0;
       int n = 0;
       const auto start = Clock::now();
       while (n < 2 || std::chrono::duration<double>(Clock::now() - start).count() < block_s) {
         const auto t0 = Clock::now();
-        if (which == 0) kernels_only();
-        else layer_path();
+        run_pass(v);
         t += std::chrono::duration<double>(Clock::now() - t0).count();
         ++n;
       }
-      gbs[which] = bytes * n / t / 1e9;
+      gbs[v] = (v == 1 ? static_cast<double>(at.back() / kReadStep * kReadStep) : bytes) * n / t / 1e9;
     }
-    kg.push_back(gbs[0]);
-    lg.push_back(gbs[1]);
-    ratios.push_back(gbs[1] / gbs[0]);
-    std::printf("%5d  %12.1f  %14.1f  %17.3f\n", b, gbs[0], gbs[1], gbs[1] / gbs[0]);
+    std::printf("%5d  %6.1f", b, gbs[0]);
+    for (int v = 0; v < kVariants; ++v) {
+      gb[v].push_back(gbs[v]);
+      frac[v].push_back(gbs[v] / std::max(1e-9, gbs[0]));
+      if (v > 0) std::printf("  %6.1f (%5.1f%%)", gbs[v], 100 * gbs[v] / std::max(1e-9, gbs[0]));
+    }
+    ratios.push_back(gbs[4] / gbs[3]);
+    std::printf("  %15.3f\n", gbs[4] / gbs[3]);
   }
-  std::printf("median: kernels %.1f GB/s, FfnRunner %.1f GB/s, FfnRunner/kernels %.3f (min %.3f, max %.3f)\n",
-              median(kg), median(lg), median(ratios), *std::min_element(ratios.begin(), ratios.end()),
+  std::printf("medians over the blocks: probe %.1f GB/s", median(gb[0]));
+  for (int v = 1; v < kVariants; ++v) std::printf(", %s %.1f (%.1f%%)", names[v], median(gb[v]), 100 * median(frac[v]));
+  std::printf("; FfnRunner/tiles %.3f (min %.3f, max %.3f)\n", median(ratios), *std::min_element(ratios.begin(), ratios.end()),
               *std::max_element(ratios.begin(), ratios.end()));
   return 0;
 }
