@@ -116,11 +116,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (experts < 1 || hidden < 2 || inter < 2 || threads < 1 || blocks < 1 || bw_mb < 1 || block_s <= 0 || rows_pattern.empty() ||
-      *std::min_element(rows_pattern.begin(), rows_pattern.end()) < 1 ||
+  if (experts < 1 || hidden < 2 || inter < 2 || threads < 1 || blocks < 1 || bw_mb < 1 || block_s <= 0 ||
+      rows_pattern.empty() || *std::min_element(rows_pattern.begin(), rows_pattern.end()) < 1 ||
       *std::max_element(rows_pattern.begin(), rows_pattern.end()) > kMaxRows) {
-    std::fprintf(stderr, "need positive --experts, --hidden, --inter, --threads, --blocks, --bw-mb, --block-seconds, and "
-                         "--rows of 1..64\n");
+    std::fprintf(stderr, "need positive --experts, --hidden, --inter, --threads, --blocks, --bw-mb, "
+                         "--block-seconds, and --rows of 1..64\n");
     return 2;
   }
   const cpu::Kernels& kern = cpu::kernels_for(cpu::detect_isa());
@@ -255,6 +255,10 @@ int main(int argc, char** argv) {
   // The read bandwidth, measured in every block as ep_moe_bench measures
   // it next to each decode row: the figure %bw there is against.
   bench::ReadBandwidth probe(use, bw_mb);
+  if (probe.measure(0.01) <= 0) {
+    std::fprintf(stderr, "could not allocate the probe's %d MB buffer (--bw-mb)\n", bw_mb);
+    return 1;
+  }
   // Variant 0 is the probe; the others are passes, each timed for a block.
   const char* names[] = {"probe", "read", "flat", "tiles", "FfnRunner"};
   constexpr int kVariants = 5;
@@ -299,7 +303,7 @@ int main(int argc, char** argv) {
   }
   std::printf("medians over the blocks: probe %.1f GB/s", median(gb[0]));
   for (int v = 1; v < kVariants; ++v) std::printf(", %s %.1f (%.1f%%)", names[v], median(gb[v]), 100 * median(frac[v]));
-  std::printf("; FfnRunner/tiles %.3f (min %.3f, max %.3f)\n", median(ratios), *std::min_element(ratios.begin(), ratios.end()),
-              *std::max_element(ratios.begin(), ratios.end()));
+  std::printf("; FfnRunner/tiles %.3f (min %.3f, max %.3f)\n", median(ratios),
+              *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()));
   return 0;
 }
