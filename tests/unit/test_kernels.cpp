@@ -91,7 +91,7 @@ TEST_CASE("gemm kernels match a double product for every ISA, dtype and shape", 
               for (int r = 0; r < n; ++r) REQUIRE(value(buf.data(), dt, static_cast<size_t>(r)) == wf[static_cast<size_t>(r) * k + c]);
             }
 
-            for (int m : {1, kern.mr - 1, kern.mr, kern.mr + 1, 3 * kern.mr + 2}) {
+            for (int m : {1, kern.mr - 1, kern.mr, kern.mr + 1, 12, 13, 3 * kern.mr + 2}) {  // 12: the pair-dot tile
               if (m < 1) continue;
               for (bool dot : {false, true}) {
                 if (dot && (!kern.gemm_bf16 || dt != EP_MOE_DTYPE_BF16)) continue;
