@@ -89,35 +89,62 @@ double fma_scalar(int64_t iters) {
 
 std::atomic<double> g_sink{0};
 
-// Calibrates one thread's rate of fn, then runs every thread for about
-// `seconds`; returns the iterations each thread ran and the wall time.
-double timed_iters(double (*fn)(int64_t), int threads, double seconds, double* dt_out) {
-  int64_t iters = 1 << 16;
+// Iterations of fn per second, summed over `threads` threads running it
+// without pause: the best of 8 windows of seconds / 8 each, as the read
+// bandwidth is measured. Timing one fixed run of every thread instead
+// reported the slower thread's rate: a vCPU held back for a moment (or
+// clocked lower than the one calibrating) pulled the peak down by up to
+// 15 % between runs minutes apart, and prefill rows then read above 100 %.
+double iters_per_second(double (*fn)(int64_t), int threads, double seconds) {
+  // Chunks of about a millisecond, so that progress is published often.
+  int64_t chunk = 1 << 10;
   for (;;) {
     const auto t0 = Clock::now();
-    g_sink = g_sink + fn(iters);
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (dt > 0.02) {
-      iters = static_cast<int64_t>(static_cast<double>(iters) * seconds / dt) + 1;
-      break;
-    }
-    iters *= 4;
+    g_sink = g_sink + fn(chunk);
+    if (std::chrono::duration<double>(Clock::now() - t0).count() > 1e-3) break;
+    chunk *= 2;
   }
+  std::atomic<bool> stop{false};
+  std::vector<std::atomic<int64_t>> done(static_cast<size_t>(threads));
+  for (auto& d : done) d = 0;
   std::vector<std::thread> ts;
-  const auto t0 = Clock::now();
-  for (int t = 0; t < threads; ++t) ts.emplace_back([&] { g_sink = g_sink + fn(iters); });
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      double s = 0;
+      while (!stop.load(std::memory_order_relaxed)) {
+        s += fn(chunk);
+        done[static_cast<size_t>(t)].fetch_add(chunk, std::memory_order_relaxed);
+      }
+      g_sink = g_sink + s;
+    });
+  }
+  auto total = [&] {
+    int64_t n = 0;
+    for (auto& d : done) n += d.load(std::memory_order_relaxed);
+    return static_cast<double>(n);
+  };
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds / 16));  // every thread started
+  double best = 0, n0 = total();
+  auto t0 = Clock::now();
+  for (int w = 0; w < 8; ++w) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds / 8));
+    const double n1 = total();
+    const auto t1 = Clock::now();
+    const double dt = std::chrono::duration<double>(t1 - t0).count();
+    if (dt > 0) best = std::max(best, (n1 - n0) / dt);
+    n0 = n1;
+    t0 = t1;
+  }
+  stop.store(true, std::memory_order_relaxed);
   for (auto& t : ts) t.join();
-  *dt_out = std::chrono::duration<double>(Clock::now() - t0).count();
-  return static_cast<double>(iters);
+  return best;
 }
 }  // namespace
 
 double bf16_dot_peak_gflops(int threads, double seconds) {
 #if defined(__x86_64__)
   if (!__builtin_cpu_supports("avx512bf16")) return 0;
-  double dt = 0;
-  const double iters = timed_iters(dot_bf16, threads, seconds, &dt);
-  return iters * 12.0 * 32.0 * 2.0 * threads / dt / 1e9;
+  return iters_per_second(dot_bf16, threads, seconds) * 12.0 * 32.0 * 2.0 / 1e9;
 #else
   (void)threads;
   (void)seconds;
@@ -140,9 +167,7 @@ double fma_peak_gflops(int threads, double seconds, const char** isa) {
     *isa = "avx2";
   }
 #endif
-  double dt = 0;
-  const double iters = timed_iters(fn, threads, seconds, &dt);
-  return iters * 12.0 * lanes * 2.0 * threads / dt / 1e9;
+  return iters_per_second(fn, threads, seconds) * 12.0 * lanes * 2.0 / 1e9;
 }
 
 namespace {

@@ -7,12 +7,13 @@
 namespace bench {
 
 // f32 FMA throughput of `threads` threads (GFLOP/s, 2 flops per FMA lane)
-// with the widest vector FMA the CPU has, for about `seconds`.
+// with the widest vector FMA the CPU has: the best of 8 windows over about
+// `seconds`.
 double fma_peak_gflops(int threads, double seconds, const char** isa);
 
 // bf16 pair-dot throughput (AVX512_BF16 vdpbf16ps: 32 multiply-adds per
-// instruction, 2 flops each) of `threads` threads for about `seconds`; 0
-// when the CPU lacks AVX512_BF16.
+// instruction, 2 flops each) of `threads` threads, the best of 8 windows
+// over about `seconds`; 0 when the CPU lacks AVX512_BF16.
 double bf16_dot_peak_gflops(int threads, double seconds);
 
 // Read bandwidth of `threads` threads streaming a `megabytes` buffer with
