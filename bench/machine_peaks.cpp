@@ -89,6 +89,31 @@ double fma_scalar(int64_t iters) {
 
 std::atomic<double> g_sink{0};
 
+// The best rate of the sum of the counters in `done` (units per second)
+// over 8 windows of seconds / 8 each, after seconds / 16 for the threads
+// to start: on a shared machine a whole-run mean is pulled down by the
+// moments a neighbour takes a core or the memory bus.
+double best_window_rate(const std::vector<std::atomic<uint64_t>>& done, double seconds) {
+  auto total = [&] {
+    uint64_t n = 0;
+    for (auto& d : done) n += d.load(std::memory_order_relaxed);
+    return static_cast<double>(n);
+  };
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds / 16));
+  double best = 0, n0 = total();
+  auto t0 = Clock::now();
+  for (int w = 0; w < 8; ++w) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds / 8));
+    const double n1 = total();
+    const auto t1 = Clock::now();
+    const double dt = std::chrono::duration<double>(t1 - t0).count();
+    if (dt > 0) best = std::max(best, (n1 - n0) / dt);
+    n0 = n1;
+    t0 = t1;
+  }
+  return best;
+}
+
 // Iterations of fn per second, summed over `threads` threads running it
 // without pause: the best of 8 windows of seconds / 8 each, as the read
 // bandwidth is measured. Timing one fixed run of every thread instead
@@ -105,7 +130,7 @@ double iters_per_second(double (*fn)(int64_t), int threads, double seconds) {
     chunk *= 2;
   }
   std::atomic<bool> stop{false};
-  std::vector<std::atomic<int64_t>> done(static_cast<size_t>(threads));
+  std::vector<std::atomic<uint64_t>> done(static_cast<size_t>(threads));
   for (auto& d : done) d = 0;
   std::vector<std::thread> ts;
   for (int t = 0; t < threads; ++t) {
@@ -113,28 +138,12 @@ double iters_per_second(double (*fn)(int64_t), int threads, double seconds) {
       double s = 0;
       while (!stop.load(std::memory_order_relaxed)) {
         s += fn(chunk);
-        done[static_cast<size_t>(t)].fetch_add(chunk, std::memory_order_relaxed);
+        done[static_cast<size_t>(t)].fetch_add(static_cast<uint64_t>(chunk), std::memory_order_relaxed);
       }
       g_sink = g_sink + s;
     });
   }
-  auto total = [&] {
-    int64_t n = 0;
-    for (auto& d : done) n += d.load(std::memory_order_relaxed);
-    return static_cast<double>(n);
-  };
-  std::this_thread::sleep_for(std::chrono::duration<double>(seconds / 16));  // every thread started
-  double best = 0, n0 = total();
-  auto t0 = Clock::now();
-  for (int w = 0; w < 8; ++w) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(seconds / 8));
-    const double n1 = total();
-    const auto t1 = Clock::now();
-    const double dt = std::chrono::duration<double>(t1 - t0).count();
-    if (dt > 0) best = std::max(best, (n1 - n0) / dt);
-    n0 = n1;
-    t0 = t1;
-  }
+  const double best = best_window_rate(done, seconds);
   stop.store(true, std::memory_order_relaxed);
   for (auto& t : ts) t.join();
   return best;
@@ -248,24 +257,8 @@ double ReadBandwidth::measure(double seconds) {
       g_sink = g_sink + static_cast<double>(s);
     });
   }
-  // The best of 8 windows: on a shared machine a whole-run mean is pulled
-  // down by the moments a neighbour takes the memory bus.
-  auto total = [&] {
-    uint64_t b = 0;
-    for (auto& d : done) b += d.load(std::memory_order_relaxed);
-    return static_cast<double>(b);
-  };
-  std::this_thread::sleep_for(std::chrono::duration<double>(seconds / 16));  // threads started, pages warm
-  double best = 0, b0 = total();
-  auto t0 = Clock::now();
-  for (int w = 0; w < 8; ++w) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(seconds / 8));
-    const double b1 = total();
-    const auto t1 = Clock::now();
-    best = std::max(best, (b1 - b0) / std::chrono::duration<double>(t1 - t0).count() / 1e9);
-    b0 = b1;
-    t0 = t1;
-  }
+  // (Its warm-up before the first window also lets the threads touch the pages.)
+  const double best = best_window_rate(done, seconds) / 1e9;
   stop = true;
   for (auto& t : ts) t.join();
   return best;
