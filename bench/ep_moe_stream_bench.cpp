@@ -200,17 +200,14 @@ int main(int argc, char** argv) {
     for (int32_t p = 0; p < down[static_cast<size_t>(e)].panels(); ++p)
       items.push_back(Item{&down[static_cast<size_t>(e)], p, m, hrows.data(), inter + 32});
   }
-  // Share boundaries: equal bytes per thread.
+  // at[i]: the bytes of the panels before item i. Share boundaries: equal
+  // bytes per thread.
+  std::vector<size_t> at(items.size() + 1, 0);
+  for (size_t i = 0; i < items.size(); ++i) at[i + 1] = at[i] + items[i].w->panel_elems() * 2;
   std::vector<size_t> cut(static_cast<size_t>(use) + 1, items.size());
   cut[0] = 0;
-  {
-    double done = 0;
-    size_t t = 1;
-    for (size_t i = 0; i < items.size() && t < static_cast<size_t>(use); ++i) {
-      done += static_cast<double>(items[i].w->panel_elems()) * 2;
-      if (done >= bytes * static_cast<double>(t) / use) cut[t++] = i + 1;
-    }
-  }
+  for (size_t i = 0, t = 1; i < items.size() && t < static_cast<size_t>(use); ++i)
+    if (static_cast<double>(at[i + 1]) >= bytes * static_cast<double>(t) / use) cut[t++] = i + 1;
   // One pass of the tiles over the items [cut[t], cut[t + 1]) of each
   // thread t, where panel(i) is item i's panel; the next item's panel is
   // prefetched as FfnRunner's calls do. No activation, no combine.
@@ -228,8 +225,6 @@ int main(int argc, char** argv) {
   };
   // The same items with their panels back to back in one buffer: what the
   // experts' separate buffers (and the boundaries between them) cost.
-  std::vector<size_t> at(items.size() + 1, 0);
-  for (size_t i = 0; i < items.size(); ++i) at[i + 1] = at[i] + items[i].w->panel_elems() * 2;
   AlignedBuffer flat(at.back());
   for (size_t i = 0; i < items.size(); ++i)
     std::memcpy(flat.data<char>() + at[i], items[i].w->panel(items[i].p), at[i + 1] - at[i]);

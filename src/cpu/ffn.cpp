@@ -187,8 +187,9 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
   // of 8 dealt out one at a time: with phase A's shares, qwen3 decode in an
   // FfnRunner simulation (32 experts, alternating binaries, this VM's
   // ~80 GB/s state) went T=1 96 -> 103 %, T=8 91 -> 97 %, T=32 85 -> 88 %,
-  // T=64 77 -> 80 % of the read bandwidth; T=512 unchanged. The owner's
-  // claims shrink to a quarter of that near its share's end (parallel_shares):
+  // T=64 77 -> 80 % of the read bandwidth; T=512 unchanged. Near its
+  // share's end an owner claims at most half of what is left, down to the
+  // steal size, a quarter of the grain (parallel_shares):
   // with claims of 16 to the end, a thread waited out its peer's last claim
   // for 0.1-0.35 ms of qwen3 T=32's ~1.6 ms phase B in the ~80 GB/s state.
   const int32_t panels = (hidden_ + nr - 1) / nr;
