@@ -6,11 +6,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <stdexcept>
 #include <string>
 #include <sys/stat.h>
+#include <system_error>
 #include <vector>
 
 #include "../common/reference_moe.hpp"
@@ -158,11 +161,32 @@ inline void write_file(const std::string& path, const std::vector<uint8_t>& b) {
   std::fclose(f);
 }
 
+// A fresh directory under the system's temp directory (TMPDIR honoured),
+// named after `tag`. Every directory made here is removed, with what the
+// test wrote in it, when the test process exits normally: earlier versions
+// left one behind per call, thousands of checkpoint copies over CI runs.
+class TempDirs {
+ public:
+  ~TempDirs() {
+    for (const auto& d : dirs_) {
+      std::error_code ec;  // best effort: a test's exit never throws
+      std::filesystem::remove_all(d, ec);
+    }
+  }
+  std::string make(const std::string& tag) {
+    std::string t = (std::filesystem::temp_directory_path() / ("ep_moe_test_" + tag + "_XXXXXX")).string();
+    if (!mkdtemp(t.data())) throw std::runtime_error("mkdtemp failed for " + t);
+    dirs_.push_back(t);
+    return t;
+  }
+
+ private:
+  std::vector<std::string> dirs_;
+};
+
 inline std::string temp_dir(const std::string& tag) {
-  char tmpl[] = "/tmp/ep_moe_test_XXXXXX";
-  const char* d = mkdtemp(tmpl);
-  if (!d) throw std::runtime_error("mkdtemp failed");
-  return std::string(d) + (tag.empty() ? "" : "");
+  static TempDirs dirs;
+  return dirs.make(tag);
 }
 
 // ---- MoE checkpoints in every naming scheme --------------------------------
