@@ -104,9 +104,10 @@ void dot_rows(int m, const uint16_t* const* a, int k, const void* panel, float* 
   else dot_rows_of<false>(m, a, k, panel, c, ldc, pf, pf_stride);
 }
 
-// Any m, split into register tiles as gemm<> (for_row_tiles).
+// Any m, split into register tiles as gemm<> (for_row_tiles), except that
+// two rows, like one, leave a following panel to the hardware prefetcher.
 void dot_gemm(int m, const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const void* next) {
-  for_row_tiles<kDotRows>(m, panel, panel_steps<1>(k), panel_step<1>(), next,
+  for_row_tiles<kDotRows, 3>(m, panel, panel_steps<1>(k), panel_step<1>(), next,
                           [&](int r0, int rows, const char* pf, int stride, bool l1) {
     dot_rows(rows, a + r0, k, panel, c + static_cast<size_t>(r0) * ldc, ldc, pf, stride, l1);
   });
