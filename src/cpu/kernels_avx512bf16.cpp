@@ -30,15 +30,20 @@ void dot_tile_m(const uint16_t* const* a, int k, const void* panel, float* c, in
   }
   const uint16_t* w = static_cast<const uint16_t*>(panel);
   int kk = 0;
-  for (; kk + 1 < k; kk += 2) {
+  for (const char* n = pf; kk + 1 < k; kk += 2) {
     const uint16_t* q = w + static_cast<size_t>(kk) * NR;
     if (pf) {
-      const char* n = pf + static_cast<size_t>(kk >> 1) * pf_stride;
       _mm_prefetch(n, L1 ? _MM_HINT_T0 : _MM_HINT_T1);
       if (pf_stride > 64) _mm_prefetch(n + 64, L1 ? _MM_HINT_T0 : _MM_HINT_T1);
+      n += pf_stride;
     }
-    const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q));
-    const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + 2 * LANES));
+    // The empty asm keeps the two weight vectors in registers: without it
+    // GCC loads each again for every row (2 * M loads a step instead of 2,
+    // never folded into vdpbf16ps). About 1 % of decode and prefill time.
+    __m512i l0 = _mm512_loadu_si512(q), l1 = _mm512_loadu_si512(q + 2 * LANES);
+    asm("" : "+v"(l0), "+v"(l1));
+    const __m512bh b0 = reinterpret_cast<__m512bh>(l0);
+    const __m512bh b1 = reinterpret_cast<__m512bh>(l1);
 #pragma GCC unroll 16
     for (int i = 0; i < M; ++i) {
       int32_t pair;
