@@ -19,8 +19,6 @@
 // --rows: rows per expert (1..64), cycled over the experts (default
 // 2,1,3,2,5,1,4,6, about qwen3-30b-a3b T=32 on an EP-4 rank); --bw-mb: the
 // probe's buffer (default 1024).
-#include <immintrin.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -60,24 +58,6 @@ std::vector<uint16_t> random_bf16(size_t n) {
     x = static_cast<uint16_t>(0x3c00u + ((s >> 24) & 0x7fu) + ((s >> 16) & 0x8000u));
   }
   return v;
-}
-
-// The plain read: 256 bytes per step in four AVX-512 loads (the bench runs
-// only where the CPU has AVX512_BF16, so AVX-512F is there).
-constexpr size_t kReadStep = 256;
-__attribute__((target("avx512f"))) uint64_t read_sum(const char* p, size_t len) {
-  __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
-  for (size_t i = 0; i < len; i += kReadStep) {
-    s0 = _mm512_add_epi64(s0, _mm512_loadu_si512(p + i));
-    s1 = _mm512_add_epi64(s1, _mm512_loadu_si512(p + i + 64));
-    s2 = _mm512_add_epi64(s2, _mm512_loadu_si512(p + i + 128));
-    s3 = _mm512_add_epi64(s3, _mm512_loadu_si512(p + i + 192));
-  }
-  alignas(64) uint64_t lanes[8];
-  _mm512_store_si512(lanes, _mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)));
-  uint64_t sum = 0;
-  for (uint64_t v : lanes) sum += v;
-  return sum;
 }
 
 double median(std::vector<double> v) {
@@ -231,11 +211,13 @@ int main(int argc, char** argv) {
   // A plain read of that buffer through the pool, each thread its half:
   // what any pass can reach after fork, join and the split of the work.
   std::vector<uint64_t> sink(static_cast<size_t>(use) * 8, 0);  // a cache line per thread
+  // The probe's own read loop (bench::sum_words) over 64-byte lines.
+  const size_t read_bytes = at.back() / 64 * 64;
   auto plain_read = [&] {
-    const size_t n = at.back() / kReadStep * kReadStep;
+    const size_t lines = read_bytes / 64;
     pool.parallel_for(static_cast<size_t>(use), [&](size_t t, int) {
-      const size_t b = n * t / use / kReadStep * kReadStep, e = n * (t + 1) / use / kReadStep * kReadStep;
-      sink[t * 8] += read_sum(flat.data<char>() + b, e - b);
+      const size_t b = lines * t / use * 64, e = lines * (t + 1) / use * 64;
+      sink[t * 8] += bench::sum_words(reinterpret_cast<const uint64_t*>(flat.data<char>() + b), (e - b) / 8);
     });
   };
   auto layer_path = [&] {
@@ -285,7 +267,7 @@ int main(int argc, char** argv) {
         t += std::chrono::duration<double>(Clock::now() - t0).count();
         ++n;
       }
-      gbs[v] = (v == 1 ? static_cast<double>(at.back() / kReadStep * kReadStep) : bytes) * n / t / 1e9;
+      gbs[v] = (v == 1 ? static_cast<double>(read_bytes) : bytes) * n / t / 1e9;
     }
     std::printf("%5d  %6.1f", b, gbs[0]);
     for (int v = 0; v < kVariants; ++v) {

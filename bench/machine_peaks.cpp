@@ -212,6 +212,13 @@ uint64_t sum_scalar(const uint64_t* p, size_t n) {
 }
 }  // namespace
 
+uint64_t sum_words(const uint64_t* p, size_t n) {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2")) return sum_avx2(p, n);
+#endif
+  return sum_scalar(p, n);
+}
+
 ReadBandwidth::ReadBandwidth(int threads, int megabytes) : threads_(threads) {
   const size_t n = (static_cast<size_t>(megabytes) << 20) / sizeof(uint64_t);
   // 2 MiB aligned with transparent huge pages asked for, as the library's
@@ -234,10 +241,6 @@ double ReadBandwidth::measure(double seconds) {
   const size_t n = n_;
   const int threads = threads_;
   const uint64_t* buf = static_cast<const uint64_t*>(buf_);
-  uint64_t (*sum)(const uint64_t*, size_t) = sum_scalar;
-#if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx2")) sum = sum_avx2;
-#endif
   std::atomic<bool> stop{false};
   std::vector<std::atomic<uint64_t>> done(static_cast<size_t>(threads));
   for (auto& d : done) d = 0;
@@ -251,7 +254,7 @@ double ReadBandwidth::measure(double seconds) {
       while (!stop.load(std::memory_order_relaxed))
         for (size_t i = lo; i < hi && !stop.load(std::memory_order_relaxed); i += chunk) {
           const size_t len = std::min(chunk, hi - i);
-          s += sum(buf + i, len);
+          s += sum_words(buf + i, len);
           done[static_cast<size_t>(t)].fetch_add(len * sizeof(uint64_t), std::memory_order_relaxed);
         }
       g_sink = g_sink + static_cast<double>(s);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace bench {
 
@@ -34,6 +35,11 @@ class ReadBandwidth {
   size_t n_ = 0;  // uint64_t elements
   void* buf_ = nullptr;
 };
+
+// The sum of the n 64-bit words at p (32-byte aligned): the read loop
+// ReadBandwidth times, with the same loads, for a caller that times a
+// plain read of its own buffer against the probe.
+uint64_t sum_words(const uint64_t* p, size_t n);
 
 // memcpy rate of ONE of `threads` threads running at the same time, each
 // copying its own `bytes`-byte buffer over and over (bytes copied per
