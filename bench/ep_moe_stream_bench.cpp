@@ -120,8 +120,6 @@ int main(int argc, char** argv) {
       cpu::pack_gate_up_half(gate_up[e], cpu::Source{src.data(), EP_MOE_DTYPE_BF16, hidden}, half, inter);
     cpu::pack(down[e], cpu::Source{src.data(), EP_MOE_DTYPE_BF16, inter}, hidden, inter, nr, EP_MOE_DTYPE_BF16);
   }
-  double bytes = 0;
-  for (int e = 0; e < experts; ++e) bytes += static_cast<double>(gate_up[static_cast<size_t>(e)].bytes() + down[static_cast<size_t>(e)].bytes());
 
   // Jobs: expert e takes rows_pattern[e % size] token rows out of T tokens.
   const int max_rows = *std::max_element(rows_pattern.begin(), rows_pattern.end());
@@ -184,6 +182,7 @@ int main(int argc, char** argv) {
   // bytes per thread.
   std::vector<size_t> at(items.size() + 1, 0);
   for (size_t i = 0; i < items.size(); ++i) at[i + 1] = at[i] + items[i].w->panel_elems() * 2;
+  const double bytes = static_cast<double>(at.back());  // every expert's weights, once per pass
   std::vector<size_t> cut(static_cast<size_t>(use) + 1, items.size());
   cut[0] = 0;
   for (size_t i = 0, t = 1; i < items.size() && t < static_cast<size_t>(use); ++i)
