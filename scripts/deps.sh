@@ -7,7 +7,10 @@ what=${1:-test}
 
 build_pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libopenmpi-dev openmpi-bin)
 test_pkgs=(catch2 doxygen clang libclang-rt-14-dev python3 python3-venv golang-go abigail-tools
-           libopenblas-dev libdnnl-dev)  # the last two: the GEMM engine benchmark only
+           libopenblas-dev libdnnl-dev ocl-icd-opencl-dev)
+# The last three: the GEMM engine benchmark only. ocl-icd-opencl-dev is only a
+# Recommends of libdnnl-dev, but Debian's dnnl-config.cmake needs OpenCL
+# (find_package(OpenCL REQUIRED)), and --no-install-recommends leaves it out.
 
 pkgs=("${build_pkgs[@]}")
 if [ "$what" = test ]; then pkgs+=("${test_pkgs[@]}"); fi
