@@ -255,9 +255,16 @@ int main(int argc, char** argv) {
           if (have_dnnl) check("oneDNN", onednn);
         }
 
-        std::printf("%-16s %-5s %5d %9.1f %9.1f %9.1f %8.2fx %8.2fx\n", sh.name, bf16 ? "bf16" : "f32", M,
-                    flops / t_ours / 1e9, flops / t_blas / 1e9, flops / t_dnnl / 1e9, t_ours / t_blas,
-                    t_ours / t_dnnl);
+        // An engine that could not run this type shows "-".
+        const auto col = [](double v, const char* fmt) {
+          char b[32];
+          if (std::isnan(v)) std::snprintf(b, sizeof b, "%s", "-");
+          else std::snprintf(b, sizeof b, fmt, v);
+          return std::string(b);
+        };
+        std::printf("%-16s %-5s %5d %9.1f %9s %9s %9s %9s\n", sh.name, bf16 ? "bf16" : "f32", M, flops / t_ours / 1e9,
+                    col(flops / t_blas / 1e9, "%.1f").c_str(), col(flops / t_dnnl / 1e9, "%.1f").c_str(),
+                    col(t_ours / t_blas, "%.2fx").c_str(), col(t_ours / t_dnnl, "%.2fx").c_str());
         std::fflush(stdout);
       }
     }
