@@ -90,6 +90,13 @@ struct Row {
   std::string peak_kind;
   double row_peak = 0;                      // the GFLOP/s gflops_frac is against
   double peak_before = 0, peak_after = 0;   // the peaks around a compute row (0: not measured)
+  // The roofline: the row's time can be no lower than the larger of
+  // bytes / row_bw and flops / row_peak, so its fraction of that bound is
+  // the larger of weight_frac and gflops_frac, and the larger one names
+  // what binds (on AVX2, widened bf16 at 8 rows per expert is bound by
+  // arithmetic, not bandwidth).
+  bool compute_bound() const { return gflops_frac > weight_frac; }
+  double roofline_frac() const { return compute_bound() ? gflops_frac : weight_frac; }
   int64_t local_pairs = 0, active_experts = 0;
 };
 
@@ -283,10 +290,13 @@ int main(int argc, char** argv) {
               kLocalBwTokens);
   std::printf("%%bw is against rowBW: for T <= %d the read bandwidth measured again just before and just after the "
               "row (the higher of the two), else the one above; a row whose two probes differ by more than %.0f %% is "
-              "measured again, up to %d times, and marked ~ if none was steady\n\n",
+              "measured again, up to %d times, and marked ~ if none was steady\n",
               kLocalBwTokens, 100 * kBwJump, kRowAttempts);
-  std::printf("%-14s %4s %6s %-7s %9s %9s %11s %9s %6s %7s %9s %6s %6s %7s %6s\n", "preset", "ep", "tokens", "strat",
-              "ms", "expert_ms", "tokens/s", "GFLOP/s", "%peak", "rowPk", "wGB/s", "rowBW", "%bw", "pairs", "active");
+  std::printf("bound names what binds the row by the roofline, the larger of %%peak and %%bw: bw (the read bandwidth) "
+              "or pk (the peak)\n\n");
+  std::printf("%-14s %4s %6s %-7s %9s %9s %11s %9s %6s %7s %9s %6s %6s %6s %7s %6s\n", "preset", "ep", "tokens", "strat",
+              "ms", "expert_ms", "tokens/s", "GFLOP/s", "%peak", "rowPk", "wGB/s", "rowBW", "%bw", "bound", "pairs",
+              "active");
 
   std::vector<Row> rows;
   int max_tokens = *std::max_element(o.tokens.begin(), o.tokens.end());
@@ -435,10 +445,10 @@ int main(int argc, char** argv) {
         r.bw_steady = steady;
         r.attempts = attempt;
         r.weight_frac = r.weight_gbs / row_bw;
-        std::printf("%-14s %4d %6d %-7s %9.3f %9.3f %11.1f %9.1f %5.1f%% %7.1f %9.1f %6.1f %5.1f%%%c %6lld %6lld\n",
+        std::printf("%-14s %4d %6d %-7s %9.3f %9.3f %11.1f %9.1f %5.1f%% %7.1f %9.1f %6.1f %5.1f%%%c %5s %6lld %6lld\n",
                     name.c_str(), ep, T, r.strategy.c_str(), r.ms, r.expert_ms, r.tokens_per_s, r.gflops,
                     100 * r.gflops_frac, r.row_peak, r.weight_gbs, r.row_bw, 100 * r.weight_frac, steady ? ' ' : '~',
-                    static_cast<long long>(r.local_pairs),
+                    r.compute_bound() ? "pk" : "bw", static_cast<long long>(r.local_pairs),
                     static_cast<long long>(r.active_experts));
         std::fflush(stdout);
         rows.push_back(r);
@@ -510,12 +520,13 @@ int main(int argc, char** argv) {
                    "\"iters\": %d, \"ms\": %.6f, \"expert_ms\": %.6f, \"tokens_per_s\": %.3f, \"gflops\": %.3f, \"gflops_frac_peak\": "
                    "%.5f, \"peak\": \"%s\", \"row_peak_gflops\": %.3f, \"peak_before_gflops\": %.3f, \"peak_after_gflops\": %.3f, "
                    "\"weight_gbs\": %.3f, \"row_read_bandwidth_gbs\": %.3f, \"weight_frac_bw\": %.5f, "
-                   "\"bw_before_gbs\": %.3f, \"bw_after_gbs\": %.3f, \"bw_steady\": %s, \"attempts\": %d, \"local_pairs\": %lld, "
-                   "\"active_experts\": %lld}%s\n",
+                   "\"bw_before_gbs\": %.3f, \"bw_after_gbs\": %.3f, \"bw_steady\": %s, \"attempts\": %d, "
+                   "\"bound\": \"%s\", \"roofline_frac\": %.5f, \"local_pairs\": %lld, \"active_experts\": %lld}%s\n",
                    r.preset.c_str(), r.ep, r.tokens, r.strategy.c_str(), r.threads, r.iters, r.ms, r.expert_ms,
                    r.tokens_per_s,
                    r.gflops, r.gflops_frac, r.peak_kind.c_str(), r.row_peak, r.peak_before, r.peak_after, r.weight_gbs, r.row_bw, r.weight_frac, r.bw_before, r.bw_after,
-                   r.bw_steady ? "true" : "false", r.attempts, static_cast<long long>(r.local_pairs),
+                   r.bw_steady ? "true" : "false", r.attempts, r.compute_bound() ? "compute" : "bandwidth",
+                   r.roofline_frac(), static_cast<long long>(r.local_pairs),
                    static_cast<long long>(r.active_experts), i + 1 < rows.size() ? "," : "");
     }
     std::fprintf(f, "  ],\n  \"dispatch\": [\n");
