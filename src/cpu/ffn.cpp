@@ -124,14 +124,21 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
     if (dot) k_.to_bf16(hv, hb + row * ldh_ + static_cast<int64_t>(p) * h, h);
   };
   // A segment of one row (decode) goes through its runs of panels in gemv
-  // calls, when the kernels have one for its weights (both phases).
-  const auto one_row = [&](const Segment& sg, const PackedWeight& w) {
-    return sg.len == 1 && (dot ? k_.gemv_bf16 != nullptr : k_.gemv[w.dtype] != nullptr);
+  // calls, when the kernels have one for its weights, and a segment of 2 ..
+  // run_rows rows through gemm_run, where the kernels have it (both
+  // phases): run_rows_of gives the rows of such a segment, else 0.
+  const auto run_rows_of = [&](const Segment& sg, const PackedWeight& w) -> int {
+    if (sg.len == 1 && (dot ? k_.gemv_bf16 != nullptr : k_.gemv[w.dtype] != nullptr)) return 1;
+    if (!dot && sg.len >= 2 && sg.len <= k_.run_rows && k_.gemm_run[w.dtype]) return static_cast<int>(sg.len);
+    return 0;
   };
-  const auto gemv = [&](const PackedWeight& w, const float* row, const uint16_t* row16, int32_t p, int run,
-                        float* c, const void* next) {
-    if (dot) k_.gemv_bf16(row16, w.k, w.panel(p), run, c, next);
-    else k_.gemv[w.dtype](row, w.k, w.panel(p), run, c, next);
+  // Rows a[0 .. m) (row16: the bf16 one, for m = 1 on the dot tiles) over
+  // `run` panels from p: row i's results at c + i * run * nr.
+  const auto run_panels = [&](const PackedWeight& w, int m, const float* const* a, const uint16_t* row16, int32_t p,
+                              int run, float* c, const void* next) {
+    if (m > 1) k_.gemm_run[w.dtype](m, a, w.k, w.panel(p), run, c, run * nr, next);
+    else if (dot) k_.gemv_bf16(row16, w.k, w.panel(p), run, c, next);
+    else k_.gemv[w.dtype](a[0], w.k, w.panel(p), run, c, next);
   };
   pool.parallel_shares(static_cast<size_t>(all_panels), grain_a, grain_a, [&](size_t b, size_t e, size_t nx, int) {
     const float* a[kRows];
@@ -149,11 +156,13 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
                : nx < static_cast<size_t>(all_panels) ? gate_up_panel(static_cast<int64_t>(nx), si)
                                                        : nullptr;
       };
-      if (one_row(s, w)) {
-        const int64_t run = std::min<int64_t>({static_cast<int64_t>(e), first[si + 1], q + kRows * 32 / nr}) - q;
-        gemv(w, x ? x + static_cast<int64_t>(s.job->rows[s.begin]) * ldx : nullptr, xb ? xb + s.offset * ldxb_ : nullptr,
-             p, static_cast<int>(run), c, next_after(q + run));
-        for (int64_t j = 0; j < run; ++j) activate_row(c + j * nr, s.offset, p + static_cast<int32_t>(j));
+      if (const int rr = run_rows_of(s, w)) {
+        const int64_t run = std::min<int64_t>({static_cast<int64_t>(e), first[si + 1], q + kRows * 32 / (nr * rr)}) - q;
+        for (int i = 0; i < rr; ++i) a[i] = x ? x + static_cast<int64_t>(s.job->rows[s.begin + i]) * ldx : nullptr;
+        run_panels(w, rr, a, xb ? xb + s.offset * ldxb_ : nullptr, p, static_cast<int>(run), c, next_after(q + run));
+        for (int i = 0; i < rr; ++i)
+          for (int64_t j = 0; j < run; ++j)
+            activate_row(c + (i * run + j) * nr, s.offset + i, p + static_cast<int32_t>(j));
         q += run;
         continue;
       }
@@ -210,13 +219,14 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
                : nx < static_cast<size_t>(panels) ? segs[0].job->down->panel(static_cast<int32_t>(nx))
                                                    : nullptr;
       };
-      if (one_row(s, w)) {
-        // The claim's panels in runs through gemv, each run's columns
-        // combined in one call (the same sums as per panel).
+      if (const int rr = run_rows_of(s, w)) {
+        // The claim's panels in runs through gemv / gemm_run, each run's
+        // columns combined in one call (the same sums as per panel).
+        for (int i = 0; i < rr; ++i) a[i] = hbuf + (s.offset + i) * ldh_;
         for (int32_t p = p0; p < p_end;) {
-          const int32_t run = std::min(p_end - p, kRows * 32 / nr), col0 = p * nr;
-          gemv(w, hbuf + s.offset * ldh_, hb ? hb + s.offset * ldh_ : nullptr, p, run, c, next_after(p + run));
-          k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin, s.job->weights + s.begin, c, run * nr, 1,
+          const int32_t run = std::min(p_end - p, kRows * 32 / (nr * rr)), col0 = p * nr;
+          run_panels(w, rr, a, hb ? hb + s.offset * ldh_ : nullptr, p, run, c, next_after(p + run));
+          k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin, s.job->weights + s.begin, c, run * nr, rr,
                          std::min(run * nr, hidden_ - col0));
           p += run;
         }

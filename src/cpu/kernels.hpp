@@ -30,6 +30,13 @@ using GemmBf16Fn = void (*)(int m, const uint16_t* const* a, int k, const void* 
 // four accumulator chains run instead of two. `next`: as for GemmFn, the
 // panel the caller uses after the last of them.
 using GemvFn = void (*)(const float* a, int k, const void* panel, int np, float* c, const void* next);
+// m rows (2 <= m <= Kernels::run_rows) through np consecutive panels:
+// c[i * ldc + j * nr + col] for row i and panel j. The same bits as np
+// GemmFn calls; two panels at a time, so each row has four accumulator
+// chains instead of two (AVX2, where a 2-row tile waited on the FMA
+// latency). `next`: as for GemvFn.
+using GemmRunFn = void (*)(int m, const float* const* a, int k, const void* panel, int np, float* c, int ldc,
+                           const void* next);
 using GemvBf16Fn = void (*)(const uint16_t* a, int k, const void* panel, int np, float* c, const void* next);
 
 struct Kernels {
@@ -56,6 +63,10 @@ struct Kernels {
   // Where set (null: call gemm with m = 1 per panel).
   GemvFn gemv[3] = {nullptr, nullptr, nullptr};  // by weight dtype
   GemvBf16Fn gemv_bf16 = nullptr;                // with gemm_bf16
+  // Where set, rows 2 .. run_rows of an expert go through gemm_run (by
+  // weight dtype; f32 activations only).
+  GemmRunFn gemm_run[3] = {nullptr, nullptr, nullptr};
+  int run_rows = 1;
 };
 
 const Kernels& kernels_for(Isa isa);

@@ -113,7 +113,8 @@ void scatter_add(float* acc, int64_t ldacc, const int32_t* rows, const float* w,
 const Kernels& kernels_avx2() {
   static const Kernels k{Isa::Avx2, NR, MR, {gemm<0>, gemm<1>, gemm<2>}, nullptr,
                          row_to_bf16, row_from_bf16, row_to_f16, row_from_f16, silu_mul, axpy, scatter_add,
-                         {gemv<0>, gemv<1>, gemv<2>}, nullptr};
+                         {gemv<0>, gemv<1>, gemv<2>}, nullptr, {gemm_run<0>, gemm_run<1>, gemm_run<2>},
+                         kRunRows};
   return k;
 }
 
