@@ -145,7 +145,8 @@ TEST_CASE("gemm kernels match a double product for every ISA, dtype and shape", 
   }
 }
 
-TEST_CASE("gemv gives gemm's bits for one row over every run of panels", "[unit][kernels]") {
+TEST_CASE("gemv (one row) and gemm_run (up to run_rows) give gemm's bits over every run of panels",
+          "[unit][kernels]") {
   std::mt19937 rng(Catch::rngSeed() + 13u);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   int checked = 0;
@@ -153,100 +154,63 @@ TEST_CASE("gemv gives gemm's bits for one row over every run of panels", "[unit]
     const cpu::Kernels& kern = cpu::kernels_for(isa);
     for (ep_moe_dtype_t dt : {EP_MOE_DTYPE_F32, EP_MOE_DTYPE_BF16, EP_MOE_DTYPE_F16}) {
       for (bool dot : {false, true}) {
-        if (dot ? !kern.gemv_bf16 || dt != EP_MOE_DTYPE_BF16 : !kern.gemv[dt]) continue;
-        for (int k : {1, 2, 7, 64, 131}) {
-          const int n = 6 * kern.nr - 3;  // six panels, the last one padded
-          std::vector<float> wf;
-          std::vector<uint16_t> w16;
-          random_weight(n, k, dt, rng, &wf, &w16);
-          cpu::Source s{dt == EP_MOE_DTYPE_F32 ? static_cast<const void*>(wf.data()) : w16.data(), dt, k};
-          cpu::PackedWeight pw, other;
-          cpu::pack(pw, s, n, k, kern.nr, dt);
-          cpu::pack(other, s, kern.nr, k, kern.nr, dt);  // a panel elsewhere, for `next`
-          std::vector<float> a(static_cast<size_t>(k));
-          std::vector<uint16_t> ab(a.size());
-          for (size_t i = 0; i < a.size(); ++i) {
-            ab[i] = f32_to_bf16(nd(rng));
-            a[i] = dot ? bf16_to_f32(ab[i]) : nd(rng);
-          }
-          const float* row = a.data();
-          const uint16_t* row16 = ab.data();
-          const int P = pw.panels();
-          for (int p = 0; p < P; ++p)
-            for (int np = 1; p + np <= P; ++np)
-              for (int nk = 0; nk < 3; ++nk) {
-                // next: the panel that follows, none, or one elsewhere.
-                const void* next = nk == 0 ? (p + np < P ? pw.panel(p + np) : nullptr) : nk == 1 ? nullptr : other.panel(0);
-                INFO("isa " << cpu::isa_name(isa) << " dtype " << dt << (dot ? " bf16 dot" : "") << " k " << k
-                            << " panels " << p << ".." << p + np << " next " << nk);
-                std::vector<float> got(static_cast<size_t>(np + 1) * kern.nr, -777.0f);
-                if (dot) kern.gemv_bf16(row16, k, pw.panel(p), np, got.data(), next);
-                else kern.gemv[dt](row, k, pw.panel(p), np, got.data(), next);
-                for (int j = 0; j < np; ++j) {
-                  std::vector<float> want(static_cast<size_t>(kern.nr), -1.0f);
-                  if (dot) kern.gemm_bf16(1, &row16, k, pw.panel(p + j), want.data(), kern.nr, nullptr);
-                  else kern.gemm[dt](1, &row, k, pw.panel(p + j), want.data(), kern.nr, nullptr);
-                  REQUIRE(std::memcmp(got.data() + static_cast<size_t>(j) * kern.nr, want.data(), want.size() * 4) == 0);
+        if (dot && (!kern.gemv_bf16 || dt != EP_MOE_DTYPE_BF16)) continue;
+        // m = 1 through gemv (or the bf16 dot one), 2 .. run_rows through gemm_run.
+        const int max_m = dot ? 1 : kern.gemm_run[dt] ? kern.run_rows : 1;
+        for (int m = dot || kern.gemv[dt] ? 1 : 2; m <= max_m; ++m) {
+          for (int k : {1, 2, 7, 64, 131}) {
+            const int n = 6 * kern.nr - 3;  // six panels, the last one padded
+            std::vector<float> wf;
+            std::vector<uint16_t> w16;
+            random_weight(n, k, dt, rng, &wf, &w16);
+            cpu::Source s{dt == EP_MOE_DTYPE_F32 ? static_cast<const void*>(wf.data()) : w16.data(), dt, k};
+            cpu::PackedWeight pw, other;
+            cpu::pack(pw, s, n, k, kern.nr, dt);
+            cpu::pack(other, s, kern.nr, k, kern.nr, dt);  // a panel elsewhere, for `next`
+            // m rows k + 3 apart, f32 and (for the dot kernel) bf16.
+            const size_t lda = static_cast<size_t>(k) + 3;
+            std::vector<float> a(static_cast<size_t>(m) * lda);
+            std::vector<uint16_t> ab(a.size());
+            for (size_t i = 0; i < a.size(); ++i) {
+              ab[i] = f32_to_bf16(nd(rng));
+              a[i] = dot ? bf16_to_f32(ab[i]) : nd(rng);
+            }
+            std::vector<const float*> rows(static_cast<size_t>(m));
+            for (int i = 0; i < m; ++i) rows[static_cast<size_t>(i)] = a.data() + static_cast<size_t>(i) * lda;
+            const uint16_t* row16 = ab.data();
+            const int P = pw.panels();
+            for (int p = 0; p < P; ++p)
+              for (int np = 1; p + np <= P; ++np)
+                for (int nk = 0; nk < 3; ++nk) {
+                  // next: the panel that follows, none, or one elsewhere.
+                  const void* next = nk == 0 ? (p + np < P ? pw.panel(p + np) : nullptr) : nk == 1 ? nullptr : other.panel(0);
+                  INFO("isa " << cpu::isa_name(isa) << " dtype " << dt << (dot ? " bf16 dot" : "") << " rows " << m
+                              << " k " << k << " panels " << p << ".." << p + np << " next " << nk);
+                  // Row i at got[i * ldc]: np panels' columns, then one spare
+                  // panel's, which must stay untouched.
+                  const int ldc = (np + 1) * kern.nr;
+                  std::vector<float> got(static_cast<size_t>(m) * ldc, -777.0f);
+                  if (dot) kern.gemv_bf16(row16, k, pw.panel(p), np, got.data(), next);
+                  else if (m == 1) kern.gemv[dt](rows[0], k, pw.panel(p), np, got.data(), next);
+                  else kern.gemm_run[dt](m, rows.data(), k, pw.panel(p), np, got.data(), ldc, next);
+                  for (int j = 0; j < np; ++j) {
+                    std::vector<float> want(static_cast<size_t>(m) * kern.nr, -1.0f);
+                    if (dot) kern.gemm_bf16(1, &row16, k, pw.panel(p + j), want.data(), kern.nr, nullptr);
+                    else kern.gemm[dt](m, rows.data(), k, pw.panel(p + j), want.data(), kern.nr, nullptr);
+                    for (int i = 0; i < m; ++i)
+                      REQUIRE(std::memcmp(got.data() + static_cast<size_t>(i) * ldc + static_cast<size_t>(j) * kern.nr,
+                                          want.data() + static_cast<size_t>(i) * kern.nr, kern.nr * sizeof(float)) == 0);
+                  }
+                  for (int i = 0; i < m; ++i)
+                    for (int c = np * kern.nr; c < ldc; ++c) REQUIRE(got[static_cast<size_t>(i) * ldc + c] == -777.0f);
+                  ++checked;
                 }
-                for (size_t i = static_cast<size_t>(np) * kern.nr; i < got.size(); ++i) REQUIRE(got[i] == -777.0f);
-                ++checked;
-              }
+          }
         }
       }
     }
   }
   INFO("no ISA here has a gemv kernel");
-  CHECK((checked > 0 || cpu::detect_isa() == cpu::Isa::Generic));
-}
-
-TEST_CASE("gemm_run gives gemm's bits for 2 and 3 rows over every run of panels", "[unit][kernels]") {
-  std::mt19937 rng(Catch::rngSeed() + 17u);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  int checked = 0;
-  for (cpu::Isa isa : isas_here()) {
-    const cpu::Kernels& kern = cpu::kernels_for(isa);
-    for (ep_moe_dtype_t dt : {EP_MOE_DTYPE_F32, EP_MOE_DTYPE_BF16, EP_MOE_DTYPE_F16}) {
-      if (!kern.gemm_run[dt]) continue;
-      for (int m = 2; m <= kern.run_rows; ++m) {
-        for (int k : {1, 2, 7, 64, 131}) {
-          const int n = 5 * kern.nr - 3;  // five panels, the last one padded
-          std::vector<float> wf;
-          std::vector<uint16_t> w16;
-          random_weight(n, k, dt, rng, &wf, &w16);
-          cpu::Source s{dt == EP_MOE_DTYPE_F32 ? static_cast<const void*>(wf.data()) : w16.data(), dt, k};
-          cpu::PackedWeight pw, other;
-          cpu::pack(pw, s, n, k, kern.nr, dt);
-          cpu::pack(other, s, kern.nr, k, kern.nr, dt);  // a panel elsewhere, for `next`
-          std::vector<float> a(static_cast<size_t>(m) * (k + 3));  // rows k + 3 apart
-          for (auto& x : a) x = nd(rng);
-          std::vector<const float*> rows(static_cast<size_t>(m));
-          for (int i = 0; i < m; ++i) rows[static_cast<size_t>(i)] = a.data() + static_cast<size_t>(i) * (k + 3);
-          const int P = pw.panels();
-          for (int p = 0; p < P; ++p)
-            for (int np = 1; p + np <= P; ++np)
-              for (int nk = 0; nk < 3; ++nk) {
-                const void* next = nk == 0 ? (p + np < P ? pw.panel(p + np) : nullptr) : nk == 1 ? nullptr : other.panel(0);
-                INFO("isa " << cpu::isa_name(isa) << " dtype " << dt << " m " << m << " k " << k << " panels " << p
-                            << ".." << p + np << " next " << nk);
-                const int ldc = (np + 1) * kern.nr;  // a spare panel's columns per row, which must stay untouched
-                std::vector<float> got(static_cast<size_t>(m) * ldc, -777.0f);
-                kern.gemm_run[dt](m, rows.data(), k, pw.panel(p), np, got.data(), ldc, next);
-                for (int j = 0; j < np; ++j) {
-                  std::vector<float> want(static_cast<size_t>(m) * kern.nr, -1.0f);
-                  kern.gemm[dt](m, rows.data(), k, pw.panel(p + j), want.data(), kern.nr, nullptr);
-                  for (int i = 0; i < m; ++i)
-                    REQUIRE(std::memcmp(got.data() + static_cast<size_t>(i) * ldc + static_cast<size_t>(j) * kern.nr,
-                                        want.data() + static_cast<size_t>(i) * kern.nr, kern.nr * sizeof(float)) == 0);
-                }
-                for (int i = 0; i < m; ++i)
-                  for (int c = np * kern.nr; c < ldc; ++c) REQUIRE(got[static_cast<size_t>(i) * ldc + c] == -777.0f);
-                ++checked;
-              }
-        }
-      }
-    }
-  }
-  INFO("no ISA here has a gemm_run kernel");
   CHECK((checked > 0 || cpu::detect_isa() == cpu::Isa::Generic));
 }
 
