@@ -30,6 +30,8 @@ using GemmBf16Fn = void (*)(int m, const uint16_t* const* a, int k, const void* 
 // four accumulator chains run instead of two. `next`: as for GemmFn, the
 // panel the caller uses after the last of them.
 using GemvFn = void (*)(const float* a, int k, const void* panel, int np, float* c, const void* next);
+using GemvBf16Fn = void (*)(const uint16_t* a, int k, const void* panel, int np, float* c, const void* next);
+
 // m rows (2 <= m <= Kernels::run_rows) through np consecutive panels:
 // c[i * ldc + j * nr + col] for row i and panel j. The same bits as np
 // GemmFn calls; two panels at a time, so each row has four accumulator
@@ -37,7 +39,6 @@ using GemvFn = void (*)(const float* a, int k, const void* panel, int np, float*
 // latency). `next`: as for GemvFn.
 using GemmRunFn = void (*)(int m, const float* const* a, int k, const void* panel, int np, float* c, int ldc,
                            const void* next);
-using GemvBf16Fn = void (*)(const uint16_t* a, int k, const void* panel, int np, float* c, const void* next);
 
 struct Kernels {
   Isa isa;
