@@ -230,8 +230,7 @@ int main(int argc, char** argv) {
               double d = 0;
               for (int k = 0; k < K; ++k) {
                 const size_t ai = static_cast<size_t>(check_rows[r]) * K + k, wi = static_cast<size_t>(n) * K + k;
-                d += bf16 ? static_cast<double>(ep_moe::bf16_to_f32(ab[ai])) * ep_moe::bf16_to_f32(wb[0][wi])
-                          : static_cast<double>(a[ai]) * wf[0][wi];
+                d += static_cast<double>(a[ai]) * (bf16 ? ep_moe::bf16_to_f32(wb[0][wi]) : wf[0][wi]);
               }
               ref[static_cast<size_t>(r) * N + n] = d;
               scale = std::max(scale, std::fabs(d));
