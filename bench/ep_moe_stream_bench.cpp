@@ -12,7 +12,12 @@
 //   FfnRunner  the layer's expert path (activation, combine, scheduling).
 // For decode-like jobs (a few rows per expert) every pass is bound by
 // reading the weights; each step down the list shows what one more part
-// costs. Uses the library's internals, not its C API.
+// costs. The tiles are the ones the layer runs on this CPU: the bf16
+// dot-product tiles on bf16 rows where the CPU has them (AVX512_BF16),
+// else the widening tiles on f32 rows (AVX2, AVX-512 without BF16, the
+// portable fallback), each expert's rows through the calls FfnRunner
+// makes (gemv / gemm_run runs where the kernels have them). Uses the
+// library's internals, not its C API.
 //   ep_moe_stream_bench [--experts E] [--hidden H] [--inter I]
 //                       [--rows r1,r2,...] [--threads N] [--blocks B]
 //                       [--block-seconds S] [--bw-mb M]
@@ -104,10 +109,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   const cpu::Kernels& kern = cpu::kernels_for(cpu::detect_isa());
-  if (!kern.gemm_bf16) {
-    std::printf("no bf16 dot-product tiles on this CPU (%s): nothing to compare\n", cpu::isa_name(kern.isa));
-    return 0;
-  }
+  // With bf16 dot-product tiles (AVX512_BF16) the passes run them on bf16
+  // rows, as the layer does with bf16 activations; without them (AVX2,
+  // AVX-512 without BF16) the tiles widen the bf16 weights and keep f32
+  // rows, as the layer does there.
+  const bool dot = kern.gemm_bf16 != nullptr;
   const int nr = kern.nr;
 
   // Weights: each expert's gate/up and down packed into their own buffers,
@@ -152,32 +158,44 @@ int main(int argc, char** argv) {
   std::vector<uint16_t> x16(static_cast<size_t>(T) * hidden, 0x3f00);
 
   cpu::ThreadPool pool(threads);
-  cpu::FfnRunner ffn(kern, hidden, inter, pairs, true);
+  cpu::FfnRunner ffn(kern, hidden, inter, pairs, dot);
   const int use = pool.size();
 
   // The kernels alone: every expert's gate/up then down panels with the
   // expert's rows, each thread a contiguous share of the experts' panels
-  // (by bytes), the next panel prefetched as FfnRunner's calls do; no
-  // activation, no combine.
+  // (by bytes), through the calls FfnRunner makes (a run of one expert's
+  // panels through gemv or gemm_run for experts of 1 .. run_rows rows,
+  // where the kernels have them; else gemm per panel), the next panel
+  // prefetched as FfnRunner's calls do; no activation, no combine.
   struct Item {
     const cpu::PackedWeight* w;
     int32_t p;
     int m;
-    const uint16_t* rows;  // m rows of k elements, `ld` apart
+    const uint16_t* rows16;  // m rows of k elements, `ld` apart (bf16 tiles)
+    const float* rows32;     // the same in f32 (widening tiles)
     int ld;
   };
   std::vector<uint16_t> hrows(static_cast<size_t>(max_rows) * static_cast<size_t>(inter + 32), 0x3f00);
+  std::vector<float> hrows32(hrows.size(), 0.5f);
   std::vector<Item> items;
   for (int e = 0; e < experts; ++e) {
     const int m = static_cast<int>(jobs[static_cast<size_t>(e)].n);
     for (int32_t p = 0; p < gate_up[static_cast<size_t>(e)].panels(); ++p)
-      items.push_back(Item{&gate_up[static_cast<size_t>(e)], p, m, x16.data(), hidden});
+      items.push_back(Item{&gate_up[static_cast<size_t>(e)], p, m, x16.data(), x.data(), hidden});
   }
   for (int e = 0; e < experts; ++e) {
     const int m = static_cast<int>(jobs[static_cast<size_t>(e)].n);
     for (int32_t p = 0; p < down[static_cast<size_t>(e)].panels(); ++p)
-      items.push_back(Item{&down[static_cast<size_t>(e)], p, m, hrows.data(), inter + 32});
+      items.push_back(Item{&down[static_cast<size_t>(e)], p, m, hrows.data(), hrows32.data(), inter + 32});
   }
+  // Panels per call for an item of m rows: a run where FfnRunner makes one
+  // (as many as its c tile holds), else 1.
+  constexpr int kBf16 = static_cast<int>(EP_MOE_DTYPE_BF16);
+  const auto run_cap = [&](int m) -> int {
+    const bool runs = m == 1 ? (dot ? kern.gemv_bf16 != nullptr : kern.gemv[kBf16] != nullptr)
+                             : !dot && m <= kern.run_rows && kern.gemm_run[kBf16] != nullptr;
+    return runs ? kMaxRows * 32 / (nr * m) : 1;
+  };
   // at[i]: the bytes of the panels before item i. Share boundaries: equal
   // bytes per thread.
   std::vector<size_t> at(items.size() + 1, 0);
@@ -193,12 +211,27 @@ int main(int argc, char** argv) {
   auto tile_pass = [&](auto panel) {
     pool.parallel_for(static_cast<size_t>(use), [&](size_t t, int) {
       const size_t b = cut[t], e = cut[t + 1];
-      const uint16_t* a[kMaxRows];
+      const uint16_t* a16[kMaxRows];
+      const float* a32[kMaxRows];
       alignas(64) float c[kMaxRows * 32];
-      for (size_t i = b; i < e; ++i) {
+      for (size_t i = b; i < e;) {
         const Item& it = items[i];
-        for (int r = 0; r < it.m; ++r) a[r] = it.rows + static_cast<size_t>(r) * static_cast<size_t>(it.ld);
-        kern.gemm_bf16(it.m, a, it.w->k, panel(i), c, nr, i + 1 < e ? panel(i + 1) : nullptr);
+        // The run: the items that follow with the same weight's next panels.
+        size_t j = i + 1;
+        const auto cap = static_cast<size_t>(run_cap(it.m));
+        while (j < e && j - i < cap && items[j].w == it.w && items[j].p == items[j - 1].p + 1) ++j;
+        const void* next = j < e ? panel(j) : nullptr;
+        const auto np = static_cast<int>(j - i);
+        for (int r = 0; r < it.m; ++r) {
+          a16[r] = it.rows16 + static_cast<size_t>(r) * static_cast<size_t>(it.ld);
+          a32[r] = it.rows32 + static_cast<size_t>(r) * static_cast<size_t>(it.ld);
+        }
+        if (cap > 1 && it.m == 1 && dot) kern.gemv_bf16(a16[0], it.w->k, panel(i), np, c, next);
+        else if (cap > 1 && it.m == 1) kern.gemv[kBf16](a32[0], it.w->k, panel(i), np, c, next);
+        else if (cap > 1) kern.gemm_run[kBf16](it.m, a32, it.w->k, panel(i), np, c, np * nr, next);
+        else if (dot) kern.gemm_bf16(it.m, a16, it.w->k, panel(i), c, nr, next);
+        else kern.gemm[kBf16](it.m, a32, it.w->k, panel(i), c, nr, next);
+        i = j;
       }
     });
   };
@@ -225,9 +258,10 @@ int main(int argc, char** argv) {
   };
 
   std::printf("%d experts (H %d, I %d, rows per expert %d..%d, %lld pairs), %.1f MB of bf16 weights per pass, "
-              "%d threads, %s tiles\n",
+              "%d threads, %s %s tiles\n",
               experts, hidden, inter, *std::min_element(rows_pattern.begin(), rows_pattern.end()), max_rows,
-              static_cast<long long>(pairs), bytes / 1e6, pool.size(), cpu::isa_name(kern.isa));
+              static_cast<long long>(pairs), bytes / 1e6, pool.size(), cpu::isa_name(kern.isa),
+              dot ? "bf16 dot-product" : "widening");
   // The read bandwidth, measured in every block as ep_moe_bench measures
   // it next to each decode row: the figure %bw there is against.
   bench::ReadBandwidth probe(use, bw_mb);
