@@ -39,6 +39,7 @@ struct Options {
   double min_time = 0.5, peak_time = 1.0;
   int bw_mb = 1024;
   int dispatch_ranks = 0;  // 0: hardware threads; -1: skip the dispatch part
+  int ratio_rounds = 8;    // alternated rounds of the weight-0 / skip comparison (0: none)
   std::string json;
 };
 
@@ -57,6 +58,8 @@ void usage() {
       "  --bw-mb M           buffer for the bandwidth peak (default 1024)\n"
       "  --dispatch-ranks N  in-process ranks of the permutation/combine part (default:\n"
       "                      hardware threads; 0 skips it)\n"
+      "  --ratio-rounds N    rounds of the alternated weight-0 / skip comparison, each a\n"
+      "                      block of forwards of either strategy (default 8; 0 skips it)\n"
       "  --json PATH         also write the results as JSON\n");
 }
 
@@ -99,6 +102,62 @@ struct Row {
   double roofline_frac() const { return compute_bound() ? gflops_frac : weight_frac; }
   int64_t local_pairs = 0, active_experts = 0;
 };
+
+// The weight-0 / skip comparison of one preset and token count: from the
+// two rows (run one after the other, seconds to minutes apart on this VM),
+// and alternated, rounds of a block of forwards of each strategy in turn,
+// the ratio of each round's mean expert (and forward) times; the median
+// over the rounds, with the range.
+struct RatioRow {
+  std::string preset;
+  int ep = 0, tokens = 0, rounds = 0;
+  double rows_expert = 0, rows_forward = 0;  // weight-0 row / skip row
+  double expert = 0, expert_min = 0, expert_max = 0, forward = 0;  // alternated (0: not run)
+};
+
+// Several different batches of T tokens, cycled, so that decode rows touch
+// different experts each call and the cache cannot keep the same weights hot.
+struct Batches {
+  std::vector<std::vector<uint8_t>> hidden;
+  std::vector<std::vector<float>> logits;
+};
+Batches make_batches(const presets::Model& m, int T, ep_moe_dtype_t dt) {
+  constexpr int kSets = 16;
+  Batches b;
+  for (int k = 0; k < kSets; ++k) {
+    std::vector<float> hid(static_cast<size_t>(T) * m.hidden), lg(static_cast<size_t>(T) * m.experts);
+    presets::fill(hid, hid.size(), 11 + static_cast<uint64_t>(k), static_cast<uint64_t>(T), 1.0f);
+    presets::fill(lg, lg.size(), 1000 + static_cast<uint64_t>(k), static_cast<uint64_t>(T), 3.0f);
+    b.hidden.push_back(presets::encode(hid, dt));
+    b.logits.push_back(std::move(lg));
+  }
+  return b;
+}
+
+// One forward of batch it % sets into `a` (a.out set by the caller); its
+// wall seconds and the layer's expert nanoseconds. False: the forward
+// failed (the layer's error printed).
+bool forward_batch(ep_moe_layer_t* layer, ep_moe_forward_args_t& a, const Batches& b, int it, double* wall_s,
+                   int64_t* expert_ns, int64_t* local_pairs = nullptr) {
+  const size_t i = static_cast<size_t>(it) % b.hidden.size();
+  a.hidden = b.hidden[i].data();
+  a.router_logits = b.logits[i].data();
+  const auto t0 = Clock::now();
+  if (ep_moe_layer_forward(layer, &a) != EP_MOE_OK) {
+    std::fprintf(stderr, "forward: %s\n", ep_moe_layer_last_error(layer));
+    return false;
+  }
+  *wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  ep_moe_layer_get_attr(expert_ns, layer, EP_MOE_LAYER_ATTR_LAST_EXPERT_NS);
+  if (local_pairs) ep_moe_layer_get_attr(local_pairs, layer, EP_MOE_LAYER_ATTR_LAST_LOCAL_PAIRS);
+  return true;
+}
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 struct DispatchRow {
   std::string preset;
@@ -255,6 +314,7 @@ int main(int argc, char** argv) {
     else if (a == "--peak-time") o.peak_time = std::atof(next().c_str());
     else if (a == "--bw-mb") o.bw_mb = std::atoi(next().c_str());
     else if (a == "--json") o.json = next();
+    else if (a == "--ratio-rounds") o.ratio_rounds = std::atoi(next().c_str());
     else if (a == "--dispatch-ranks") {
       o.dispatch_ranks = std::atoi(next().c_str());
       if (o.dispatch_ranks == 0) o.dispatch_ranks = -1;
@@ -274,6 +334,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "token counts must be >= 1\n");
       return 2;
     }
+  if (o.ratio_rounds < 0) {
+    std::fprintf(stderr, "--ratio-rounds must be >= 0\n");
+    return 2;
+  }
 
   const char* fma_isa = "";
   std::printf("measuring this machine's peaks with %d thread(s)...\n", threads);
@@ -299,6 +363,7 @@ int main(int argc, char** argv) {
               "active");
 
   std::vector<Row> rows;
+  std::vector<RatioRow> ratios;
   int max_tokens = *std::max_element(o.tokens.begin(), o.tokens.end());
   for (const auto& name : o.presets) {
     const presets::Model* m = presets::find(name);
@@ -308,6 +373,7 @@ int main(int argc, char** argv) {
     }
     const int ep = o.ep > 0 ? o.ep : m->default_ep;
     const int shared = m->shared_intermediate;
+    std::vector<std::pair<int, ep_moe_layer_t*>> kept;  // (strategy, layer), destroyed after the preset
     for (int strategy : o.strategies) {
       if (strategy == EP_MOE_SKIP_WEIGHT_ZERO && ep == 1) continue;  // nothing is non-local
       ep_moe_expert_map_t* map = presets::linear_map(ep, 0, m->experts);
@@ -342,19 +408,8 @@ int main(int argc, char** argv) {
       const double shared_bytes = 3.0 * m->hidden * static_cast<double>(shard) * (o.dtype == EP_MOE_DTYPE_F32 ? 4.0 : 2.0);
 
       for (int T : o.tokens) {
-        // Several different batches, cycled, so decode rows touch different
-        // experts each call and the cache cannot keep the same weights hot.
-        const int sets = 16;
-        std::vector<std::vector<uint8_t>> hiddens;
-        std::vector<std::vector<float>> logits_sets;
-        for (int k = 0; k < sets; ++k) {
-          std::vector<float> hid(static_cast<size_t>(T) * m->hidden), lg(static_cast<size_t>(T) * m->experts);
-          presets::fill(hid, hid.size(), 11 + static_cast<uint64_t>(k), static_cast<uint64_t>(T), 1.0f);
-          presets::fill(lg, lg.size(), 1000 + static_cast<uint64_t>(k), static_cast<uint64_t>(T), 3.0f);
-          hiddens.push_back(presets::encode(hid, o.dtype));
-          logits_sets.push_back(std::move(lg));
-        }
-        std::vector<uint8_t> out(hiddens[0].size());
+        const Batches batches = make_batches(*m, T, o.dtype);
+        std::vector<uint8_t> out(batches.hidden[0].size());
         ep_moe_forward_args_t a;
         ep_moe_forward_args_init(&a);
         a.num_tokens = T;
@@ -382,14 +437,9 @@ int main(int argc, char** argv) {
           if (local_bw) bw_before = bw_probe.measure(kLocalBwSeconds);
           const auto start = Clock::now();
           for (int it = 0;; ++it) {
-            a.hidden = hiddens[static_cast<size_t>(it % sets)].data();
-            a.router_logits = logits_sets[static_cast<size_t>(it % sets)].data();
-            const auto t0 = Clock::now();
-            if (ep_moe_layer_forward(layer, &a) != EP_MOE_OK) {
-              std::fprintf(stderr, "forward: %s\n", ep_moe_layer_last_error(layer));
-              return 1;
-            }
-            const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+            double dt = 0;
+            int64_t ens = 0;
+            if (!forward_batch(layer, a, batches, it, &dt, &ens)) return 1;
             if (it > 0 || o.min_time <= 0) {  // the first call warms up
               times.push_back(dt);
               int64_t v = 0;
@@ -397,8 +447,7 @@ int main(int argc, char** argv) {
               pairs_sum += v;
               ep_moe_layer_get_attr(&v, layer, EP_MOE_LAYER_ATTR_LAST_ACTIVE_EXPERTS);
               active_sum += v;
-              ep_moe_layer_get_attr(&v, layer, EP_MOE_LAYER_ATTR_LAST_EXPERT_NS);
-              expert_ns_sum += v;
+              expert_ns_sum += ens;
             }
             const double total = std::chrono::duration<double>(Clock::now() - start).count();
             if (times.size() >= 3 && total >= o.min_time) break;
@@ -453,19 +502,102 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
         rows.push_back(r);
       }
-      ep_moe_layer_destroy(layer);
+      kept.emplace_back(strategy, layer);  // for the alternated comparison below
       (void)weight_bytes;
       (void)n_local;
     }
+    // The weight-0 / skip ratio the issue asks for, of the two rows and
+    // alternated: the rows ran seconds to minutes apart, and this VM's
+    // peaks move by 15 % over such spans, so their ratio carries that
+    // drift; the rounds here put both strategies into the same moments.
+    ep_moe_layer_t* by[2] = {nullptr, nullptr};  // skip, weight-0
+    for (const auto& k : kept) by[k.first == EP_MOE_SKIP_TOKENS ? 0 : 1] = k.second;
+    if (by[0] && by[1]) {
+      for (int T : o.tokens) {
+        RatioRow q;
+        q.preset = name;
+        q.ep = ep;
+        q.tokens = T;
+        const Row* rs = nullptr;
+        const Row* rw = nullptr;
+        for (const auto& r : rows)
+          if (r.preset == name && r.tokens == T && r.ep == ep) (r.strategy == "skip" ? rs : rw) = &r;
+        if (rs && rw) {
+          q.rows_expert = rw->expert_ms / rs->expert_ms;
+          q.rows_forward = rw->ms / rs->ms;
+        }
+        if (o.ratio_rounds > 0) {
+          const Batches batches = make_batches(*m, T, o.dtype);
+          std::vector<uint8_t> out(batches.hidden[0].size());
+          ep_moe_forward_args_t a;
+          ep_moe_forward_args_init(&a);
+          a.num_tokens = T;
+          a.out = out.data();
+          // Each strategy cycles its own batches from where it left off.
+          int it[2] = {0, 0};
+          double wall = 0;
+          int64_t ens = 0;
+          for (int s = 0; s < 2; ++s)  // warm-up
+            if (!forward_batch(by[s], a, batches, it[s]++, &wall, &ens)) return 1;
+          // A block: forwards of one strategy for at least a quarter of
+          // --min-time (at least one); which strategy goes first alternates.
+          const double block_s = o.min_time / 4;
+          // A round whose skip block had no local pair at all (a large EP
+          // at a few tokens) has no expert-time ratio; it is left out.
+          std::vector<double> er, fr;
+          for (int round = 0; round < o.ratio_rounds; ++round) {
+            double mean_e[2] = {0, 0}, mean_f[2] = {0, 0};
+            int64_t pairs[2] = {0, 0};
+            for (int ph = 0; ph < 2; ++ph) {
+              const int s = (ph + round) % 2;
+              double e_sum = 0, f_sum = 0;
+              int n = 0;
+              const auto start = Clock::now();
+              do {
+                int64_t np = 0;
+                if (!forward_batch(by[s], a, batches, it[s]++, &wall, &ens, &np)) return 1;
+                e_sum += static_cast<double>(ens);
+                f_sum += wall;
+                pairs[s] += np;
+                ++n;
+              } while (std::chrono::duration<double>(Clock::now() - start).count() < block_s);
+              mean_e[s] = e_sum / n;
+              mean_f[s] = f_sum / n;
+            }
+            if (pairs[0] == 0 || mean_e[0] <= 0 || mean_f[0] <= 0) continue;
+            er.push_back(mean_e[1] / mean_e[0]);
+            fr.push_back(mean_f[1] / mean_f[0]);
+          }
+          q.rounds = static_cast<int>(er.size());
+          if (!er.empty()) {
+            q.expert = median_of(er);
+            q.expert_min = *std::min_element(er.begin(), er.end());
+            q.expert_max = *std::max_element(er.begin(), er.end());
+            q.forward = median_of(fr);
+          }
+        }
+        ratios.push_back(q);
+      }
+    }
+    for (const auto& k : kept) ep_moe_layer_destroy(k.second);
   }
-  // The same-run ratio the issue asks for: skip vs weight-0 expert time.
+  // The same-run ratios the issue asks for: skip vs weight-0 expert time.
   std::printf("\n");
-  for (const auto& r : rows) {
-    if (r.strategy != "skip") continue;
-    for (const auto& w : rows)
-      if (w.strategy == "weight0" && w.preset == r.preset && w.tokens == r.tokens && w.ep == r.ep)
-        std::printf("%-14s T=%-5d weight-0 / skip: expert time %.2fx, forward time %.2fx\n", r.preset.c_str(),
-                    r.tokens, w.expert_ms / r.expert_ms, w.ms / r.ms);
+  if (!ratios.empty() && o.ratio_rounds > 0)
+    std::printf("weight-0 / skip, of the two rows above and alternated (%d rounds of a block of forwards of each "
+                "strategy, at least %.3f s each; the median of the rounds' ratios of mean times, and their range):\n",
+                o.ratio_rounds, o.min_time / 4);
+  for (const auto& q : ratios) {
+    std::printf("%-14s T=%-5d weight-0 / skip: expert time %.2fx, forward time %.2fx", q.preset.c_str(), q.tokens,
+                q.rows_expert, q.rows_forward);
+    if (q.rounds > 0)
+      std::printf("; alternated: expert time %.2fx (%.2f-%.2f), forward time %.2fx", q.expert, q.expert_min,
+                  q.expert_max, q.forward);
+    else if (o.ratio_rounds > 0)
+      std::printf("; alternated: none (the skip rank had no local pair in any round)");
+    if (q.rounds > 0 && q.rounds < o.ratio_rounds)
+      std::printf(" [%d of %d rounds: in the others the skip rank had no local pair]", q.rounds, o.ratio_rounds);
+    std::printf("\n");
   }
 
   // Permutation and combine of the all-to-all flow against memcpy.
@@ -528,6 +660,17 @@ int main(int argc, char** argv) {
                    r.bw_steady ? "true" : "false", r.attempts, r.compute_bound() ? "compute" : "bandwidth",
                    r.roofline_frac(), static_cast<long long>(r.local_pairs),
                    static_cast<long long>(r.active_experts), i + 1 < rows.size() ? "," : "");
+    }
+    std::fprintf(f, "  ],\n  \"strategy_ratios\": [\n");
+    for (size_t i = 0; i < ratios.size(); ++i) {
+      const RatioRow& q = ratios[i];
+      std::fprintf(f,
+                   "    {\"preset\": \"%s\", \"ep\": %d, \"tokens\": %d, \"rows_expert_ratio\": %.4f, "
+                   "\"rows_forward_ratio\": %.4f, \"rounds\": %d, \"alternated_expert_ratio\": %.4f, "
+                   "\"alternated_expert_ratio_min\": %.4f, \"alternated_expert_ratio_max\": %.4f, "
+                   "\"alternated_forward_ratio\": %.4f}%s\n",
+                   q.preset.c_str(), q.ep, q.tokens, q.rows_expert, q.rows_forward, q.rounds, q.expert, q.expert_min,
+                   q.expert_max, q.forward, i + 1 < ratios.size() ? "," : "");
     }
     std::fprintf(f, "  ],\n  \"dispatch\": [\n");
     for (size_t i = 0; i < drows.size(); ++i) {
