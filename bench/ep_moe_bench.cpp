@@ -39,7 +39,7 @@ struct Options {
   double min_time = 0.5, peak_time = 1.0;
   int bw_mb = 1024;
   int dispatch_ranks = 0;  // 0: hardware threads; -1: skip the dispatch part
-  int ratio_rounds = 8;    // alternated rounds of the weight-0 / skip comparison (0: none)
+  int ratio_rounds = 16;   // alternated rounds of the weight-0 / skip comparison (0: none)
   std::string json;
 };
 
@@ -59,7 +59,7 @@ void usage() {
       "  --dispatch-ranks N  in-process ranks of the permutation/combine part (default:\n"
       "                      hardware threads; 0 skips it)\n"
       "  --ratio-rounds N    rounds of the alternated weight-0 / skip comparison, each a\n"
-      "                      block of forwards of either strategy (default 8; 0 skips it)\n"
+      "                      block of forwards of either strategy (default 16; 0 skips it)\n"
       "  --json PATH         also write the results as JSON\n");
 }
 
