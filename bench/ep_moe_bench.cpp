@@ -134,6 +134,21 @@ Batches make_batches(const presets::Model& m, int T, ep_moe_dtype_t dt) {
   return b;
 }
 
+// A token count's batches with an output buffer and the forward's
+// arguments for them (a.hidden and a.router_logits set per forward).
+struct Feed {
+  Batches batches;
+  std::vector<uint8_t> out;
+  ep_moe_forward_args_t a;
+  Feed(const presets::Model& m, int T, ep_moe_dtype_t dt) : batches(make_batches(m, T, dt)), out(batches.hidden[0].size()) {
+    ep_moe_forward_args_init(&a);
+    a.num_tokens = T;
+    a.out = out.data();
+  }
+  Feed(const Feed&) = delete;  // a.out points into out
+  Feed& operator=(const Feed&) = delete;
+};
+
 // One forward of batch it % sets into `a` (a.out set by the caller); its
 // wall seconds and the layer's expert nanoseconds. False: the forward
 // failed (the layer's error printed).
@@ -408,12 +423,9 @@ int main(int argc, char** argv) {
       const double shared_bytes = 3.0 * m->hidden * static_cast<double>(shard) * (o.dtype == EP_MOE_DTYPE_F32 ? 4.0 : 2.0);
 
       for (int T : o.tokens) {
-        const Batches batches = make_batches(*m, T, o.dtype);
-        std::vector<uint8_t> out(batches.hidden[0].size());
-        ep_moe_forward_args_t a;
-        ep_moe_forward_args_init(&a);
-        a.num_tokens = T;
-        a.out = out.data();
+        Feed feed(*m, T, o.dtype);
+        const Batches& batches = feed.batches;
+        ep_moe_forward_args_t& a = feed.a;
         int64_t pairs_sum = 0, active_sum = 0, expert_ns_sum = 0;
         std::vector<double> times;
         // Weight-streaming rows: the bandwidth of this moment, not of the
@@ -527,12 +539,9 @@ int main(int argc, char** argv) {
           q.rows_forward = rw->ms / rs->ms;
         }
         if (o.ratio_rounds > 0) {
-          const Batches batches = make_batches(*m, T, o.dtype);
-          std::vector<uint8_t> out(batches.hidden[0].size());
-          ep_moe_forward_args_t a;
-          ep_moe_forward_args_init(&a);
-          a.num_tokens = T;
-          a.out = out.data();
+          Feed feed(*m, T, o.dtype);
+          const Batches& batches = feed.batches;
+          ep_moe_forward_args_t& a = feed.a;
           // Each strategy cycles its own batches from where it left off.
           int it[2] = {0, 0};
           double wall = 0;
