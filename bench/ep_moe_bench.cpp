@@ -388,7 +388,9 @@ int main(int argc, char** argv) {
     }
     const int ep = o.ep > 0 ? o.ep : m->default_ep;
     const int shared = m->shared_intermediate;
-    std::vector<std::pair<int, ep_moe_layer_t*>> kept;  // (strategy, layer), destroyed after the preset
+    // The preset's layers by strategy (skip, weight-0), kept for the
+    // alternated comparison below and destroyed after it.
+    ep_moe_layer_t* by[2] = {nullptr, nullptr};
     for (int strategy : o.strategies) {
       if (strategy == EP_MOE_SKIP_WEIGHT_ZERO && ep == 1) continue;  // nothing is non-local
       ep_moe_expert_map_t* map = presets::linear_map(ep, 0, m->experts);
@@ -514,7 +516,9 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
         rows.push_back(r);
       }
-      kept.emplace_back(strategy, layer);  // for the alternated comparison below
+      ep_moe_layer_t*& kept = by[strategy == EP_MOE_SKIP_TOKENS ? 0 : 1];
+      if (kept) ep_moe_layer_destroy(kept);  // a strategy named twice: its last layer is kept
+      kept = layer;
       (void)weight_bytes;
       (void)n_local;
     }
@@ -522,8 +526,6 @@ int main(int argc, char** argv) {
     // alternated: the rows ran seconds to minutes apart, and this VM's
     // peaks move by 15 % over such spans, so their ratio carries that
     // drift; the rounds here put both strategies into the same moments.
-    ep_moe_layer_t* by[2] = {nullptr, nullptr};  // skip, weight-0
-    for (const auto& k : kept) by[k.first == EP_MOE_SKIP_TOKENS ? 0 : 1] = k.second;
     if (by[0] && by[1]) {
       for (int T : o.tokens) {
         RatioRow q;
@@ -588,7 +590,8 @@ int main(int argc, char** argv) {
         ratios.push_back(q);
       }
     }
-    for (const auto& k : kept) ep_moe_layer_destroy(k.second);
+    for (ep_moe_layer_t* l : by)
+      if (l) ep_moe_layer_destroy(l);
   }
   // The same-run ratios the issue asks for: skip vs weight-0 expert time.
   std::printf("\n");

@@ -189,13 +189,9 @@ int main(int argc, char** argv) {
       items.push_back(Item{&down[static_cast<size_t>(e)], p, m, hrows.data(), hrows32.data(), inter + 32});
   }
   // Panels per call for an item of m rows: a run where FfnRunner makes one
-  // (as many as its c tile holds), else 1.
+  // (Kernels::runs_rows; as many as its c tile holds), else 1.
   constexpr int kBf16 = static_cast<int>(EP_MOE_DTYPE_BF16);
-  const auto run_cap = [&](int m) -> int {
-    const bool runs = m == 1 ? (dot ? kern.gemv_bf16 != nullptr : kern.gemv[kBf16] != nullptr)
-                             : !dot && m <= kern.run_rows && kern.gemm_run[kBf16] != nullptr;
-    return runs ? kMaxRows * 32 / (nr * m) : 1;
-  };
+  const auto run_cap = [&](int m) -> int { return kern.runs_rows(m, kBf16, dot) ? kMaxRows * 32 / (nr * m) : 1; };
   // at[i]: the bytes of the panels before item i. Share boundaries: equal
   // bytes per thread.
   std::vector<size_t> at(items.size() + 1, 0);

@@ -128,9 +128,7 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
   // run_rows rows through gemm_run, where the kernels have it (both
   // phases): run_rows_of gives the rows of such a segment, else 0.
   const auto run_rows_of = [&](const Segment& sg, const PackedWeight& w) -> int {
-    if (sg.len == 1 && (dot ? k_.gemv_bf16 != nullptr : k_.gemv[w.dtype] != nullptr)) return 1;
-    if (!dot && sg.len >= 2 && sg.len <= k_.run_rows && k_.gemm_run[w.dtype]) return static_cast<int>(sg.len);
-    return 0;
+    return k_.runs_rows(sg.len, w.dtype, dot) ? static_cast<int>(sg.len) : 0;
   };
   // Rows a[0 .. m) (row16: the bf16 one, for m = 1 on the dot tiles) over
   // `run` panels from p: row i's results at c + i * run * nr.

@@ -68,6 +68,15 @@ struct Kernels {
   // weight dtype; f32 activations only).
   GemmRunFn gemm_run[3] = {nullptr, nullptr, nullptr};
   int run_rows = 1;
+
+  // Whether an expert's m rows with weights of dtype w go through runs of
+  // consecutive panels (gemv or gemv_bf16 for one row, gemm_run for 2 ..
+  // run_rows) rather than gemm per panel; dot: on the bf16 pair-dot tiles,
+  // which have the one-row run only.
+  bool runs_rows(int64_t m, int w, bool dot) const {
+    if (m == 1) return dot ? gemv_bf16 != nullptr : gemv[w] != nullptr;
+    return !dot && m >= 2 && m <= run_rows && gemm_run[w] != nullptr;
+  }
 };
 
 const Kernels& kernels_for(Isa isa);
