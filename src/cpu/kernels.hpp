@@ -32,7 +32,7 @@ using GemmBf16Fn = void (*)(int m, const uint16_t* const* a, int k, const void* 
 using GemvFn = void (*)(const float* a, int k, const void* panel, int np, float* c, const void* next);
 using GemvBf16Fn = void (*)(const uint16_t* a, int k, const void* panel, int np, float* c, const void* next);
 
-// m rows (2 <= m <= Kernels::run_rows) through np consecutive panels:
+// m rows (2 <= m <= Kernels::run_rows[dtype]) through np consecutive panels:
 // c[i * ldc + j * nr + col] for row i and panel j. The same bits as np
 // GemmFn calls; two panels at a time, so each row has four accumulator
 // chains instead of two (AVX2, where a 2-row tile waited on the FMA
@@ -64,10 +64,10 @@ struct Kernels {
   // Where set (null: call gemm with m = 1 per panel).
   GemvFn gemv[3] = {nullptr, nullptr, nullptr};  // by weight dtype
   GemvBf16Fn gemv_bf16 = nullptr;                // with gemm_bf16
-  // Where set, rows 2 .. run_rows of an expert go through gemm_run (by
-  // weight dtype; f32 activations only).
+  // Where set, rows 2 .. run_rows of an expert go through gemm_run (both
+  // by weight dtype; f32 activations only).
   GemmRunFn gemm_run[3] = {nullptr, nullptr, nullptr};
-  int run_rows = 1;
+  int run_rows[3] = {1, 1, 1};
 
   // Whether an expert's m rows with weights of dtype w go through runs of
   // consecutive panels (gemv or gemv_bf16 for one row, gemm_run for 2 ..
@@ -75,11 +75,12 @@ struct Kernels {
   // which have the one-row run only.
   bool runs_rows(int64_t m, int w, bool dot) const {
     if (m == 1) return dot ? gemv_bf16 != nullptr : gemv[w] != nullptr;
-    return !dot && m >= 2 && m <= run_rows && gemm_run[w] != nullptr;
+    return !dot && m >= 2 && m <= run_rows[w] && gemm_run[w] != nullptr;
   }
 };
 
 const Kernels& kernels_for(Isa isa);
+
 
 // Per-ISA tables, defined in their own translation units.
 const Kernels& kernels_generic();

@@ -156,7 +156,7 @@ TEST_CASE("gemv (one row) and gemm_run (up to run_rows) give gemm's bits over ev
       for (bool dot : {false, true}) {
         if (dot && (!kern.gemv_bf16 || dt != EP_MOE_DTYPE_BF16)) continue;
         // m = 1 through gemv (or the bf16 dot one), 2 .. run_rows through gemm_run.
-        const int max_m = dot ? 1 : kern.gemm_run[dt] ? kern.run_rows : 1;
+        const int max_m = dot ? 1 : kern.gemm_run[dt] ? kern.run_rows[dt] : 1;
         for (int m = dot || kern.gemv[dt] ? 1 : 2; m <= max_m; ++m) {
           for (int k : {1, 2, 7, 64, 131}) {
             const int n = 6 * kern.nr - 3;  // six panels, the last one padded
