@@ -61,6 +61,13 @@ struct Kernels {
   // acc[rows[i] * ldacc + j] += w[i] * c[i * ldc + j] (rows in order).
   void (*scatter_add)(float* acc, int64_t ldacc, const int32_t* rows, const float* w, const float* c, int ldc, int m,
                       int n) = nullptr;
+  // The unweighted combine of rows in f32, in row order: for j < n,
+  // out[j] = ((s + r_0[col0 + j]) + r_1[col0 + j]) + ... over the nrows
+  // rows r_q (of dtype dt: f32, bf16 or f16), where s is init[j] (init
+  // not null) or else the sum starts from r_0; no init and no rows: 0. The
+  // same bits as widening each row and adding it in turn.
+  void (*sum_rows)(float* out, const float* init, const void* const* rows, int nrows, ep_moe_dtype_t dt,
+                   int64_t col0, int64_t n) = nullptr;
   // Where set (null: call gemm with m = 1 per panel).
   GemvFn gemv[3] = {nullptr, nullptr, nullptr};  // by weight dtype
   GemvBf16Fn gemv_bf16 = nullptr;                // with gemm_bf16
@@ -81,6 +88,10 @@ struct Kernels {
 
 const Kernels& kernels_for(Isa isa);
 
+// Kernels::sum_rows of the AVX2 table, which the AVX-512 tables share (a
+// combine reads a few rows per token; 256-bit vectors keep up with it).
+void sum_rows_avx2(float* out, const float* init, const void* const* rows, int nrows, ep_moe_dtype_t dt, int64_t col0,
+                   int64_t n);
 
 // Per-ISA tables, defined in their own translation units.
 const Kernels& kernels_generic();

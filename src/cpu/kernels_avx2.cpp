@@ -110,10 +110,94 @@ void scatter_add(float* acc, int64_t ldacc, const int32_t* rows, const float* w,
 }
 }  // namespace
 
+// Kernels::sum_rows. 64 columns at a time, their sums in eight registers
+// while every row is added, so no f32 row is written and read back per
+// row. The combine used to widen each row into a buffer and add that; one
+// token's rows of 2048 bf16 columns, summed and narrowed to bf16, cached,
+// on the Zen 3: 6 rows 2.96 -> 1.05 us, 2 rows 1.05 -> 0.68 us. bf16 rows widen
+// by interleaving with zeros, 16 values a load: the sums then hold
+// columns 0-3 and 8-11 in one register and 4-7 and 12-15 in the next, put
+// back in order once at the end (each column's additions are unchanged).
+void sum_rows_avx2(float* out, const float* init, const void* const* rows, int nrows, ep_moe_dtype_t dt, int64_t col0,
+                   int64_t n) {
+  const auto* const* r16 = reinterpret_cast<const uint16_t* const*>(rows);
+  const auto* const* r32 = reinterpret_cast<const float* const*>(rows);
+  const bool bf16 = dt == EP_MOE_DTYPE_BF16;
+  // Eight values of row q from column j, in order (f32 and f16 rows).
+  const auto load8 = [&](int q, int64_t j) {
+    return dt == EP_MOE_DTYPE_F32 ? _mm256_loadu_ps(r32[q] + col0 + j)
+                                  : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r16[q] + col0 + j)));
+  };
+  int64_t j = 0;
+  if (bf16) {
+    const __m256i zero = _mm256_setzero_si256();
+    for (; j + 64 <= n; j += 64) {
+      __m256 s[8];
+      int q = 0;
+      if (init) {
+        for (int b = 0; b < 4; ++b) {  // to the interleaved order
+          const __m256 lo = _mm256_loadu_ps(init + j + 16 * b), hi = _mm256_loadu_ps(init + j + 16 * b + 8);
+          s[2 * b] = _mm256_permute2f128_ps(lo, hi, 0x20);
+          s[2 * b + 1] = _mm256_permute2f128_ps(lo, hi, 0x31);
+        }
+      } else if (nrows > 0) {
+        for (int b = 0; b < 4; ++b) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r16[0] + col0 + j + 16 * b));
+          s[2 * b] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v));
+          s[2 * b + 1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v));
+        }
+        q = 1;
+      } else {
+        for (auto& v : s) v = _mm256_setzero_ps();
+      }
+      for (; q < nrows; ++q) {
+        const uint16_t* r = r16[q] + col0 + j;
+        for (int b = 0; b < 4; ++b) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 16 * b));
+          s[2 * b] = _mm256_add_ps(s[2 * b], _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v)));
+          s[2 * b + 1] = _mm256_add_ps(s[2 * b + 1], _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v)));
+        }
+      }
+      for (int b = 0; b < 4; ++b) {  // back to column order
+        _mm256_storeu_ps(out + j + 16 * b, _mm256_permute2f128_ps(s[2 * b], s[2 * b + 1], 0x20));
+        _mm256_storeu_ps(out + j + 16 * b + 8, _mm256_permute2f128_ps(s[2 * b], s[2 * b + 1], 0x31));
+      }
+    }
+  } else {
+    for (; j + 64 <= n; j += 64) {
+      __m256 s[8];
+      int q = 0;
+      if (init) {
+        for (int b = 0; b < 8; ++b) s[b] = _mm256_loadu_ps(init + j + 8 * b);
+      } else if (nrows > 0) {
+        for (int b = 0; b < 8; ++b) s[b] = load8(0, j + 8 * b);
+        q = 1;
+      } else {
+        for (auto& v : s) v = _mm256_setzero_ps();
+      }
+      for (; q < nrows; ++q)
+        for (int b = 0; b < 8; ++b) s[b] = _mm256_add_ps(s[b], load8(q, j + 8 * b));
+      for (int b = 0; b < 8; ++b) _mm256_storeu_ps(out + j + 8 * b, s[b]);
+    }
+  }
+  for (; j < n; ++j) {  // the tail, one column at a time
+    const auto at = [&](int q) {
+      const int64_t c = col0 + j;
+      return dt == EP_MOE_DTYPE_F32 ? r32[q][c] : bf16 ? bf16_to_f32(r16[q][c]) : f16_to_f32(r16[q][c]);
+    };
+    int q = 0;
+    float v = 0.0f;
+    if (init) v = init[j];
+    else if (nrows > 0) v = at(q++);
+    for (; q < nrows; ++q) v += at(q);
+    out[j] = v;
+  }
+}
+
 const Kernels& kernels_avx2() {
   static const Kernels k{Isa::Avx2, NR, MR, {gemm<0>, gemm<1>, gemm<2>}, nullptr,
                          row_to_bf16, row_from_bf16, row_to_f16, row_from_f16, silu_mul, axpy, scatter_add,
-                         {gemv<0>, gemv<1>, gemv<2>}, nullptr, {gemm_run<0>, gemm_run<1>, gemm_run<2>},
+                         sum_rows_avx2, {gemv<0>, gemv<1>, gemv<2>}, nullptr, {gemm_run<0>, gemm_run<1>, gemm_run<2>},
                          {kRunRows<0>, kRunRows<1>, kRunRows<2>}};
   return k;
 }

@@ -187,6 +187,7 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
     send_tok_.resize(static_cast<size_t>(T * fanout));
     back_off_.resize(static_cast<size_t>(T) + 1);
     back_idx_.resize(static_cast<size_t>(T * fanout));
+    back_ptr_.resize(static_cast<size_t>(T * fanout));
     dest_.resize(static_cast<size_t>(T * K));
     send_count_.resize(static_cast<size_t>(ep));
     send_off_.resize(static_cast<size_t>(ep) + 1);
@@ -1111,33 +1112,25 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   }
   t0 = now_ns();
   // Per token: its shared-expert result (if any) plus the rows that came
-  // back for it (in destination-rank order, as sent), summed in f32 one
-  // column block at a time and written out once: no f32 row is read and
-  // written per returned row. Without a shared expert the sum starts from
-  // the first returned row. Token blocks in parallel.
+  // back for it (in destination-rank order, as sent), summed in f32 a few
+  // columns at a time in registers (Kernels::sum_rows) and written out
+  // once: no f32 row is read and written per returned row. Without a
+  // shared expert the sum starts from the first returned row. Token blocks
+  // in parallel.
   const char* ret = ret_recv_.data<char>();
   const int64_t back_rows = send_off_[static_cast<size_t>(n)];
   build_back_csr(T);
+  for (int64_t q = 0; q < back_rows; ++q)
+    back_ptr_[static_cast<size_t>(q)] = ret + static_cast<size_t>(back_idx_[static_cast<size_t>(q)] * H) * es;
   pool_->parallel_ranges(static_cast<size_t>(T), 8, [&](size_t b0, size_t b1, int) {
     constexpr int64_t cb = 512;
-    alignas(64) float sum[cb], tmp[cb];
+    alignas(64) float sum[cb];
     for (auto t = static_cast<int64_t>(b0); t < static_cast<int64_t>(b1); ++t) {
+      const int64_t q = back_off_[static_cast<size_t>(t)];
+      const auto nq = static_cast<int>(back_off_[static_cast<size_t>(t) + 1] - q);
       for (int64_t c0 = 0; c0 < H; c0 += cb) {
         const int64_t len = std::min(cb, H - c0);
-        int64_t q = back_off_[static_cast<size_t>(t)];
-        const int64_t q_end = back_off_[static_cast<size_t>(t) + 1];
-        if (any_shared) {
-          std::memcpy(sum, oacc + t * H + c0, static_cast<size_t>(len) * 4);
-        } else if (q < q_end) {
-          convert_row(kern_, sum, ret + static_cast<size_t>(back_idx_[static_cast<size_t>(q)] * H + c0) * es, adt, len);
-          ++q;
-        } else {
-          std::memset(sum, 0, static_cast<size_t>(len) * 4);
-        }
-        for (; q < q_end; ++q) {
-          convert_row(kern_, tmp, ret + static_cast<size_t>(back_idx_[static_cast<size_t>(q)] * H + c0) * es, adt, len);
-          kern_.axpy(sum, 1.0f, tmp, static_cast<int>(len));
-        }
+        kern_.sum_rows(sum, any_shared ? oacc + t * H + c0 : nullptr, back_ptr_.data() + q, nq, adt, c0, len);
         store_row(kern_, static_cast<char*>(a.out) + (t * H + c0) * static_cast<int64_t>(es), adt, sum, len);
       }
     }

@@ -193,6 +193,7 @@ class Layer {
   std::vector<int64_t> send_count_, send_off_, stamp_, cursor64_, count_row_, count_matrix_;
   std::vector<int32_t> send_tok_, dest_, cursor_, row_ids_;
   std::vector<int64_t> back_off_, back_idx_;  // all-to-all combine: returned rows per own token (CSR)
+  std::vector<const void*> back_ptr_;         // the CPU combine: back_idx_'s rows in the received buffer
   std::vector<int32_t> ids_, pair_rows_, pair_count_, shared_rows_;
   std::vector<float> weights_, pair_weights_, shared_weights_, logits_;
   std::vector<cpu::ExpertJob> jobs_;

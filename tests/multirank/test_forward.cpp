@@ -313,7 +313,8 @@ TEST_CASE("all-to-all and auto dispatch match the reference (and so the all-gath
         c.ep = ep;
         c.dp = dp;
         c.dispatch = dispatch;
-        c.spec.H = 40 + 8 * (variant % 2);
+        // Some rows wider than the combine's 64-column vector blocks, with a tail.
+        c.spec.H = variant % 4 == 3 ? 136 : 40 + 8 * (variant % 2);
         c.spec.I = 24;
         c.spec.E = 3 * ep + 1;
         c.spec.K = variant % 3 == 0 ? 1 : variant % 3 == 1 ? 2 : std::min(8, c.spec.E);

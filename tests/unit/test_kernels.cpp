@@ -348,3 +348,62 @@ TEST_CASE("silu_mul and axpy epilogues match double math at every ISA level", "[
     }
   }
 }
+
+TEST_CASE("sum_rows adds its rows in order, bit for bit, at every ISA level", "[unit][kernels]") {
+  std::mt19937 rng(Catch::rngSeed() + 15u);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> ex(-12, 12);
+  // Values of mixed magnitudes, so that another order of the additions
+  // rounds differently; now and then an infinity or a NaN.
+  const auto draw = [&](int i) {
+    if (i % 97 == 5) return i % 2 ? INFINITY : -INFINITY;
+    if (i % 101 == 7) return NAN;
+    return std::ldexp(nd(rng), ex(rng));
+  };
+  const int64_t width = 300, col0 = 37;  // rows read from column col0
+  for (ep_moe_dtype_t dt : {EP_MOE_DTYPE_F32, EP_MOE_DTYPE_BF16, EP_MOE_DTYPE_F16}) {
+    for (int nrows : {0, 1, 2, 5, 9}) {
+      // Row q as f32 values (what it holds once widened) and in its dtype.
+      std::vector<std::vector<float>> wide(static_cast<size_t>(nrows));
+      std::vector<std::vector<uint8_t>> data(static_cast<size_t>(nrows));
+      std::vector<const void*> rows;
+      for (int q = 0; q < nrows; ++q) {
+        auto& w = wide[static_cast<size_t>(q)];
+        auto& d = data[static_cast<size_t>(q)];
+        d.resize(static_cast<size_t>(width) * dtype_size(dt));
+        for (int64_t j = 0; j < width; ++j) {
+          const float f = draw(static_cast<int>(j * 7 + q));
+          store_elem(d.data(), dt, j, f);
+          w.push_back(load_elem(d.data(), dt, j));
+        }
+        rows.push_back(d.data());
+      }
+      std::vector<float> init(static_cast<size_t>(width));
+      for (int64_t j = 0; j < width; ++j) init[static_cast<size_t>(j)] = draw(static_cast<int>(j * 3 + 1));
+      for (cpu::Isa isa : isas_here()) {
+        const cpu::Kernels& k = cpu::kernels_for(isa);
+        for (bool with_init : {false, true}) {
+          for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{64}, int64_t{65}, int64_t{200}, width - col0}) {
+            INFO("isa " << cpu::isa_name(isa) << " dtype " << dt << " rows " << nrows << " init " << with_init << " n "
+                        << n);
+            std::vector<float> got(static_cast<size_t>(n) + 1, -9.0f);
+            k.sum_rows(got.data(), with_init ? init.data() : nullptr, rows.data(), nrows, dt, col0, n);
+            for (int64_t j = 0; j < n; ++j) {
+              const auto c = static_cast<size_t>(col0 + j);
+              int q = 0;
+              float want = 0.0f;
+              if (with_init) want = init[static_cast<size_t>(j)];
+              else if (nrows > 0) want = wide[static_cast<size_t>(q++)][c];
+              for (; q < nrows; ++q) want += wide[static_cast<size_t>(q)][c];
+              const float g = got[static_cast<size_t>(j)];
+              INFO("column " << j << " got " << g << " want " << want);
+              if (std::isnan(want)) REQUIRE(std::isnan(g));
+              else REQUIRE(std::memcmp(&g, &want, 4) == 0);
+            }
+            REQUIRE(got[static_cast<size_t>(n)] == -9.0f);  // nothing written past n
+          }
+        }
+      }
+    }
+  }
+}
