@@ -61,10 +61,10 @@ struct Kernels {
   // acc[rows[i] * ldacc + j] += w[i] * c[i * ldc + j] (rows in order).
   void (*scatter_add)(float* acc, int64_t ldacc, const int32_t* rows, const float* w, const float* c, int ldc, int m,
                       int n) = nullptr;
-  // The unweighted combine of rows in f32, in row order: for j < n,
-  // out[j] = ((s + r_0[col0 + j]) + r_1[col0 + j]) + ... over the nrows
-  // rows r_q (of dtype dt: f32, bf16 or f16), where s is init[j] (init
-  // not null) or else the sum starts from r_0; no init and no rows: 0. The
+  // The unweighted combine of rows in f32: for j < n, out[j] = init[j] +
+  // r_0[col0 + j] + r_1[col0 + j] + ..., added left to right, over the
+  // nrows rows r_q of dtype dt (f32, bf16 or f16) widened to f32; with init
+  // null the sum starts from r_0, and with no rows either it is 0. The
   // same bits as widening each row and adding it in turn.
   void (*sum_rows)(float* out, const float* init, const void* const* rows, int nrows, ep_moe_dtype_t dt,
                    int64_t col0, int64_t n) = nullptr;

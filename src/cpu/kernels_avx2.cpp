@@ -120,13 +120,13 @@ void scatter_add(float* acc, int64_t ldacc, const int32_t* rows, const float* w,
 // back in order once at the end (each column's additions are unchanged).
 void sum_rows_avx2(float* out, const float* init, const void* const* rows, int nrows, ep_moe_dtype_t dt, int64_t col0,
                    int64_t n) {
-  const auto* const* r16 = reinterpret_cast<const uint16_t* const*>(rows);
-  const auto* const* r32 = reinterpret_cast<const float* const*>(rows);
+  const auto r16 = [rows](int q) { return static_cast<const uint16_t*>(rows[q]); };
+  const auto r32 = [rows](int q) { return static_cast<const float*>(rows[q]); };
   const bool bf16 = dt == EP_MOE_DTYPE_BF16;
   // Eight values of row q from column j, in order (f32 and f16 rows).
   const auto load8 = [&](int q, int64_t j) {
-    return dt == EP_MOE_DTYPE_F32 ? _mm256_loadu_ps(r32[q] + col0 + j)
-                                  : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r16[q] + col0 + j)));
+    return dt == EP_MOE_DTYPE_F32 ? _mm256_loadu_ps(r32(q) + col0 + j)
+                                  : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r16(q) + col0 + j)));
   };
   int64_t j = 0;
   if (bf16) {
@@ -142,7 +142,7 @@ void sum_rows_avx2(float* out, const float* init, const void* const* rows, int n
         }
       } else if (nrows > 0) {
         for (int b = 0; b < 4; ++b) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r16[0] + col0 + j + 16 * b));
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r16(0) + col0 + j + 16 * b));
           s[2 * b] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v));
           s[2 * b + 1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v));
         }
@@ -151,7 +151,7 @@ void sum_rows_avx2(float* out, const float* init, const void* const* rows, int n
         for (auto& v : s) v = _mm256_setzero_ps();
       }
       for (; q < nrows; ++q) {
-        const uint16_t* r = r16[q] + col0 + j;
+        const uint16_t* r = r16(q) + col0 + j;
         for (int b = 0; b < 4; ++b) {
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 16 * b));
           s[2 * b] = _mm256_add_ps(s[2 * b], _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v)));
@@ -183,7 +183,7 @@ void sum_rows_avx2(float* out, const float* init, const void* const* rows, int n
   for (; j < n; ++j) {  // the tail, one column at a time
     const auto at = [&](int q) {
       const int64_t c = col0 + j;
-      return dt == EP_MOE_DTYPE_F32 ? r32[q][c] : bf16 ? bf16_to_f32(r16[q][c]) : f16_to_f32(r16[q][c]);
+      return dt == EP_MOE_DTYPE_F32 ? r32(q)[c] : bf16 ? bf16_to_f32(r16(q)[c]) : f16_to_f32(r16(q)[c]);
     };
     int q = 0;
     float v = 0.0f;
