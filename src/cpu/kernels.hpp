@@ -89,9 +89,12 @@ struct Kernels {
 const Kernels& kernels_for(Isa isa);
 
 // Kernels::sum_rows of the AVX2 table, which the AVX-512 tables share (a
-// combine reads a few rows per token; 256-bit vectors keep up with it).
+// combine reads a few rows per token; 256-bit vectors keep up with it),
+// and the portable one (the generic table's; the AVX2 one's tail).
 void sum_rows_avx2(float* out, const float* init, const void* const* rows, int nrows, ep_moe_dtype_t dt, int64_t col0,
                    int64_t n);
+void sum_rows_scalar(float* out, const float* init, const void* const* rows, int nrows, ep_moe_dtype_t dt,
+                     int64_t col0, int64_t n);
 
 // Per-ISA tables, defined in their own translation units.
 const Kernels& kernels_generic();

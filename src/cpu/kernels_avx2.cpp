@@ -180,18 +180,7 @@ void sum_rows_avx2(float* out, const float* init, const void* const* rows, int n
       for (int b = 0; b < 8; ++b) _mm256_storeu_ps(out + j + 8 * b, s[b]);
     }
   }
-  for (; j < n; ++j) {  // the tail, one column at a time
-    const auto at = [&](int q) {
-      const int64_t c = col0 + j;
-      return dt == EP_MOE_DTYPE_F32 ? r32(q)[c] : bf16 ? bf16_to_f32(r16(q)[c]) : f16_to_f32(r16(q)[c]);
-    };
-    int q = 0;
-    float v = 0.0f;
-    if (init) v = init[j];
-    else if (nrows > 0) v = at(q++);
-    for (; q < nrows; ++q) v += at(q);
-    out[j] = v;
-  }
+  if (j < n) sum_rows_scalar(out + j, init ? init + j : nullptr, rows, nrows, dt, col0 + j, n - j);  // the tail
 }
 
 const Kernels& kernels_avx2() {

@@ -60,8 +60,10 @@ void scatter_add(float* acc, int64_t ldacc, const int32_t* rows, const float* w,
                  int n) {
   for (int i = 0; i < m; ++i) axpy(acc + static_cast<int64_t>(rows[i]) * ldacc, w[i], c + static_cast<int64_t>(i) * ldc, n);
 }
-void sum_rows(float* out, const float* init, const void* const* rows, int nrows, ep_moe_dtype_t dt, int64_t col0,
-              int64_t n) {
+}  // namespace
+
+void sum_rows_scalar(float* out, const float* init, const void* const* rows, int nrows, ep_moe_dtype_t dt,
+                     int64_t col0, int64_t n) {
   for (int64_t j = 0; j < n; ++j) {
     const auto at = [&](int q) {
       const int64_t c = col0 + j;
@@ -77,12 +79,11 @@ void sum_rows(float* out, const float* init, const void* const* rows, int nrows,
     out[j] = v;
   }
 }
-}  // namespace
 
 const Kernels& kernels_generic() {
   static const Kernels k{Isa::Generic, NR, MR, {gemm<0>, gemm<1>, gemm<2>}, nullptr,
                          row_to_bf16, row_from_bf16, row_to_f16, row_from_f16, silu_mul, axpy, scatter_add,
-                         sum_rows};
+                         sum_rows_scalar};
   return k;
 }
 
