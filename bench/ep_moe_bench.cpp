@@ -620,7 +620,8 @@ int main(int argc, char** argv) {
     mem_cpy = bench::memcpy_gbs_per_thread(dranks, std::max(0.5, o.peak_time), size_t{128} << 20);
     std::printf("\npermutation / combine: all-to-all dispatch, %d in-process ranks x 1 thread, %s rows; GB/s per rank "
                 "against memcpy by %d concurrent threads: of the same bytes (memcpy, %%cpy: in cache when they fit) and "
-                "from memory (%%mem: 128 MiB buffers, %.2f GB/s per thread)\n",
+                "from memory (%%mem: 128 MiB buffers, %.2f GB/s per thread); experts shrunk to intermediate 16, "
+                "which fwd_us (a whole forward) includes\n",
                 dranks, dtype_name(o.dtype), dranks, mem_cpy);
     std::printf("%-14s %6s %6s %10s %9s %9s %6s %6s %10s %9s %9s %6s %6s %10s\n", "preset", "ranks", "tokens", "perm_MB",
                 "GB/s", "memcpy", "%cpy", "%mem", "comb_MB", "GB/s", "memcpy", "%cpy", "%mem", "fwd_us");
