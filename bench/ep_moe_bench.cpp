@@ -266,17 +266,12 @@ std::string run_dispatch(const presets::Model& model, int ranks, int T, ep_moe_d
   // Medians over the forwards, then means over the ranks: a mean over
   // forwards lets one preemption of this VM's vCPU (milliseconds) outweigh
   // a thousand sub-microsecond phases.
-  auto median = [](std::vector<double> v) {
-    if (v.empty()) return 0.0;
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-    return v[v.size() / 2];
-  };
   double pn = 0, pb = 0, cn = 0, cb = 0, fn = 0;
   for (int r = 0; r < ranks; ++r) {
     const auto ri = static_cast<size_t>(r);
-    pn += median(perm_ns[ri]);
-    cn += median(comb_ns[ri]);
-    fn += median(fwd_ns[ri]);
+    pn += median_of(perm_ns[ri]);
+    cn += median_of(comb_ns[ri]);
+    fn += median_of(fwd_ns[ri]);
     pb += perm_b[ri];
     cb += comb_b[ri];
   }
