@@ -53,10 +53,9 @@ struct Kernels {
   void (*from_bf16)(const uint16_t* src, float* dst, int64_t n) = nullptr;
   void (*to_f16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
   void (*from_f16)(const uint16_t* src, float* dst, int64_t n) = nullptr;
-  // GEMM epilogues: out[i] = silu(gate[i]) * up[i] (exp by a polynomial
-  // within 2 ulp of expf), and dst[i] += w * x[i].
+  // GEMM epilogue: out[i] = silu(gate[i]) * up[i] (exp by a polynomial
+  // within 2 ulp of expf).
   void (*silu_mul)(const float* gate, const float* up, float* out, int n) = nullptr;
-  void (*axpy)(float* dst, float w, const float* x, int n) = nullptr;
   // The weighted combine of m result rows: for i < m, j < n,
   // acc[rows[i] * ldacc + j] += w[i] * c[i * ldc + j] (rows in order).
   void (*scatter_add)(float* acc, int64_t ldacc, const int32_t* rows, const float* w, const float* c, int ldc, int m,

@@ -185,7 +185,7 @@ void sum_rows_avx2(float* out, const float* init, const void* const* rows, int n
 
 const Kernels& kernels_avx2() {
   static const Kernels k{Isa::Avx2, NR, MR, {gemm<0>, gemm<1>, gemm<2>}, nullptr,
-                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16, silu_mul, axpy, scatter_add,
+                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16, silu_mul, scatter_add,
                          sum_rows_avx2, {gemv<0>, gemv<1>, gemv<2>}, nullptr, {gemm_run<0>, gemm_run<1>, gemm_run<2>},
                          {kRunRows<0>, kRunRows<1>, kRunRows<2>}};
   return k;

@@ -157,7 +157,7 @@ void dot_gemv(const uint16_t* a, int k, const void* panel, int np, float* c, con
 
 const Kernels& kernels_avx512bf16() {
   static const Kernels k{Isa::Avx512Bf16, NR, MR, {gemm<0>, gemm<1>, gemm<2>}, dot_gemm,
-                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16, silu_mul, axpy, scatter_add,
+                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16, silu_mul, scatter_add,
                          sum_rows_avx2, {gemv<0>, gemv<1>, gemv<2>}, dot_gemv};
   return k;
 }

@@ -82,7 +82,7 @@ void sum_rows_scalar(float* out, const float* init, const void* const* rows, int
 
 const Kernels& kernels_generic() {
   static const Kernels k{Isa::Generic, NR, MR, {gemm<0>, gemm<1>, gemm<2>}, nullptr,
-                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16, silu_mul, axpy, scatter_add,
+                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16, silu_mul, scatter_add,
                          sum_rows_scalar};
   return k;
 }

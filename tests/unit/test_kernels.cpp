@@ -292,7 +292,7 @@ TEST_CASE("row conversions match the scalar ones bit for bit at every ISA level"
   }
 }
 
-TEST_CASE("silu_mul and axpy epilogues match double math at every ISA level", "[unit][kernels]") {
+TEST_CASE("silu_mul and scatter_add epilogues match double math at every ISA level", "[unit][kernels]") {
   std::mt19937 rng(Catch::rngSeed() + 14u);
   std::normal_distribution<float> nd(0.0f, 4.0f);
   std::vector<float> g(67), u(67);
@@ -315,8 +315,11 @@ TEST_CASE("silu_mul and axpy epilogues match double math at every ISA level", "[
         REQUIRE(std::fabs(out[static_cast<size_t>(i)] - want) <= 1e-6 * std::fabs(want) + 1e-30);
       }
       REQUIRE(out[static_cast<size_t>(n)] == -5.0f);
+      // One row through scatter_add: acc += w * u.
       std::vector<float> acc(static_cast<size_t>(n) + 1, 1.5f);
-      k.axpy(acc.data(), -0.75f, u.data(), n);
+      const int32_t row0 = 0;
+      const float w0 = -0.75f;
+      k.scatter_add(acc.data(), 0, &row0, &w0, u.data(), 0, 1, n);
       for (int i = 0; i < n; ++i) {  // fused or not: within two roundings of the exact value
         const double x = 0.75 * static_cast<double>(u[static_cast<size_t>(i)]), want = 1.5 - x;
         REQUIRE(std::fabs(acc[static_cast<size_t>(i)] - want) <= 1.2e-7 * (1.5 + std::fabs(x)));
