@@ -142,19 +142,39 @@ void bf16_tile_asm(const float* const* a, int k, const uint16_t* panel, float* c
 
 // Row conversions (AVX2 + F16C; scalar tails from common/dtype.hpp).
 namespace {
+// Eight f32 values rounded to bf16 (to nearest, ties to even; a NaN stays
+// a quiet NaN), each in the low half of a 32-bit lane, as f32_to_bf16 does.
+// The NaN test is an unordered compare: one instruction instead of a mask
+// and an integer compare. Like any f32 arithmetic it sets MXCSR's invalid
+// flag for a signalling NaN; what the layer narrows (sums of FMAs, zeros)
+// never is one.
+inline __m256i bf16_lanes(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i hi = _mm256_srli_epi32(u, 16);
+  const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+}
+// 16 values a step, packed together and stored as one 32-byte vector. On
+// the Zen 3, 2048 values in L1: 285-293 ns with 8 a step and the integer
+// NaN test, 257 with 16 a step, 227-229 with 16 and the compare. The same
+// bits as f32_to_bf16 for every one of the 2^32 inputs (checked once,
+// outside the tests; the unit test covers ties, denormals, infinities and
+// both kinds of NaN).
 void row_to_bf16(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;
-  const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff), abs = _mm256_set1_epi32(0x7fffffff),
-                inf = _mm256_set1_epi32(0x7f800000), quiet = _mm256_set1_epi32(0x40);
-  for (; i + 8 <= n; i += 8) {
-    const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(src + i));
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
-    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, bias)), 16);
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
-    const __m256i v = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), quiet), nan);
-    // 8 x u32 (< 65536) -> 8 x u16: pack within lanes, then take lanes 0 and 2.
-    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08);
+  for (; i + 16 <= n; i += 16) {
+    const __m256i lo = bf16_lanes(_mm256_loadu_ps(src + i)), hi = bf16_lanes(_mm256_loadu_ps(src + i + 8));
+    // Lane-wise pack: 64-bit blocks lo0 hi0 lo1 hi1, put back in order.
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), p);
+  }
+  if (i + 8 <= n) {
+    const __m256i v = bf16_lanes(_mm256_loadu_ps(src + i));
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08);  // 64-bit blocks 0 and 2
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_castsi256_si128(p));
+    i += 8;
   }
   for (; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
 }

@@ -261,7 +261,7 @@ TEST_CASE("row conversions match the scalar ones bit for bit at every ISA level"
   for (cpu::Isa isa : isas_here()) {
     const cpu::Kernels& k = cpu::kernels_for(isa);
     INFO("isa " << cpu::isa_name(isa));
-    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{15}, int64_t{16}, int64_t{33}, static_cast<int64_t>(src.size())}) {
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{15}, int64_t{16}, int64_t{24}, int64_t{33}, static_cast<int64_t>(src.size())}) {
       std::vector<uint16_t> got(static_cast<size_t>(n) + 1, 0xBEEF);
       k.to_bf16(src.data(), got.data(), n);
       for (int64_t i = 0; i < n; ++i) REQUIRE(got[static_cast<size_t>(i)] == f32_to_bf16(src[static_cast<size_t>(i)]));
