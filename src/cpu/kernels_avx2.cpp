@@ -54,9 +54,9 @@ static inline __m256 vload_f16(const uint16_t* p) {
 // alternated per 0.25 s block in one process, bits compared, forward time
 // asm / C++ (medians): 64 rows per expert (prefill: tiles of 5 and 6)
 // 0.847 and 0.919; 8 rows (two tiles of 4) 0.811; 6 rows 0.898; 5 rows
-// 0.923; 4 rows 0.984, 0.977, 0.971; 3 rows 1.009, 1.035, 0.985 (the
-// weight stream binds there; 3 rows stay here so that one loop serves
-// every bf16 tile of 3-6 rows).
+// 0.923; 4 rows 0.971-1.019 and 3 rows 0.863-1.035 in four runs each
+// (the weight stream binds there; 3 rows stay here so that one loop
+// serves every bf16 tile of 3-6 rows). docs/benchmarks.md, stop 24.
 //
 // Operands: the row pointers a0..a5 and the panel w are offset to the end
 // of the k pairs, and ix runs from -8 * pairs up to 0 (8 bytes of each row
@@ -136,6 +136,28 @@ void bf16_tile_asm(const float* const* a, int k, const uint16_t* panel, float* c
   }
 }
 }  // namespace
+#undef EPM_ROW
+#undef EPM_H3
+#undef EPM_H4
+#undef EPM_H5
+#undef EPM_H6
+#undef EPM_Z
+#undef EPM_Z3
+#undef EPM_Z4
+#undef EPM_Z5
+#undef EPM_Z6
+#undef EPM_S
+#undef EPM_S3
+#undef EPM_S4
+#undef EPM_S5
+#undef EPM_S6
+#undef EPM_EVEN
+#undef EPM_ODD
+#undef EPM_TILE
+#undef EPM_OPERANDS
+#undef EPM_PF0
+#undef EPM_PF1
+#undef EPM_CASE
 #define EP_MOE_AVX2_BF16_ASM_TILES 1
 
 #include "cpu/kernels_x86.inc"
