@@ -60,13 +60,16 @@ struct Kernels {
   // acc[rows[i] * ldacc + j] += w[i] * c[i * ldc + j] (rows in order).
   void (*scatter_add)(float* acc, int64_t ldacc, const int32_t* rows, const float* w, const float* c, int ldc, int m,
                       int n) = nullptr;
-  // The unweighted combine of rows in f32: for j < n, out[j] = init[j] +
-  // r_0[col0 + j] + r_1[col0 + j] + ..., added left to right, over the
-  // nrows rows r_q of dtype dt (f32, bf16 or f16) widened to f32; with init
-  // null the sum starts from r_0, and with no rows either it is 0. The
-  // same bits as widening each row and adding it in turn.
-  void (*sum_rows)(float* out, const float* init, const void* const* rows, int nrows, ep_moe_dtype_t dt,
-                   int64_t col0, int64_t n) = nullptr;
+  // The unweighted combine of rows, summed in f32: for j < n, the sum
+  // init[j] + r_0[col0 + j] + r_1[col0 + j] + ..., added left to right,
+  // over the nrows rows r_q of dtype dt (f32, bf16 or f16) widened to f32;
+  // with init null the sum starts from r_0, and with no rows either it is
+  // 0. The same bits as widening each row and adding it in turn. Written to
+  // out[j] in out_dt: f32 as summed, bf16 or f16 narrowed as this table's
+  // to_bf16 / to_f16 would narrow the f32 sums (an f16 NaN's payload may
+  // differ).
+  void (*sum_rows)(void* out, ep_moe_dtype_t out_dt, const float* init, const void* const* rows, int nrows,
+                   ep_moe_dtype_t dt, int64_t col0, int64_t n) = nullptr;
   // Where set (null: call gemm with m = 1 per panel).
   GemvFn gemv[3] = {nullptr, nullptr, nullptr};  // by weight dtype
   GemvBf16Fn gemv_bf16 = nullptr;                // with gemm_bf16
@@ -90,10 +93,10 @@ const Kernels& kernels_for(Isa isa);
 // Kernels::sum_rows of the AVX2 table, which the AVX-512 tables share (a
 // combine reads a few rows per token; 256-bit vectors keep up with it),
 // and the portable one (the generic table's; the AVX2 one's tail).
-void sum_rows_avx2(float* out, const float* init, const void* const* rows, int nrows, ep_moe_dtype_t dt, int64_t col0,
-                   int64_t n);
-void sum_rows_scalar(float* out, const float* init, const void* const* rows, int nrows, ep_moe_dtype_t dt,
-                     int64_t col0, int64_t n);
+void sum_rows_avx2(void* out, ep_moe_dtype_t out_dt, const float* init, const void* const* rows, int nrows,
+                   ep_moe_dtype_t dt, int64_t col0, int64_t n);
+void sum_rows_scalar(void* out, ep_moe_dtype_t out_dt, const float* init, const void* const* rows, int nrows,
+                     ep_moe_dtype_t dt, int64_t col0, int64_t n);
 
 // Per-ISA tables, defined in their own translation units.
 const Kernels& kernels_generic();

@@ -260,21 +260,45 @@ void scatter_add(float* acc, int64_t ldacc, const int32_t* rows, const float* w,
 
 // Kernels::sum_rows. 64 columns at a time, their sums in eight registers
 // while every row is added, so no f32 row is written and read back per
-// row. The combine used to widen each row into a buffer and add that; one
+// row, and narrowed (where out_dt is 16-bit) straight from the registers.
+// The combine used to widen each row into a buffer and add that; one
 // token's rows of 2048 bf16 columns, summed and narrowed to bf16, cached,
-// on the Zen 3: 6 rows 2.96 -> 1.05 us, 2 rows 1.05 -> 0.68 us. bf16 rows widen
+// on the Zen 3: 6 rows 2.96 -> 1.05 us, 2 rows 1.05 -> 0.68 us (stop 23,
+// the narrowing then a second pass over an f32 buffer). bf16 rows widen
 // by interleaving with zeros, 16 values a load: the sums then hold
-// columns 0-3 and 8-11 in one register and 4-7 and 12-15 in the next, put
-// back in order once at the end (each column's additions are unchanged).
-void sum_rows_avx2(float* out, const float* init, const void* const* rows, int nrows, ep_moe_dtype_t dt, int64_t col0,
-                   int64_t n) {
+// columns 0-3 and 8-11 in one register and 4-7 and 12-15 in the next
+// (each column's additions are unchanged), which is the order in which
+// a lane-wise pack to bf16 wants them; f32 and f16 outputs put them back
+// in column order.
+void sum_rows_avx2(void* out, ep_moe_dtype_t out_dt, const float* init, const void* const* rows, int nrows,
+                   ep_moe_dtype_t dt, int64_t col0, int64_t n) {
   const auto r16 = [rows](int q) { return static_cast<const uint16_t*>(rows[q]); };
   const auto r32 = [rows](int q) { return static_cast<const float*>(rows[q]); };
   const bool bf16 = dt == EP_MOE_DTYPE_BF16;
+  float* const o32 = static_cast<float*>(out);
+  uint16_t* const o16 = static_cast<uint16_t*>(out);
   // Eight values of row q from column j, in order (f32 and f16 rows).
   const auto load8 = [&](int q, int64_t j) {
     return dt == EP_MOE_DTYPE_F32 ? _mm256_loadu_ps(r32(q) + col0 + j)
                                   : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r16(q) + col0 + j)));
+  };
+  // The sums of columns j .. j + 15 in a and b: in the interleaved order
+  // above when `mixed`, else a holds j .. j + 7 and b the next eight.
+  const auto store16 = [&](int64_t j, __m256 a, __m256 b, bool mixed) {
+    if (out_dt == EP_MOE_DTYPE_BF16) {
+      const __m256i p = _mm256_packus_epi32(bf16_lanes(a), bf16_lanes(b));  // 64-bit blocks a0 b0 a1 b1
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o16 + j), mixed ? p : _mm256_permute4x64_epi64(p, 0xD8));
+      return;
+    }
+    const __m256 lo = mixed ? _mm256_permute2f128_ps(a, b, 0x20) : a, hi = mixed ? _mm256_permute2f128_ps(a, b, 0x31) : b;
+    if (out_dt == EP_MOE_DTYPE_F32) {
+      _mm256_storeu_ps(o32 + j, lo);
+      _mm256_storeu_ps(o32 + j + 8, hi);
+    } else {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o16 + j), _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o16 + j + 8),
+                       _mm256_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
   };
   int64_t j = 0;
   if (bf16) {
@@ -306,10 +330,7 @@ void sum_rows_avx2(float* out, const float* init, const void* const* rows, int n
           s[2 * b + 1] = _mm256_add_ps(s[2 * b + 1], _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v)));
         }
       }
-      for (int b = 0; b < 4; ++b) {  // back to column order
-        _mm256_storeu_ps(out + j + 16 * b, _mm256_permute2f128_ps(s[2 * b], s[2 * b + 1], 0x20));
-        _mm256_storeu_ps(out + j + 16 * b + 8, _mm256_permute2f128_ps(s[2 * b], s[2 * b + 1], 0x31));
-      }
+      for (int b = 0; b < 4; ++b) store16(j + 16 * b, s[2 * b], s[2 * b + 1], true);
     }
   } else {
     for (; j + 64 <= n; j += 64) {
@@ -325,10 +346,20 @@ void sum_rows_avx2(float* out, const float* init, const void* const* rows, int n
       }
       for (; q < nrows; ++q)
         for (int b = 0; b < 8; ++b) s[b] = _mm256_add_ps(s[b], load8(q, j + 8 * b));
-      for (int b = 0; b < 8; ++b) _mm256_storeu_ps(out + j + 8 * b, s[b]);
+      for (int b = 0; b < 4; ++b) store16(j + 16 * b, s[2 * b], s[2 * b + 1], false);
     }
   }
-  if (j < n) sum_rows_scalar(out + j, init ? init + j : nullptr, rows, nrows, dt, col0 + j, n - j);  // the tail
+  if (j == n) return;
+  // The tail (under 64 columns): summed by the portable code, narrowed by
+  // this table's conversions.
+  if (out_dt == EP_MOE_DTYPE_F32) {
+    sum_rows_scalar(o32 + j, out_dt, init ? init + j : nullptr, rows, nrows, dt, col0 + j, n - j);
+    return;
+  }
+  float tail[64];
+  sum_rows_scalar(tail, EP_MOE_DTYPE_F32, init ? init + j : nullptr, rows, nrows, dt, col0 + j, n - j);
+  if (out_dt == EP_MOE_DTYPE_BF16) row_to_bf16(tail, o16 + j, n - j);
+  else row_to_f16(tail, o16 + j, n - j);
 }
 
 const Kernels& kernels_avx2() {

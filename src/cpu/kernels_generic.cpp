@@ -62,8 +62,8 @@ void scatter_add(float* acc, int64_t ldacc, const int32_t* rows, const float* w,
 }
 }  // namespace
 
-void sum_rows_scalar(float* out, const float* init, const void* const* rows, int nrows, ep_moe_dtype_t dt,
-                     int64_t col0, int64_t n) {
+void sum_rows_scalar(void* out, ep_moe_dtype_t out_dt, const float* init, const void* const* rows, int nrows,
+                     ep_moe_dtype_t dt, int64_t col0, int64_t n) {
   for (int64_t j = 0; j < n; ++j) {
     const auto at = [&](int q) {
       const int64_t c = col0 + j;
@@ -76,7 +76,8 @@ void sum_rows_scalar(float* out, const float* init, const void* const* rows, int
     if (init) v = init[j];
     else if (nrows > 0) v = at(q++);
     for (; q < nrows; ++q) v += at(q);
-    out[j] = v;
+    if (out_dt == EP_MOE_DTYPE_F32) static_cast<float*>(out)[j] = v;
+    else static_cast<uint16_t*>(out)[j] = out_dt == EP_MOE_DTYPE_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
   }
 }
 

@@ -1114,25 +1114,20 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   // Per token: its shared-expert result (if any) plus the rows that came
   // back for it (in destination-rank order, as sent), summed in f32 a few
   // columns at a time in registers (Kernels::sum_rows) and written out
-  // once: no f32 row is read and written per returned row. Without a
-  // shared expert the sum starts from the first returned row. Token blocks
-  // in parallel.
+  // once, in the activation dtype: no f32 row is written and read back,
+  // per returned row or per token. Without a shared expert the sum starts
+  // from the first returned row. Token blocks in parallel.
   const char* ret = ret_recv_.data<char>();
   const int64_t back_rows = send_off_[static_cast<size_t>(n)];
   build_back_csr(T);
   for (int64_t q = 0; q < back_rows; ++q)
     back_ptr_[static_cast<size_t>(q)] = ret + static_cast<size_t>(back_idx_[static_cast<size_t>(q)] * H) * es;
   pool_->parallel_ranges(static_cast<size_t>(T), 8, [&](size_t b0, size_t b1, int) {
-    constexpr int64_t cb = 512;
-    alignas(64) float sum[cb];
     for (auto t = static_cast<int64_t>(b0); t < static_cast<int64_t>(b1); ++t) {
       const int64_t q = back_off_[static_cast<size_t>(t)];
       const auto nq = static_cast<int>(back_off_[static_cast<size_t>(t) + 1] - q);
-      for (int64_t c0 = 0; c0 < H; c0 += cb) {
-        const int64_t len = std::min(cb, H - c0);
-        kern_.sum_rows(sum, any_shared ? oacc + t * H + c0 : nullptr, back_ptr_.data() + q, nq, adt, c0, len);
-        store_row(kern_, static_cast<char*>(a.out) + (t * H + c0) * static_cast<int64_t>(es), adt, sum, len);
-      }
+      kern_.sum_rows(static_cast<char*>(a.out) + t * H * static_cast<int64_t>(es), adt,
+                     any_shared ? oacc + t * H : nullptr, back_ptr_.data() + q, nq, adt, 0, H);
     }
   });
   ph.combine_bytes += (back_rows + T) * H * static_cast<int64_t>(es);

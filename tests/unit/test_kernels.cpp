@@ -352,7 +352,8 @@ TEST_CASE("silu_mul and scatter_add epilogues match double math at every ISA lev
   }
 }
 
-TEST_CASE("sum_rows adds its rows in order, bit for bit, at every ISA level", "[unit][kernels]") {
+TEST_CASE("sum_rows adds its rows in order, bit for bit, at every ISA level, and narrows the sums as to_bf16 / to_f16 do",
+          "[unit][kernels]") {
   std::mt19937 rng(Catch::rngSeed() + 15u);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::uniform_int_distribution<int> ex(-12, 12);
@@ -390,7 +391,7 @@ TEST_CASE("sum_rows adds its rows in order, bit for bit, at every ISA level", "[
             INFO("isa " << cpu::isa_name(isa) << " dtype " << dt << " rows " << nrows << " init " << with_init << " n "
                         << n);
             std::vector<float> got(static_cast<size_t>(n) + 1, -9.0f);
-            k.sum_rows(got.data(), with_init ? init.data() : nullptr, rows.data(), nrows, dt, col0, n);
+            k.sum_rows(got.data(), EP_MOE_DTYPE_F32, with_init ? init.data() : nullptr, rows.data(), nrows, dt, col0, n);
             for (int64_t j = 0; j < n; ++j) {
               const auto c = static_cast<size_t>(col0 + j);
               int q = 0;
@@ -404,6 +405,22 @@ TEST_CASE("sum_rows adds its rows in order, bit for bit, at every ISA level", "[
               else REQUIRE(std::memcmp(&g, &want, 4) == 0);
             }
             REQUIRE(got[static_cast<size_t>(n)] == -9.0f);  // nothing written past n
+            // Narrowed in the call: the bits of narrowing those f32 sums with
+            // the table's own conversions (an f16 NaN's payload aside).
+            for (ep_moe_dtype_t od : {EP_MOE_DTYPE_BF16, EP_MOE_DTYPE_F16}) {
+              INFO("out dtype " << od);
+              std::vector<uint16_t> got16(static_cast<size_t>(n) + 1, 0xBEEF), want16(static_cast<size_t>(n));
+              k.sum_rows(got16.data(), od, with_init ? init.data() : nullptr, rows.data(), nrows, dt, col0, n);
+              if (od == EP_MOE_DTYPE_BF16) k.to_bf16(got.data(), want16.data(), n);
+              else k.to_f16(got.data(), want16.data(), n);
+              for (int64_t j = 0; j < n; ++j) {
+                const uint16_t g = got16[static_cast<size_t>(j)], w = want16[static_cast<size_t>(j)];
+                INFO("column " << j << " got " << g << " want " << w);
+                if (od == EP_MOE_DTYPE_F16 && std::isnan(f16_to_f32(w))) REQUIRE(std::isnan(f16_to_f32(g)));
+                else REQUIRE(g == w);
+              }
+              REQUIRE(got16[static_cast<size_t>(n)] == 0xBEEF);
+            }
           }
         }
       }
