@@ -178,6 +178,15 @@ inline __m256i bf16_lanes(__m256 x) {
   const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
   return _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
 }
+// 16 values to bf16 at dst: columns 0-7 in a and 8-15 in b, or, when
+// `interleaved`, 0-3 and 8-11 in a and 4-7 and 12-15 in b (the order of
+// sum_rows_avx2's widened bf16 rows), which is the order in which a
+// lane-wise pack leaves them; else the pack's 64-bit blocks a0 b0 a1 b1
+// are put back in order.
+inline void store_bf16x16(uint16_t* dst, __m256 a, __m256 b, bool interleaved) {
+  const __m256i p = _mm256_packus_epi32(bf16_lanes(a), bf16_lanes(b));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), interleaved ? p : _mm256_permute4x64_epi64(p, 0xD8));
+}
 // 16 values a step, packed together and stored as one 32-byte vector. On
 // the Zen 3, 2048 values in L1: 285-293 ns with 8 a step and the integer
 // NaN test, 257 with 16 a step, 227-229 with 16 and the compare. The same
@@ -186,12 +195,7 @@ inline __m256i bf16_lanes(__m256 x) {
 // both kinds of NaN).
 void row_to_bf16(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256i lo = bf16_lanes(_mm256_loadu_ps(src + i)), hi = bf16_lanes(_mm256_loadu_ps(src + i + 8));
-    // Lane-wise pack: 64-bit blocks lo0 hi0 lo1 hi1, put back in order.
-    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), p);
-  }
+  for (; i + 16 <= n; i += 16) store_bf16x16(dst + i, _mm256_loadu_ps(src + i), _mm256_loadu_ps(src + i + 8), false);
   if (i + 8 <= n) {
     const __m256i v = bf16_lanes(_mm256_loadu_ps(src + i));
     const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08);  // 64-bit blocks 0 and 2
@@ -285,11 +289,7 @@ void sum_rows_avx2(void* out, ep_moe_dtype_t out_dt, const float* init, const vo
   // The sums of columns j .. j + 15 in a and b: in the interleaved order
   // above when `mixed`, else a holds j .. j + 7 and b the next eight.
   const auto store16 = [&](int64_t j, __m256 a, __m256 b, bool mixed) {
-    if (out_dt == EP_MOE_DTYPE_BF16) {
-      const __m256i p = _mm256_packus_epi32(bf16_lanes(a), bf16_lanes(b));  // 64-bit blocks a0 b0 a1 b1
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o16 + j), mixed ? p : _mm256_permute4x64_epi64(p, 0xD8));
-      return;
-    }
+    if (out_dt == EP_MOE_DTYPE_BF16) return store_bf16x16(o16 + j, a, b, mixed);
     const __m256 lo = mixed ? _mm256_permute2f128_ps(a, b, 0x20) : a, hi = mixed ? _mm256_permute2f128_ps(a, b, 0x31) : b;
     if (out_dt == EP_MOE_DTYPE_F32) {
       _mm256_storeu_ps(o32 + j, lo);
