@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/dtype.hpp"
+
 namespace ep_moe {
 namespace cpu {
 
@@ -264,14 +266,14 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
       // process, ten 1 s blocks each: T=512 0.80 of the time (bf16 and
       // f32), T=256 0.91; with the rank's 8 routed experts of ~12 rows as
       // well, 0.98 (their ~56 ms do not change; the VM's noise is ~+-5 %).
-      const size_t panel_bytes = w.panel_elems() * (w.dtype == EP_MOE_DTYPE_F32 ? 4 : 2);
+      const size_t panel_bytes = w.panel_elems() * dtype_size(w.dtype);
       if (s.len > kRows && static_cast<size_t>(p_end - p0) * panel_bytes <= kRowBlockClaimBytes) {
         for (int64_t r0 = 0; r0 < s.len; r0 += kRows)
           for (int32_t p = p0; p < p_end; p += run_b) {
             const int32_t np = std::min(run_b, p_end - p), col0 = p * nr;
-            int m = 0;
+            const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
             for (int32_t j = 0; j < np; ++j)
-              m = down_rows(s, w, p + j, r0, c + j * nr, np * nr, r0 == 0 ? next_after(p + j + 1) : nullptr, a, a16);
+              down_rows(s, w, p + j, r0, c + j * nr, np * nr, r0 == 0 ? next_after(p + j + 1) : nullptr, a, a16);
             k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin + r0, s.job->weights + s.begin + r0, c, np * nr, m,
                            std::min(np * nr, hidden_ - col0));
           }
