@@ -350,7 +350,8 @@ int main(int argc, char** argv) {
   }
 
   const char* fma_isa = "";
-  std::printf("measuring this machine's peaks with %d thread(s)...\n", threads);
+  const std::string cpu = bench::cpu_description();
+  std::printf("CPU: %s\nmeasuring this machine's peaks with %d thread(s)...\n", cpu.c_str(), threads);
   const double peak = bench::fma_peak_gflops(threads, o.peak_time, &fma_isa);
   const double dot_peak = bench::bf16_dot_peak_gflops(threads, o.peak_time);
   bench::ReadBandwidth bw_probe(threads, o.bw_mb);
@@ -650,9 +651,9 @@ int main(int argc, char** argv) {
     }
     std::fprintf(f, "{\n  \"ep_moe_version\": \"%s\",\n  \"dtype\": \"%s\",\n", ep_moe_version_string(),
                  dtype_name(o.dtype));
-    std::fprintf(f, "  \"machine\": {\"threads\": %d, \"fma_isa\": \"%s\", \"fma_peak_gflops\": %.3f, "
+    std::fprintf(f, "  \"machine\": {\"cpu\": \"%s\", \"threads\": %d, \"fma_isa\": \"%s\", \"fma_peak_gflops\": %.3f, "
                     "\"bf16_dot_peak_gflops\": %.3f, \"read_bandwidth_gbs\": %.3f},\n  \"results\": [\n",
-                 threads, fma_isa, peak, dot_peak, bw);
+                 cpu.c_str(), threads, fma_isa, peak, dot_peak, bw);
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::fprintf(f,

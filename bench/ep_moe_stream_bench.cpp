@@ -253,6 +253,7 @@ int main(int argc, char** argv) {
     ffn.run(pool, jobs, x.data(), hidden, acc.data(), hidden, cpu::Act::Silu, x16.data(), hidden);
   };
 
+  std::printf("CPU: %s\n", bench::cpu_description().c_str());
   std::printf("%d experts (H %d, I %d, rows per expert %d..%d, %lld pairs), %.1f MB of bf16 weights per pass, "
               "%d threads, %s %s tiles\n",
               experts, hidden, inter, *std::min_element(rows_pattern.begin(), rows_pattern.end()), max_rows,

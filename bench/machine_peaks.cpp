@@ -15,6 +15,7 @@
 #endif
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -314,6 +315,48 @@ double memcpy_gbs_per_thread(int threads, double seconds, size_t bytes) {
   double sum = 0;
   for (double x : rate) sum += x;
   return sum / threads;
+}
+
+std::string cpu_description() {
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return "unknown CPU";
+  char vendor[13] = {};
+  std::memcpy(vendor, &b, 4);
+  std::memcpy(vendor + 4, &d, 4);
+  std::memcpy(vendor + 8, &c, 4);
+  unsigned family = 0, model = 0;
+  if (a >= 1 && __get_cpuid(1, &a, &b, &c, &d)) {
+    const unsigned base_family = (a >> 8) & 0xf, base_model = (a >> 4) & 0xf;
+    family = base_family == 0xf ? base_family + ((a >> 20) & 0xff) : base_family;
+    model = base_family == 0xf || base_family == 0x6 ? base_model + (((a >> 16) & 0xf) << 4) : base_model;
+  }
+  std::string brand;
+  unsigned top = 0;
+  __get_cpuid(0x80000000u, &top, &b, &c, &d);
+  if (top >= 0x80000004u) {
+    for (unsigned leaf = 0x80000002u; leaf <= 0x80000004u; ++leaf) {
+      unsigned r[4] = {0, 0, 0, 0};
+      __get_cpuid(leaf, &r[0], &r[1], &r[2], &r[3]);
+      brand.append(reinterpret_cast<const char*>(r), sizeof r);
+    }
+  }
+  std::string clean;  // printable, single spaces, nothing a JSON string would need escaped
+  for (char ch : brand) {
+    if (ch == '\0') break;
+    const bool keep = ch > ' ' && ch < 127 && ch != '"' && ch != '\\';
+    if (keep) clean += ch;
+    else if (ch == ' ' && !clean.empty() && clean.back() != ' ') clean += ' ';
+  }
+  while (!clean.empty() && clean.back() == ' ') clean.pop_back();
+  std::string v;
+  for (char ch : std::string(vendor))
+    if (ch > ' ' && ch < 127 && ch != '"' && ch != '\\') v += ch;
+  if (clean.empty()) clean = "unnamed CPU";
+  return clean + " (" + v + " family " + std::to_string(family) + " model " + std::to_string(model) + ")";
+#else
+  return "unknown CPU";
+#endif
 }
 
 }  // namespace bench

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace bench {
 
@@ -50,5 +51,12 @@ uint64_t sum_words(const uint64_t* p, size_t n);
 // thread's faster one counts (a destination a few bytes past the source
 // modulo 4 KiB made memcpy 20x slower on a Zen 3).
 double memcpy_gbs_per_thread(int threads, double seconds, size_t bytes);
+
+// The CPU the figures come from, for the report and its JSON: the brand
+// string and, on x86, vendor, family and model as CPUID gives them (the
+// displayed family and model, extended fields added), e.g. "AMD EPYC
+// (AuthenticAMD family 26 model 2)". Printable ASCII only, no quotes or
+// backslashes; "unknown CPU" where CPUID is not available.
+std::string cpu_description();
 
 }  // namespace bench
