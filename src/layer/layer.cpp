@@ -549,9 +549,8 @@ void Layer::route_tokens(const ep_moe_forward_args_t& a) {
   if (a.router_logits) {
     route_all(a.router_logits, static_cast<ep_moe_dtype_t>(cfg_.router_dtype), T);
   } else if (!a.topk_ids) {  // the layer's own router: logits = x Wr^T in f32
-    float* x = own_x_.data<float>();
-    widen_rows(a.hidden, T, x);
-    compute_logits(x, T, logits_.data());
+    int64_t widened = 0;
+    compute_logits(f32_rows(a.hidden, T, own_x_.data<float>(), &widened), T, logits_.data());
     route_all(logits_.data(), EP_MOE_DTYPE_F32, T);
   } else {
     check_topk(a.topk_ids, a.topk_weights, T, cfg_.top_k, cfg_.num_experts);
@@ -715,7 +714,8 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
   const int64_t T = a.num_tokens, H = cfg_.hidden_size, K = cfg_.top_k;
   const auto adt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
   const size_t es = dtype_size(adt);
-  float* x = x_f32_.data<float>();
+  float* xw = x_f32_.data<float>();
+  const float* x = xw;  // the experts' f32 rows
   int32_t* ids = ids_.data();
   float* w = weights_.data();
 
@@ -755,11 +755,12 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
       dp->all_gather_v(recv_rows_.data(), send, counts_.data(), EP_MOE_DTYPE_I32, a.stream);
     }
     t0 = now_ns();
-    ph.permute_bytes += unpack_rows(T_all, x);
+    ph.permute_bytes += unpack_rows(T_all, xw);
     ph.permute_ns += now_ns() - t0;
   } else if (!direct_bf16_) {
-    widen_rows(a.hidden, T, x);
-    ph.permute_bytes += T * H * 4;
+    int64_t widened = 0;
+    x = f32_rows(a.hidden, T, xw, &widened);
+    ph.permute_bytes += widened;
     ph.permute_ns += now_ns() - t0;
   }
   // With direct_bf16_ the experts read the bf16 rows where they are.
@@ -857,6 +858,19 @@ void Layer::widen_rows(const void* src, int64_t n, float* dst, size_t src_stride
     for (size_t t = t0; t < t1; ++t)
       convert_row(kern_, dst + static_cast<int64_t>(t) * H, static_cast<const char*>(src) + t * row, adt, H);
   });
+}
+
+const float* Layer::f32_rows(const void* hidden, int64_t n, float* scratch, int64_t* widened) {
+  // f32 activations need no widening: a copy of T x H floats (14.7 MB for
+  // deepseek-v3's T=512, written, then read again by the experts) is not
+  // made. The rows' values, and so the bits of every sum, are the same.
+  if (cfg_.act_dtype == EP_MOE_DTYPE_F32 && reinterpret_cast<uintptr_t>(hidden) % alignof(float) == 0) {
+    *widened = 0;
+    return static_cast<const float*>(hidden);
+  }
+  widen_rows(hidden, n, scratch);
+  *widened = n * cfg_.hidden_size * 4;
+  return scratch;
 }
 
 void Layer::zero_rows(float* dst, int64_t n) {
@@ -1093,12 +1107,13 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
 
   // 3. Own tokens: the shared expert (whole, replicated), then the partial
   //    sums in destination-rank order.
-  float* ox = own_x_.data<float>();
+  const float* ox = own_x_.data<float>();
   float* oacc = own_acc_.data<float>();
   if (shared_count_ > 0) {  // the shared expert (and its gate) read own rows in f32
     t0 = now_ns();
-    widen_rows(a.hidden, T, ox);
-    ph.permute_bytes += T * H * 4;
+    int64_t widened = 0;
+    ox = f32_rows(a.hidden, T, own_x_.data<float>(), &widened);
+    ph.permute_bytes += widened;
     ph.permute_ns += now_ns() - t0;
   }
   jobs_.clear();

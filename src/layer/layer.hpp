@@ -111,6 +111,10 @@ class Layer {
   // n hidden rows in the activation dtype -> f32 (src rows src_stride bytes
   // apart, 0: packed), and back (on the pool).
   void widen_rows(const void* src, int64_t n, float* dst, size_t src_stride = 0);
+  // The caller's n hidden rows as f32 rows of hidden_size: `hidden` itself
+  // when the activations are f32 (and float-aligned), read where they are;
+  // else widened into `scratch` (on the pool), *widened set to the bytes.
+  const float* f32_rows(const void* hidden, int64_t n, float* scratch, int64_t* widened);
   // n rows of hidden_size zeros at dst, over the pool.
   void zero_rows(float* dst, int64_t n);
   void narrow_rows(const float* src, int64_t n, void* dst);

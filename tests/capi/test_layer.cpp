@@ -463,7 +463,8 @@ TEST_CASE("without ep_comm the layer returns this rank's partial sum for the cal
 TEST_CASE("out may be the same buffer as hidden: the same result as a separate out", "[layer][inplace]") {
   // Single-rank layers (no collective) write their sums straight into out;
   // hidden must have been read in full by then, whatever the dtype and
-  // whether a shared expert (and its gate) reads the rows again.
+  // whether a shared expert (and its gate) reads the rows again (f32 rows
+  // are read in place, not copied: Layer::f32_rows).
   std::mt19937 rng(test_seed() + 15);
   for (int adt : {ref::F32, ref::BF16, ref::F16}) {
     for (int ep : {1, 3}) {
@@ -490,6 +491,18 @@ TEST_CASE("out may be the same buffer as hidden: the same result as a separate o
         REQUIRE(ep_moe_layer_forward(l, &a) == EP_MOE_OK);
         CHECK(buf == out);
         CHECK(out != hidden);
+        if (adt == ref::F32) {
+          // f32 rows are read where they are, when float-aligned; rows 2
+          // bytes off alignment are copied first (UBSan would flag reading
+          // them as floats): the same bits either way.
+          std::vector<uint8_t> odd(hidden.size() + 8), odd_out(hidden.size() + 8, 0xCD);
+          std::memcpy(odd.data() + 2, hidden.data(), hidden.size());
+          a.hidden = odd.data() + 2;
+          a.out = odd_out.data() + 2;
+          REQUIRE(ep_moe_layer_forward(l, &a) == EP_MOE_OK);
+          CHECK(std::memcmp(odd_out.data() + 2, out.data(), out.size()) == 0);
+          CHECK(std::memcmp(odd.data() + 2, hidden.data(), hidden.size()) == 0);  // hidden is only read
+        }
         ep_moe_layer_destroy(l);
       }
     }
