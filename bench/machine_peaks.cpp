@@ -341,17 +341,18 @@ std::string cpu_description() {
       brand.append(reinterpret_cast<const char*>(r), sizeof r);
     }
   }
-  std::string clean;  // printable, single spaces, nothing a JSON string would need escaped
+  // Printable, single spaces, nothing a JSON string would need escaped.
+  const auto keep = [](char ch) { return ch > ' ' && ch < 127 && ch != '"' && ch != '\\'; };
+  std::string clean;
   for (char ch : brand) {
     if (ch == '\0') break;
-    const bool keep = ch > ' ' && ch < 127 && ch != '"' && ch != '\\';
-    if (keep) clean += ch;
+    if (keep(ch)) clean += ch;
     else if (ch == ' ' && !clean.empty() && clean.back() != ' ') clean += ' ';
   }
   while (!clean.empty() && clean.back() == ' ') clean.pop_back();
   std::string v;
   for (char ch : std::string(vendor))
-    if (ch > ' ' && ch < 127 && ch != '"' && ch != '\\') v += ch;
+    if (keep(ch)) v += ch;
   if (clean.empty()) clean = "unnamed CPU";
   return clean + " (" + v + " family " + std::to_string(family) + " model " + std::to_string(model) + ")";
 #else
