@@ -27,15 +27,29 @@ void top_indices(const float* v, int32_t n, int32_t k, int32_t* out) {
 }
 }  // namespace
 
+void RouteScratch::fit(const RoutingParams& p) {
+  const auto E = static_cast<size_t>(std::max(0, p.num_experts)), G = static_cast<size_t>(std::max(0, p.num_group));
+  scores.resize(E);
+  sel.resize(E);
+  chosen.resize(static_cast<size_t>(std::max(0, p.top_k)));
+  group_score.resize(G);
+  kept_groups.resize(static_cast<size_t>(std::max(0, p.topk_group)));
+  keep.resize(G);
+}
+
 void route(const void* logits, ep_moe_dtype_t dtype, int64_t T, const RoutingParams& p, int32_t* ids,
-           float* weights, int64_t first_token) {
+           float* weights, int64_t first_token, RouteScratch* scratch) {
   const int32_t E = p.num_experts, K = p.top_k;
-  std::vector<float> scores(static_cast<size_t>(E)), sel(static_cast<size_t>(E));
-  std::vector<int32_t> chosen(static_cast<size_t>(K));
+  RouteScratch own;
+  RouteScratch& rs = scratch ? *scratch : own;
+  rs.fit(p);
+  std::vector<float>& scores = rs.scores;
+  std::vector<float>& sel = rs.sel;
+  std::vector<int32_t>& chosen = rs.chosen;
   const int32_t G = p.num_group > 0 ? p.num_group : 0;
-  std::vector<float> group_score(static_cast<size_t>(G));
-  std::vector<int32_t> kept_groups(static_cast<size_t>(p.topk_group > 0 ? p.topk_group : 0));
-  std::vector<char> keep(static_cast<size_t>(G), 0);
+  std::vector<float>& group_score = rs.group_score;
+  std::vector<int32_t>& kept_groups = rs.kept_groups;
+  std::vector<char>& keep = rs.keep;
 
   for (int64_t t = 0; t < T; ++t) {
     const int64_t base = t * E;

@@ -48,29 +48,36 @@ FfnRunner::FfnRunner(const Kernels& k, int32_t hidden, int32_t max_inter, int64_
   }
 }
 
+void FfnRunner::reserve_jobs(size_t max_jobs) {
+  segs_.reserve(max_jobs);
+  ord_.reserve(max_jobs);
+  first_.reserve(max_jobs + 1);
+}
+
 void FfnRunner::run(ThreadPool& pool, const std::vector<ExpertJob>& jobs, const float* x, int64_t ldx, float* acc,
                     int64_t ldacc, Act act, const uint16_t* x16, int64_t ldx16) {
-  std::vector<Segment> segs;
+  segs_.clear();
   int64_t used = 0;
   for (const ExpertJob& j : jobs) {
     int64_t b = 0;
     while (b < j.n) {
       const int64_t take = std::min(j.n - b, chunk_ - used);
-      segs.push_back(Segment{&j, b, take, used});
+      segs_.push_back(Segment{&j, b, take, used});
       used += take;
       b += take;
       if (used == chunk_) {
-        run_chunk(pool, segs, used, x, ldx, acc, ldacc, act, x16, ldx16);
-        segs.clear();
+        run_chunk(used, pool, x, ldx, acc, ldacc, act, x16, ldx16);
+        segs_.clear();
         used = 0;
       }
     }
   }
-  if (used > 0) run_chunk(pool, segs, used, x, ldx, acc, ldacc, act, x16, ldx16);
+  if (used > 0) run_chunk(used, pool, x, ldx, acc, ldacc, act, x16, ldx16);
 }
 
-void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, int64_t rows, const float* x,
-                          int64_t ldx, float* acc, int64_t ldacc, Act act, const uint16_t* x16, int64_t ldx16) {
+void FfnRunner::run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_t ldx, float* acc, int64_t ldacc,
+                          Act act, const uint16_t* x16, int64_t ldx16) {
+  const std::vector<Segment>& segs = segs_;
   const int nr = k_.nr, h = nr / 2;
   float* hbuf = h_.data<float>();
   // bf16 weights on a CPU with bf16 dot products: the rows of x (gathered
@@ -107,10 +114,15 @@ void FfnRunner::run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, in
   // are the same). qwen2-57b T=32 (shared expert of 5120 on the rank):
   // 21.0-21.5 against 21.3-22.3 ms expert time, four A/B rounds with this
   // binary first (the VM favours whichever runs second).
-  std::vector<const Segment*> ord(segs.size());
-  for (size_t s = 0; s < segs.size(); ++s) ord[s] = &segs[s];
-  std::stable_sort(ord.begin(), ord.end(), [](const Segment* l, const Segment* r) { return l->len > r->len; });
-  std::vector<int64_t> first(segs.size() + 1, 0);
+  // (Stable by the tie-break on position in segs: std::stable_sort would
+  // take a temporary buffer from the heap, std::sort works in place.)
+  std::vector<const Segment*>& ord = ord_;
+  ord.clear();
+  for (const Segment& sg : segs) ord.push_back(&sg);
+  std::sort(ord.begin(), ord.end(),
+            [](const Segment* l, const Segment* r) { return l->len != r->len ? l->len > r->len : l < r; });
+  std::vector<int64_t>& first = first_;
+  first.assign(segs.size() + 1, 0);
   for (size_t s = 0; s < segs.size(); ++s) first[s + 1] = first[s] + ord[s]->job->gate_up->panels();
   const int64_t all_panels = first.back();
   const auto gate_up_panel = [&](int64_t i, size_t s) {

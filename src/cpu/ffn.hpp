@@ -50,14 +50,19 @@ class FfnRunner {
 
   size_t workspace_bytes() const { return h_.size() + xb_.size() + hb_.size(); }
 
+  // Sizes the per-run lists for up to `max_jobs` jobs, so that run()
+  // allocates nothing for that many (more still work: the lists grow).
+  // A job has at most one segment in a chunk, so jobs bound every list.
+  void reserve_jobs(size_t max_jobs);
+
  private:
   struct Segment {
     const ExpertJob* job;
     int64_t begin, len;  // rows of the job
     int64_t offset;      // first workspace row
   };
-  void run_chunk(ThreadPool& pool, const std::vector<Segment>& segs, int64_t rows, const float* x, int64_t ldx,
-                 float* acc, int64_t ldacc, Act act, const uint16_t* x16, int64_t ldx16);
+  void run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_t ldx, float* acc, int64_t ldacc, Act act,
+                 const uint16_t* x16, int64_t ldx16);
 
   const Kernels& k_;
   int32_t hidden_, ldh_, ldxb_ = 0;
@@ -66,6 +71,11 @@ class FfnRunner {
   // With bf16 pair-dot tiles: the chunk's rows of x, and h, in bf16.
   AlignedBuffer xb_, hb_;
   bool bf16_act_ = false;
+  // Per chunk: its segments (segs_), them by rows (ord_), and the first
+  // gate/up panel of each in that order (first_): kept between runs.
+  std::vector<Segment> segs_;
+  std::vector<const Segment*> ord_;
+  std::vector<int64_t> first_;
 };
 
 // The gated activation of one value pair, shared with reference code paths.

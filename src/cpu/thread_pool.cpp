@@ -71,7 +71,7 @@ void ThreadPool::wake() {
   start_cv_.notify_all();
 }
 
-void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, int)>& fn) {
+void ThreadPool::parallel_for(size_t n, FnRef<void(size_t, int)> fn) {
   if (n == 0) return;
   if (workers_.empty() || n == 1) {
     for (size_t i = 0; i < n; ++i) fn(i, 0);
@@ -95,13 +95,13 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, int)>& 
   job_ = nullptr;
 }
 
-void ThreadPool::parallel_ranges(size_t n, size_t block, const std::function<void(size_t, size_t, int)>& fn) {
+void ThreadPool::parallel_ranges(size_t n, size_t block, FnRef<void(size_t, size_t, int)> fn) {
   block = std::max<size_t>(block, 1);
   parallel_for((n + block - 1) / block, [&](size_t b, int t) { fn(b * block, std::min(n, b * block + block), t); });
 }
 
 void ThreadPool::parallel_shares(size_t n, size_t grain, size_t steal,
-                                 const std::function<void(size_t, size_t, size_t, int)>& fn) {
+                                 FnRef<void(size_t, size_t, size_t, int)> fn) {
   if (n == 0) return;
   grain = std::max<size_t>(grain, 1);
   steal = std::max<size_t>(steal, 1);

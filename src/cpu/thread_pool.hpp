@@ -9,10 +9,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
-#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "common/fn_ref.hpp"
 
 namespace ep_moe {
 namespace cpu {
@@ -27,11 +28,12 @@ class ThreadPool {
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Calls fn(item, thread_index) for every item in [0, n); returns when all
-  // are done. fn must not throw. thread_index is in [0, size()).
-  void parallel_for(size_t n, const std::function<void(size_t, int)>& fn);
+  // are done. fn must not throw. thread_index is in [0, size()). The loops
+  // take their callables by FnRef: nothing is allocated per loop.
+  void parallel_for(size_t n, FnRef<void(size_t, int)> fn);
   // The same over blocks of `block` consecutive indices of [0, n): calls
   // fn(begin, end, thread_index) once per block.
-  void parallel_ranges(size_t n, size_t block, const std::function<void(size_t, size_t, int)>& fn);
+  void parallel_ranges(size_t n, size_t block, FnRef<void(size_t, size_t, int)> fn);
   // Wakes the workers blocked between loops, so that they spin (up to
   // kSpinMicros) for the next loop instead of needing a kernel wake-up when
   // it starts: call it before serial work of a few tens of microseconds
@@ -49,7 +51,7 @@ class ThreadPool {
   // `next` is the item the thread will most likely start next (the first
   // after `end` in its share), or n when there is no such guess.
   void parallel_shares(size_t n, size_t grain, size_t steal,
-                       const std::function<void(size_t, size_t, size_t, int)>& fn);
+                       FnRef<void(size_t, size_t, size_t, int)> fn);
 
  private:
   void worker(int index);
@@ -58,7 +60,7 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mutex_;
   std::condition_variable start_cv_, done_cv_;
-  const std::function<void(size_t, int)>* job_ = nullptr;
+  const FnRef<void(size_t, int)>* job_ = nullptr;  // the running loop's, on parallel_for's stack
   size_t job_size_ = 0;
   std::atomic<size_t> next_{0};
   std::atomic<unsigned long long> generation_{0};  // written under mutex_

@@ -202,6 +202,8 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
   ids_.resize(static_cast<size_t>(max_rows * K));
   weights_.resize(static_cast<size_t>(max_rows * K));
   if (c.device >= 0) {
+    route_scratch_.resize(1);
+    route_scratch_[0].fit(routing_);
     setup_device(max_rows, send_rows, fanout);
     return;
   }
@@ -234,6 +236,9 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
   shared_rows_.resize(static_cast<size_t>(max_rows));
   shared_weights_.resize(static_cast<size_t>(max_rows));
   jobs_.reserve(experts_.size() + 1);
+  ffn_->reserve_jobs(jobs_.capacity());
+  route_scratch_.resize(static_cast<size_t>(pool_->size()));
+  for (RouteScratch& rs : route_scratch_) rs.fit(routing_);
 
   log(EP_MOE_LOG_INFO,
       "[EP rank %d/%d] MoE layer: H=%d I=%d E=%d top-%d, %d local experts, shared shard %d/%d, dp %d, %d threads, "
@@ -518,18 +523,18 @@ void Layer::route_all(const void* logits, ep_moe_dtype_t dtype, int64_t T) {
   const int64_t E = cfg_.num_experts, K = cfg_.top_k;
   constexpr int64_t kBlock = 16;
   if (!pool_ || pool_->size() == 1 || T <= kBlock) {
-    route(logits, dtype, T, routing_, ids, w);
+    route(logits, dtype, T, routing_, ids, w, 0, route_scratch_.data());
     return;
   }
   const size_t es = dtype_size(dtype);
   std::mutex mu;
   int64_t failed_at = T;
   std::exception_ptr error;
-  pool_->parallel_ranges(static_cast<size_t>(T), kBlock, [&](size_t b, size_t e, int) {
+  pool_->parallel_ranges(static_cast<size_t>(T), kBlock, [&](size_t b, size_t e, int tid) {
     const auto t0 = static_cast<int64_t>(b), n = static_cast<int64_t>(e - b);
     try {
       route(static_cast<const char*>(logits) + static_cast<size_t>(t0 * E) * es, dtype, n, routing_, ids + t0 * K,
-            w + t0 * K, t0);
+            w + t0 * K, t0, &route_scratch_[static_cast<size_t>(tid)]);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu);
       if (t0 < failed_at) {

@@ -164,6 +164,7 @@ class Layer {
   bool shared_replicated_ = false;  // all-to-all modes keep the whole shared expert
   bool direct_bf16_ = false;        // bf16 rows go straight into the bf16 tiles (no x_f32_)
   RoutingParams routing_;
+  std::vector<RouteScratch> route_scratch_;  // one per pool thread (route_all)
   cpu::Act act_;
 
   const cpu::Kernels& kern_;

@@ -13,14 +13,17 @@
 #endif
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../io/writers.hpp"
+#include "../multirank/harness.hpp"
 #include "ep_moe/ep_moe.h"
 #include "io/source.hpp"
 
@@ -188,4 +191,176 @@ TEST_CASE("every file read on the open and load path can fail: EP_MOE_ERR_IO, ne
   }
   INFO("reads on the path: " << n);
   CHECK(n > 3);
+}
+
+// --- a forward after the first allocates nothing -------------------------
+// A runtime calls forward every step: each allocation there is latency that
+// varies and a failure that can come midway. After one forward has sized
+// what it needs, later forwards must not touch the heap, on any thread of
+// the layer's, in every CPU flow. (Not run here: the MPI transport, whose
+// MPI library allocates as it likes.)
+namespace {
+
+// Runs c on c.ep in-process ranks: `warm` forwards each, then `counted`
+// forwards with every allocation of the process counted. All inputs and
+// outputs exist before the count starts, and the ranks start the counted
+// forwards together and are torn down after it stops, so only the
+// library's allocations (its pool workers' too) are counted. The counted
+// forwards' outputs are checked against the reference. Returns the count.
+// With own_router the layer computes its logits from a router weight (and
+// its outputs are not checked: the reference routes by the drawn logits).
+long allocations_in_forwards(const harness::Case& c, int warm, int counted, bool own_router = false) {
+  INFO(c.describe());
+  std::mt19937 rng(2024);
+  const ref::Weights w = ref::random_weights(c.spec, c.wdt, rng);
+  const harness::Inputs in = harness::make_inputs(c, w, rng);
+  std::vector<ep_moe_comm_t*> world(static_cast<size_t>(c.ep), nullptr);
+  std::function<void()> cleanup;
+  if (c.make_comms) {
+    c.make_comms(c.ep, &world, &cleanup);
+  } else {
+    REQUIRE(ep_moe_comm_create_local(world.data(), c.ep, nullptr) == EP_MOE_OK);
+    cleanup = [&world] {
+      for (auto* h : world) ep_moe_comm_destroy(h);
+    };
+  }
+  const int attn_tp = c.ep / c.dp;
+  std::atomic<int> ready{0}, done{0}, go{0}, release{0};
+  std::vector<std::string> errors(static_cast<size_t>(c.ep));
+  std::vector<double> worst(static_cast<size_t>(c.ep), 0.0);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < c.ep; ++r)
+    ranks.emplace_back([&, r] {
+      std::string& err = errors[static_cast<size_t>(r)];
+      ep_moe_comm_t* ep = world[static_cast<size_t>(r)];
+      ep_moe_comm_t* dp = c.dp > 1 ? ep : nullptr;  // dp == ep: the EP handle (reduce-scatter)
+      ep_moe_expert_map_config_t mc;
+      ep_moe_expert_map_config_init(&mc);
+      mc.ep_size = c.ep;
+      mc.ep_rank = r;
+      mc.global_num_experts = c.spec.E;
+      mc.num_expert_group = c.spec.groups;
+      ep_moe_expert_map_t* map = nullptr;
+      ep_moe_layer_t* layer = nullptr;
+      const ep_moe_layer_config_t lc = harness::layer_config(c);
+      int stored = 0;
+      if (ep_moe_expert_map_create(&map, &mc) != EP_MOE_OK || ep_moe_layer_create(&layer, &lc, map, ep, dp) != EP_MOE_OK)
+        err = ep_moe_last_error();
+      if (err.empty()) err = harness::load_weights(layer, c, w, &stored);
+      std::vector<float> router(static_cast<size_t>(c.spec.E) * c.spec.H);
+      for (size_t i = 0; i < router.size(); ++i) router[i] = 0.05f * static_cast<float>((i * 7919) % 23) - 0.5f;
+      if (err.empty() && own_router &&
+          ep_moe_layer_set_weight(nullptr, layer, EP_MOE_WEIGHT_ROUTER, -1, router.data(), EP_MOE_DTYPE_F32,
+                                  c.spec.E, c.spec.H) != EP_MOE_OK)
+        err = ep_moe_layer_last_error(layer);
+      ep_moe_expert_map_destroy(map);
+      const int replica = c.dp > 1 ? r / attn_tp : 0;
+      const int T = c.tokens[static_cast<size_t>(replica)];
+      const auto hid = ref::encode(in.hidden[static_cast<size_t>(replica)], c.adt);
+      std::vector<uint8_t> out(static_cast<size_t>(T) * c.spec.H * (c.adt == ref::F32 ? 4 : 2) + 1);
+      std::vector<int32_t> counts(c.tokens.begin(), c.tokens.end());
+      ep_moe_forward_args_t a;
+      ep_moe_forward_args_init(&a);
+      a.num_tokens = T;
+      a.hidden = hid.data();
+      if (c.given_topk) {
+        a.topk_ids = in.topk_ids[static_cast<size_t>(replica)].data();
+        a.topk_weights = in.topk_w[static_cast<size_t>(replica)].data();
+      } else if (!own_router) {
+        a.router_logits = in.logits[static_cast<size_t>(replica)].data();
+      }
+      a.out = out.data();
+      if (c.dp > 1) a.dp_token_counts = counts.data();
+      const auto forward = [&] {
+        if (err.empty() && ep_moe_layer_forward(layer, &a) != EP_MOE_OK) err = ep_moe_layer_last_error(layer);
+        if (!err.empty()) ep_moe_comm_abort(ep);  // peers fail instead of waiting
+      };
+      for (int f = 0; f < warm; ++f) forward();
+      ready.fetch_add(1);
+      while (!go.load()) std::this_thread::yield();
+      for (int f = 0; f < counted; ++f) forward();
+      done.fetch_add(1);
+      while (!release.load()) std::this_thread::yield();
+      if (err.empty() && !own_router) {  // the largest error relative to the largest |reference|, as harness::run_case
+        const std::vector<float> got = ref::decode(out.data(), static_cast<size_t>(T) * c.spec.H, c.adt);
+        const std::vector<double>& want = in.expect[static_cast<size_t>(replica)];
+        double scale = 1e-6, e = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          scale = std::max(scale, std::fabs(want[i]));
+          const double d = std::fabs(got[i] - want[i]);
+          if (!(d <= e)) e = d;  // NaN-safe: a NaN makes e NaN and fails the check
+        }
+        worst[static_cast<size_t>(r)] = e / scale;
+      }
+      ep_moe_layer_destroy(layer);
+    });
+  while (ready.load() < c.ep) std::this_thread::yield();
+  g_count = 0;
+  g_fail_at = 1L << 40;  // count only
+  go = 1;
+  while (done.load() < c.ep) std::this_thread::yield();
+  g_fail_at = -1;
+  const long n = g_count.load();
+  release = 1;
+  for (auto& t : ranks) t.join();
+  cleanup();
+  for (int r = 0; r < c.ep; ++r) {
+    INFO("rank " << r << ": " << errors[static_cast<size_t>(r)]);
+    REQUIRE(errors[static_cast<size_t>(r)].empty());
+    CHECK(worst[static_cast<size_t>(r)] <= harness::tolerance(c.adt, c.wdt));
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("forwards after the first allocate nothing, in every CPU flow", "[faults][alloc][forward]") {
+  harness::Case base;
+  base.spec.H = 96;
+  base.spec.I = 48;
+  base.spec.E = 8;
+  base.spec.K = 3;
+  base.threads = 2;
+  base.max_tokens = 24;
+  struct Flow {
+    const char* name;
+    int ep, dp, dispatch, wdt, adt, Is;
+    bool given, grouped;
+    std::vector<int> tokens;
+    bool callbacks = false;  // over the callbacks backend (its own reductions) instead of the in-process one
+    bool own_router = false;  // the layer's own router computes the logits
+  };
+  const std::vector<Flow> flows = {
+      {"one rank, f32", 1, 1, EP_MOE_DISPATCH_ALLGATHER, ref::F32, ref::F32, 32, false, false, {19}},
+      {"one rank, bf16, grouped top-k", 1, 1, EP_MOE_DISPATCH_ALLGATHER, ref::BF16, ref::BF16, 0, false, true, {24}},
+      {"all-gather, bf16, shared expert", 2, 1, EP_MOE_DISPATCH_ALLGATHER, ref::BF16, ref::BF16, 32, false, false, {13}},
+      {"all-to-all, f16 weights, given top-k", 2, 1, EP_MOE_DISPATCH_ALLTOALL, ref::F16, ref::F32, 0, true, false, {7}},
+      {"all-to-all, bf16, shared expert", 3, 1, EP_MOE_DISPATCH_ALLTOALL, ref::BF16, ref::BF16, 32, false, true, {11}},
+      {"auto dispatch, f32", 2, 1, EP_MOE_DISPATCH_AUTO, ref::F32, ref::F32, 0, false, false, {5}},
+      {"DP attention, a zero-token replica", 2, 2, EP_MOE_DISPATCH_ALLGATHER, ref::F32, ref::F32, 32, false, false, {9, 0}},
+      {"DP attention, bf16", 2, 2, EP_MOE_DISPATCH_ALLGATHER, ref::BF16, ref::BF16, 0, false, false, {3, 12}},
+      {"the layer's own router, bf16", 2, 1, EP_MOE_DISPATCH_ALLTOALL, ref::BF16, ref::BF16, 32, false, false, {21}, false, true},
+  };
+  for (const Flow& f : flows) {
+    harness::Case c = base;
+    c.ep = f.ep;
+    c.dp = f.dp;
+    c.dispatch = f.dispatch;
+    c.wdt = f.wdt;
+    c.adt = f.adt;
+    c.spec.Is = f.Is;
+    c.given_topk = f.given;
+    if (f.grouped) {
+      c.spec.groups = 4;
+      c.spec.topk_group = 2;
+      c.spec.sigmoid = true;
+      c.spec.use_bias = true;
+    }
+    c.tokens = f.tokens;
+    INFO(f.name);
+    // The layer sizes everything at creation, so on the in-process backend
+    // even the first forward allocates nothing; the message backends'
+    // reductions size their slices in the first.
+    CHECK(allocations_in_forwards(c, f.callbacks ? 1 : 0, 4, f.own_router) == 0);
+  }
 }

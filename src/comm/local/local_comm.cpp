@@ -155,7 +155,8 @@ std::shared_ptr<Group> make_group(int n, const std::shared_ptr<Family>& fam) {
 
 class LocalComm final : public Comm {
  public:
-  LocalComm(std::shared_ptr<Group> g, int rank, int timeout_ms) : group_(std::move(g)), rank_(rank) {
+  LocalComm(std::shared_ptr<Group> g, int rank, int timeout_ms)
+      : group_(std::move(g)), rank_(rank), srcs_(static_cast<size_t>(group_->size)) {
     timeout_ms_ = timeout_ms;
   }
 
@@ -171,11 +172,10 @@ class LocalComm final : public Comm {
       const size_t n = group_->size;
       const size_t lo = count * static_cast<size_t>(rank_) / n, hi = count * (static_cast<size_t>(rank_) + 1) / n;
       if (hi == lo) return;
-      std::vector<const void*> srcs(n);
-      for (size_t p = 0; p < n; ++p) srcs[p] = sl[p].in;
+      for (size_t p = 0; p < n; ++p) srcs_[p] = sl[p].in;
       const size_t es = dtype_size(dtype);
       char* first = static_cast<char*>(sl[0].out) + lo * es;
-      sum_into(first, srcs.data(), static_cast<int>(n), lo, hi - lo, dtype);
+      sum_into(first, srcs_.data(), static_cast<int>(n), lo, hi - lo, dtype);
       for (size_t p = 1; p < n; ++p) std::memcpy(static_cast<char*>(sl[p].out) + lo * es, first, (hi - lo) * es);
     });
   }
@@ -183,9 +183,8 @@ class LocalComm final : public Comm {
   void reduce_scatter(void* out, const void* in, size_t count, ep_moe_dtype_t dtype, void*) override {
     run(data_slot(Op::ReduceScatter, in, out, count, dtype), [&](std::vector<Slot>& sl) {
       check_same_count(sl);
-      std::vector<const void*> srcs(sl.size());
-      for (size_t p = 0; p < sl.size(); ++p) srcs[p] = sl[p].in;
-      sum_into(out, srcs.data(), static_cast<int>(sl.size()), count * static_cast<size_t>(rank_), count, dtype);
+      for (size_t p = 0; p < sl.size(); ++p) srcs_[p] = sl[p].in;
+      sum_into(out, srcs_.data(), static_cast<int>(sl.size()), count * static_cast<size_t>(rank_), count, dtype);
     });
   }
 
@@ -416,6 +415,9 @@ class LocalComm final : public Comm {
 
   std::shared_ptr<Group> group_;
   int rank_;
+  // The reductions' source rows, one per rank: kept so that a collective
+  // allocates nothing (a handle runs one collective at a time).
+  std::vector<const void*> srcs_;
 };
 
 }  // namespace
