@@ -46,7 +46,25 @@ std::unique_ptr<Transport> Transport::split(int, int, Clock::time_point) {
   fail(EP_MOE_ERR_UNSUPPORTED, "the %s transport cannot split; create one communicator per group", name());
 }
 
-MessageComm::MessageComm(std::unique_ptr<Transport> t, int timeout_ms) : t_(std::move(t)) { timeout_ms_ = timeout_ms; }
+namespace {
+// v with at least n elements (grown, never shrunk or refilled).
+template <class T>
+T* at_least(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+}  // namespace
+
+MessageComm::MessageComm(std::unique_ptr<Transport> t, int timeout_ms) : t_(std::move(t)) {
+  timeout_ms_ = timeout_ms;
+  const auto n = static_cast<size_t>(t_->size());
+  headers_.resize(n);
+  sizes_a_.resize(n);
+  sizes_b_.resize(n);
+  srcs_.resize(n);
+}
+
+MessageComm::~MessageComm() = default;
 
 Transport::Clock::time_point MessageComm::deadline() const {
   return Transport::Clock::now() + std::chrono::milliseconds(timeout_ms_);
@@ -82,7 +100,7 @@ void MessageComm::agree(int op, ep_moe_dtype_t dtype, uint64_t count, uint64_t a
   mine.count = count;
   mine.aux1 = aux1;
   mine.aux2 = aux2;
-  std::vector<Header> all(static_cast<size_t>(size()));
+  std::vector<Header>& all = headers_;
   guarded([&] { t_->all_gather(all.data(), &mine, sizeof mine, deadline()); });
   // The same verdict on every rank, from the same headers.
   for (int p = 0; p < size(); ++p) {
@@ -139,19 +157,17 @@ void MessageComm::all_reduce(void* out, const void* in, size_t count, ep_moe_dty
   // it every rank's slice, it sums them in rank order, an all-gather shares
   // the result.
   const size_t n = static_cast<size_t>(size()), me = static_cast<size_t>(rank()), es = dtype_size(dtype);
-  std::vector<size_t> send(n), len(n);
-  for (size_t p = 0; p < n; ++p) {
-    len[p] = count * (p + 1) / n - count * p / n;
-    send[p] = len[p] * es;
-  }
-  const size_t mine = len[me];
-  std::vector<size_t> recv(n, mine * es);
-  std::vector<uint8_t> slices(n * mine * es + 1), reduced(mine * es + 1);
-  guarded([&] { t_->all_to_all_v(slices.data(), recv.data(), in, send.data(), deadline()); });
-  std::vector<const void*> srcs(n);
-  for (size_t p = 0; p < n; ++p) srcs[p] = slices.data() + p * mine * es;
-  sum_into(reduced.data(), srcs.data(), static_cast<int>(n), 0, mine, dtype);
-  guarded([&] { t_->all_gather_v(out, reduced.data(), send.data(), deadline()); });
+  size_t* send = sizes_a_.data();
+  size_t* recv = sizes_b_.data();
+  for (size_t p = 0; p < n; ++p) send[p] = (count * (p + 1) / n - count * p / n) * es;
+  const size_t mine = send[me] / es;
+  for (size_t p = 0; p < n; ++p) recv[p] = mine * es;
+  uint8_t* slices = at_least(slices_, n * mine * es + 1);
+  uint8_t* reduced = at_least(reduced_, mine * es + 1);
+  guarded([&] { t_->all_to_all_v(slices, recv, in, send, deadline()); });
+  for (size_t p = 0; p < n; ++p) srcs_[p] = slices + p * mine * es;
+  sum_into(reduced, srcs_.data(), static_cast<int>(n), 0, mine, dtype);
+  guarded([&] { t_->all_gather_v(out, reduced, send, deadline()); });
 }
 
 void MessageComm::reduce_scatter(void* out, const void* in, size_t count, ep_moe_dtype_t dtype, void* stream) {
@@ -160,12 +176,12 @@ void MessageComm::reduce_scatter(void* out, const void* in, size_t count, ep_moe
   guarded([&] { native = t_->reduce_scatter(out, in, count, dtype, stream, deadline()); });
   if (native) return;
   const size_t n = static_cast<size_t>(size()), es = dtype_size(dtype);
-  std::vector<size_t> bytes(n, count * es);
-  std::vector<uint8_t> slices(n * count * es + 1);
-  guarded([&] { t_->all_to_all_v(slices.data(), bytes.data(), in, bytes.data(), deadline()); });
-  std::vector<const void*> srcs(n);
-  for (size_t p = 0; p < n; ++p) srcs[p] = slices.data() + p * count * es;
-  sum_into(out, srcs.data(), static_cast<int>(n), 0, count, dtype);
+  size_t* bytes = sizes_a_.data();
+  for (size_t p = 0; p < n; ++p) bytes[p] = count * es;
+  uint8_t* slices = at_least(slices_, n * count * es + 1);
+  guarded([&] { t_->all_to_all_v(slices, bytes, in, bytes, deadline()); });
+  for (size_t p = 0; p < n; ++p) srcs_[p] = slices + p * count * es;
+  sum_into(out, srcs_.data(), static_cast<int>(n), 0, count, dtype);
 }
 
 void MessageComm::all_gather(void* out, const void* in, size_t count, ep_moe_dtype_t dtype, void*) {
@@ -176,16 +192,17 @@ void MessageComm::all_gather(void* out, const void* in, size_t count, ep_moe_dty
 void MessageComm::all_gather_v(void* out, const void* in, const size_t* counts, ep_moe_dtype_t dtype, void*) {
   const size_t n = static_cast<size_t>(size());
   agree(kAllGatherV, dtype, counts[rank()], fnv1a(kFnvBasis, counts, n * sizeof(size_t)), 0);
-  std::vector<size_t> bytes(n);
+  size_t* bytes = sizes_a_.data();
   for (size_t p = 0; p < n; ++p) bytes[p] = counts[p] * dtype_size(dtype);
-  guarded([&] { t_->all_gather_v(out, in, bytes.data(), deadline()); });
+  guarded([&] { t_->all_gather_v(out, in, bytes, deadline()); });
 }
 
 void MessageComm::all_to_all_v(void* out, const size_t* out_counts, const void* in, const size_t* in_counts,
                                ep_moe_dtype_t dtype, void*) {
   const size_t n = static_cast<size_t>(size()), es = dtype_size(dtype);
   uint64_t sent = 0, recv = 0;
-  std::vector<size_t> ib(n), ob(n);
+  size_t* ib = sizes_a_.data();
+  size_t* ob = sizes_b_.data();
   for (size_t p = 0; p < n; ++p) {
     sent += in_counts[p];
     recv += out_counts[p];
@@ -193,7 +210,7 @@ void MessageComm::all_to_all_v(void* out, const size_t* out_counts, const void* 
     ob[p] = out_counts[p] * es;
   }
   agree(kAllToAllV, dtype, 0, sent, recv);
-  guarded([&] { t_->all_to_all_v(out, ob.data(), in, ib.data(), deadline()); });
+  guarded([&] { t_->all_to_all_v(out, ob, in, ib, deadline()); });
 }
 
 void MessageComm::barrier(void*) {

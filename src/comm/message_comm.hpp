@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "comm/comm.hpp"
 
@@ -52,6 +53,7 @@ class Transport {
 class MessageComm final : public Comm {
  public:
   MessageComm(std::unique_ptr<Transport> t, int timeout_ms);
+  ~MessageComm() override;
 
   int rank() const override { return t_->rank(); }
   int size() const override { return t_->size(); }
@@ -86,6 +88,13 @@ class MessageComm final : public Comm {
   ep_moe_status_t broken_status_ = EP_MOE_OK;
   std::string broken_message_;
   int broken_peer_ = -1;
+  // Scratch of the collectives (one runs at a time on a communicator), kept
+  // so that a collective allocates nothing once its sizes have been seen:
+  // the headers, per-rank byte counts, the reductions' slices and sources.
+  std::vector<Header> headers_;
+  std::vector<size_t> sizes_a_, sizes_b_;
+  std::vector<uint8_t> slices_, reduced_;
+  std::vector<const void*> srcs_;
 };
 
 }  // namespace ep_moe

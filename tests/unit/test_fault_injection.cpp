@@ -312,6 +312,52 @@ long allocations_in_forwards(const harness::Case& c, int warm, int counted, bool
   return n;
 }
 
+// A host runtime whose collectives complete inside the callback (no
+// request), on the in-process backend: the callbacks backend's own
+// allocations are then all that is counted of the transport.
+ep_moe_comm_t* sync_local(void* ud) { return static_cast<ep_moe_comm_t*>(ud); }
+ep_moe_status_t sync_all_gather(void** req, void* out, const void* in, size_t bytes, void* ud) {
+  *req = nullptr;
+  return ep_moe_comm_all_gather(out, in, bytes, EP_MOE_DTYPE_U8, sync_local(ud), nullptr);
+}
+ep_moe_status_t sync_all_gather_v(void** req, void* out, const void* in, const size_t* bytes, void* ud) {
+  *req = nullptr;
+  return ep_moe_comm_all_gather_v(out, in, bytes, EP_MOE_DTYPE_U8, sync_local(ud), nullptr);
+}
+ep_moe_status_t sync_all_to_all_v(void** req, void* out, const size_t* ob, const void* in, const size_t* ib,
+                                  void* ud) {
+  *req = nullptr;
+  return ep_moe_comm_all_to_all_v(out, ob, in, ib, EP_MOE_DTYPE_U8, sync_local(ud), nullptr);
+}
+ep_moe_status_t sync_test(int32_t* done, void*, void*) {
+  *done = 1;
+  return EP_MOE_OK;
+}
+
+// Case::make_comms for the callbacks backend over such a host.
+void make_sync_callbacks(int n, std::vector<ep_moe_comm_t*>* out, std::function<void()>* cleanup) {
+  auto* local = new std::vector<ep_moe_comm_t*>(static_cast<size_t>(n), nullptr);
+  REQUIRE(ep_moe_comm_create_local(local->data(), n, nullptr) == EP_MOE_OK);
+  for (int r = 0; r < n; ++r) {
+    ep_moe_comm_callbacks_t t;
+    REQUIRE(ep_moe_comm_callbacks_init(&t) == EP_MOE_OK);
+    t.rank = r;
+    t.size = n;
+    t.ranks_in_process = n;
+    t.user_data = (*local)[static_cast<size_t>(r)];
+    t.all_gather = sync_all_gather;
+    t.all_gather_v = sync_all_gather_v;
+    t.all_to_all_v = sync_all_to_all_v;
+    t.test = sync_test;
+    REQUIRE(ep_moe_comm_create_callbacks(&(*out)[static_cast<size_t>(r)], &t, nullptr) == EP_MOE_OK);
+  }
+  *cleanup = [out, local] {
+    for (auto* h : *out) ep_moe_comm_destroy(h);
+    for (auto* h : *local) ep_moe_comm_destroy(h);
+    delete local;
+  };
+}
+
 }  // namespace
 
 TEST_CASE("forwards after the first allocate nothing, in every CPU flow", "[faults][alloc][forward]") {
@@ -339,6 +385,9 @@ TEST_CASE("forwards after the first allocate nothing, in every CPU flow", "[faul
       {"auto dispatch, f32", 2, 1, EP_MOE_DISPATCH_AUTO, ref::F32, ref::F32, 0, false, false, {5}},
       {"DP attention, a zero-token replica", 2, 2, EP_MOE_DISPATCH_ALLGATHER, ref::F32, ref::F32, 32, false, false, {9, 0}},
       {"DP attention, bf16", 2, 2, EP_MOE_DISPATCH_ALLGATHER, ref::BF16, ref::BF16, 0, false, false, {3, 12}},
+      {"callbacks, all-gather", 3, 1, EP_MOE_DISPATCH_ALLGATHER, ref::BF16, ref::BF16, 32, false, false, {10}, true},
+      {"callbacks, all-to-all", 2, 1, EP_MOE_DISPATCH_ALLTOALL, ref::F32, ref::F32, 32, false, false, {6}, true},
+      {"callbacks, DP attention", 2, 2, EP_MOE_DISPATCH_ALLGATHER, ref::F32, ref::F32, 0, false, false, {4, 7}, true},
       {"the layer's own router, bf16", 2, 1, EP_MOE_DISPATCH_ALLTOALL, ref::BF16, ref::BF16, 32, false, false, {21}, false, true},
   };
   for (const Flow& f : flows) {
@@ -357,6 +406,7 @@ TEST_CASE("forwards after the first allocate nothing, in every CPU flow", "[faul
       c.spec.use_bias = true;
     }
     c.tokens = f.tokens;
+    if (f.callbacks) c.make_comms = make_sync_callbacks;
     INFO(f.name);
     // The layer sizes everything at creation, so on the in-process backend
     // even the first forward allocates nothing; the message backends'

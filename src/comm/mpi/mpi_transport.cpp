@@ -35,6 +35,7 @@ class MpiTransport final : public Transport {
   explicit MpiTransport(MPI_Comm dup) : comm_(dup) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    for (auto* v : {&sc_, &sd_, &rc_, &rd_}) v->resize(static_cast<size_t>(size_));
   }
   ~MpiTransport() override {
     int finalized = 0;
@@ -56,7 +57,8 @@ class MpiTransport final : public Transport {
   }
 
   void all_gather_v(void* out, const void* in, const size_t* bytes, Clock::time_point deadline) override {
-    std::vector<int> counts(static_cast<size_t>(size_)), displs(static_cast<size_t>(size_));
+    std::vector<int>& counts = sc_;
+    std::vector<int>& displs = sd_;
     size_t off = 0;
     for (int p = 0; p < size_; ++p) {
       counts[static_cast<size_t>(p)] = to_int(bytes[p], "all_gather_v block");
@@ -73,7 +75,10 @@ class MpiTransport final : public Transport {
   void all_to_all_v(void* out, const size_t* out_bytes, const void* in, const size_t* in_bytes,
                     Clock::time_point deadline) override {
     const size_t n = static_cast<size_t>(size_);
-    std::vector<int> sc(n), sd(n), rc(n), rd(n);
+    std::vector<int>& sc = sc_;
+    std::vector<int>& sd = sd_;
+    std::vector<int>& rc = rc_;
+    std::vector<int>& rd = rd_;
     size_t so = 0, ro = 0;
     for (size_t p = 0; p < n; ++p) {
       sc[p] = to_int(in_bytes[p], "all_to_all_v block");
@@ -138,6 +143,10 @@ class MpiTransport final : public Transport {
   int rank_ = 0, size_ = 1;
   std::atomic<bool> aborted_{false};
   bool abandoned_ = false;
+  // The v-collectives' counts and displacements: kept, so that a call
+  // allocates nothing, and so that they outlive a request abandoned at a
+  // timeout (MPI may read them until the request completes).
+  std::vector<int> sc_, sd_, rc_, rd_;
 };
 
 }  // namespace
