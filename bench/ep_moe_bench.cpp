@@ -614,6 +614,10 @@ int main(int argc, char** argv) {
   double mem_cpy = 0;  // memcpy from memory, GB/s per thread with dranks threads copying
   if (dranks >= 2) {
     mem_cpy = bench::memcpy_gbs_per_thread(dranks, std::max(0.5, o.peak_time), size_t{128} << 20);
+    if (mem_cpy <= 0) {
+      std::fprintf(stderr, "dispatch part: no memory for %d memcpy buffers of 2 x 128 MiB\n", dranks);
+      return 1;
+    }
     std::printf("\npermutation / combine: all-to-all dispatch, %d in-process ranks x 1 thread, %s rows; GB/s per rank "
                 "against memcpy by %d concurrent threads: of the same bytes (memcpy, %%cpy: in cache when they fit) and "
                 "from memory (%%mem: 128 MiB buffers, %.2f GB/s per thread); experts shrunk to intermediate 16, "

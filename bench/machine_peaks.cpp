@@ -280,38 +280,55 @@ double memcpy_gbs_per_thread(int threads, double seconds, size_t bytes) {
   // buffers are 64-byte aligned, where neither is pathological).
   const size_t page = 4096, span = (bytes + page - 1) / page * page;
   constexpr size_t kPlacements[] = {0, 2048};
+  // The threads copy together: each touches its buffers first, and the
+  // timed window opens when all have (with 128 MiB buffers the touching
+  // takes longer than a short window: the copies once never started and
+  // the rate read 0, the bench's %mem column some 1e12 %). Each thread
+  // counts at least one copy.
   std::vector<double> rate(static_cast<size_t>(threads), 0);
+  bool failed = false;
   for (const size_t off : kPlacements) {
-    std::atomic<bool> stop{false};
+    std::atomic<bool> stop{false}, go{false}, no_memory{false};
+    std::atomic<int> ready{0};
     std::vector<double> r(static_cast<size_t>(threads), 0);
     std::vector<std::thread> ts;
     for (int t = 0; t < threads; ++t) {
       ts.emplace_back([&, t] {
         char* buf = static_cast<char*>(std::aligned_alloc(page, 2 * span + page));
+        if (buf) {
+          std::memset(buf, t + 1, bytes);  // both touched before timing
+          std::memset(buf + span + off, 0, bytes);
+          std::memcpy(buf + span + off, buf, bytes);
+        } else {
+          no_memory = true;
+        }
+        ready.fetch_add(1);
+        while (!go.load()) std::this_thread::yield();
         if (!buf) return;
         char* src = buf;
         char* dst = buf + span + off;
-        std::memset(src, t + 1, bytes);  // both touched before timing
-        std::memset(dst, 0, bytes);
-        std::memcpy(dst, src, bytes);
         double done = 0;
         const auto t0 = Clock::now();
-        while (!stop.load(std::memory_order_relaxed)) {
+        do {
           std::memcpy(dst, src, bytes);
           src[0] ^= 1;  // keep the copies observable
           done += static_cast<double>(bytes);
-        }
+        } while (!stop.load(std::memory_order_relaxed));
         const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
         g_sink = g_sink + static_cast<double>(dst[bytes / 2]);
         r[static_cast<size_t>(t)] = done / dt / 1e9;
         std::free(buf);
       });
     }
+    while (ready.load() < threads) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    go = true;
     std::this_thread::sleep_for(std::chrono::duration<double>(seconds / 2));
     stop = true;
     for (auto& t : ts) t.join();
+    failed = failed || no_memory.load();
     for (size_t t = 0; t < rate.size(); ++t) rate[t] = std::max(rate[t], r[t]);
   }
+  if (failed) return 0;
   double sum = 0;
   for (double x : rate) sum += x;
   return sum / threads;
