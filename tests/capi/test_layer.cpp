@@ -464,7 +464,9 @@ TEST_CASE("out may be the same buffer as hidden: the same result as a separate o
   // Single-rank layers (no collective) write their sums straight into out;
   // hidden must have been read in full by then, whatever the dtype and
   // whether a shared expert (and its gate) reads the rows again (f32 rows
-  // are read in place, not copied: Layer::f32_rows).
+  // are read in place, not copied: Layer::f32_rows). With f32 rows and a
+  // separate out the experts accumulate in out itself; in place they
+  // accumulate in the layer's buffer and copy: the bits must be the same.
   std::mt19937 rng(test_seed() + 15);
   for (int adt : {ref::F32, ref::BF16, ref::F16}) {
     for (int ep : {1, 3}) {
