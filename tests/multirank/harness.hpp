@@ -200,6 +200,39 @@ inline ep_moe_layer_config_t layer_config(const Case& c) {
   return lc;
 }
 
+// A forward of replica `replica`'s tokens of `in` (its top-k or its logits,
+// as c says), hidden rows encoded by the caller; DP fields left unset.
+inline ep_moe_forward_args_t forward_args(const Case& c, const Inputs& in, int replica, const void* hidden, void* out) {
+  ep_moe_forward_args_t a;
+  ep_moe_forward_args_init(&a);
+  a.num_tokens = c.tokens[static_cast<size_t>(replica)];
+  a.hidden = hidden;
+  if (c.given_topk) {
+    a.topk_ids = in.topk_ids[static_cast<size_t>(replica)].data();
+    a.topk_weights = in.topk_w[static_cast<size_t>(replica)].data();
+  } else {
+    a.router_logits = in.logits[static_cast<size_t>(replica)].data();
+  }
+  a.out = out;
+  return a;
+}
+
+// The EP world's handles for c (c.make_comms, else in-process ranks) into
+// *world (c.ep entries); returns what frees them.
+inline std::function<void()> make_world(const Case& c, std::vector<ep_moe_comm_t*>* world) {
+  world->assign(static_cast<size_t>(c.ep), nullptr);
+  std::function<void()> cleanup;
+  if (c.make_comms) {
+    c.make_comms(c.ep, world, &cleanup);
+  } else {
+    REQUIRE(ep_moe_comm_create_local(world->data(), c.ep, nullptr) == EP_MOE_OK);
+    cleanup = [world] {
+      for (auto* h : *world) ep_moe_comm_destroy(h);
+    };
+  }
+  return cleanup;
+}
+
 // Runs the case on c.ep in-process ranks; returns per-rank results of the
 // last forward and checks every forward against the reference.
 inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double* worst_err = nullptr) {
@@ -208,16 +241,8 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
   std::vector<Inputs> steps;
   for (int f = 0; f < c.forwards; ++f) steps.push_back(make_inputs(c, w, rng));
 
-  std::vector<ep_moe_comm_t*> world(static_cast<size_t>(c.ep), nullptr);
-  std::function<void()> cleanup;
-  if (c.make_comms) {
-    c.make_comms(c.ep, &world, &cleanup);
-  } else {
-    REQUIRE(ep_moe_comm_create_local(world.data(), c.ep, nullptr) == EP_MOE_OK);
-    cleanup = [&world] {
-      for (auto* h : world) ep_moe_comm_destroy(h);
-    };
-  }
+  std::vector<ep_moe_comm_t*> world;
+  const std::function<void()> cleanup = make_world(c, &world);
   const int attn_tp = c.ep / c.dp;
   std::vector<RankResult> results(static_cast<size_t>(c.ep));
   std::vector<std::vector<std::vector<float>>> outs(static_cast<size_t>(c.forwards),
@@ -281,17 +306,7 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
       std::vector<uint8_t> out(static_cast<size_t>(T) * c.spec.H * es + 1, 0xAB);
       std::vector<int32_t> counts(c.tokens.begin(), c.tokens.end());
       std::vector<int32_t> decode(static_cast<size_t>(c.dp), c.all_decode ? 1 : 0);
-      ep_moe_forward_args_t a;
-      ep_moe_forward_args_init(&a);
-      a.num_tokens = T;
-      a.hidden = hid.data();
-      if (c.given_topk) {
-        a.topk_ids = in.topk_ids[static_cast<size_t>(replica)].data();
-        a.topk_weights = in.topk_w[static_cast<size_t>(replica)].data();
-      } else {
-        a.router_logits = in.logits[static_cast<size_t>(replica)].data();
-      }
-      a.out = out.data();
+      ep_moe_forward_args_t a = forward_args(c, in, replica, hid.data(), out.data());
       if (c.dp > 1) {
         a.dp_token_counts = counts.data();
         a.dp_is_decode = decode.data();

@@ -214,16 +214,8 @@ long allocations_in_forwards(const harness::Case& c, int warm, int counted, bool
   std::mt19937 rng(2024);
   const ref::Weights w = ref::random_weights(c.spec, c.wdt, rng);
   const harness::Inputs in = harness::make_inputs(c, w, rng);
-  std::vector<ep_moe_comm_t*> world(static_cast<size_t>(c.ep), nullptr);
-  std::function<void()> cleanup;
-  if (c.make_comms) {
-    c.make_comms(c.ep, &world, &cleanup);
-  } else {
-    REQUIRE(ep_moe_comm_create_local(world.data(), c.ep, nullptr) == EP_MOE_OK);
-    cleanup = [&world] {
-      for (auto* h : world) ep_moe_comm_destroy(h);
-    };
-  }
+  std::vector<ep_moe_comm_t*> world;
+  const std::function<void()> cleanup = harness::make_world(c, &world);
   const int attn_tp = c.ep / c.dp;
   std::atomic<int> ready{0}, done{0}, go{0}, release{0};
   std::vector<std::string> errors(static_cast<size_t>(c.ep));
@@ -259,17 +251,8 @@ long allocations_in_forwards(const harness::Case& c, int warm, int counted, bool
       const auto hid = ref::encode(in.hidden[static_cast<size_t>(replica)], c.adt);
       std::vector<uint8_t> out(static_cast<size_t>(T) * c.spec.H * (c.adt == ref::F32 ? 4 : 2) + 1);
       std::vector<int32_t> counts(c.tokens.begin(), c.tokens.end());
-      ep_moe_forward_args_t a;
-      ep_moe_forward_args_init(&a);
-      a.num_tokens = T;
-      a.hidden = hid.data();
-      if (c.given_topk) {
-        a.topk_ids = in.topk_ids[static_cast<size_t>(replica)].data();
-        a.topk_weights = in.topk_w[static_cast<size_t>(replica)].data();
-      } else if (!own_router) {
-        a.router_logits = in.logits[static_cast<size_t>(replica)].data();
-      }
-      a.out = out.data();
+      ep_moe_forward_args_t a = harness::forward_args(c, in, replica, hid.data(), out.data());
+      if (own_router) a.router_logits = nullptr;
       if (c.dp > 1) a.dp_token_counts = counts.data();
       const auto forward = [&] {
         if (err.empty() && ep_moe_layer_forward(layer, &a) != EP_MOE_OK) err = ep_moe_layer_last_error(layer);
