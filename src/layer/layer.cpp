@@ -43,6 +43,9 @@ void store_row(const cpu::Kernels& k, void* dst, ep_moe_dtype_t dt, const float*
   else k.to_f16(src, static_cast<uint16_t*>(dst), n);
 }
 
+// Whether p may be read and written as floats.
+bool float_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % alignof(float) == 0; }
+
 // Whether two regions of `bytes` bytes share any byte.
 bool overlap(const void* a, const void* b, size_t bytes) {
   const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
@@ -208,9 +211,7 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
   counts_.resize(static_cast<size_t>(std::max<int64_t>(ep, dp_size_)));
   ids_.resize(static_cast<size_t>(max_rows * K));
   weights_.resize(static_cast<size_t>(max_rows * K));
-  if (c.device >= 0) {
-    route_scratch_.resize(1);
-    route_scratch_[0].fit(routing_);
+  if (c.device >= 0) {  // routes on the device: no route_scratch_
     setup_device(max_rows, send_rows, fanout);
     return;
   }
@@ -561,8 +562,7 @@ void Layer::route_tokens(const ep_moe_forward_args_t& a) {
   if (a.router_logits) {
     route_all(a.router_logits, static_cast<ep_moe_dtype_t>(cfg_.router_dtype), T);
   } else if (!a.topk_ids) {  // the layer's own router: logits = x Wr^T in f32
-    int64_t widened = 0;
-    compute_logits(f32_rows(a.hidden, T, own_x_.data<float>(), &widened), T, logits_.data());
+    compute_logits(f32_rows(a.hidden, T, own_x_.data<float>(), nullptr), T, logits_.data());
     route_all(logits_.data(), EP_MOE_DTYPE_F32, T);
   } else {
     check_topk(a.topk_ids, a.topk_weights, T, cfg_.top_k, cfg_.num_experts);
@@ -770,9 +770,7 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
     ph.permute_bytes += unpack_rows(T_all, xw);
     ph.permute_ns += now_ns() - t0;
   } else if (!direct_bf16_) {
-    int64_t widened = 0;
-    x = f32_rows(a.hidden, T, xw, &widened);
-    ph.permute_bytes += widened;
+    x = f32_rows(a.hidden, T, xw, &ph.permute_bytes);
     ph.permute_ns += now_ns() - t0;
   }
   // With direct_bf16_ the experts read the bf16 rows where they are.
@@ -792,8 +790,7 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
   // leave out as it was, and nothing from the zeroing on can fail: the
   // expert path allocates nothing (fault_tests [forward]) and throws
   // nothing.
-  const bool acc_in_out = !ep_ && dp_size_ == 1 && adt == EP_MOE_DTYPE_F32 && T > 0 &&
-                          reinterpret_cast<uintptr_t>(a.out) % alignof(float) == 0 &&
+  const bool acc_in_out = !ep_ && dp_size_ == 1 && adt == EP_MOE_DTYPE_F32 && T > 0 && float_aligned(a.out) &&
                           !overlap(a.out, a.hidden, static_cast<size_t>(T * H) * es);
   float* acc = acc_in_out ? static_cast<float*>(a.out) : acc_.data<float>();
   zero_rows(acc, T_all);
@@ -886,16 +883,13 @@ void Layer::widen_rows(const void* src, int64_t n, float* dst, size_t src_stride
   });
 }
 
-const float* Layer::f32_rows(const void* hidden, int64_t n, float* scratch, int64_t* widened) {
+const float* Layer::f32_rows(const void* hidden, int64_t n, float* scratch, int64_t* bytes) {
   // f32 activations need no widening: a copy of T x H floats (14.7 MB for
   // deepseek-v3's T=512, written, then read again by the experts) is not
   // made. The rows' values, and so the bits of every sum, are the same.
-  if (cfg_.act_dtype == EP_MOE_DTYPE_F32 && reinterpret_cast<uintptr_t>(hidden) % alignof(float) == 0) {
-    *widened = 0;
-    return static_cast<const float*>(hidden);
-  }
+  if (cfg_.act_dtype == EP_MOE_DTYPE_F32 && float_aligned(hidden)) return static_cast<const float*>(hidden);
   widen_rows(hidden, n, scratch);
-  *widened = n * cfg_.hidden_size * 4;
+  if (bytes) *bytes += n * cfg_.hidden_size * 4;
   return scratch;
 }
 
@@ -1137,9 +1131,7 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   float* oacc = own_acc_.data<float>();
   if (shared_count_ > 0) {  // the shared expert (and its gate) read own rows in f32
     t0 = now_ns();
-    int64_t widened = 0;
-    ox = f32_rows(a.hidden, T, own_x_.data<float>(), &widened);
-    ph.permute_bytes += widened;
+    ox = f32_rows(a.hidden, T, own_x_.data<float>(), &ph.permute_bytes);
     ph.permute_ns += now_ns() - t0;
   }
   jobs_.clear();

@@ -113,8 +113,9 @@ class Layer {
   void widen_rows(const void* src, int64_t n, float* dst, size_t src_stride = 0);
   // The caller's n hidden rows as f32 rows of hidden_size: `hidden` itself
   // when the activations are f32 (and float-aligned), read where they are;
-  // else widened into `scratch` (on the pool), *widened set to the bytes.
-  const float* f32_rows(const void* hidden, int64_t n, float* scratch, int64_t* widened);
+  // else widened into `scratch` (on the pool), the bytes widened added to
+  // *bytes (if not null).
+  const float* f32_rows(const void* hidden, int64_t n, float* scratch, int64_t* bytes);
   // n rows of hidden_size zeros at dst, over the pool.
   void zero_rows(float* dst, int64_t n);
   void narrow_rows(const float* src, int64_t n, void* dst);
