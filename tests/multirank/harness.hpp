@@ -200,6 +200,26 @@ inline ep_moe_layer_config_t layer_config(const Case& c) {
   return lc;
 }
 
+// The largest |got - exp| over the largest |exp| (at least 1e-6), at index
+// `worst`. NaN-safe: a NaN in got makes err NaN, which fails any bound.
+struct RelError {
+  double err = 0, scale = 1e-6;
+  size_t worst = 0;
+};
+inline RelError relative_error(const std::vector<float>& got, const std::vector<double>& exp) {
+  RelError r;
+  for (size_t i = 0; i < exp.size(); ++i) r.scale = std::max(r.scale, std::fabs(exp[i]));
+  for (size_t i = 0; i < exp.size(); ++i) {
+    const double e = std::fabs(got[i] - exp[i]);
+    if (!(e <= r.err)) {
+      r.err = e;
+      r.worst = i;
+    }
+  }
+  r.err /= r.scale;
+  return r;
+}
+
 // A forward of replica `replica`'s tokens of `in` (its top-k or its logits,
 // as c says), hidden rows encoded by the caller; DP fields left unset.
 inline ep_moe_forward_args_t forward_args(const Case& c, const Inputs& in, int replica, const void* hidden, void* out) {
@@ -382,17 +402,9 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
       const auto& exp = steps[static_cast<size_t>(f)].expect[static_cast<size_t>(replica)];
       const auto& got = outs[static_cast<size_t>(f)][static_cast<size_t>(r)];
       REQUIRE(got.size() == exp.size());
-      double scale = 1e-6, err = 0;
-      for (size_t i = 0; i < exp.size(); ++i) scale = std::max(scale, std::fabs(exp[i]));
-      size_t worst = 0;
-      for (size_t i = 0; i < exp.size(); ++i) {
-        const double e = std::fabs(got[i] - exp[i]);
-        if (!(e <= err)) {  // NaN-safe: a NaN makes err NaN and fails below
-          err = e;
-          worst = i;
-        }
-      }
-      err /= scale;
+      const RelError re = relative_error(got, exp);
+      const double err = re.err, scale = re.scale;
+      const size_t worst = re.worst;
       if (worst_err) *worst_err = std::max(*worst_err, err);
       INFO("forward " << f << " rank " << r << " max error " << err << " (relative to max |ref| " << scale
                       << ") at " << worst << ": got " << (got.empty() ? 0.0 : got[worst]) << " expected "

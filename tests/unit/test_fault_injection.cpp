@@ -13,7 +13,6 @@
 #endif
 
 #include <atomic>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -264,17 +263,11 @@ long allocations_in_forwards(const harness::Case& c, int warm, int counted, bool
       for (int f = 0; f < counted; ++f) forward();
       done.fetch_add(1);
       while (!release.load()) std::this_thread::yield();
-      if (err.empty() && !own_router) {  // the largest error relative to the largest |reference|, as harness::run_case
-        const std::vector<float> got = ref::decode(out.data(), static_cast<size_t>(T) * c.spec.H, c.adt);
-        const std::vector<double>& want = in.expect[static_cast<size_t>(replica)];
-        double scale = 1e-6, e = 0;
-        for (size_t i = 0; i < got.size(); ++i) {
-          scale = std::max(scale, std::fabs(want[i]));
-          const double d = std::fabs(got[i] - want[i]);
-          if (!(d <= e)) e = d;  // NaN-safe: a NaN makes e NaN and fails the check
-        }
-        worst[static_cast<size_t>(r)] = e / scale;
-      }
+      if (err.empty() && !own_router)
+        worst[static_cast<size_t>(r)] =
+            harness::relative_error(ref::decode(out.data(), static_cast<size_t>(T) * c.spec.H, c.adt),
+                                    in.expect[static_cast<size_t>(replica)])
+                .err;
       ep_moe_layer_destroy(layer);
     });
   while (ready.load() < c.ep) std::this_thread::yield();
