@@ -368,7 +368,29 @@ int main(int argc, char** argv) {
               "measured again, up to %d times, and marked ~ if none was steady\n",
               kLocalBwTokens, 100 * kBwJump, kRowAttempts);
   std::printf("bound names what binds the row by the roofline, the larger of %%peak and %%bw: bw (the read bandwidth) "
-              "or pk (the peak)\n\n");
+              "or pk (the peak)\n");
+  // The kernels every layer of this process takes (on AVX512_BF16 the
+  // pair-dot tiles are timed against widening at the first layer's creation).
+  int64_t layer_isa = -1;
+  if (ep_moe_expert_map_t* map = presets::linear_map(1, 0, 2)) {
+    ep_moe_layer_config_t lc;
+    ep_moe_layer_config_init(&lc);
+    lc.hidden_size = lc.intermediate_size = 64;
+    lc.num_experts = 2;
+    lc.top_k = 1;
+    lc.weight_dtype = lc.act_dtype = o.dtype;
+    lc.num_threads = 1;
+    ep_moe_layer_t* probe = nullptr;
+    if (ep_moe_layer_create(&probe, &lc, map, nullptr, nullptr) == EP_MOE_OK)
+      ep_moe_layer_get_attr(&layer_isa, probe, EP_MOE_LAYER_ATTR_CPU_ISA);
+    ep_moe_layer_destroy(probe);
+    ep_moe_expert_map_destroy(map);
+  }
+  static const char* const kIsaNames[] = {"generic", "avx2", "avx512", "avx512bf16"};
+  std::printf("layer kernels: %s%s\n\n", layer_isa >= 0 && layer_isa <= 3 ? kIsaNames[layer_isa] : "?",
+              layer_isa == 2 && dot_peak > 0 ? " (this CPU's bf16 pair dot products timed slower than widening bf16 "
+                                               "to f32 FMAs: bf16 rows are held to the FMA peak)"
+                                             : "");
   std::printf("%-14s %4s %6s %-7s %9s %9s %11s %9s %6s %7s %9s %6s %6s %6s %7s %6s\n", "preset", "ep", "tokens", "strat",
               "ms", "expert_ms", "tokens/s", "GFLOP/s", "%peak", "rowPk", "wGB/s", "rowBW", "%bw", "bound", "pairs",
               "active");
@@ -656,8 +678,10 @@ int main(int argc, char** argv) {
     std::fprintf(f, "{\n  \"ep_moe_version\": \"%s\",\n  \"dtype\": \"%s\",\n", ep_moe_version_string(),
                  dtype_name(o.dtype));
     std::fprintf(f, "  \"machine\": {\"cpu\": \"%s\", \"threads\": %d, \"fma_isa\": \"%s\", \"fma_peak_gflops\": %.3f, "
-                    "\"bf16_dot_peak_gflops\": %.3f, \"read_bandwidth_gbs\": %.3f},\n  \"results\": [\n",
-                 cpu.c_str(), threads, fma_isa, peak, dot_peak, bw);
+                    "\"bf16_dot_peak_gflops\": %.3f, \"read_bandwidth_gbs\": %.3f, \"layer_kernels\": \"%s\"},\n"
+                    "  \"results\": [\n",
+                 cpu.c_str(), threads, fma_isa, peak, dot_peak, bw,
+                 layer_isa >= 0 && layer_isa <= 3 ? kIsaNames[layer_isa] : "?");
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::fprintf(f,

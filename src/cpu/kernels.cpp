@@ -1,5 +1,12 @@
 #include "cpu/kernels.hpp"
 
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
 namespace ep_moe {
 namespace cpu {
 
@@ -15,6 +22,85 @@ const Kernels& kernels_for(Isa isa) {
   (void)isa;
 #endif
   return kernels_generic();
+}
+
+#if defined(EP_MOE_X86_KERNELS)
+namespace {
+// Ratio of the time of `dot` to that of `wide` on the same work: the best
+// of several alternated rounds each (a preempted vCPU spoils one round).
+template <class Dot, class Wide>
+double best_ratio(Dot dot, Wide wide) {
+  using clock = std::chrono::steady_clock;
+  const auto time = [](auto& f) {
+    const auto t0 = clock::now();
+    f();
+    return std::chrono::duration<double>(clock::now() - t0).count();
+  };
+  dot();
+  wide();  // warm-up: code, panel and rows into the caches
+  double best_dot = 1e30, best_wide = 1e30;
+  for (int round = 0; round < 7; ++round) {
+    best_dot = std::min(best_dot, time(dot));
+    best_wide = std::min(best_wide, time(wide));
+  }
+  return best_dot / best_wide;
+}
+}  // namespace
+
+double bf16_dot_time_ratio() {
+  // One bf16 panel (k = 512: 32 KiB) and 48 rows, in L1/L2: the tiles'
+  // compute rate, which is what prefill is held to; decode streams its
+  // weights from memory either way.
+  const Kernels& dot = kernels_avx512bf16();
+  const Kernels& wide = kernels_avx512();
+  constexpr int kRows = 48, kDepth = 512, kCalls = 4;
+  const int nr = dot.nr;
+  std::vector<uint16_t> panel(static_cast<size_t>(kDepth) * static_cast<size_t>(nr));
+  std::vector<uint16_t> rows16(static_cast<size_t>(kRows) * kDepth);
+  std::vector<float> rows32(rows16.size()), c(static_cast<size_t>(kRows) * static_cast<size_t>(nr));
+  // Small finite values (bf16 of (i % 17 - 8) / 16: exact in both forms).
+  const auto value = [](size_t i) { return static_cast<float>(static_cast<int>(i % 17) - 8) / 16.0f; };
+  const auto bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return static_cast<uint16_t>(u >> 16);
+  };
+  for (size_t i = 0; i < panel.size(); ++i) panel[i] = bits(value(i * 7 + 3));
+  for (size_t i = 0; i < rows16.size(); ++i) {
+    rows32[i] = value(i);
+    rows16[i] = bits(rows32[i]);
+  }
+  const uint16_t* a16[kRows];
+  const float* a32[kRows];
+  for (int r = 0; r < kRows; ++r) {
+    a16[r] = rows16.data() + static_cast<size_t>(r) * kDepth;
+    a32[r] = rows32.data() + static_cast<size_t>(r) * kDepth;
+  }
+  return best_ratio(
+      [&] {
+        for (int i = 0; i < kCalls; ++i) dot.gemm_bf16(kRows, a16, kDepth, panel.data(), c.data(), nr, nullptr);
+      },
+      [&] {
+        for (int i = 0; i < kCalls; ++i)
+          wide.gemm[EP_MOE_DTYPE_BF16](kRows, a32, kDepth, panel.data(), c.data(), nr, nullptr);
+      });
+}
+#else
+double bf16_dot_time_ratio() { return 0.0; }
+#endif
+
+const Kernels& layer_kernels() {
+  const Isa isa = detect_isa();
+  // Named by EP_MOE_CPU_ISA: taken as it is. Otherwise the pair-dot tiles
+  // run only where they beat widening bf16 to f32 FMAs. The measured bf16
+  // dot peak was 1.7-2x the FMA peak on Zen 4 and Zen 5, but 0.5x on a
+  // Xeon of family 6 model 207, where widening ran bf16 prefill 1.6x as
+  // fast (docs/benchmarks.md, stop 28).
+  if (isa == Isa::Avx512Bf16 && !std::getenv("EP_MOE_CPU_ISA")) {
+    static const bool dot_slower = bf16_dot_time_ratio() > 1.0;  // once per process
+    if (dot_slower) return kernels_for(Isa::Avx512);
+  }
+  return kernels_for(isa);
 }
 
 }  // namespace cpu

@@ -90,6 +90,19 @@ struct Kernels {
 
 const Kernels& kernels_for(Isa isa);
 
+// The kernels a layer runs: kernels_for(detect_isa()), except that on a CPU
+// with AVX512_BF16 the AVX-512 table (bf16 weights widened to f32, no
+// pair-dot tiles) is taken when bf16_dot_time_ratio() is above 1, unless
+// EP_MOE_CPU_ISA is set (read at every call). The ratio is measured once
+// per process, at the first call that needs it.
+const Kernels& layer_kernels();
+
+// Time of the bf16 pair-dot tiles over that of the widening AVX-512 tiles
+// on the same in-cache GEMM (48 rows, one panel, k = 512; the best of 7
+// alternated rounds each, ~1 ms in all). 0 where the x86 kernels are not
+// built. Call only on a CPU with AVX512_BF16.
+double bf16_dot_time_ratio();
+
 // Kernels::sum_rows of the AVX2 table, which the AVX-512 tables share (a
 // combine reads a few rows per token; 256-bit vectors keep up with it),
 // and the portable one (the generic table's; the AVX2 one's tail).

@@ -73,7 +73,7 @@ const char* weight_name(ep_moe_weight_t w) {
 }
 
 Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm, Comm* dp_comm)
-    : cfg_(c), map_(map), ep_(ep_comm), dp_(dp_comm), kern_(cpu::kernels_for(cpu::detect_isa())) {
+    : cfg_(c), map_(map), ep_(ep_comm), dp_(dp_comm), kern_(cpu::layer_kernels()) {
   EP_MOE_CHECK_ARG(c.hidden_size >= 1 && c.hidden_size <= kMaxHidden, "hidden_size must be in [1, %d], got %d",
                    kMaxHidden, c.hidden_size);
   EP_MOE_CHECK_ARG(c.intermediate_size >= 1 && c.intermediate_size <= kMaxInter,

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -178,6 +179,47 @@ TEST_CASE("a CPU layer by default: device -1, and the CUDA-only attributes say s
   REQUIRE(ep_moe_layer_get_attr(&v, l, EP_MOE_LAYER_ATTR_LAST_SYNC_FREE) == EP_MOE_OK);
   CHECK(v == -1);
   ep_moe_layer_destroy(l);
+}
+
+TEST_CASE("CPU_ISA names the kernels in use; EP_MOE_CPU_ISA picks them, never above the CPU", "[layer][isa]") {
+  // What the CPU has, read as the library reads it.
+  int64_t hw = 0;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma"))
+    hw = __builtin_cpu_supports("avx512bf16") ? 3 : 2;
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    hw = 1;
+#endif
+  const char* before = std::getenv("EP_MOE_CPU_ISA");
+  const std::string saved = before ? before : "";
+  MapHolder m(1, 0, 4);
+  const auto isa_of_new_layer = [&] {
+    ep_moe_layer_config_t c = small_config();
+    c.weight_dtype = c.act_dtype = EP_MOE_DTYPE_BF16;
+    ep_moe_layer_t* l = nullptr;
+    REQUIRE(ep_moe_layer_create(&l, &c, m.m, nullptr, nullptr) == EP_MOE_OK);
+    int64_t v = -1;
+    REQUIRE(ep_moe_layer_get_attr(&v, l, EP_MOE_LAYER_ATTR_CPU_ISA) == EP_MOE_OK);
+    ep_moe_layer_destroy(l);
+    return v;
+  };
+  unsetenv("EP_MOE_CPU_ISA");
+  const int64_t chosen = isa_of_new_layer();
+  // With AVX512_BF16 the pair-dot tiles run only where they timed faster
+  // than widening (2 otherwise); every other CPU gets what it has.
+  if (hw == 3) CHECK((chosen == 3 || chosen == 2));
+  else CHECK(chosen == hw);
+  CHECK(isa_of_new_layer() == chosen);  // one decision per process
+  const char* names[] = {"generic", "avx2", "avx512", "avx512bf16"};
+  for (int64_t want = 0; want < 4; ++want) {
+    INFO("EP_MOE_CPU_ISA=" << names[want]);
+    setenv("EP_MOE_CPU_ISA", names[want], 1);
+    CHECK(isa_of_new_layer() == std::min(want, hw));  // taken as named, even where measured slower
+  }
+  if (before) setenv("EP_MOE_CPU_ISA", saved.c_str(), 1);
+  else unsetenv("EP_MOE_CPU_ISA");
 }
 
 TEST_CASE("set_weight checks shapes, ids, dtypes and the configuration", "[layer][errors]") {

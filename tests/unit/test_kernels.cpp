@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -50,6 +51,27 @@ void random_weight(int n, int k, ep_moe_dtype_t dt, std::mt19937& rng, std::vect
 }
 
 }  // namespace
+
+TEST_CASE("a layer's kernels: the bf16 pair-dot tiles only where they timed faster than widening", "[unit][kernels]") {
+  const cpu::Isa isa = cpu::detect_isa();
+  const cpu::Kernels& chosen = cpu::layer_kernels();
+  if (isa != cpu::Isa::Avx512Bf16 || std::getenv("EP_MOE_CPU_ISA")) {
+    CHECK(&chosen == &cpu::kernels_for(isa));
+    return;
+  }
+  // Measured again here: the layer's choice came from its own measurement,
+  // so only a clear verdict is held against it (a Xeon of family 6 model
+  // 207 read 1.75; Zen 4 and 5, whose dot peak is ~2x their FMA peak, sit
+  // well under 1).
+  const double ratio = cpu::bf16_dot_time_ratio();
+  INFO("dot / widening time " << ratio);
+  REQUIRE(std::isfinite(ratio));
+  REQUIRE(ratio > 0.0);
+  if (ratio < 0.8) CHECK(chosen.isa == cpu::Isa::Avx512Bf16);
+  else if (ratio > 1.25) CHECK(chosen.isa == cpu::Isa::Avx512);
+  else CHECK((chosen.isa == cpu::Isa::Avx512Bf16 || chosen.isa == cpu::Isa::Avx512));
+  CHECK(&chosen == &cpu::kernels_for(chosen.isa));
+}
 
 TEST_CASE("gemm kernels match a double product for every ISA, dtype and shape", "[unit][kernels]") {
   std::mt19937 rng(Catch::rngSeed() + 11u);
