@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
   if (threads < 1) threads = 1;
   openblas_set_num_threads(threads);
   setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);  // oneDNN's OpenMP, before its first use
-  const cpu::Kernels& kern = cpu::kernels_for(cpu::detect_isa());
+  const cpu::Kernels& kern = cpu::layer_kernels();  // the kernels a layer takes here
   cpu::ThreadPool pool(threads);  // ep_moe's kernels run on the layer's pool, as in a forward
   const auto sbgemm = reinterpret_cast<SbgemmFn>(dlsym(RTLD_DEFAULT, "cblas_sbgemm"));
   if (!sbgemm) std::printf("this OpenBLAS has no cblas_sbgemm (built without BUILD_BFLOAT16): no OpenBLAS bf16 rows\n");

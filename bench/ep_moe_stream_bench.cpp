@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
                          "--block-seconds, and --rows of 1..64\n");
     return 2;
   }
-  const cpu::Kernels& kern = cpu::kernels_for(cpu::detect_isa());
+  const cpu::Kernels& kern = cpu::layer_kernels();  // the kernels a layer takes here
   // With bf16 dot-product tiles (AVX512_BF16) the passes run them on bf16
   // rows, as the layer does with bf16 activations; without them (AVX2,
   // AVX-512 without BF16) the tiles widen the bf16 weights and keep f32
