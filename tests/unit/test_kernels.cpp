@@ -167,6 +167,54 @@ TEST_CASE("gemm kernels match a double product for every ISA, dtype and shape", 
   }
 }
 
+TEST_CASE("gemm over panels large enough for k blocks: a double product's value, each row's bits as alone",
+          "[unit][kernels]") {
+  // On AVX-512 a call of more rows than one tile over a panel of more than
+  // 512 KiB goes through it in 64 KiB slices, partial sums carried in c: k
+  // = 8195 makes every dtype's panel that large (bf16 4098 pairs of 128 B)
+  // and ends in a partial slice (and an odd bf16 pair). Each row alone (one
+  // row, one tile: no k blocks) must give the same bits.
+  std::mt19937 rng(Catch::rngSeed() + 17u);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int k = 8195;
+  for (cpu::Isa isa : isas_here()) {
+    const cpu::Kernels& kern = cpu::kernels_for(isa);
+    const int n = kern.nr;  // one panel
+    for (ep_moe_dtype_t dt : {EP_MOE_DTYPE_F32, EP_MOE_DTYPE_BF16, EP_MOE_DTYPE_F16}) {
+      std::vector<float> wf;
+      std::vector<uint16_t> w16;
+      random_weight(n, k, dt, rng, &wf, &w16);
+      cpu::Source s{dt == EP_MOE_DTYPE_F32 ? static_cast<const void*>(wf.data()) : w16.data(), dt, k};
+      cpu::PackedWeight pw;
+      cpu::pack(pw, s, n, k, kern.nr, dt);
+      for (int m : {kern.mr + 1, 3 * kern.mr + 2}) {
+        INFO("isa " << cpu::isa_name(isa) << " dtype " << dt << " m " << m);
+        std::vector<float> a(static_cast<size_t>(m) * k);
+        for (float& v : a) v = nd(rng);
+        std::vector<const float*> rows(static_cast<size_t>(m));
+        for (int i = 0; i < m; ++i) rows[static_cast<size_t>(i)] = a.data() + static_cast<size_t>(i) * k;
+        const int ldc = kern.nr + 3;
+        std::vector<float> c(static_cast<size_t>(m) * ldc, -777.0f), alone(static_cast<size_t>(kern.nr));
+        kern.gemm[dt](m, rows.data(), k, pw.panel(0), c.data(), ldc, nullptr);
+        for (int i = 0; i < m; ++i) {
+          kern.gemm[dt](1, &rows[static_cast<size_t>(i)], k, pw.panel(0), alone.data(), kern.nr, nullptr);
+          CHECK(std::memcmp(alone.data(), c.data() + static_cast<size_t>(i) * ldc, alone.size() * sizeof(float)) == 0);
+          for (int j = 0; j < n; ++j) {
+            double ref = 0, mag = 0;
+            for (int kk = 0; kk < k; ++kk) {
+              const double t = static_cast<double>(a[static_cast<size_t>(i) * k + kk]) * wf[static_cast<size_t>(j) * k + kk];
+              ref += t;
+              mag += std::fabs(t);
+            }
+            REQUIRE(std::fabs(c[static_cast<size_t>(i) * ldc + j] - ref) <= 1e-5 * mag + 1e-30);
+          }
+          for (int j = kern.nr; j < ldc; ++j) REQUIRE(c[static_cast<size_t>(i) * ldc + j] == -777.0f);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("gemv (one row) and gemm_run (up to run_rows) give gemm's bits over every run of panels",
           "[unit][kernels]") {
   std::mt19937 rng(Catch::rngSeed() + 13u);
