@@ -1209,7 +1209,7 @@ typedef enum ep_moe_layer_attr {
   EP_MOE_LAYER_ATTR_LAST_SKIPPED_PAIRS = 6, /**< Pairs the last forward skipped as non-local. */
   EP_MOE_LAYER_ATTR_LAST_GATHER = 7,        /**< Last DP gather: 0 none, 1 padded, 2 compact. */
   EP_MOE_LAYER_ATTR_SHARED_SHARD_SIZE = 8,  /**< Columns of the shared intermediate held here. */
-  EP_MOE_LAYER_ATTR_CPU_ISA = 9,             /**< CPU kernels in use: 0 generic, 1 AVX2, 2 AVX-512, 3 AVX-512 with AVX512_BF16 (bf16 weights with bf16 activations then run on bf16 pair dot products). A CPU with AVX512_BF16 reports 2 when its pair dot products measured slower than widening bf16 to f32 FMAs (timed once per process, at the first layer's creation, ~1 ms; the environment variable EP_MOE_CPU_ISA, when set, names the kernels instead, never above what the CPU has). */
+  EP_MOE_LAYER_ATTR_CPU_ISA = 9,             /**< CPU kernels in use: 0 generic, 1 AVX2, 2 AVX-512, 3 AVX-512 with AVX512_BF16 (bf16 weights with bf16 activations then run on bf16 pair dot products). A CPU with AVX512_BF16 reports 2 when its pair dot products measured slower than widening bf16 to f32 FMAs (timed once per process, at the first layer's creation, about 1.5 ms; the environment variable EP_MOE_CPU_ISA, when set, names the kernels instead, never above what the CPU has). */
   EP_MOE_LAYER_ATTR_LAST_ACTIVE_EXPERTS = 10, /**< Local experts with at least one pair in the last forward. */
   EP_MOE_LAYER_ATTR_BYTES_LOADED = 11,        /**< Bytes read from checkpoint files by ep_moe_layer_load(). */
   EP_MOE_LAYER_ATTR_LAST_DISPATCH = 12,       /**< ::ep_moe_dispatch_mode_t the last forward used (never AUTO). */
