@@ -387,10 +387,13 @@ int main(int argc, char** argv) {
     ep_moe_expert_map_destroy(map);
   }
   static const char* const kIsaNames[] = {"generic", "avx2", "avx512", "avx512bf16"};
+  const bool isa_named = std::getenv("EP_MOE_CPU_ISA") != nullptr;
   std::printf("layer kernels: %s%s\n\n", layer_isa >= 0 && layer_isa <= 3 ? kIsaNames[layer_isa] : "?",
-              layer_isa == 2 && dot_peak > 0 ? " (this CPU's bf16 pair dot products timed slower than widening bf16 "
-                                               "to f32 FMAs: bf16 rows are held to the FMA peak)"
-                                             : "");
+              isa_named ? " (named by EP_MOE_CPU_ISA)"
+              : layer_isa == 2 && dot_peak > 0
+                  ? " (this CPU's bf16 pair dot products timed slower than widening bf16 to f32 FMAs: bf16 rows are "
+                    "held to the FMA peak)"
+                  : "");
   std::printf("%-14s %4s %6s %-7s %9s %9s %11s %9s %6s %7s %9s %6s %6s %6s %7s %6s\n", "preset", "ep", "tokens", "strat",
               "ms", "expert_ms", "tokens/s", "GFLOP/s", "%peak", "rowPk", "wGB/s", "rowBW", "%bw", "bound", "pairs",
               "active");

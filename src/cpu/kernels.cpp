@@ -4,8 +4,9 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <vector>
+
+#include "common/dtype.hpp"
 
 namespace ep_moe {
 namespace cpu {
@@ -58,17 +59,12 @@ double bf16_dot_time_ratio() {
   std::vector<uint16_t> panel(static_cast<size_t>(kDepth) * static_cast<size_t>(nr));
   std::vector<uint16_t> rows16(static_cast<size_t>(kRows) * kDepth);
   std::vector<float> rows32(rows16.size()), c(static_cast<size_t>(kRows) * static_cast<size_t>(nr));
-  // Small finite values (bf16 of (i % 17 - 8) / 16: exact in both forms).
+  // Small finite values ((i % 17 - 8) / 16: exact in bf16).
   const auto value = [](size_t i) { return static_cast<float>(static_cast<int>(i % 17) - 8) / 16.0f; };
-  const auto bits = [](float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return static_cast<uint16_t>(u >> 16);
-  };
-  for (size_t i = 0; i < panel.size(); ++i) panel[i] = bits(value(i * 7 + 3));
+  for (size_t i = 0; i < panel.size(); ++i) panel[i] = f32_to_bf16(value(i * 7 + 3));
   for (size_t i = 0; i < rows16.size(); ++i) {
     rows32[i] = value(i);
-    rows16[i] = bits(rows32[i]);
+    rows16[i] = f32_to_bf16(rows32[i]);
   }
   const uint16_t* a16[kRows];
   const float* a32[kRows];
