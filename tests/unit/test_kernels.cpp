@@ -170,10 +170,12 @@ TEST_CASE("gemm kernels match a double product for every ISA, dtype and shape", 
 TEST_CASE("gemm over panels large enough for k blocks: a double product's value, each row's bits as alone",
           "[unit][kernels]") {
   // On AVX-512 a call of more rows than one tile over a panel of more than
-  // 512 KiB goes through it in 64 KiB slices, partial sums carried in c: k
-  // = 8195 makes every dtype's panel that large (bf16 4098 pairs of 128 B)
-  // and ends in a partial slice (and an odd bf16 pair). Each row alone (one
-  // row, one tile: no k blocks) must give the same bits.
+  // 256 KiB goes through it in 64 KiB slices, partial sums carried in c
+  // (each slice prefetching the next, then `next`): k = 8195 makes every
+  // dtype's panel that large (bf16 4098 pairs of 128 B) and ends in a
+  // partial slice (and an odd bf16 pair). Each row alone (one row, one
+  // tile: no k blocks) must give the same bits, with or without a next
+  // panel to prefetch.
   std::mt19937 rng(Catch::rngSeed() + 17u);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const int k = 8195;
@@ -195,7 +197,7 @@ TEST_CASE("gemm over panels large enough for k blocks: a double product's value,
         for (int i = 0; i < m; ++i) rows[static_cast<size_t>(i)] = a.data() + static_cast<size_t>(i) * k;
         const int ldc = kern.nr + 3;
         std::vector<float> c(static_cast<size_t>(m) * ldc, -777.0f), alone(static_cast<size_t>(kern.nr));
-        kern.gemm[dt](m, rows.data(), k, pw.panel(0), c.data(), ldc, nullptr);
+        kern.gemm[dt](m, rows.data(), k, pw.panel(0), c.data(), ldc, m > kern.mr + 1 ? pw.panel(0) : nullptr);
         for (int i = 0; i < m; ++i) {
           kern.gemm[dt](1, &rows[static_cast<size_t>(i)], k, pw.panel(0), alone.data(), kern.nr, nullptr);
           CHECK(std::memcmp(alone.data(), c.data() + static_cast<size_t>(i) * ldc, alone.size() * sizeof(float)) == 0);
