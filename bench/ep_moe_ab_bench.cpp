@@ -1,0 +1,240 @@
+// ep_moe_ab_bench: a kernel change measured against the code before it in
+// one process. This VM class's memory bandwidth and peaks move by 10-30 %
+// between runs and within one, so separate runs of two builds cannot show
+// a change of a few per cent. Here FfnRunner (the layer's expert path)
+// runs the same expert jobs on the library's AVX-512 tiles (A) and on a
+// second build of them (B: bench/ab_variant_avx512.cpp, from the directory
+// given to CMake as EP_MOE_AB_VARIANT_DIR), alternating in blocks (ABBA
+// order), over weights rotated through more experts than the caches hold.
+// It first checks that both give the same bits (a kernel change that keeps
+// each sum's order keeps them), then prints each side's median time and the
+// median and range of the per-pair B/A ratios.
+//
+// Weights are widened on the AVX-512 tiles (f32 activations, as a layer
+// with f32 or f16 activations runs them; bf16 weights too). Uses the
+// library's internals, not its C API.
+//
+//   ep_moe_ab_bench [--hidden H] [--inter I] [--dtype f32|bf16|f16]
+//                   [--rows r1,r2,...] [--experts E] [--pool P]
+//                   [--shared-inter S] [--shared-rows R] [--threads N] [--blocks B]
+//                   [--block-seconds T] [--require-same-bits]
+// --rows: rows per expert (1..512), cycled over the E experts of one pass
+// (default 32, 32 experts: about qwen3-30b-a3b T=512 on an EP-4 rank);
+// --pool: distinct experts the passes rotate through (default 2 E, so every
+// pass reads weights from memory); --shared-inter: a shared expert of that
+// intermediate size (0: none) over --shared-rows rows (default: as many as
+// the largest expert; a shared expert sees every token of the batch).
+//
+// Typical use: copy src/cpu/kernels_x86.inc to DIR/cpu/, change it, then
+//   cmake -B build/ab --preset release -DEP_MOE_AB_VARIANT_DIR=DIR
+//   cmake --build build/ab --target ep_moe_ab_bench
+//   build/ab/bench/ep_moe_ab_bench --hidden 4096 --inter 14336 --rows 128 --experts 2 --pool 3
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cpu/ffn.hpp"
+#include "cpu/isa.hpp"
+#include "cpu/kernels.hpp"
+#include "cpu/pack.hpp"
+#include "cpu/thread_pool.hpp"
+
+namespace ep_moe {
+namespace cpu {
+const Kernels& kernels_avx512_ab_variant();
+}  // namespace cpu
+}  // namespace ep_moe
+
+using namespace ep_moe;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kMaxRows = 512;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+void fill_normal(std::vector<float>& v, std::mt19937& rng, float sd) {
+  std::normal_distribution<float> nd(0.0f, sd);
+  for (float& x : v) x = nd(rng);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int hidden = 2048, inter = 768, experts = 32, pool_n = 0, shared = 0, shared_rows = 0, threads = 2, blocks = 8;
+  double block_s = 0.5;
+  bool require_same = false;
+  ep_moe_dtype_t dtype = EP_MOE_DTYPE_F32;
+  std::vector<int> rows{32};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--require-same-bits") {
+      require_same = true;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", a.c_str());
+      return 2;
+    }
+    const std::string v = argv[++i];
+    if (a == "--hidden") hidden = std::atoi(v.c_str());
+    else if (a == "--inter") inter = std::atoi(v.c_str());
+    else if (a == "--experts") experts = std::atoi(v.c_str());
+    else if (a == "--pool") pool_n = std::atoi(v.c_str());
+    else if (a == "--shared-inter") shared = std::atoi(v.c_str());
+    else if (a == "--shared-rows") shared_rows = std::atoi(v.c_str());
+    else if (a == "--threads") threads = std::atoi(v.c_str());
+    else if (a == "--blocks") blocks = std::atoi(v.c_str());
+    else if (a == "--block-seconds") block_s = std::atof(v.c_str());
+    else if (a == "--dtype") {
+      if (v == "f32") dtype = EP_MOE_DTYPE_F32;
+      else if (v == "bf16") dtype = EP_MOE_DTYPE_BF16;
+      else if (v == "f16") dtype = EP_MOE_DTYPE_F16;
+      else {
+        std::fprintf(stderr, "--dtype is f32, bf16 or f16\n");
+        return 2;
+      }
+    } else if (a == "--rows") {
+      rows.clear();
+      std::stringstream ss(v);
+      std::string item;
+      while (std::getline(ss, item, ',')) rows.push_back(std::atoi(item.c_str()));
+    } else {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if (pool_n <= 0) pool_n = 2 * experts;
+  bool ok = hidden > 0 && inter > 0 && experts > 0 && pool_n >= experts && shared >= 0 && shared_rows >= 0 &&
+            shared_rows <= kMaxRows && threads > 0 && blocks > 0 && block_s > 0 && !rows.empty();
+  for (int r : rows) ok = ok && r >= 1 && r <= kMaxRows;
+  if (!ok) {
+    std::fprintf(stderr, "need positive --hidden, --inter, --experts, --threads, --blocks, --block-seconds, "
+                         "--pool >= --experts, --shared-inter >= 0, --shared-rows and --rows of 1..%d\n", kMaxRows);
+    return 2;
+  }
+  if (cpu::detect_isa() < cpu::Isa::Avx512) {
+    std::printf("ep_moe_ab_bench: this CPU has no AVX-512 (it compares the AVX-512 tiles); skipped\n");
+    return 0;
+  }
+  const cpu::Kernels& ka = cpu::kernels_avx512();
+  const cpu::Kernels& kb = cpu::kernels_avx512_ab_variant();
+
+  std::mt19937 rng(20261202u);
+  int t_rows = 0;
+  for (int e = 0; e < experts; ++e) t_rows = std::max(t_rows, rows[static_cast<size_t>(e) % rows.size()]);
+  if (shared_rows > 0) t_rows = std::max(t_rows, shared_rows);
+  // One random matrix per role, packed into every expert of the pool (the
+  // bytes each pass reads are the same; their addresses are not).
+  std::vector<float> gate(static_cast<size_t>(inter) * hidden), up(gate.size()), down(gate.size());
+  fill_normal(gate, rng, 0.05f);
+  fill_normal(up, rng, 0.05f);
+  fill_normal(down, rng, 0.05f);
+  std::vector<cpu::PackedWeight> gu(static_cast<size_t>(pool_n)), dn(static_cast<size_t>(pool_n));
+  for (int e = 0; e < pool_n; ++e) {
+    cpu::init_gate_up(gu[e], inter, hidden, ka.nr, dtype);
+    cpu::pack_gate_up_half(gu[e], cpu::Source{gate.data(), EP_MOE_DTYPE_F32, hidden}, 0, inter);
+    cpu::pack_gate_up_half(gu[e], cpu::Source{up.data(), EP_MOE_DTYPE_F32, hidden}, 1, inter);
+    cpu::pack(dn[e], cpu::Source{down.data(), EP_MOE_DTYPE_F32, inter}, hidden, inter, ka.nr, dtype);
+  }
+  cpu::PackedWeight sgu, sdn;
+  if (shared > 0) {
+    std::vector<float> sg(static_cast<size_t>(shared) * hidden), su(sg.size()), sd(sg.size());
+    fill_normal(sg, rng, 0.05f);
+    fill_normal(su, rng, 0.05f);
+    fill_normal(sd, rng, 0.05f);
+    cpu::init_gate_up(sgu, shared, hidden, ka.nr, dtype);
+    cpu::pack_gate_up_half(sgu, cpu::Source{sg.data(), EP_MOE_DTYPE_F32, hidden}, 0, shared);
+    cpu::pack_gate_up_half(sgu, cpu::Source{su.data(), EP_MOE_DTYPE_F32, hidden}, 1, shared);
+    cpu::pack(sdn, cpu::Source{sd.data(), EP_MOE_DTYPE_F32, shared}, hidden, shared, ka.nr, dtype);
+  }
+  std::vector<float> x(static_cast<size_t>(t_rows) * hidden);
+  fill_normal(x, rng, 1.0f);
+  std::vector<int32_t> token(static_cast<size_t>(t_rows));
+  std::vector<float> weight(static_cast<size_t>(t_rows));
+  std::uniform_real_distribution<float> ud(0.1f, 1.0f);
+  for (int i = 0; i < t_rows; ++i) {
+    token[static_cast<size_t>(i)] = i;
+    weight[static_cast<size_t>(i)] = ud(rng);
+  }
+  int64_t chunk = shared > 0 ? t_rows : 0;
+  double flops = shared > 0 ? 6.0 * hidden * static_cast<double>(shared) * t_rows : 0.0;
+  for (int e = 0; e < experts; ++e) {
+    const int r = rows[static_cast<size_t>(e) % rows.size()];
+    chunk += r;
+    flops += 6.0 * hidden * static_cast<double>(inter) * r;
+  }
+  const int32_t max_inter = std::max(inter, shared);
+  cpu::ThreadPool pool(threads);
+  cpu::FfnRunner ra(ka, hidden, max_inter, chunk, false), rb(kb, hidden, max_inter, chunk, false);
+  ra.reserve_jobs(static_cast<size_t>(experts) + 1);
+  rb.reserve_jobs(static_cast<size_t>(experts) + 1);
+  std::vector<cpu::ExpertJob> jobs;
+  const auto jobs_from = [&](int first) {
+    jobs.clear();
+    for (int e = 0; e < experts; ++e) {
+      const auto w = static_cast<size_t>((first + e) % pool_n);
+      jobs.push_back(cpu::ExpertJob{&gu[w], &dn[w], inter, token.data(), weight.data(),
+                                    rows[static_cast<size_t>(e) % rows.size()]});
+    }
+    if (shared > 0) jobs.push_back(cpu::ExpertJob{&sgu, &sdn, shared, token.data(), weight.data(), t_rows});
+  };
+  std::vector<float> acc_a(x.size()), acc_b(x.size());
+  jobs_from(0);
+  ra.run(pool, jobs, x.data(), hidden, acc_a.data(), hidden, cpu::Act::Silu);
+  rb.run(pool, jobs, x.data(), hidden, acc_b.data(), hidden, cpu::Act::Silu);
+  const bool same = std::memcmp(acc_a.data(), acc_b.data(), acc_a.size() * sizeof(float)) == 0;
+  double gu_mb = static_cast<double>(sgu.bytes() + sdn.bytes()) / 1e6;
+  for (int e = 0; e < experts; ++e) gu_mb += static_cast<double>(gu[0].bytes() + dn[0].bytes()) / 1e6;
+  std::printf("ep_moe_ab_bench: hidden %d inter %d %s, %d experts of rows", hidden, inter,
+              dtype == EP_MOE_DTYPE_F32 ? "f32" : dtype == EP_MOE_DTYPE_BF16 ? "bf16" : "f16", experts);
+  for (size_t i = 0; i < rows.size(); ++i) std::printf("%s%d", i ? "," : " ", rows[i]);
+  std::printf(" (%.0f MB a pass, %d in the pool)", gu_mb, pool_n);
+  if (shared > 0) std::printf(", shared %d over %d rows", shared, t_rows);
+  std::printf(", %d threads\nbits: %s\n", threads, same ? "the same" : "DIFFERENT");
+
+  // ABBA blocks: pair i is (A, B) or (B, A) in turn, so a drift within a
+  // pair favours neither side on average.
+  std::vector<double> ta, tb, ratio;
+  int rot = 0;
+  for (int b = 0; b < blocks; ++b) {
+    double t[2] = {0, 0};
+    for (int h = 0; h < 2; ++h) {
+      const int side = h ^ (b & 1);  // 0: A, 1: B
+      cpu::FfnRunner& r = side ? rb : ra;
+      const auto start = Clock::now();
+      int n = 0;
+      double el = 0;
+      do {
+        jobs_from(rot);
+        rot = (rot + experts) % pool_n;
+        r.run(pool, jobs, x.data(), hidden, acc_a.data(), hidden, cpu::Act::Silu);
+        ++n;
+        el = std::chrono::duration<double>(Clock::now() - start).count();
+      } while (el < block_s);
+      t[side] = el / n * 1e3;
+    }
+    ta.push_back(t[0]);
+    tb.push_back(t[1]);
+    ratio.push_back(t[1] / t[0]);
+  }
+  const double ma = median(ta), mb = median(tb);
+  std::printf("A %.3f ms (%.1f GFLOP/s)  B %.3f ms (%.1f GFLOP/s)  B/A median %.3f, range %.3f-%.3f over %d pairs\n",
+              ma, flops / ma / 1e6, mb, flops / mb / 1e6, median(ratio),
+              *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()), blocks);
+  std::printf("pairs:");
+  for (double r : ratio) std::printf(" %.3f", r);
+  std::printf("\n");
+  return require_same && !same ? 1 : 0;
+}
