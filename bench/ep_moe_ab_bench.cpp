@@ -195,12 +195,12 @@ int main(int argc, char** argv) {
   ra.run(pool, jobs, x.data(), hidden, acc_a.data(), hidden, cpu::Act::Silu);
   rb.run(pool, jobs, x.data(), hidden, acc_b.data(), hidden, cpu::Act::Silu);
   const bool same = std::memcmp(acc_a.data(), acc_b.data(), acc_a.size() * sizeof(float)) == 0;
-  double gu_mb = static_cast<double>(sgu.bytes() + sdn.bytes()) / 1e6;
-  for (int e = 0; e < experts; ++e) gu_mb += static_cast<double>(gu[0].bytes() + dn[0].bytes()) / 1e6;
+  const double pass_mb =
+      (static_cast<double>(sgu.bytes() + sdn.bytes()) + experts * static_cast<double>(gu[0].bytes() + dn[0].bytes())) / 1e6;
   std::printf("ep_moe_ab_bench: hidden %d inter %d %s, %d experts of rows", hidden, inter,
               dtype == EP_MOE_DTYPE_F32 ? "f32" : dtype == EP_MOE_DTYPE_BF16 ? "bf16" : "f16", experts);
   for (size_t i = 0; i < rows.size(); ++i) std::printf("%s%d", i ? "," : " ", rows[i]);
-  std::printf(" (%.0f MB a pass, %d in the pool)", gu_mb, pool_n);
+  std::printf(" (%.0f MB a pass, %d in the pool)", pass_mb, pool_n);
   if (shared > 0) std::printf(", shared %d over %d rows", shared, t_rows);
   std::printf(", %d threads\nbits: %s\n", threads, same ? "the same" : "DIFFERENT");
 
