@@ -2,22 +2,25 @@
 // one process. This VM class's memory bandwidth and peaks move by 10-30 %
 // between runs and within one, so separate runs of two builds cannot show
 // a change of a few per cent. Here FfnRunner (the layer's expert path)
-// runs the same expert jobs on the library's AVX-512 tiles (A) and on a
-// second build of them (B: bench/ab_variant_avx512.cpp, from the directory
-// given to CMake as EP_MOE_AB_VARIANT_DIR), alternating in blocks (ABBA
-// order), over weights rotated through more experts than the caches hold.
-// It first checks that both give the same bits (a kernel change that keeps
-// each sum's order keeps them), then prints each side's median time and the
-// median and range of the per-pair B/A ratios.
+// runs the same expert jobs on the library's AVX-512 or AVX2 tiles (A) and
+// on a second build of them (B: bench/ab_variant_avx512.cpp or
+// bench/ab_variant_avx2.cpp, from the directory given to CMake as
+// EP_MOE_AB_VARIANT_DIR), alternating in blocks (ABBA order), over weights
+// rotated through more experts than the caches hold. It first checks that
+// both give the same bits (a kernel change that keeps each sum's order
+// keeps them), then prints each side's median time and the median and
+// range of the per-pair B/A ratios.
 //
-// Weights are widened on the AVX-512 tiles (f32 activations, as a layer
-// with f32 or f16 activations runs them; bf16 weights too). Uses the
-// library's internals, not its C API.
+// Weights are widened in the tiles (f32 activations, as a layer with f32
+// or f16 activations runs them; bf16 weights too). Uses the library's
+// internals, not its C API.
 //
-//   ep_moe_ab_bench [--hidden H] [--inter I] [--dtype f32|bf16|f16]
-//                   [--rows r1,r2,...] [--experts E] [--pool P]
-//                   [--shared-inter S] [--shared-rows R] [--threads N] [--blocks B]
-//                   [--block-seconds T] [--require-same-bits]
+//   ep_moe_ab_bench [--isa avx512|avx2] [--hidden H] [--inter I]
+//                   [--dtype f32|bf16|f16] [--rows r1,r2,...] [--experts E]
+//                   [--pool P] [--shared-inter S] [--shared-rows R]
+//                   [--threads N] [--blocks B] [--block-seconds T]
+//                   [--require-same-bits]
+// --isa: which tiles (default: AVX-512 where the CPU has it, else AVX2);
 // --rows: rows per expert (1..512), cycled over the E experts of one pass
 // (default 32, 32 experts: about qwen3-30b-a3b T=512 on an EP-4 rank);
 // --pool: distinct experts the passes rotate through (default 2 E, so every
@@ -49,6 +52,7 @@
 namespace ep_moe {
 namespace cpu {
 const Kernels& kernels_avx512_ab_variant();
+const Kernels& kernels_avx2_ab_variant();
 }  // namespace cpu
 }  // namespace ep_moe
 
@@ -77,6 +81,7 @@ int main(int argc, char** argv) {
   bool require_same = false;
   ep_moe_dtype_t dtype = EP_MOE_DTYPE_F32;
   std::vector<int> rows{32};
+  std::string isa_arg;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--require-same-bits") {
@@ -88,7 +93,8 @@ int main(int argc, char** argv) {
       return 2;
     }
     const std::string v = argv[++i];
-    if (a == "--hidden") hidden = std::atoi(v.c_str());
+    if (a == "--isa") isa_arg = v;
+    else if (a == "--hidden") hidden = std::atoi(v.c_str());
     else if (a == "--inter") inter = std::atoi(v.c_str());
     else if (a == "--experts") experts = std::atoi(v.c_str());
     else if (a == "--pool") pool_n = std::atoi(v.c_str());
@@ -124,12 +130,20 @@ int main(int argc, char** argv) {
                          "--pool >= --experts, --shared-inter >= 0, --shared-rows and --rows of 1..%d\n", kMaxRows);
     return 2;
   }
-  if (cpu::detect_isa() < cpu::Isa::Avx512) {
-    std::printf("ep_moe_ab_bench: this CPU has no AVX-512 (it compares the AVX-512 tiles); skipped\n");
+  if (!isa_arg.empty() && isa_arg != "avx512" && isa_arg != "avx2") {
+    std::fprintf(stderr, "--isa is avx512 or avx2\n");
+    return 2;
+  }
+  const cpu::Isa have = cpu::detect_isa();
+  const bool use512 = isa_arg.empty() ? have >= cpu::Isa::Avx512 : isa_arg == "avx512";
+  const cpu::Isa need = use512 ? cpu::Isa::Avx512 : cpu::Isa::Avx2;
+  if (have < need) {
+    std::printf("ep_moe_ab_bench: this CPU has no %s (EP_MOE_CPU_ISA may lower what it has); skipped\n",
+                cpu::isa_name(need));
     return 0;
   }
-  const cpu::Kernels& ka = cpu::kernels_avx512();
-  const cpu::Kernels& kb = cpu::kernels_avx512_ab_variant();
+  const cpu::Kernels& ka = use512 ? cpu::kernels_avx512() : cpu::kernels_avx2();
+  const cpu::Kernels& kb = use512 ? cpu::kernels_avx512_ab_variant() : cpu::kernels_avx2_ab_variant();
 
   std::mt19937 rng(20261202u);
   int t_rows = 0;
@@ -197,7 +211,7 @@ int main(int argc, char** argv) {
   const bool same = std::memcmp(acc_a.data(), acc_b.data(), acc_a.size() * sizeof(float)) == 0;
   const double pass_mb =
       (static_cast<double>(sgu.bytes() + sdn.bytes()) + experts * static_cast<double>(gu[0].bytes() + dn[0].bytes())) / 1e6;
-  std::printf("ep_moe_ab_bench: hidden %d inter %d %s, %d experts of rows", hidden, inter,
+  std::printf("ep_moe_ab_bench: %s tiles, hidden %d inter %d %s, %d experts of rows", cpu::isa_name(need), hidden, inter,
               dtype == EP_MOE_DTYPE_F32 ? "f32" : dtype == EP_MOE_DTYPE_BF16 ? "bf16" : "f16", experts);
   for (size_t i = 0; i < rows.size(); ++i) std::printf("%s%d", i ? "," : " ", rows[i]);
   std::printf(" (%.0f MB a pass, %d in the pool)", pass_mb, pool_n);
