@@ -18,15 +18,20 @@
 //   ep_moe_ab_bench [--isa avx512|avx2] [--hidden H] [--inter I]
 //                   [--dtype f32|bf16|f16] [--rows r1,r2,...] [--experts E]
 //                   [--pool P] [--shared-inter S] [--shared-rows R]
-//                   [--threads N] [--blocks B] [--block-seconds T]
-//                   [--require-same-bits]
+//                   [--batch T] [--threads N] [--blocks B]
+//                   [--block-seconds T] [--require-same-bits]
 // --isa: which tiles (default: AVX-512 where the CPU has it, else AVX2);
 // --rows: rows per expert (1..512), cycled over the E experts of one pass
 // (default 32, 32 experts: about qwen3-30b-a3b T=512 on an EP-4 rank);
 // --pool: distinct experts the passes rotate through (default 2 E, so every
 // pass reads weights from memory); --shared-inter: a shared expert of that
 // intermediate size (0: none) over --shared-rows rows (default: as many as
-// the largest expert; a shared expert sees every token of the batch).
+// the largest expert; a shared expert sees every token of the batch);
+// --batch: tokens in the batch (default 0: every expert reads the same
+// rows, tokens 0 .. rows - 1, so the activations and the accumulator stay
+// in L2); with T > 0 each expert reads its own rows, drawn at random from
+// T tokens (in token order, as routing hands them over), and the shared
+// expert all T (unless --shared-rows says fewer), as in a layer's forward.
 //
 // Typical use: copy src/cpu/kernels_x86.inc to DIR/cpu/, change it, then
 //   cmake -B build/ab --preset release -DEP_MOE_AB_VARIANT_DIR=DIR
@@ -76,7 +81,8 @@ void fill_normal(std::vector<float>& v, std::mt19937& rng, float sd) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int hidden = 2048, inter = 768, experts = 32, pool_n = 0, shared = 0, shared_rows = 0, threads = 2, blocks = 8;
+  int hidden = 2048, inter = 768, experts = 32, pool_n = 0, shared = 0, shared_rows = 0, threads = 2, blocks = 8,
+      batch = 0;
   double block_s = 0.5;
   bool require_same = false;
   ep_moe_dtype_t dtype = EP_MOE_DTYPE_F32;
@@ -100,6 +106,7 @@ int main(int argc, char** argv) {
     else if (a == "--pool") pool_n = std::atoi(v.c_str());
     else if (a == "--shared-inter") shared = std::atoi(v.c_str());
     else if (a == "--shared-rows") shared_rows = std::atoi(v.c_str());
+    else if (a == "--batch") batch = std::atoi(v.c_str());
     else if (a == "--threads") threads = std::atoi(v.c_str());
     else if (a == "--blocks") blocks = std::atoi(v.c_str());
     else if (a == "--block-seconds") block_s = std::atof(v.c_str());
@@ -124,10 +131,12 @@ int main(int argc, char** argv) {
   if (pool_n <= 0) pool_n = 2 * experts;
   bool ok = hidden > 0 && inter > 0 && experts > 0 && pool_n >= experts && shared >= 0 && shared_rows >= 0 &&
             shared_rows <= kMaxRows && threads > 0 && blocks > 0 && block_s > 0 && !rows.empty();
-  for (int r : rows) ok = ok && r >= 1 && r <= kMaxRows;
+  for (int r : rows) ok = ok && r >= 1 && r <= kMaxRows && (batch == 0 || r <= batch);
+  ok = ok && batch >= 0 && (batch == 0 || shared_rows <= batch);
   if (!ok) {
     std::fprintf(stderr, "need positive --hidden, --inter, --experts, --threads, --blocks, --block-seconds, "
-                         "--pool >= --experts, --shared-inter >= 0, --shared-rows and --rows of 1..%d\n", kMaxRows);
+                         "--pool >= --experts, --shared-inter >= 0, --shared-rows and --rows of 1..%d, and --batch >= 0, "
+                         "when set no fewer than any --rows or --shared-rows\n", kMaxRows);
     return 2;
   }
   if (!isa_arg.empty() && isa_arg != "avx512" && isa_arg != "avx2") {
@@ -146,9 +155,10 @@ int main(int argc, char** argv) {
   const cpu::Kernels& kb = use512 ? cpu::kernels_avx512_ab_variant() : cpu::kernels_avx2_ab_variant();
 
   std::mt19937 rng(20261202u);
-  int t_rows = 0;
+  int t_rows = batch;
   for (int e = 0; e < experts; ++e) t_rows = std::max(t_rows, rows[static_cast<size_t>(e) % rows.size()]);
   if (shared_rows > 0) t_rows = std::max(t_rows, shared_rows);
+  const int s_rows = shared_rows > 0 ? shared_rows : t_rows;  // the shared expert's: tokens 0 .. s_rows - 1
   // One random matrix per role, packed into every expert of the pool (the
   // bytes each pass reads are the same; their addresses are not).
   std::vector<float> gate(static_cast<size_t>(inter) * hidden), up(gate.size()), down(gate.size());
@@ -182,8 +192,22 @@ int main(int argc, char** argv) {
     token[static_cast<size_t>(i)] = i;
     weight[static_cast<size_t>(i)] = ud(rng);
   }
-  int64_t chunk = shared > 0 ? t_rows : 0;
-  double flops = shared > 0 ? 6.0 * hidden * static_cast<double>(shared) * t_rows : 0.0;
+  // With --batch, each expert's own tokens (a random draw, in order) and
+  // weights; without, every expert reads tokens 0 .. rows - 1.
+  std::vector<std::vector<int32_t>> tok_of(static_cast<size_t>(experts));
+  std::vector<std::vector<float>> w_of(static_cast<size_t>(experts));
+  if (batch > 0) {
+    std::vector<int32_t> all(token);
+    for (size_t e = 0; e < tok_of.size(); ++e) {
+      const int r = rows[e % rows.size()];
+      std::shuffle(all.begin(), all.end(), rng);
+      tok_of[e].assign(all.begin(), all.begin() + r);
+      std::sort(tok_of[e].begin(), tok_of[e].end());
+      for (int i = 0; i < r; ++i) w_of[e].push_back(ud(rng));
+    }
+  }
+  int64_t chunk = shared > 0 ? s_rows : 0;
+  double flops = shared > 0 ? 6.0 * hidden * static_cast<double>(shared) * s_rows : 0.0;
   for (int e = 0; e < experts; ++e) {
     const int r = rows[static_cast<size_t>(e) % rows.size()];
     chunk += r;
@@ -199,10 +223,11 @@ int main(int argc, char** argv) {
     jobs.clear();
     for (int e = 0; e < experts; ++e) {
       const auto w = static_cast<size_t>((first + e) % pool_n);
-      jobs.push_back(cpu::ExpertJob{&gu[w], &dn[w], inter, token.data(), weight.data(),
-                                    rows[static_cast<size_t>(e) % rows.size()]});
+      const auto ei = static_cast<size_t>(e);
+      jobs.push_back(cpu::ExpertJob{&gu[w], &dn[w], inter, batch > 0 ? tok_of[ei].data() : token.data(),
+                                    batch > 0 ? w_of[ei].data() : weight.data(), rows[ei % rows.size()]});
     }
-    if (shared > 0) jobs.push_back(cpu::ExpertJob{&sgu, &sdn, shared, token.data(), weight.data(), t_rows});
+    if (shared > 0) jobs.push_back(cpu::ExpertJob{&sgu, &sdn, shared, token.data(), weight.data(), s_rows});
   };
   std::vector<float> acc_a(x.size()), acc_b(x.size());
   jobs_from(0);
@@ -215,7 +240,8 @@ int main(int argc, char** argv) {
               dtype == EP_MOE_DTYPE_F32 ? "f32" : dtype == EP_MOE_DTYPE_BF16 ? "bf16" : "f16", experts);
   for (size_t i = 0; i < rows.size(); ++i) std::printf("%s%d", i ? "," : " ", rows[i]);
   std::printf(" (%.0f MB a pass, %d in the pool)", pass_mb, pool_n);
-  if (shared > 0) std::printf(", shared %d over %d rows", shared, t_rows);
+  if (batch > 0) std::printf(", each drawn from a batch of %d", batch);
+  if (shared > 0) std::printf(", shared %d over %d rows", shared, s_rows);
   std::printf(", %d threads\nbits: %s\n", threads, same ? "the same" : "DIFFERENT");
 
   // ABBA blocks: pair i is (A, B) or (B, A) in turn, so a drift within a
