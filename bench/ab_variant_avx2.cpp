@@ -1,7 +1,7 @@
 // The AVX2 B side of ep_moe_ab_bench: src/cpu/kernels_avx2.cpp built again,
 // its table (and sum_rows_avx2, which it defines for every x86 table)
-// renamed, with EP_MOE_AB_VARIANT_DIR (when set) ahead of src/ on the
-// include path, so that a changed copy of cpu/kernels_x86.inc or
+// renamed, with EP_MOE_AB_VARIANT_DIR (when set) searched before src/ for
+// its quoted includes, so that a changed copy of cpu/kernels_x86.inc or
 // cpu/kernels_avx2.cpp there is what B runs. Without it, B is A built
 // twice (an A/A run: the noise floor). The names are changed before
 // cpu/kernels.hpp is read, so its declarations name the renamed ones.

@@ -1,6 +1,6 @@
 // The B side of ep_moe_ab_bench: src/cpu/kernels_avx512.cpp built again,
-// its table renamed, with EP_MOE_AB_VARIANT_DIR (when set) ahead of src/
-// on the include path, so that a changed copy of cpu/kernels_x86.inc,
+// its table renamed, with EP_MOE_AB_VARIANT_DIR (when set) searched before
+// src/ for its quoted includes, so that a changed copy of cpu/kernels_x86.inc,
 // cpu/kernels_avx512.inc or cpu/kernels_avx512.cpp there is what B runs.
 // Without it, B is A built twice (an A/A run: the noise floor).
 #include "cpu/kernels.hpp"

@@ -1,15 +1,17 @@
-// ep_moe_ab_bench: a kernel change measured against the code before it in
-// one process. This VM class's memory bandwidth and peaks move by 10-30 %
-// between runs and within one, so separate runs of two builds cannot show
-// a change of a few per cent. Here FfnRunner (the layer's expert path)
-// runs the same expert jobs on the library's AVX-512 or AVX2 tiles (A) and
-// on a second build of them (B: bench/ab_variant_avx512.cpp or
-// bench/ab_variant_avx2.cpp, from the directory given to CMake as
-// EP_MOE_AB_VARIANT_DIR), alternating in blocks (ABBA order), over weights
+// ep_moe_ab_bench: a change to the CPU expert path measured against the
+// code before it in one process. This VM class's memory bandwidth and
+// peaks move by 10-30 % between runs and within one, so separate runs of
+// two builds cannot show a change of a few per cent. Here the library's
+// FfnRunner (the layer's expert path) on its AVX-512 or AVX2 tiles (A) and
+// a second build of both (B: bench/ab_variant_ffn.cpp, and
+// bench/ab_variant_avx512.cpp or bench/ab_variant_avx2.cpp, each taking
+// its sources from the directory given to CMake as EP_MOE_AB_VARIANT_DIR
+// where that has them: cpu/ffn.cpp, cpu/kernels_x86.inc, ...) run the
+// same expert jobs, alternating in blocks (ABBA order), over weights
 // rotated through more experts than the caches hold. It first checks that
-// both give the same bits (a kernel change that keeps each sum's order
-// keeps them), then prints each side's median time and the median and
-// range of the per-pair B/A ratios.
+// both give the same bits (a change that keeps each sum's order keeps
+// them), then prints each side's median time and the median and range of
+// the per-pair B/A ratios.
 //
 // Weights are widened in the tiles (f32 activations, as a layer with f32
 // or f16 activations runs them; bf16 weights too). Uses the library's
@@ -33,7 +35,8 @@
 // T tokens (in token order, as routing hands them over), and the shared
 // expert all T (unless --shared-rows says fewer), as in a layer's forward.
 //
-// Typical use: copy src/cpu/kernels_x86.inc to DIR/cpu/, change it, then
+// Typical use: copy src/cpu/kernels_x86.inc (or ffn.cpp, ...) to DIR/cpu/,
+// change it, then
 //   cmake -B build/ab --preset release -DEP_MOE_AB_VARIANT_DIR=DIR
 //   cmake --build build/ab --target ep_moe_ab_bench
 //   build/ab/bench/ep_moe_ab_bench --hidden 4096 --inter 14336 --rows 128 --experts 2 --pool 3
@@ -53,6 +56,7 @@
 #include "cpu/kernels.hpp"
 #include "cpu/pack.hpp"
 #include "cpu/thread_pool.hpp"
+#include "ab_variant_ffn.hpp"
 
 namespace ep_moe {
 namespace cpu {
@@ -215,7 +219,8 @@ int main(int argc, char** argv) {
   }
   const int32_t max_inter = std::max(inter, shared);
   cpu::ThreadPool pool(threads);
-  cpu::FfnRunner ra(ka, hidden, max_inter, chunk, false), rb(kb, hidden, max_inter, chunk, false);
+  cpu::FfnRunner ra(ka, hidden, max_inter, chunk, false);
+  cpu::AbVariantFfn rb(kb, hidden, max_inter, chunk, false);
   ra.reserve_jobs(static_cast<size_t>(experts) + 1);
   rb.reserve_jobs(static_cast<size_t>(experts) + 1);
   std::vector<cpu::ExpertJob> jobs;
@@ -252,14 +257,14 @@ int main(int argc, char** argv) {
     double t[2] = {0, 0};
     for (int h = 0; h < 2; ++h) {
       const int side = h ^ (b & 1);  // 0: A, 1: B
-      cpu::FfnRunner& r = side ? rb : ra;
       const auto start = Clock::now();
       int n = 0;
       double el = 0;
       do {
         jobs_from(rot);
         rot = (rot + experts) % pool_n;
-        r.run(pool, jobs, x.data(), hidden, acc_a.data(), hidden, cpu::Act::Silu);
+        if (side) rb.run(pool, jobs, x.data(), hidden, acc_a.data(), hidden, cpu::Act::Silu);
+        else ra.run(pool, jobs, x.data(), hidden, acc_a.data(), hidden, cpu::Act::Silu);
         ++n;
         el = std::chrono::duration<double>(Clock::now() - start).count();
       } while (el < block_s);

@@ -1,0 +1,36 @@
+// ep_moe_ab_bench's B side of the expert path: cpu/ffn.cpp from
+// EP_MOE_AB_VARIANT_DIR when that directory has one (it comes first on this
+// file's include path), else the library's own, built a second time under
+// other names so that both live in one process. A change to FfnRunner
+// (phase order, claims, the fused combine) is then measured against the
+// library's FfnRunner as kernel changes are. The variant must keep
+// ffn.hpp's ExpertJob, Act and constructor as they are: the bench hands
+// both sides the same jobs.
+#define FfnRunner FfnRunnerAbVariant
+#define activate activate_ab_variant
+#include "cpu/ffn.cpp"
+#undef activate
+#undef FfnRunner
+
+#include "ab_variant_ffn.hpp"
+
+namespace ep_moe {
+namespace cpu {
+
+struct AbVariantFfn::Impl {
+  FfnRunnerAbVariant runner;
+  Impl(const Kernels& k, int32_t hidden, int32_t max_inter, int64_t chunk_rows, bool bf16)
+      : runner(k, hidden, max_inter, chunk_rows, bf16) {}
+};
+
+AbVariantFfn::AbVariantFfn(const Kernels& k, int32_t hidden, int32_t max_inter, int64_t chunk_rows, bool bf16)
+    : impl_(new Impl(k, hidden, max_inter, chunk_rows, bf16)) {}
+AbVariantFfn::~AbVariantFfn() { delete impl_; }
+void AbVariantFfn::reserve_jobs(size_t max_jobs) { impl_->runner.reserve_jobs(max_jobs); }
+void AbVariantFfn::run(ThreadPool& pool, const std::vector<ExpertJob>& jobs, const float* x, int64_t ldx, float* acc,
+                       int64_t ldacc, Act act) {
+  impl_->runner.run(pool, jobs, x, ldx, acc, ldacc, act);
+}
+
+}  // namespace cpu
+}  // namespace ep_moe
