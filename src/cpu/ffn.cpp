@@ -263,23 +263,35 @@ void FfnRunner::run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_
         }
         continue;
       }
-      // More rows than one kernel call takes, over a claim of narrow down
-      // panels (a shared expert's shard over a prefill: deepseek-v3's 2048
-      // cut 32 ways is k = 64, 2 KiB a bf16 panel): row block by row
-      // block, each through the whole claim (in L2 after the first block),
-      // run_b panels into one c and one scatter_add of their 64 columns.
-      // Panel by panel, each panel's scatter_add wrote 16 columns of every
-      // row of the segment, rows H floats apart: over 512 tokens of 7168
-      // that is a 14.7 MB accumulator, a line of every row for every
-      // panel. The sums are the same (each acc element still gets its one
-      // addition per row of the segment, segments in order), so the bits
-      // are too. FfnRunner alone on deepseek-v3's shard (64 wide, 2
-      // threads, the Zen 3), alternated with the panel order in one
-      // process, ten 1 s blocks each: T=512 0.80 of the time (bf16 and
-      // f32), T=256 0.91; with the rank's 8 routed experts of ~12 rows as
-      // well, 0.98 (their ~56 ms do not change; the VM's noise is ~+-5 %).
+      // Row block by row block, each through the whole claim, run_b panels
+      // into one c and one scatter_add of their 64 columns:
+      // - A segment of one row block (at most kRows rows: a routed expert
+      //   in a prefill). Panel by panel, each scatter_add wrote one
+      //   64-byte line (AVX2; half a line on AVX-512) of each row of the
+      //   segment, the accumulator's lines coming back from memory between
+      //   calls (the weights stream past them); a run of 4 lines per row
+      //   is half the time. FfnRunner on qwen3 T=512-like f32 work (32
+      //   experts of 15-45 rows drawn from 512 tokens, 2 threads, the Zen
+      //   3), phases timed in a scratch copy, the two orders in one
+      //   process: scatter_add 3.4-3.6 -> 1.4-1.5 ms a thread, phase B
+      //   30.2 -> 28.2 and 27.4 -> 26.1 ms, the run 79.2 -> 77.2 and
+      //   76.0 -> 74.0 ms (medians of 20 blocks).
+      // - More rows than one kernel call takes, over a claim of narrow down
+      //   panels (a shared expert's shard over a prefill: deepseek-v3's
+      //   2048 cut 32 ways is k = 64, 2 KiB a bf16 panel): each row block
+      //   through the whole claim (in L2 after the first block). Panel by
+      //   panel, over 512 tokens of 7168, that is a 14.7 MB accumulator, a
+      //   line of every row for every panel. FfnRunner alone on
+      //   deepseek-v3's shard (64 wide, 2 threads, the Zen 3), alternated
+      //   with the panel order in one process, ten 1 s blocks each: T=512
+      //   0.80 of the time (bf16 and f32), T=256 0.91; with the rank's 8
+      //   routed experts of ~12 rows as well, 0.98 (their ~56 ms do not
+      //   change; the VM's noise is ~+-5 %).
+      // The sums are the same as panel by panel (each acc element still
+      // gets its one addition per row of the segment, segments in order),
+      // so the bits are too.
       const size_t panel_bytes = w.panel_elems() * dtype_size(w.dtype);
-      if (s.len > kRows && static_cast<size_t>(p_end - p0) * panel_bytes <= kRowBlockClaimBytes) {
+      if (s.len <= kRows || static_cast<size_t>(p_end - p0) * panel_bytes <= kRowBlockClaimBytes) {
         for (int64_t r0 = 0; r0 < s.len; r0 += kRows)
           for (int32_t p = p0; p < p_end; p += run_b) {
             const int32_t np = std::min(run_b, p_end - p), col0 = p * nr;
