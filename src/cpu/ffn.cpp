@@ -267,7 +267,7 @@ void FfnRunner::run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_
       // into one c and one scatter_add of their 64 columns:
       // - A segment of one row block (at most kRows rows: a routed expert
       //   in a prefill). Panel by panel, each scatter_add wrote one
-      //   64-byte line (AVX2; half a line on AVX-512) of each row of the
+      //   64-byte line (AVX2; two on AVX-512) of each row of the
       //   segment, the accumulator's lines coming back from memory between
       //   calls (the weights stream past them); a run of 4 lines per row
       //   is half the time. FfnRunner on qwen3 T=512-like f32 work (32
