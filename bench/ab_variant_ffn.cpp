@@ -12,24 +12,24 @@
 #undef activate
 #undef FfnRunner
 
+#include <memory>
+
 #include "ab_variant_ffn.hpp"
 
 namespace ep_moe {
 namespace cpu {
 
-struct AbVariantFfn::Impl {
-  FfnRunnerAbVariant runner;
-  Impl(const Kernels& k, int32_t hidden, int32_t max_inter, int64_t chunk_rows, bool bf16)
-      : runner(k, hidden, max_inter, chunk_rows, bf16) {}
+struct AbVariantFfn::Impl : FfnRunnerAbVariant {
+  using FfnRunnerAbVariant::FfnRunnerAbVariant;
 };
 
 AbVariantFfn::AbVariantFfn(const Kernels& k, int32_t hidden, int32_t max_inter, int64_t chunk_rows, bool bf16)
-    : impl_(new Impl(k, hidden, max_inter, chunk_rows, bf16)) {}
-AbVariantFfn::~AbVariantFfn() { delete impl_; }
-void AbVariantFfn::reserve_jobs(size_t max_jobs) { impl_->runner.reserve_jobs(max_jobs); }
+    : impl_(std::make_unique<Impl>(k, hidden, max_inter, chunk_rows, bf16)) {}
+AbVariantFfn::~AbVariantFfn() = default;
+void AbVariantFfn::reserve_jobs(size_t max_jobs) { impl_->reserve_jobs(max_jobs); }
 void AbVariantFfn::run(ThreadPool& pool, const std::vector<ExpertJob>& jobs, const float* x, int64_t ldx, float* acc,
                        int64_t ldacc, Act act) {
-  impl_->runner.run(pool, jobs, x, ldx, acc, ldacc, act);
+  impl_->run(pool, jobs, x, ldx, acc, ldacc, act);
 }
 
 }  // namespace cpu
