@@ -107,6 +107,11 @@ struct Row {
   bool compute_bound() const { return gflops_frac > weight_frac; }
   double roofline_frac() const { return compute_bound() ? gflops_frac : weight_frac; }
   int64_t local_pairs = 0, active_experts = 0;
+  double flops = 0, weight_bytes = 0;  // per forward, means over the batches (the columns' numerators)
+  // The row's least time by the roofline at a given bandwidth and peak.
+  double roofline_s(double bw_gbs, double peak_gflops) const {
+    return std::max(weight_bytes / (bw_gbs * 1e9), flops / (peak_gflops * 1e9));
+  }
 };
 
 // The weight-0 / skip comparison of one preset and token count: from the
@@ -119,6 +124,14 @@ struct RatioRow {
   int ep = 0, tokens = 0, rounds = 0;
   double rows_expert = 0, rows_forward = 0;  // weight-0 row / skip row
   double expert = 0, expert_min = 0, expert_max = 0, forward = 0;  // alternated (0: not run)
+  // The ratio the two rows' work gives: the weight-0 row's roofline time
+  // over the skip row's, both at the skip row's bandwidth and peak; the
+  // expert-time ratio when both rows run at the same fraction of their
+  // roofline. Work both strategies do (a shared expert; at decode, the
+  // local experts weight-0 streams, not all it routes) keeps it low; a
+  // target above it asks the skip row to run its smaller work that much
+  // nearer its roofline than the weight-0 row runs its larger work.
+  double work = 0;
 };
 
 // Several different batches of T tokens, cycled, so that decode rows touch
@@ -530,7 +543,9 @@ int main(int argc, char** argv) {
         r.peak_after = peak_after;
         r.gflops_frac = r.gflops / r.row_peak;
         r.peak_kind = dot ? "bf16dot" : "f32fma";
-        r.weight_gbs = (mean_active * expert_bytes + shared_bytes) / t / 1e9;
+        r.flops = flops;
+        r.weight_bytes = mean_active * expert_bytes + shared_bytes;
+        r.weight_gbs = r.weight_bytes / t / 1e9;
         r.row_bw = row_bw;
         r.bw_before = bw_before;
         r.bw_after = bw_after;
@@ -568,6 +583,8 @@ int main(int argc, char** argv) {
         if (rs && rw) {
           q.rows_expert = rw->expert_ms / rs->expert_ms;
           q.rows_forward = rw->ms / rs->ms;
+          const double sk = rs->roofline_s(rs->row_bw, rs->row_peak);
+          if (sk > 0) q.work = rw->roofline_s(rs->row_bw, rs->row_peak) / sk;
         }
         if (o.ratio_rounds > 0) {
           Feed feed(*m, T, o.dtype);
@@ -638,6 +655,7 @@ int main(int argc, char** argv) {
       std::printf("; alternated: none (the skip rank had no local pair in any round)");
     if (q.rounds > 0 && q.rounds < o.ratio_rounds)
       std::printf(" [%d of %d rounds: in the others the skip rank had no local pair]", q.rounds, o.ratio_rounds);
+    if (q.work > 0) std::printf("; by the rows' work (roofline) %.2fx", q.work);
     std::printf("\n");
   }
 
@@ -716,9 +734,9 @@ int main(int argc, char** argv) {
                    "    {\"preset\": \"%s\", \"ep\": %d, \"tokens\": %d, \"rows_expert_ratio\": %.4f, "
                    "\"rows_forward_ratio\": %.4f, \"rounds\": %d, \"alternated_expert_ratio\": %.4f, "
                    "\"alternated_expert_ratio_min\": %.4f, \"alternated_expert_ratio_max\": %.4f, "
-                   "\"alternated_forward_ratio\": %.4f}%s\n",
+                   "\"alternated_forward_ratio\": %.4f, \"roofline_work_ratio\": %.4f}%s\n",
                    q.preset.c_str(), q.ep, q.tokens, q.rows_expert, q.rows_forward, q.rounds, q.expert, q.expert_min,
-                   q.expert_max, q.forward, i + 1 < ratios.size() ? "," : "");
+                   q.expert_max, q.forward, q.work, i + 1 < ratios.size() ? "," : "");
     }
     std::fprintf(f, "  ],\n  \"dispatch\": [\n");
     for (size_t i = 0; i < drows.size(); ++i) {
