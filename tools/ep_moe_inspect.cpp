@@ -130,10 +130,12 @@ int main(int argc, char** argv) {
   ep_moe_checkpoint_moe_layers(nullptr, 0, &n_moe, ck);
   std::vector<int32_t> moe(n_moe);
   ep_moe_checkpoint_moe_layers(moe.data(), moe.size(), &n_moe, ck);
-  std::printf("%s\n  format %s, naming %s, %" PRId64 " file(s), %" PRId64 " tensors, %" PRId64
+  const char* arch = ep_moe_checkpoint_architecture(ck);
+  std::printf("%s\n  format %s, architecture %s, naming %s, %" PRId64 " file(s), %" PRId64 " tensors, %" PRId64
               " layers, headers %s\n  MoE layers (%zu): %s\n",
-              path.c_str(), format ? "gguf" : "safetensors", naming_names[naming < 6 ? naming : 0], files, tensors,
-              layers, human(static_cast<double>(header)).c_str(), n_moe, ranges(moe).c_str());
+              path.c_str(), format ? "gguf" : "safetensors", *arch ? arch : "(none named)",
+              naming_names[naming < 6 ? naming : 0], files, tensors, layers, human(static_cast<double>(header)).c_str(),
+              n_moe, ranges(moe).c_str());
 
   int rc = 0;
   for (int32_t L : moe) {
@@ -145,11 +147,13 @@ int main(int argc, char** argv) {
       rc = 1;
       continue;
     }
-    std::printf("\nlayer %d: H %d, I %d, %d experts, top-%d, %s%s%s, groups %d/%d, scale %g, shared %d%s\n", L,
+    // The semantics ep_moe derived for the architecture (docs/formats.md).
+    const char* act = lc.activation == EP_MOE_ACT_GELU ? "gelu" : lc.activation == EP_MOE_ACT_GELU_TANH ? "gelu-tanh" : "silu";
+    std::printf("\nlayer %d: H %d, I %d, %d experts, top-%d, %s%s%s, groups %d/%d, scale %g, %s, shared %d%s\n", L,
                 lc.hidden_size, lc.intermediate_size, lc.num_experts, lc.top_k,
                 lc.scoring == EP_MOE_SCORING_SIGMOID ? "sigmoid" : "softmax", lc.renormalize ? " renormalised" : "",
                 lc.use_score_bias ? " + bias" : "", lc.num_expert_group, lc.topk_group,
-                static_cast<double>(lc.routed_scaling_factor), lc.shared_intermediate_size,
+                static_cast<double>(lc.routed_scaling_factor), act, lc.shared_intermediate_size,
                 lc.shared_expert_gate ? " (gated)" : "");
     std::printf("  %-19s %-8s %-26s %12s  %s\n", "weight", "dtype", "shape", "bytes", "tensor");
     const ep_moe_weight_t ws[] = {EP_MOE_WEIGHT_EXPERT_GATE_UP, EP_MOE_WEIGHT_EXPERT_GATE, EP_MOE_WEIGHT_EXPERT_UP,
@@ -185,9 +189,8 @@ int main(int argc, char** argv) {
       ep_moe_expert_map_config_init(&mc);
       mc.ep_size = ep;
       mc.ep_rank = r;
-      mc.global_num_experts = lc.num_experts;
+      ep_moe_expert_map_config_from_layer(&mc, &lc);
       mc.placement = placement;
-      mc.num_expert_group = lc.num_expert_group;
       ep_moe_expert_map_t* map = nullptr;
       if (ep_moe_expert_map_create(&map, &mc) != EP_MOE_OK) {
         std::fprintf(stderr, "%s\n", ep_moe_last_error());

@@ -54,7 +54,7 @@
  *  shared library's SOVERSION). */
 #define EP_MOE_VERSION_MAJOR 0
 /** \brief Minor version: bumped when features are added compatibly. */
-#define EP_MOE_VERSION_MINOR 1
+#define EP_MOE_VERSION_MINOR 2
 /** \brief Patch version: bumped for fixes only. */
 #define EP_MOE_VERSION_PATCH 0
 /** \brief The version as one number: major * 10000 + minor * 100 + patch. */
@@ -1038,6 +1038,24 @@ typedef struct ep_moe_layer_config {
 EP_MOE_API ep_moe_status_t ep_moe_layer_config_init(ep_moe_layer_config_t* out);
 
 /**
+ * \brief Sets the fields of an expert map config that a layer config
+ *        determines: `global_num_experts` (the layer's num_experts) and
+ *        `num_expert_group` (its grouped top-k groups). The other fields
+ *        (ep_size, ep_rank, placement, ...) are kept.
+ *
+ * With ep_moe_checkpoint_layer_config() this builds a rank's map from a
+ * checkpoint: init both configs, derive the layer config, call this, set
+ * ep_size / ep_rank, create the map.
+ * \param[in,out] config A map config initialised with ep_moe_expert_map_config_init().
+ * \param[in]     layer  A layer config initialised with ep_moe_layer_config_init().
+ * \return ::EP_MOE_OK; ::EP_MOE_ERR_INVALID_ARGUMENT (a NULL pointer, or a
+ *         layer config with num_experts < 1 or negative num_expert_group);
+ *         ::EP_MOE_ERR_STRUCT_SIZE. On failure `config` is unchanged.
+ */
+EP_MOE_API ep_moe_status_t ep_moe_expert_map_config_from_layer(ep_moe_expert_map_config_t* config,
+                                                               const ep_moe_layer_config_t* layer);
+
+/**
  * \brief Creates one rank's layer (without weights; see ep_moe_layer_set_weight()).
  * \param[out] out     Receives the handle (owned by the caller; free it with
  *                     ep_moe_layer_destroy()).
@@ -1228,6 +1246,7 @@ typedef enum ep_moe_layer_attr {
   EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES = 25,     /**< Bytes of rows those steps read. */
   EP_MOE_LAYER_ATTR_DEVICE = 26,                 /**< The config's `device`: -1 for a CPU layer, else the CUDA device ordinal. */
   EP_MOE_LAYER_ATTR_LAST_SYNC_FREE = 27,         /**< CUDA layers: 1 when the last forward took the synchronisation-free path, 0 when it synchronised once for cuBLASLt; -1 on the CPU. */
+  EP_MOE_LAYER_ATTR_HAS_ROUTER = 28,             /**< 1 when the layer holds a router weight (::EP_MOE_WEIGHT_ROUTER, given or loaded), so forward may be called with neither router_logits nor topk_ids; else 0. */
   /** \cond RANGE */
   EP_MOE_LAYER_ATTR_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
   EP_MOE_LAYER_ATTR_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
@@ -1326,6 +1345,20 @@ EP_MOE_API void ep_moe_checkpoint_close(ep_moe_checkpoint_t* checkpoint);
  */
 EP_MOE_API const char* ep_moe_checkpoint_last_error(const ep_moe_checkpoint_t* checkpoint);
 
+/**
+ * \brief The architecture a checkpoint names: config.json's `model_type`
+ *        (safetensors; `text_config`'s for multimodal models) or GGUF's
+ *        `general.architecture`.
+ *
+ * ep_moe_checkpoint_layer_config() derives the routing and the activation
+ * from it (docs/formats.md lists the architectures it knows).
+ * \param[in] checkpoint The handle.
+ * \return A NUL-terminated string owned by the checkpoint, valid until it is
+ *         closed; "" when the checkpoint names no architecture or the handle
+ *         is NULL or not live.
+ */
+EP_MOE_API const char* ep_moe_checkpoint_architecture(const ep_moe_checkpoint_t* checkpoint);
+
 /** \brief Integer attributes of a checkpoint, for ep_moe_checkpoint_get_attr(). */
 typedef enum ep_moe_checkpoint_attr {
   EP_MOE_CHECKPOINT_ATTR_FORMAT = 0,         /**< 0 safetensors, 1 GGUF. */
@@ -1372,11 +1405,21 @@ EP_MOE_API ep_moe_status_t ep_moe_checkpoint_moe_layers(int32_t* out, size_t out
  * renormalize, num_expert_group, topk_group, use_score_bias,
  * routed_scaling_factor, shared_intermediate_size and shared_expert_gate.
  * act_dtype, router_dtype, max_tokens, num_threads and skip_mode are kept.
+ * The shapes come from the tensors; the routing and activation from a
+ * table per architecture (ep_moe_checkpoint_architecture()), overridden by
+ * every key the file states (docs/formats.md). An architecture the table
+ * does not know is accepted only when the file states every semantic key.
+ * ep_moe_expert_map_config_from_layer() then fills the map's fields.
  * \param[in,out] config     Initialised with ep_moe_layer_config_init().
  * \param[in]     checkpoint The handle.
  * \param[in]     layer      A layer index from ep_moe_checkpoint_moe_layers().
  * \return ::EP_MOE_OK; ::EP_MOE_ERR_NOT_FOUND (no experts in that layer);
- *         ::EP_MOE_ERR_FORMAT (inconsistent shapes); ::EP_MOE_ERR_STRUCT_SIZE;
+ *         ::EP_MOE_ERR_FORMAT (inconsistent shapes; an architecture routing
+ *         with a score-correction bias the layer lacks);
+ *         ::EP_MOE_ERR_UNSUPPORTED (routing the file does not state for an
+ *         unknown architecture, a value ep_moe does not implement, or tensors
+ *         in the layer's MoE block that the layer would ignore: the message
+ *         names them); ::EP_MOE_ERR_STRUCT_SIZE;
  *         ::EP_MOE_ERR_INVALID_HANDLE; ::EP_MOE_ERR_INVALID_ARGUMENT. On
  *         failure `config` is unchanged.
  */
@@ -1441,7 +1484,8 @@ EP_MOE_API ep_moe_status_t ep_moe_checkpoint_tensor_info(ep_moe_tensor_info_t* o
  * \return ::EP_MOE_OK; ::EP_MOE_ERR_INVALID_ARGUMENT (shapes differ from the
  *         configuration); ::EP_MOE_ERR_NOT_FOUND (a needed tensor is
  *         missing); ::EP_MOE_ERR_UNSUPPORTED (an element type that cannot be
- *         loaded); ::EP_MOE_ERR_IO; ::EP_MOE_ERR_FORMAT;
+ *         loaded, or tensors in the layer's MoE block that the layer would
+ *         ignore); ::EP_MOE_ERR_IO; ::EP_MOE_ERR_FORMAT;
  *         ::EP_MOE_ERR_INVALID_HANDLE. A failed load may leave some weights
  *         set; ::EP_MOE_LAYER_ATTR_READY tells whether the layer is complete.
  */

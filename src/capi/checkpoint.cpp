@@ -64,6 +64,11 @@ const char* ep_moe_checkpoint_last_error(const ep_moe_checkpoint_t* checkpoint) 
   return handle_last_error(checkpoint, checkpoint, Kind::Checkpoint);
 }
 
+const char* ep_moe_checkpoint_architecture(const ep_moe_checkpoint_t* checkpoint) {
+  if (checkpoint == nullptr || !is_live(checkpoint, Kind::Checkpoint)) return "";
+  return checkpoint->ck->arch().c_str();
+}
+
 ep_moe_status_t ep_moe_checkpoint_get_attr(int64_t* out, const ep_moe_checkpoint_t* checkpoint,
                                            ep_moe_checkpoint_attr_t attr) {
   return guard(__func__, checkpoint, Kind::Checkpoint, [&] {
@@ -103,20 +108,21 @@ ep_moe_status_t ep_moe_checkpoint_layer_config(ep_moe_layer_config_t* config, co
     const io::Checkpoint& ck = ck_of(checkpoint);
     ep_moe_layer_config_t c = checked_config(static_cast<const ep_moe_layer_config_t*>(config), "config");
     const io::LayerShape s = ck.layer_shape(layer);
+    const io::Semantics m = ck.layer_semantics(layer);
     c.hidden_size = s.hidden;
     c.intermediate_size = s.inter;
     c.num_experts = s.experts;
-    if (s.top_k > 0) c.top_k = s.top_k;
-    c.activation = s.activation;
+    if (m.top_k > 0) c.top_k = m.top_k;
+    c.activation = m.activation;
     c.weight_dtype = s.expert_elem == io::Elem::BF16 ? EP_MOE_DTYPE_BF16
                      : s.expert_elem == io::Elem::F16 ? EP_MOE_DTYPE_F16
                                                       : EP_MOE_DTYPE_F32;
-    c.scoring = s.scoring;
-    c.renormalize = s.renormalize;
-    c.num_expert_group = s.groups;
-    c.topk_group = s.topk_group;
+    c.scoring = m.scoring;
+    c.renormalize = m.renormalize;
+    c.num_expert_group = m.groups;
+    c.topk_group = m.topk_group;
     c.use_score_bias = s.score_bias ? 1 : 0;
-    c.routed_scaling_factor = s.scale;
+    c.routed_scaling_factor = m.scale;
     c.shared_intermediate_size = s.shared_inter;
     c.shared_expert_gate = s.shared_gate ? 1 : 0;
     *config = c;

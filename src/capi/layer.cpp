@@ -30,6 +30,19 @@ ep_moe_status_t ep_moe_layer_config_init(ep_moe_layer_config_t* out) {
   });
 }
 
+ep_moe_status_t ep_moe_expert_map_config_from_layer(ep_moe_expert_map_config_t* config,
+                                                    const ep_moe_layer_config_t* layer) {
+  return guard(__func__, nullptr, Kind::ExpertMap, [&] {
+    ep_moe_expert_map_config_t m = checked_config(static_cast<const ep_moe_expert_map_config_t*>(config), "config");
+    const auto& l = checked_config(layer, "layer");
+    EP_MOE_CHECK_ARG(l.num_experts >= 1, "layer->num_experts is %d; derive the layer config first", l.num_experts);
+    EP_MOE_CHECK_ARG(l.num_expert_group >= 0, "layer->num_expert_group is %d", l.num_expert_group);
+    m.global_num_experts = l.num_experts;
+    m.num_expert_group = l.num_expert_group;
+    *config = m;
+  });
+}
+
 ep_moe_status_t ep_moe_layer_create(ep_moe_layer_t** out, const ep_moe_layer_config_t* config,
                                     const ep_moe_expert_map_t* map, ep_moe_comm_t* ep_comm, ep_moe_comm_t* dp_comm) {
   return guard(__func__, nullptr, Kind::Layer, [&] {

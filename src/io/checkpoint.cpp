@@ -166,6 +166,19 @@ bool parse_gguf_name(const std::string& name, Parsed* out) {
   return false;
 }
 
+// Whether a tensor no role matched lies in a layer's MoE block (HF:
+// <prefix>layers.L.mlp.* or block_sparse_moe.*; GGUF: blk.L.ffn_* but the
+// norms), where the layer would silently ignore it; *layer gets L.
+bool in_moe_namespace(const std::string& name, bool gguf, const std::string& prefix, int32_t* layer) {
+  const std::string head = gguf ? "blk." : prefix + "layers.";
+  if (name.compare(0, head.size(), head) != 0) return false;
+  size_t pos = head.size();
+  if (!take_index(name, pos, layer)) return false;
+  const std::string rest = name.substr(pos);
+  if (gguf) return rest.compare(0, 4, "ffn_") == 0 && rest.find("norm") == std::string::npos;
+  return rest.compare(0, 4, "mlp.") == 0 || rest.compare(0, 17, "block_sparse_moe.") == 0;
+}
+
 double get_num(const std::map<std::string, double>& m, const char* k, double dflt, bool* found = nullptr) {
   auto it = m.find(k);
   if (found) *found = it != m.end();
@@ -318,6 +331,8 @@ void Checkpoint::read_hf_config(const std::string& dir) {
   if (!is_file(p)) return;
   parse_hf_config(read_small_file(p, 16ull << 20), p, &cfg_num_, &cfg_str_);
   has_config_ = true;
+  const auto mt = cfg_str_.find("model_type");
+  if (mt != cfg_str_.end()) arch_ = mt->second;
 }
 
 void Checkpoint::index_names(Naming want, const std::string& prefix) {
@@ -329,11 +344,15 @@ void Checkpoint::index_names(Naming want, const std::string& prefix) {
   // First pass: which scheme and prefix hold the routed experts.
   std::map<std::pair<Naming, std::string>, size_t> votes;
   std::vector<std::tuple<size_t, Parsed, std::string>> parsed;
+  std::vector<size_t> unparsed;
   for (size_t i = 0; i < tensors_.size(); ++i) {
     Parsed p{};
     std::string pre;
     const bool ok = format_ == Format::Gguf ? parse_gguf_name(tensors_[i].name, &p) : parse_hf(tensors_[i].name, &pre, &p);
-    if (!ok) continue;
+    if (!ok) {
+      unparsed.push_back(i);
+      continue;
+    }
     if (!prefix.empty() && pre != prefix) continue;
     if (p.role <= R_DOWN || p.role >= R3_GATE) ++votes[{p.scheme, pre}];
     parsed.emplace_back(i, p, pre);
@@ -388,6 +407,11 @@ void Checkpoint::index_names(Naming want, const std::string& prefix) {
     }
   }
   moe_layers_.assign(layers.begin(), layers.end());
+  for (size_t i : unparsed) {
+    int32_t L = -1;
+    if (in_moe_namespace(tensors_[i].name, format_ == Format::Gguf, pre_best, &L) && layers.count(L))
+      unknown_[L].push_back(tensors_[i].name);
+  }
   if (format_ == Format::Gguf) {
     if (const GgufValue* v = gguf_.find(arch_ + ".block_count")) num_layers_ = std::max<int32_t>(num_layers_, static_cast<int32_t>(v->as_int()));
   } else {
@@ -436,9 +460,21 @@ LayerShape Checkpoint::layer_shape(int32_t layer) const {
   if (!is_moe_layer(layer))
     fail(EP_MOE_ERR_NOT_FOUND, "%s: layer %d has no routed experts (MoE layers: %zu)", files_[0]->name().c_str(), layer,
          moe_layers_.size());
+  const std::string& fname = files_[0]->name();
+  auto unknown = unknown_.find(layer);
+  if (unknown != unknown_.end()) {
+    const std::vector<std::string>& names = unknown->second;
+    std::string list;
+    for (size_t i = 0; i < names.size() && i < 4; ++i) list += (i ? ", '" : "'") + names[i] + "'";
+    if (names.size() > 4) list += " and " + std::to_string(names.size() - 4) + " more";
+    fail(EP_MOE_ERR_UNSUPPORTED,
+         "%s: layer %d%s%s%s holds %zu tensor(s) that ep_moe's layer would ignore (%s): refusing rather than "
+         "computing something else",
+         fname.c_str(), layer, arch_.empty() ? "" : " (architecture '", arch_.c_str(), arch_.empty() ? "" : "')",
+         names.size(), list.c_str());
+  }
   LayerShape s;
   s.experts = expert_count_.at(layer);
-  const std::string& fname = files_[0]->name();
   auto dims2 = [&](const TensorInfo* t, int64_t* r, int64_t* c) {
     if (t->shape.size() == 1) {
       *r = 1;
@@ -501,42 +537,14 @@ LayerShape Checkpoint::layer_shape(int32_t layer) const {
   s.shared_gate = tensor(layer, R_S_EXPERT_GATE, -1) != nullptr;
   s.score_bias = tensor(layer, R_BIAS, -1) != nullptr;
 
-  if (format_ == Format::Gguf) {
-    auto num = [&](const char* key, double dflt) {
-      const GgufValue* v = gguf_.find(arch_ + "." + key);
-      return v ? v->as_float() : dflt;
-    };
-    s.top_k = static_cast<int32_t>(num("expert_used_count", 0));
-    s.renormalize = num("expert_weights_norm", arch_ == "qwen2moe" ? 0 : 1) != 0 ? 1 : 0;
-    s.scale = static_cast<float>(num("expert_weights_scale", 1.0));
-    if (s.scale == 0.0f) s.scale = 1.0f;
-    s.scoring = num("expert_gating_func", 1) == 2 ? EP_MOE_SCORING_SIGMOID : EP_MOE_SCORING_SOFTMAX;
-    const int32_t ng = static_cast<int32_t>(num("expert_group_count", 0));
-    if (ng > 1) {
-      s.groups = ng;
-      s.topk_group = static_cast<int32_t>(num("expert_group_used_count", ng));
-    }
-  } else {
-    s.top_k = static_cast<int32_t>(get_num(cfg_num_, "num_experts_per_tok", 0));
-    s.renormalize = get_num(cfg_num_, "norm_topk_prob", 1) != 0 ? 1 : 0;
-    s.scale = static_cast<float>(get_num(cfg_num_, "routed_scaling_factor", 1.0));
-    auto sf = cfg_str_.find("scoring_func");
-    if (sf != cfg_str_.end() && sf->second == "sigmoid") s.scoring = EP_MOE_SCORING_SIGMOID;
-    auto tm = cfg_str_.find("topk_method");
-    const bool greedy = tm != cfg_str_.end() && tm->second == "greedy";
-    const int32_t ng = static_cast<int32_t>(get_num(cfg_num_, "n_group", 0));
-    if (ng > 1 && !greedy) {
-      s.groups = ng;
-      s.topk_group = static_cast<int32_t>(get_num(cfg_num_, "topk_group", ng));
-    }
-    auto act = cfg_str_.find("hidden_act");
-    if (act != cfg_str_.end()) {
-      if (act->second == "gelu") s.activation = EP_MOE_ACT_GELU;
-      else if (act->second == "gelu_pytorch_tanh" || act->second == "gelu_new" || act->second == "gelu_fast")
-        s.activation = EP_MOE_ACT_GELU_TANH;
-    }
-  }
   return s;
+}
+
+Semantics Checkpoint::layer_semantics(int32_t layer) const {
+  const LayerShape shape = layer_shape(layer);
+  const std::string where = files_[0]->name() + ": layer " + std::to_string(layer);
+  if (format_ == Format::Gguf) return gguf_semantics(gguf_, arch_, shape.score_bias, where);
+  return hf_semantics(cfg_num_, cfg_str_, has_config_, shape.score_bias, where);
 }
 
 bool Checkpoint::locate(int32_t layer, ep_moe_weight_t which, int32_t expert, Slice* out) const {

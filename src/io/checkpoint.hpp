@@ -12,6 +12,7 @@
 
 #include "ep_moe/ep_moe.h"
 #include "io/gguf.hpp"
+#include "io/semantics.hpp"
 #include "io/source.hpp"
 #include "io/tensor.hpp"
 
@@ -40,15 +41,11 @@ struct Slice {
   bool transposed = false;  // stored [cols, rows]
 };
 
-// What a checkpoint says about one MoE layer's configuration.
+// What a checkpoint's tensors say about one MoE layer: its shapes and which
+// optional weights it has (the routing and activation are in Semantics).
 struct LayerShape {
-  int32_t hidden = 0, inter = 0, experts = 0, top_k = 0, shared_inter = 0;
+  int32_t hidden = 0, inter = 0, experts = 0, shared_inter = 0;
   bool shared_gate = false, score_bias = false, router = false;
-  int32_t activation = EP_MOE_ACT_SILU;
-  int32_t scoring = EP_MOE_SCORING_SOFTMAX;
-  int32_t renormalize = 1;
-  int32_t groups = 0, topk_group = 0;
-  float scale = 1.0f;
   Elem expert_elem = Elem::Other;
 };
 
@@ -73,9 +70,16 @@ class Checkpoint {
   const std::vector<int32_t>& moe_layers() const { return moe_layers_; }
   bool is_moe_layer(int32_t layer) const;
 
-  // The configuration of one MoE layer (throws NOT_FOUND for a layer
-  // without experts, FORMAT for inconsistent shapes).
+  // The shapes of one MoE layer (throws NOT_FOUND for a layer without
+  // experts, FORMAT for inconsistent shapes, UNSUPPORTED when the layer
+  // holds tensors the layer would ignore, naming them).
   LayerShape layer_shape(int32_t layer) const;
+  // What the layer's architecture computes (io/semantics.hpp): throws
+  // UNSUPPORTED when the configuration cannot say.
+  Semantics layer_semantics(int32_t layer) const;
+  // model_type (safetensors' config.json) or general.architecture (GGUF);
+  // "" when the checkpoint names none.
+  const std::string& arch() const { return arch_; }
 
   // Locates a weight: routed tensors by expert (fused gate_up is reported
   // for EP_MOE_WEIGHT_EXPERT_GATE_UP when the checkpoint stores it so);
@@ -102,6 +106,9 @@ class Checkpoint {
   // (layer, role, expert) -> index into tensors_; expert -1 for non-expert tensors.
   std::map<std::tuple<int32_t, int, int32_t>, size_t> roles_;
   std::map<int32_t, int32_t> expert_count_;  // per layer, from the tensors
+  // Per layer: tensors in its MoE block's namespace that play no role the
+  // layer knows (expert biases, another router, ...).
+  std::map<int32_t, std::vector<std::string>> unknown_;
   // Declared configuration.
   std::map<std::string, double> cfg_num_;
   std::map<std::string, std::string> cfg_str_;

@@ -537,6 +537,29 @@ ROW(ep_moe_layer_config_init) {
   (void)f;
   BAD(ep_moe_layer_config_init(nullptr), ARG);
 }
+ROW(ep_moe_expert_map_config_from_layer) {
+  (void)f;
+  ep_moe_expert_map_config_t mc;
+  ep_moe_expert_map_config_init(&mc);
+  mc.global_num_experts = 77;
+  ep_moe_layer_config_t lc = Fixture::layer_config();
+  BAD(ep_moe_expert_map_config_from_layer(nullptr, &lc), ARG);
+  BAD(ep_moe_expert_map_config_from_layer(&mc, nullptr), ARG);
+  auto wrong_map = with_size(mc, 3);
+  BAD(ep_moe_expert_map_config_from_layer(&wrong_map, &lc), SIZE);
+  auto wrong_layer = with_size(lc, 3);
+  BAD(ep_moe_expert_map_config_from_layer(&mc, &wrong_layer), SIZE);
+  ep_moe_layer_config_t none;
+  ep_moe_layer_config_init(&none);
+  BAD(ep_moe_expert_map_config_from_layer(&mc, &none), ARG);  // num_experts 0: not derived yet
+  lc.num_expert_group = -1;
+  BAD(ep_moe_expert_map_config_from_layer(&mc, &lc), ARG);
+  CHECK(mc.global_num_experts == 77);
+  lc.num_expert_group = 2;
+  REQUIRE(ep_moe_expert_map_config_from_layer(&mc, &lc) == EP_MOE_OK);
+  CHECK(mc.global_num_experts == lc.num_experts);
+  CHECK(mc.num_expert_group == 2);
+}
 ROW(ep_moe_layer_create) {
   ep_moe_layer_t* out = reinterpret_cast<ep_moe_layer_t*>(0x1);
   const ep_moe_layer_config_t lc = Fixture::layer_config();
@@ -725,6 +748,12 @@ ROW(ep_moe_checkpoint_last_error) {
   CHECK(ep_moe_checkpoint_last_error(dead_ck()) != nullptr);
   CHECK(ep_moe_checkpoint_last_error(f.ck) != nullptr);
 }
+ROW(ep_moe_checkpoint_architecture) {
+  CHECK(std::string(ep_moe_checkpoint_architecture(nullptr)).empty());
+  CHECK(std::string(ep_moe_checkpoint_architecture(dead_ck())).empty());
+  CHECK(std::string(ep_moe_checkpoint_architecture(reinterpret_cast<const ep_moe_checkpoint_t*>(f.comm))).empty());
+  CHECK(std::string(ep_moe_checkpoint_architecture(f.ck)).empty());  // the fixture's has no config.json
+}
 ROW(ep_moe_checkpoint_get_attr) {
   int64_t v = -77;
   BAD(ep_moe_checkpoint_get_attr(nullptr, f.ck, EP_MOE_CHECKPOINT_ATTR_NUM_LAYERS), ARG);
@@ -751,6 +780,8 @@ ROW(ep_moe_checkpoint_layer_config) {
   BAD(ep_moe_checkpoint_layer_config(&lc, f.ck, -1), EP_MOE_ERR_NOT_FOUND);
   auto wrong = with_size(lc, 2);
   BAD(ep_moe_checkpoint_layer_config(&wrong, f.ck, f.ck_layer), SIZE);
+  // The fixture's checkpoint has no config.json: its routing is unknown.
+  BAD(ep_moe_checkpoint_layer_config(&lc, f.ck, f.ck_layer), EP_MOE_ERR_UNSUPPORTED);
   CHECK(lc.hidden_size == 77);
 }
 ROW(ep_moe_tensor_info_init) {

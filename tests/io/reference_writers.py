@@ -54,7 +54,7 @@ for e in range(E):
 tensors["model.embed_tokens.weight"] = normal(10, H).astype(np.float16)
 safetensors.numpy.save_file(tensors, f"{out}/hf/model.safetensors", metadata={"format": "pt"})
 with open(f"{out}/hf/config.json", "w") as f:
-    json.dump({"hidden_size": H, "moe_intermediate_size": I, "num_experts": E, "num_experts_per_tok": K,
+    json.dump({"model_type": "qwen3_moe", "hidden_size": H, "moe_intermediate_size": I, "num_experts": E, "num_experts_per_tok": K,
                "norm_topk_prob": True, "num_hidden_layers": L + 1, "hidden_act": "silu"}, f)
 f16 = lambda a: a.astype(np.float16).astype(np.float32)
 raw(f"{out}/hf.raw", [f16(router)] + [f16(x[e]) for e in range(E) for x in (gate, up, down)])

@@ -354,7 +354,13 @@ TEST_CASE("loading refuses what does not fit, and says why", "[checkpoint][error
   writers::write_file(dir + "/model.safetensors", writers::safetensors_bytes({t, u, d}));
   CkHolder ck2(dir);
   ep_moe_layer_config_init(&lc);
-  REQUIRE(ep_moe_checkpoint_layer_config(&lc, ck2.c, 1) == EP_MOE_OK);
+  // No config.json: the routing cannot be derived, so the caller states it.
+  CHECK(ep_moe_checkpoint_layer_config(&lc, ck2.c, 1) == EP_MOE_ERR_UNSUPPORTED);
+  CHECK(std::string(ep_moe_checkpoint_last_error(ck2.c)).find("no config.json") != std::string::npos);
+  CHECK(lc.hidden_size == 0);
+  lc.hidden_size = 4;
+  lc.intermediate_size = 2;
+  lc.num_experts = 1;
   lc.top_k = 1;
   mc.global_num_experts = 1;
   REQUIRE(ep_moe_expert_map_create(&map, &mc) == EP_MOE_OK);

@@ -363,7 +363,8 @@ inline std::string hf_config(const Model& m, Scheme scheme) {
                   (s.act == ref::GELU ? "gelu" : s.act == ref::GELU_TANH ? "gelu_pytorch_tanh" : "silu") + "\"";
   if (scheme == Scheme::Mixtral) c += ", \"intermediate_size\": " + std::to_string(s.I) + ", \"num_local_experts\": " + std::to_string(s.E);
   else c += ", \"moe_intermediate_size\": " + std::to_string(s.I) + ", \"num_experts\": " + std::to_string(s.E);
-  if (s.sigmoid) c += ", \"scoring_func\": \"sigmoid\"";
+  // No model_type: ep_moe then needs every semantic key stated.
+  c += std::string(", \"scoring_func\": \"") + (s.sigmoid ? "sigmoid" : "softmax") + "\"";
   if (s.groups > 0) c += ", \"n_group\": " + std::to_string(s.groups) + ", \"topk_group\": " + std::to_string(s.topk_group) + ", \"topk_method\": \"noaux_tc\"";
   c += ", \"routed_scaling_factor\": " + std::to_string(s.scale);
   c += "}";

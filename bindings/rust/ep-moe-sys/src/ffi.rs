@@ -4,7 +4,7 @@
 use std::os::raw::{c_char, c_int, c_void};
 
 pub const EP_MOE_VERSION_MAJOR: u32 = 0;
-pub const EP_MOE_VERSION_MINOR: u32 = 1;
+pub const EP_MOE_VERSION_MINOR: u32 = 2;
 pub const EP_MOE_VERSION_PATCH: u32 = 0;
 
 pub type ep_moe_status_t = i32;
@@ -167,6 +167,7 @@ pub const EP_MOE_LAYER_ATTR_LAST_COMBINE_NS: ep_moe_layer_attr_t = 24;
 pub const EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES: ep_moe_layer_attr_t = 25;
 pub const EP_MOE_LAYER_ATTR_DEVICE: ep_moe_layer_attr_t = 26;
 pub const EP_MOE_LAYER_ATTR_LAST_SYNC_FREE: ep_moe_layer_attr_t = 27;
+pub const EP_MOE_LAYER_ATTR_HAS_ROUTER: ep_moe_layer_attr_t = 28;
 pub const EP_MOE_LAYER_ATTR_ENUM_MIN_: ep_moe_layer_attr_t = -2147483648;
 pub const EP_MOE_LAYER_ATTR_ENUM_MAX_: ep_moe_layer_attr_t = 2147483647;
 
@@ -386,6 +387,7 @@ extern "C" {
     pub fn ep_moe_comm_all_to_all_v(out: *mut c_void, out_counts: *const usize, in_: *const c_void, in_counts: *const usize, dtype: ep_moe_dtype_t, comm: *mut ep_moe_comm_t, stream: *mut c_void) -> ep_moe_status_t;
     pub fn ep_moe_comm_barrier(comm: *mut ep_moe_comm_t) -> ep_moe_status_t;
     pub fn ep_moe_layer_config_init(out: *mut ep_moe_layer_config_t) -> ep_moe_status_t;
+    pub fn ep_moe_expert_map_config_from_layer(config: *mut ep_moe_expert_map_config_t, layer: *const ep_moe_layer_config_t) -> ep_moe_status_t;
     pub fn ep_moe_layer_create(out: *mut *mut ep_moe_layer_t, config: *const ep_moe_layer_config_t, map: *const ep_moe_expert_map_t, ep_comm: *mut ep_moe_comm_t, dp_comm: *mut ep_moe_comm_t) -> ep_moe_status_t;
     pub fn ep_moe_layer_destroy(layer: *mut ep_moe_layer_t);
     pub fn ep_moe_layer_last_error(layer: *const ep_moe_layer_t) -> *const c_char;
@@ -397,6 +399,7 @@ extern "C" {
     pub fn ep_moe_checkpoint_open(out: *mut *mut ep_moe_checkpoint_t, path: *const c_char, config: *const ep_moe_checkpoint_config_t) -> ep_moe_status_t;
     pub fn ep_moe_checkpoint_close(checkpoint: *mut ep_moe_checkpoint_t);
     pub fn ep_moe_checkpoint_last_error(checkpoint: *const ep_moe_checkpoint_t) -> *const c_char;
+    pub fn ep_moe_checkpoint_architecture(checkpoint: *const ep_moe_checkpoint_t) -> *const c_char;
     pub fn ep_moe_checkpoint_get_attr(out: *mut i64, checkpoint: *const ep_moe_checkpoint_t, attr: ep_moe_checkpoint_attr_t) -> ep_moe_status_t;
     pub fn ep_moe_checkpoint_moe_layers(out: *mut i32, out_len: usize, out_count: *mut usize, checkpoint: *const ep_moe_checkpoint_t) -> ep_moe_status_t;
     pub fn ep_moe_checkpoint_layer_config(config: *mut ep_moe_layer_config_t, checkpoint: *const ep_moe_checkpoint_t, layer: i32) -> ep_moe_status_t;

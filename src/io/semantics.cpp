@@ -1,0 +1,240 @@
+#include "io/semantics.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+
+namespace ep_moe {
+namespace io {
+
+namespace {
+
+// How an architecture picks its experts before the top-k.
+enum class Grouping {
+  Greedy,   // plain top-k unless the file's topk_method says otherwise
+  NoAux,    // DeepSeek-V3: sigmoid scores + score-correction bias, grouped top-k
+};
+
+// What an architecture's own MoE block does when its configuration omits a
+// key (the values of its transformers config class, or of llama.cpp's graph
+// for GGUF). `unsupported`: the architecture is known and refused, with why.
+struct Arch {
+  const char* name;
+  int32_t scoring;
+  int32_t renormalize;
+  float scale;
+  Grouping grouping;
+  int32_t n_group, topk_group;
+  const char* unsupported;
+};
+
+constexpr const char* kGptOss =
+    "its MoE block (gate and up interleaved in gate_up_proj, router and expert biases, the clamped SwiGLU "
+    "(up + 1) * gate * sigmoid(1.702 * gate)) is not supported by this version of ep_moe";
+
+// HF model_type values. Qwen2/3-MoE and OLMoE renormalise only with
+// norm_topk_prob (their config classes default it to false); Mixtral
+// always renormalises; DeepSeek-V2 never does (transformers' DeepseekV2Moe
+// scales by routed_scaling_factor instead); DeepSeek-V3, Kimi-K2 (the
+// DeepSeek-V3 layout) and GLM-4.5 route with sigmoid scores, the
+// score-correction bias and grouped top-k, hard-coded in their code, so
+// their config.json has no scoring_func / topk_method key.
+const Arch kHfArchs[] = {
+    {"qwen2_moe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
+    {"qwen3_moe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
+    {"qwen3_vl_moe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
+    {"qwen3_vl_moe_text", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
+    {"mixtral", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, nullptr},
+    {"olmoe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
+    {"deepseek_v2", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
+    {"deepseek_v3", EP_MOE_SCORING_SIGMOID, 1, 2.5f, Grouping::NoAux, 8, 4, nullptr},
+    {"kimi_k2", EP_MOE_SCORING_SIGMOID, 1, 2.5f, Grouping::NoAux, 8, 4, nullptr},
+    {"glm4_moe", EP_MOE_SCORING_SIGMOID, 1, 1.0f, Grouping::NoAux, 1, 1, nullptr},
+    {"gpt_oss", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, kGptOss},
+};
+
+// GGUF general.architecture values, with llama.cpp's graphs: qwen3moe and
+// llama (Mixtral-style) renormalise, qwen2moe and olmoe do not, deepseek2
+// and glm4moe read their keys (defaults below), all use SiLU.
+const Arch kGgufArchs[] = {
+    {"qwen2moe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
+    {"qwen3moe", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, nullptr},
+    {"qwen3vlmoe", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, nullptr},
+    {"llama", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, nullptr},
+    {"olmoe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
+    {"deepseek2", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
+    {"glm4moe", EP_MOE_SCORING_SIGMOID, 1, 1.0f, Grouping::NoAux, 1, 1, nullptr},
+    {"gpt-oss", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, kGptOss},
+};
+
+template <size_t N>
+const Arch* find_arch(const Arch (&table)[N], const std::string& name) {
+  for (const Arch& a : table)
+    if (name == a.name) return &a;
+  return nullptr;
+}
+
+std::string known_names(const Arch* table, size_t n) {
+  std::string s;
+  for (size_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::string(table[i].name);
+  return s;
+}
+
+// The keys an unknown architecture must state, joined for a message.
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
+  return s;
+}
+
+// An architecture that chooses experts with the score-correction bias
+// computes something else without it: refuse rather than route without.
+void check_bias(const Semantics& s, bool has_score_bias, const std::string& where) {
+  if (s.needs_score_bias && !has_score_bias)
+    fail(EP_MOE_ERR_FORMAT, "%s: %s routes with a score-correction bias (noaux_tc), but the layer has no such tensor",
+         where.c_str(), s.arch.empty() ? "the configuration" : s.arch.c_str());
+}
+
+}  // namespace
+
+bool activation_of(const std::string& a, int32_t* out) {
+  if (a == "silu" || a == "swish") *out = EP_MOE_ACT_SILU;
+  else if (a == "gelu") *out = EP_MOE_ACT_GELU;
+  else if (a == "gelu_pytorch_tanh" || a == "gelu_new" || a == "gelu_fast") *out = EP_MOE_ACT_GELU_TANH;
+  else return false;
+  return true;
+}
+
+Semantics hf_semantics(const std::map<std::string, double>& nums, const std::map<std::string, std::string>& strs,
+                       bool has_config, bool has_score_bias, const std::string& where) {
+  Semantics s;
+  const auto str = [&](const char* k) -> const std::string* {
+    auto it = strs.find(k);
+    return it == strs.end() ? nullptr : &it->second;
+  };
+  const auto num = [&](const char* k) -> const double* {
+    auto it = nums.find(k);
+    return it == nums.end() ? nullptr : &it->second;
+  };
+  if (const std::string* mt = str("model_type")) s.arch = *mt;
+  const Arch* a = find_arch(kHfArchs, s.arch);
+  s.known = a != nullptr;
+  if (a && a->unsupported)
+    fail(EP_MOE_ERR_UNSUPPORTED, "%s: model_type '%s': %s", where.c_str(), s.arch.c_str(), a->unsupported);
+  if (!a) {
+    // Every semantic key must be stated; name all that are not.
+    std::vector<std::string> missing;
+    for (const char* k : {"num_experts_per_tok", "hidden_act", "scoring_func", "norm_topk_prob", "routed_scaling_factor"})
+      if (!str(k) && !num(k)) missing.push_back(k);
+    const double* ng = num("n_group");
+    if (ng && *ng > 1 && !str("topk_method")) missing.push_back("topk_method");
+    if (ng && *ng > 1 && !num("topk_group")) missing.push_back("topk_group");
+    if (!missing.empty()) {
+      const std::string what = !has_config ? std::string("has no config.json beside it")
+                               : s.arch.empty()
+                                   ? std::string("config.json names no model_type")
+                                   : "config.json's model_type '" + s.arch + "' is not one ep_moe knows (" +
+                                         known_names(kHfArchs, sizeof kHfArchs / sizeof kHfArchs[0]) + ")";
+      fail(EP_MOE_ERR_UNSUPPORTED,
+           "%s %s, and it does not state %s: the MoE block's routing cannot be derived; add %s to config.json, or "
+           "fill ep_moe_layer_config_t yourself",
+           where.c_str(), what.c_str(), join(missing).c_str(), missing.size() == 1 ? "it" : "them");
+    }
+  }
+  static const Arch kGeneric = {"", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, nullptr};
+  if (!a) a = &kGeneric;  // every key below is then stated by the file
+  s.scoring = a->scoring;
+  s.renormalize = a->renormalize;
+  s.scale = a->scale;
+
+  if (const double* k = num("num_experts_per_tok")) s.top_k = static_cast<int32_t>(*k);
+  if (const double* v = num("norm_topk_prob")) s.renormalize = *v != 0 ? 1 : 0;
+  if (const double* v = num("routed_scaling_factor")) s.scale = static_cast<float>(*v);
+  if (const std::string* sf = str("scoring_func")) {
+    if (*sf == "softmax") s.scoring = EP_MOE_SCORING_SOFTMAX;
+    else if (*sf == "sigmoid") s.scoring = EP_MOE_SCORING_SIGMOID;
+    else fail(EP_MOE_ERR_UNSUPPORTED, "%s: scoring_func '%s' is not supported (softmax, sigmoid)", where.c_str(), sf->c_str());
+  }
+  if (const std::string* act = str("hidden_act")) {
+    if (!activation_of(*act, &s.activation))
+      fail(EP_MOE_ERR_UNSUPPORTED, "%s: hidden_act '%s' is not supported (silu, gelu, gelu_pytorch_tanh)", where.c_str(),
+           act->c_str());
+  }
+  const std::string* tm = str("topk_method");
+  // Without the key: the architecture's method; for one the table does not
+  // know, a score-correction bias tensor means noaux_tc (its only use).
+  const std::string method = tm                                                     ? *tm
+                             : a->grouping == Grouping::NoAux || (!s.known && has_score_bias) ? "noaux_tc"
+                                                                                         : "greedy";
+  const double* ng = num("n_group");
+  const double* tg = num("topk_group");
+  const auto ngroups = static_cast<int32_t>(ng ? *ng : a->n_group);
+  if (method == "noaux_tc" || method == "group_limited_greedy") {
+    s.needs_score_bias = method == "noaux_tc";
+    if (ngroups > 1) {
+      s.groups = ngroups;
+      s.topk_group = static_cast<int32_t>(tg ? *tg : a->topk_group > 0 ? a->topk_group : ngroups);
+    }
+  } else if (method != "greedy") {
+    fail(EP_MOE_ERR_UNSUPPORTED, "%s: topk_method '%s' is not supported (greedy, group_limited_greedy, noaux_tc)",
+         where.c_str(), method.c_str());
+  }
+  if (has_score_bias && !s.needs_score_bias)
+    fail(EP_MOE_ERR_UNSUPPORTED, "%s: the layer has a score-correction bias, which topk_method '%s'%s%s does not use",
+         where.c_str(), method.c_str(), s.arch.empty() ? "" : " of model_type ", s.arch.c_str());
+  check_bias(s, has_score_bias, where);
+  return s;
+}
+
+Semantics gguf_semantics(const GgufFile& g, const std::string& arch, bool has_score_bias, const std::string& where) {
+  Semantics s;
+  s.arch = arch;
+  const Arch* a = find_arch(kGgufArchs, arch);
+  s.known = a != nullptr;
+  if (a && a->unsupported)
+    fail(EP_MOE_ERR_UNSUPPORTED, "%s: GGUF architecture '%s': %s", where.c_str(), arch.c_str(), a->unsupported);
+  if (!a)
+    fail(EP_MOE_ERR_UNSUPPORTED,
+         "%s: GGUF architecture '%s' is not one ep_moe knows (%s), and GGUF metadata does not state the experts' "
+         "activation: fill ep_moe_layer_config_t yourself",
+         where.c_str(), arch.c_str(), known_names(kGgufArchs, sizeof kGgufArchs / sizeof kGgufArchs[0]).c_str());
+  const auto find = [&](const char* key) { return g.find(arch + "." + key); };
+  s.scoring = a->scoring;
+  s.renormalize = a->renormalize;
+  s.scale = a->scale;
+  if (const GgufValue* v = find("expert_used_count")) s.top_k = static_cast<int32_t>(v->as_int());
+  if (const GgufValue* v = find("expert_weights_norm")) s.renormalize = v->as_int() != 0 ? 1 : 0;
+  if (const GgufValue* v = find("expert_weights_scale")) {
+    const double f = v->as_float();
+    if (f != 0.0) s.scale = static_cast<float>(f);  // llama.cpp: 0 means no scaling
+  }
+  if (const GgufValue* v = find("expert_gating_func")) {
+    // llama.cpp's llama_expert_gating_func_type: 1 softmax, 2 sigmoid, 3
+    // softmax over the chosen experts' logits (softmax, then renormalise).
+    switch (v->as_int()) {
+      case 1: s.scoring = EP_MOE_SCORING_SOFTMAX; break;
+      case 2: s.scoring = EP_MOE_SCORING_SIGMOID; break;
+      case 3: s.scoring = EP_MOE_SCORING_SOFTMAX; s.renormalize = 1; break;
+      default:
+        fail(EP_MOE_ERR_UNSUPPORTED, "%s: %s.expert_gating_func %lld is not supported (1 softmax, 2 sigmoid, 3 "
+             "softmax over the chosen)", where.c_str(), arch.c_str(), static_cast<long long>(v->as_int()));
+    }
+  }
+  const GgufValue* gc = find("expert_group_count");
+  const auto ngroups = static_cast<int32_t>(gc ? gc->as_int() : a->n_group);
+  if (ngroups > 1) {
+    s.groups = ngroups;
+    const GgufValue* gu = find("expert_group_used_count");
+    s.topk_group = static_cast<int32_t>(gu ? gu->as_int() : a->topk_group > 0 ? a->topk_group : ngroups);
+  }
+  s.needs_score_bias = a->grouping == Grouping::NoAux;
+  check_bias(s, has_score_bias, where);
+  return s;
+}
+
+}  // namespace io
+}  // namespace ep_moe

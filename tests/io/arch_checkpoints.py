@@ -1,0 +1,376 @@
+#!/usr/bin/env python3
+"""Writes one small MoE checkpoint per architecture, the way its own tools
+lay it out (tensor names, the fused 3-D expert layout of transformers 5,
+config.json with only the keys its config class writes; GGUF through the
+`gguf` package's writer), plus the output of that architecture's published
+MoE block on random tokens, computed here in float64 numpy. arch_test.cpp
+loads each through ep_moe's C API and compares.
+
+The blocks below follow the architectures' code (transformers' modeling
+files; llama.cpp's graphs for GGUF): routing (softmax or sigmoid, grouped
+top-k, score-correction bias, renormalisation, routed scaling), shared
+experts and their gate. Each case also names the mutations of the derived
+layer config (another scoring, no renormalisation, ...) that must change
+the output, so a test that passes with the wrong semantics fails.
+
+usage: arch_checkpoints.py OUT_DIR [SEED]; exit 77 without numpy/safetensors/gguf.
+"""
+import json
+import os
+import sys
+
+try:
+    import numpy as np
+    import safetensors.numpy
+    import gguf
+except ImportError as e:  # pragma: no cover
+    print(f"skipped: the reference writers are not installed ({e})")
+    sys.exit(77)
+
+out = sys.argv[1]
+seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+rng = np.random.default_rng(seed)
+H, I, T, L = 64, 32, 64, 1
+os.makedirs(out, exist_ok=True)
+cases = []
+
+
+def normal(*shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def mlp(x, g, u, d):
+    """An expert: down(silu(gate x) * up x), float64."""
+    return (silu(x @ g.T.astype(np.float64)) * (x @ u.T.astype(np.float64))) @ d.T.astype(np.float64)
+
+
+def softmax(z):
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def sigmoid(z):
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def topk(v, k):
+    """Indices of the k largest, and whether the choice has a clear margin
+    (the library picks in f32: a near-tie could go either way)."""
+    order = np.argsort(-v, kind="stable")
+    margin = v[order[k - 1]] - v[order[k]] if k < len(v) else 1.0
+    return order[:k], margin > 1e-4 * max(1.0, abs(v[order[k - 1]]))
+
+
+class Experts:
+    def __init__(self, E, inter=I, shared=0):
+        self.E = E
+        self.gate = normal(E, inter, H, scale=H ** -0.5)
+        self.up = normal(E, inter, H, scale=H ** -0.5)
+        self.down = normal(E, H, inter, scale=inter ** -0.5)
+        self.router = normal(E, H, scale=2 * H ** -0.5)
+        if shared:
+            self.sg = normal(shared, H, scale=H ** -0.5)
+            self.su = normal(shared, H, scale=H ** -0.5)
+            self.sd = normal(H, shared, scale=shared ** -0.5)
+
+    def routed(self, x, ids, w):
+        return sum(wt * mlp(x, self.gate[e], self.up[e], self.down[e]) for e, wt in zip(ids, w))
+
+    def shared(self, x):
+        return mlp(x, self.sg, self.su, self.sd)
+
+
+# --- the published blocks, one token at a time (x: float64 [H]) ------------
+def softmax_topk(logits, K, norm):
+    """Qwen2/3-MoE, OLMoE (norm_topk_prob), Mixtral (always): softmax, top-k,
+    optionally renormalised."""
+    p = softmax(logits)
+    ids, ok = topk(p, K)
+    w = p[ids]
+    if norm:
+        w = w / w.sum()
+    return ids, w, ok
+
+
+def deepseek_v2(logits, K, scale, method, n_group=0, topk_group=0):
+    """transformers' DeepseekV2Moe: softmax; greedy or group_limited_greedy
+    (a group scores its best expert); never renormalised; scaled."""
+    p = softmax(logits)
+    ok = True
+    if method == "group_limited_greedy":
+        gs = p.reshape(n_group, -1).max(axis=1)
+        gid, ok = topk(gs, topk_group)
+        mask = np.zeros(n_group, bool)
+        mask[gid] = True
+        p_sel = np.where(np.repeat(mask, len(p) // n_group), p, 0.0)
+    else:
+        p_sel = p
+    ids, ok2 = topk(p_sel, K)
+    return ids, p[ids] * scale, ok and ok2
+
+
+def noaux_tc(logits, bias, K, n_group, topk_group, norm, scale):
+    """DeepSeek-V3 / GLM-4.5 (transformers' route_tokens_to_experts):
+    sigmoid scores, chosen with the bias added, groups scored by their two
+    best, the weights the unbiased scores, renormalised (+1e-20), scaled."""
+    s = sigmoid(logits)
+    sc = s + bias
+    ok = True
+    if n_group > 1:
+        gs = np.sort(sc.reshape(n_group, -1), axis=1)[:, -2:].sum(axis=1)
+        gid, ok = topk(gs, topk_group)
+        mask = np.zeros(n_group, bool)
+        mask[gid] = True
+        sc = np.where(np.repeat(mask, len(s) // n_group), sc, 0.0)
+    ids, ok2 = topk(sc, K)
+    w = s[ids]
+    if norm:
+        w = w / (w.sum() + 1e-20)
+    return ids, w * scale, ok and ok2
+
+
+def tokens(ex, route, extra=None):
+    """T tokens with a clear routing margin, and the block's output."""
+    xs, ys = [], []
+    while len(xs) < T:
+        x = rng.standard_normal(H).astype(np.float32)
+        xd = x.astype(np.float64)
+        ids, w, ok = route(xd @ ex.router.T.astype(np.float64))
+        if not ok:
+            continue
+        y = ex.routed(xd, ids, w)
+        if extra is not None:
+            y = y + extra(xd)
+        xs.append(x)
+        ys.append(y)
+    return np.stack(xs), np.stack(ys)
+
+
+def fused(ex):
+    """transformers 5's layout: gate_up_proj [E, 2I, H] (gate rows, then up),
+    down_proj [E, H, I]."""
+    return np.concatenate([ex.gate, ex.up], axis=1), ex.down
+
+
+def save_case(name, tensors, config, x, y, arch, mutations, layer=L):
+    d = f"{out}/{name}"
+    os.makedirs(d, exist_ok=True)
+    if tensors is not None:
+        tensors["model.embed_tokens.weight"] = normal(8, H)
+        safetensors.numpy.save_file(tensors, f"{d}/model.safetensors", metadata={"format": "pt"})
+        with open(f"{d}/config.json", "w") as f:
+            json.dump(config, f)
+    x.astype("<f4").tofile(f"{d}/hidden.f32")
+    y.astype("<f8").tofile(f"{d}/expect.f64")
+    cases.append(f"{name} ok {name} {layer} {H} {T} {arch} {','.join(mutations) or '-'} -")
+
+
+def refuse_case(name, tensors, config, needle, layer=L, kind="refuse"):
+    d = f"{out}/{name}"
+    os.makedirs(d, exist_ok=True)
+    safetensors.numpy.save_file(tensors, f"{d}/model.safetensors", metadata={"format": "pt"})
+    with open(f"{d}/config.json", "w") as f:
+        json.dump(config, f)
+    cases.append(f"{name} {kind} {name} {layer} {H} {T} {config.get('model_type', '-')} - {needle}")
+
+
+def hf_common(E, K, **kw):
+    c = {"hidden_size": H, "num_hidden_layers": L + 1, "num_experts_per_tok": K, "hidden_act": "silu"}
+    c.update(kw)
+    return c
+
+
+p = f"model.layers.{L}.mlp."
+
+# Qwen3-MoE, transformers 5 fused layout, norm_topk_prob true.
+E, K = 8, 2
+ex = Experts(E)
+gu, dn = fused(ex)
+x, y = tokens(ex, lambda z: softmax_topk(z, K, True))
+save_case("qwen3_moe", {p + "gate.weight": ex.router, p + "experts.gate_up_proj": gu, p + "experts.down_proj": dn},
+          hf_common(E, K, model_type="qwen3_moe", num_experts=E, moe_intermediate_size=I, norm_topk_prob=True),
+          x, y, "qwen3_moe", ["renormalize"])
+
+# Qwen3-MoE whose config omits norm_topk_prob: Qwen3MoeConfig's default (false).
+ex = Experts(E)
+gu, dn = fused(ex)
+x, y = tokens(ex, lambda z: softmax_topk(z, K, False))
+save_case("qwen3_moe_defaults", {p + "gate.weight": ex.router, p + "experts.gate_up_proj": gu, p + "experts.down_proj": dn},
+          hf_common(E, K, model_type="qwen3_moe", num_experts=E, moe_intermediate_size=I),
+          x, y, "qwen3_moe", ["renormalize"])
+
+# Mixtral, the per-expert w1/w3/w2 layout most checkpoints have; always renormalised.
+ex = Experts(E)
+x, y = tokens(ex, lambda z: softmax_topk(z, K, True))
+t = {f"model.layers.{L}.block_sparse_moe.gate.weight": ex.router}
+for e in range(E):
+    q = f"model.layers.{L}.block_sparse_moe.experts.{e}."
+    t[q + "w1.weight"], t[q + "w3.weight"], t[q + "w2.weight"] = ex.gate[e], ex.up[e], ex.down[e]
+save_case("mixtral", t, hf_common(E, K, model_type="mixtral", num_local_experts=E, intermediate_size=I),
+          x, y, "mixtral", ["renormalize"])
+
+# Qwen2-MoE: per-expert names, a shared expert under a sigmoid gate, no renormalisation.
+Is = 48
+ex = Experts(E, shared=Is)
+sgate = normal(1, H, scale=H ** -0.5)
+x, y = tokens(ex, lambda z: softmax_topk(z, K, False),
+              lambda xd: sigmoid(xd @ sgate[0].astype(np.float64)) * ex.shared(xd))
+t = {p + "gate.weight": ex.router, p + "shared_expert.gate_proj.weight": ex.sg, p + "shared_expert.up_proj.weight": ex.su,
+     p + "shared_expert.down_proj.weight": ex.sd, p + "shared_expert_gate.weight": sgate}
+for e in range(E):
+    t[p + f"experts.{e}.gate_proj.weight"], t[p + f"experts.{e}.up_proj.weight"] = ex.gate[e], ex.up[e]
+    t[p + f"experts.{e}.down_proj.weight"] = ex.down[e]
+save_case("qwen2_moe", t, hf_common(E, K, model_type="qwen2_moe", num_experts=E, moe_intermediate_size=I,
+                                    shared_expert_intermediate_size=Is, norm_topk_prob=False),
+          x, y, "qwen2_moe", ["renormalize"])
+
+# OLMoE: per-expert names; its config class defaults norm_topk_prob to false.
+ex = Experts(E)
+x, y = tokens(ex, lambda z: softmax_topk(z, K, False))
+t = {p + "gate.weight": ex.router}
+for e in range(E):
+    t[p + f"experts.{e}.gate_proj.weight"], t[p + f"experts.{e}.up_proj.weight"] = ex.gate[e], ex.up[e]
+    t[p + f"experts.{e}.down_proj.weight"] = ex.down[e]
+save_case("olmoe", t, hf_common(E, K, model_type="olmoe", num_experts=E, intermediate_size=I), x, y, "olmoe",
+          ["renormalize"])
+
+# DeepSeek-V2: softmax, group-limited greedy, scaled, never renormalised; two shared experts.
+E, K, G, TG, Is = 16, 4, 4, 2, 2 * I
+ex = Experts(E, shared=Is)
+gu, dn = fused(ex)
+x, y = tokens(ex, lambda z: deepseek_v2(z, K, 3.0, "group_limited_greedy", G, TG), ex.shared)
+save_case("deepseek_v2", {p + "gate.weight": ex.router, p + "experts.gate_up_proj": gu, p + "experts.down_proj": dn,
+                          p + "shared_experts.gate_proj.weight": ex.sg, p + "shared_experts.up_proj.weight": ex.su,
+                          p + "shared_experts.down_proj.weight": ex.sd},
+          hf_common(E, K, model_type="deepseek_v2", n_routed_experts=E, moe_intermediate_size=I, n_shared_experts=2,
+                    topk_method="group_limited_greedy", n_group=G, topk_group=TG, routed_scaling_factor=3.0,
+                    norm_topk_prob=False),
+          x, y, "deepseek_v2", ["scale", "groups", "renormalize"])
+
+# DeepSeek-V3 as transformers writes its config: no scoring_func, no
+# topk_method (the code hard-codes sigmoid + noaux_tc).
+Is = I
+ex = Experts(E, shared=Is)
+bias = (rng.random(E) * 0.2).astype(np.float32)
+gu, dn = fused(ex)
+x, y = tokens(ex, lambda z: noaux_tc(z, bias.astype(np.float64), K, G, TG, True, 2.5), ex.shared)
+v3 = {p + "gate.weight": ex.router, p + "gate.e_score_correction_bias": bias, p + "experts.gate_up_proj": gu,
+      p + "experts.down_proj": dn, p + "shared_experts.gate_proj.weight": ex.sg,
+      p + "shared_experts.up_proj.weight": ex.su, p + "shared_experts.down_proj.weight": ex.sd}
+save_case("deepseek_v3", v3, hf_common(E, K, model_type="deepseek_v3", n_routed_experts=E, moe_intermediate_size=I,
+                                       n_shared_experts=1, n_group=G, topk_group=TG, norm_topk_prob=True,
+                                       routed_scaling_factor=2.5, first_k_dense_replace=1),
+          x, y, "deepseek_v3", ["scoring", "groups", "scale"])
+
+# The same config with only what DeepseekV3Config's defaults do not cover
+# (n_group 8, topk_group 4, norm_topk_prob true, routed_scaling_factor 2.5).
+E8 = 32
+ex = Experts(E8, shared=Is)
+bias8 = (rng.random(E8) * 0.2).astype(np.float32)
+gu, dn = fused(ex)
+x, y = tokens(ex, lambda z: noaux_tc(z, bias8.astype(np.float64), K, 8, 4, True, 2.5), ex.shared)
+save_case("deepseek_v3_defaults",
+          {p + "gate.weight": ex.router, p + "gate.e_score_correction_bias": bias8, p + "experts.gate_up_proj": gu,
+           p + "experts.down_proj": dn, p + "shared_experts.gate_proj.weight": ex.sg,
+           p + "shared_experts.up_proj.weight": ex.su, p + "shared_experts.down_proj.weight": ex.sd},
+          hf_common(E8, K, model_type="deepseek_v3", n_routed_experts=E8, moe_intermediate_size=I, n_shared_experts=1),
+          x, y, "deepseek_v3", ["scoring", "groups", "scale", "renormalize"])
+
+# GLM-4.5 (Glm4Moe): DeepSeek-V3 routing with its own defaults (one group,
+# routed_scaling_factor 1), per-expert names.
+E, K = 8, 2
+ex = Experts(E, shared=I)
+bias = (rng.random(E) * 0.2).astype(np.float32)
+x, y = tokens(ex, lambda z: noaux_tc(z, bias.astype(np.float64), K, 1, 1, True, 1.0), ex.shared)
+t = {p + "gate.weight": ex.router, p + "gate.e_score_correction_bias": bias, p + "shared_experts.gate_proj.weight": ex.sg,
+     p + "shared_experts.up_proj.weight": ex.su, p + "shared_experts.down_proj.weight": ex.sd}
+for e in range(E):
+    t[p + f"experts.{e}.gate_proj.weight"], t[p + f"experts.{e}.up_proj.weight"] = ex.gate[e], ex.up[e]
+    t[p + f"experts.{e}.down_proj.weight"] = ex.down[e]
+save_case("glm4_moe", t, hf_common(E, K, model_type="glm4_moe", n_routed_experts=E, moe_intermediate_size=I,
+                                   n_shared_experts=1), x, y, "glm4_moe", ["scoring"])
+
+# GGUF deepseek2 written as llama.cpp's converter writes DeepSeek-V3:
+# sigmoid gating, exp_probs_b, normalised and scaled weights, groups.
+E, K = 16, 4
+ex = Experts(E, shared=I)
+bias = (rng.random(E) * 0.2).astype(np.float32)
+x, y = tokens(ex, lambda z: noaux_tc(z, bias.astype(np.float64), K, G, TG, True, 2.5), ex.shared)
+d = f"{out}/gguf_deepseek2"
+os.makedirs(d, exist_ok=True)
+w = gguf.GGUFWriter(f"{d}/model.gguf", "deepseek2")
+w.add_block_count(L + 1)
+w.add_embedding_length(H)
+w.add_expert_count(E)
+w.add_expert_used_count(K)
+w.add_expert_feed_forward_length(I)
+w.add_expert_weights_scale(2.5)
+w.add_expert_weights_norm(True)
+w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+w.add_uint32("deepseek2.expert_group_count", G)
+w.add_uint32("deepseek2.expert_group_used_count", TG)
+w.add_tensor(f"blk.{L}.ffn_gate_inp.weight", ex.router)
+w.add_tensor(f"blk.{L}.exp_probs_b.bias", bias)
+w.add_tensor(f"blk.{L}.ffn_gate_exps.weight", ex.gate)
+w.add_tensor(f"blk.{L}.ffn_up_exps.weight", ex.up)
+w.add_tensor(f"blk.{L}.ffn_down_exps.weight", ex.down)
+w.add_tensor(f"blk.{L}.ffn_gate_shexp.weight", ex.sg)
+w.add_tensor(f"blk.{L}.ffn_up_shexp.weight", ex.su)
+w.add_tensor(f"blk.{L}.ffn_down_shexp.weight", ex.sd)
+w.write_header_to_file()
+w.write_kv_data_to_file()
+w.write_tensors_to_file()
+w.close()
+save_case("gguf_deepseek2", None, None, x, y, "deepseek2", ["scoring", "groups", "renormalize"])
+cases[-1] = cases[-1].replace(" gguf_deepseek2 1 ", " gguf_deepseek2/model.gguf 1 ")
+
+# GGUF olmoe without expert_weights_norm: llama.cpp's graph does not renormalise.
+E, K = 8, 2
+ex = Experts(E)
+x, y = tokens(ex, lambda z: softmax_topk(z, K, False))
+d = f"{out}/gguf_olmoe"
+os.makedirs(d, exist_ok=True)
+w = gguf.GGUFWriter(f"{d}/model.gguf", "olmoe")
+w.add_block_count(L + 1)
+w.add_embedding_length(H)
+w.add_expert_count(E)
+w.add_expert_used_count(K)
+w.add_tensor(f"blk.{L}.ffn_gate_inp.weight", ex.router)
+w.add_tensor(f"blk.{L}.ffn_gate_exps.weight", ex.gate)
+w.add_tensor(f"blk.{L}.ffn_up_exps.weight", ex.up)
+w.add_tensor(f"blk.{L}.ffn_down_exps.weight", ex.down)
+w.write_header_to_file()
+w.write_kv_data_to_file()
+w.write_tensors_to_file()
+w.close()
+save_case("gguf_olmoe", None, None, x, y, "olmoe", ["renormalize"])
+cases[-1] = cases[-1].replace(" gguf_olmoe 1 ", " gguf_olmoe/model.gguf 1 ")
+
+# Refused: GPT-OSS (interleaved gate/up, biases, clamped SwiGLU) ...
+ex = Experts(E)
+gu_t = np.stack([np.stack([ex.gate[e], ex.up[e]], axis=1).reshape(2 * I, H).T for e in range(E)])  # [E, H, 2I]
+refuse_case("gpt_oss", {p + "router.weight": ex.router, p + "router.bias": normal(E),
+                        p + "experts.gate_up_proj": np.ascontiguousarray(gu_t),
+                        p + "experts.gate_up_proj_bias": normal(E, 2 * I),
+                        p + "experts.down_proj": np.ascontiguousarray(ex.down.transpose(0, 2, 1)),
+                        p + "experts.down_proj_bias": normal(E, H)},
+            hf_common(E, K, model_type="gpt_oss", num_local_experts=E, intermediate_size=I, swiglu_limit=7.0),
+            "gate_up_proj_bias", kind="refuse_load")
+# ... a model type ep_moe does not know that leaves out a semantic key ...
+refuse_case("unknown_type", {p + "gate.weight": ex.router, p + "experts.gate_up_proj": fused(ex)[0],
+                             p + "experts.down_proj": ex.down},
+            hf_common(E, K, model_type="newmoe", num_experts=E, moe_intermediate_size=I, norm_topk_prob=True),
+            "scoring_func")
+# ... and DeepSeek-V3 without its score-correction bias.
+v3.pop(p + "gate.e_score_correction_bias")
+refuse_case("deepseek_v3_no_bias", v3, hf_common(16, 4, model_type="deepseek_v3", n_routed_experts=16,
+                                                 moe_intermediate_size=I, n_shared_experts=1, n_group=G,
+                                                 topk_group=TG), "score-correction")
+
+with open(f"{out}/cases.txt", "w") as f:
+    f.write("\n".join(cases) + "\n")
+print(f"wrote {len(cases)} architecture cases to {out}")
