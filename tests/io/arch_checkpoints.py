@@ -184,6 +184,31 @@ def hf_common(E, K, **kw):
     return c
 
 
+def gguf_case(name, arch, ex, K, meta, extra, x, y, mutations):
+    """A GGUF file from the gguf package's writer: the routed experts as
+    3-D tensors, `meta(writer)` for the architecture's keys, `extra` more
+    tensors of layer L by name."""
+    d = f"{out}/{name}"
+    os.makedirs(d, exist_ok=True)
+    w = gguf.GGUFWriter(f"{d}/model.gguf", arch)
+    w.add_block_count(L + 1)
+    w.add_embedding_length(H)
+    w.add_expert_count(ex.E)
+    w.add_expert_used_count(K)
+    meta(w)
+    tensors = {"ffn_gate_inp.weight": ex.router, "ffn_gate_exps.weight": ex.gate, "ffn_up_exps.weight": ex.up,
+               "ffn_down_exps.weight": ex.down}
+    tensors.update(extra)
+    for n, t in tensors.items():
+        w.add_tensor(f"blk.{L}.{n}", t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    save_case(name, None, None, x, y, arch, mutations)
+    cases[-1] = cases[-1].replace(f" {name} {L} ", f" {name}/model.gguf {L} ")
+
+
 p = f"model.layers.{L}.mlp."
 
 # Qwen3-MoE, transformers 5 fused layout, norm_topk_prob true.
@@ -300,55 +325,25 @@ E, K = 16, 4
 ex = Experts(E, shared=I)
 bias = (rng.random(E) * 0.2).astype(np.float32)
 x, y = tokens(ex, lambda z: noaux_tc(z, bias.astype(np.float64), K, G, TG, True, 2.5), ex.shared)
-d = f"{out}/gguf_deepseek2"
-os.makedirs(d, exist_ok=True)
-w = gguf.GGUFWriter(f"{d}/model.gguf", "deepseek2")
-w.add_block_count(L + 1)
-w.add_embedding_length(H)
-w.add_expert_count(E)
-w.add_expert_used_count(K)
-w.add_expert_feed_forward_length(I)
-w.add_expert_weights_scale(2.5)
-w.add_expert_weights_norm(True)
-w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-w.add_uint32("deepseek2.expert_group_count", G)
-w.add_uint32("deepseek2.expert_group_used_count", TG)
-w.add_tensor(f"blk.{L}.ffn_gate_inp.weight", ex.router)
-w.add_tensor(f"blk.{L}.exp_probs_b.bias", bias)
-w.add_tensor(f"blk.{L}.ffn_gate_exps.weight", ex.gate)
-w.add_tensor(f"blk.{L}.ffn_up_exps.weight", ex.up)
-w.add_tensor(f"blk.{L}.ffn_down_exps.weight", ex.down)
-w.add_tensor(f"blk.{L}.ffn_gate_shexp.weight", ex.sg)
-w.add_tensor(f"blk.{L}.ffn_up_shexp.weight", ex.su)
-w.add_tensor(f"blk.{L}.ffn_down_shexp.weight", ex.sd)
-w.write_header_to_file()
-w.write_kv_data_to_file()
-w.write_tensors_to_file()
-w.close()
-save_case("gguf_deepseek2", None, None, x, y, "deepseek2", ["scoring", "groups", "renormalize"])
-cases[-1] = cases[-1].replace(" gguf_deepseek2 1 ", " gguf_deepseek2/model.gguf 1 ")
+
+def meta_v3(w):
+    w.add_expert_feed_forward_length(I)
+    w.add_expert_weights_scale(2.5)
+    w.add_expert_weights_norm(True)
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_uint32("deepseek2.expert_group_count", G)
+    w.add_uint32("deepseek2.expert_group_used_count", TG)
+
+
+gguf_case("gguf_deepseek2", "deepseek2", ex, K, meta_v3,
+          {"exp_probs_b.bias": bias, "ffn_gate_shexp.weight": ex.sg, "ffn_up_shexp.weight": ex.su,
+           "ffn_down_shexp.weight": ex.sd}, x, y, ["scoring", "groups", "renormalize"])
 
 # GGUF olmoe without expert_weights_norm: llama.cpp's graph does not renormalise.
 E, K = 8, 2
 ex = Experts(E)
 x, y = tokens(ex, lambda z: softmax_topk(z, K, False))
-d = f"{out}/gguf_olmoe"
-os.makedirs(d, exist_ok=True)
-w = gguf.GGUFWriter(f"{d}/model.gguf", "olmoe")
-w.add_block_count(L + 1)
-w.add_embedding_length(H)
-w.add_expert_count(E)
-w.add_expert_used_count(K)
-w.add_tensor(f"blk.{L}.ffn_gate_inp.weight", ex.router)
-w.add_tensor(f"blk.{L}.ffn_gate_exps.weight", ex.gate)
-w.add_tensor(f"blk.{L}.ffn_up_exps.weight", ex.up)
-w.add_tensor(f"blk.{L}.ffn_down_exps.weight", ex.down)
-w.write_header_to_file()
-w.write_kv_data_to_file()
-w.write_tensors_to_file()
-w.close()
-save_case("gguf_olmoe", None, None, x, y, "olmoe", ["renormalize"])
-cases[-1] = cases[-1].replace(" gguf_olmoe 1 ", " gguf_olmoe/model.gguf 1 ")
+gguf_case("gguf_olmoe", "olmoe", ex, K, lambda w: None, {}, x, y, ["renormalize"])
 
 # Refused: GPT-OSS (interleaved gate/up, biases, clamped SwiGLU) ...
 ex = Experts(E)
