@@ -30,6 +30,9 @@ struct Arch {
   Grouping grouping;
   int32_t n_group, topk_group;
   const char* unsupported;
+  // false: the architecture's code does not read norm_topk_prob (it always
+  // or never renormalises); a file stating the other value is refused.
+  bool reads_norm = true;
 };
 
 constexpr const char* kGptOss =
@@ -48,9 +51,9 @@ const Arch kHfArchs[] = {
     {"qwen3_moe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
     {"qwen3_vl_moe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
     {"qwen3_vl_moe_text", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
-    {"mixtral", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, nullptr},
+    {"mixtral", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, nullptr, false},
     {"olmoe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
-    {"deepseek_v2", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
+    {"deepseek_v2", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr, false},
     {"deepseek_v3", EP_MOE_SCORING_SIGMOID, 1, 2.5f, Grouping::NoAux, 8, 4, nullptr},
     {"kimi_k2", EP_MOE_SCORING_SIGMOID, 1, 2.5f, Grouping::NoAux, 8, 4, nullptr},
     {"glm4_moe", EP_MOE_SCORING_SIGMOID, 1, 1.0f, Grouping::NoAux, 1, 1, nullptr},
@@ -152,7 +155,17 @@ Semantics hf_semantics(const std::map<std::string, double>& nums, const std::map
   s.scale = a->scale;
 
   if (const double* k = num("num_experts_per_tok")) s.top_k = static_cast<int32_t>(*k);
-  if (const double* v = num("norm_topk_prob")) s.renormalize = *v != 0 ? 1 : 0;
+  if (const double* v = num("norm_topk_prob")) {
+    const int32_t norm = *v != 0 ? 1 : 0;
+    // DeepSeek-V2's remote code renormalises *instead of* scaling when the
+    // key is true, transformers' class never renormalises: no one reading.
+    if (!a->reads_norm && norm != a->renormalize)
+      fail(EP_MOE_ERR_UNSUPPORTED,
+           "%s: model_type '%s' %s renormalises the top-k weights, but config.json sets norm_topk_prob to %s; "
+           "fill ep_moe_layer_config_t yourself with the semantics you mean",
+           where.c_str(), s.arch.c_str(), a->renormalize ? "always" : "never", norm ? "true" : "false");
+    s.renormalize = norm;
+  }
   if (const double* v = num("routed_scaling_factor")) s.scale = static_cast<float>(*v);
   if (const std::string* sf = str("scoring_func")) {
     if (*sf == "softmax") s.scoring = EP_MOE_SCORING_SOFTMAX;

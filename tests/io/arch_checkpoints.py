@@ -360,6 +360,11 @@ refuse_case("unknown_type", {p + "gate.weight": ex.router, p + "experts.gate_up_
                              p + "experts.down_proj": ex.down},
             hf_common(E, K, model_type="newmoe", num_experts=E, moe_intermediate_size=I, norm_topk_prob=True),
             "scoring_func")
+# ... DeepSeek-V2 with norm_topk_prob true (its two published blocks disagree) ...
+refuse_case("deepseek_v2_norm", {p + "gate.weight": ex.router, p + "experts.gate_up_proj": fused(ex)[0],
+                                 p + "experts.down_proj": ex.down},
+            hf_common(E, K, model_type="deepseek_v2", n_routed_experts=E, moe_intermediate_size=I,
+                      norm_topk_prob=True), "norm_topk_prob")
 # ... and DeepSeek-V3 without its score-correction bias.
 v3.pop(p + "gate.e_score_correction_bias")
 refuse_case("deepseek_v3_no_bias", v3, hf_common(16, 4, model_type="deepseek_v3", n_routed_experts=16,
