@@ -108,7 +108,7 @@ ep_moe_status_t ep_moe_checkpoint_layer_config(ep_moe_layer_config_t* config, co
     const io::Checkpoint& ck = ck_of(checkpoint);
     ep_moe_layer_config_t c = checked_config(static_cast<const ep_moe_layer_config_t*>(config), "config");
     const io::LayerShape s = ck.layer_shape(layer);
-    const io::Semantics m = ck.layer_semantics(layer);
+    const io::Semantics m = ck.layer_semantics(layer, s);
     c.hidden_size = s.hidden;
     c.intermediate_size = s.inter;
     c.num_experts = s.experts;

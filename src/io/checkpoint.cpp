@@ -540,8 +540,7 @@ LayerShape Checkpoint::layer_shape(int32_t layer) const {
   return s;
 }
 
-Semantics Checkpoint::layer_semantics(int32_t layer) const {
-  const LayerShape shape = layer_shape(layer);
+Semantics Checkpoint::layer_semantics(int32_t layer, const LayerShape& shape) const {
   const std::string where = files_[0]->name() + ": layer " + std::to_string(layer);
   if (format_ == Format::Gguf) return gguf_semantics(gguf_, arch_, shape.score_bias, where);
   return hf_semantics(cfg_num_, cfg_str_, has_config_, shape.score_bias, where);

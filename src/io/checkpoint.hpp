@@ -74,9 +74,9 @@ class Checkpoint {
   // experts, FORMAT for inconsistent shapes, UNSUPPORTED when the layer
   // holds tensors the layer would ignore, naming them).
   LayerShape layer_shape(int32_t layer) const;
-  // What the layer's architecture computes (io/semantics.hpp): throws
-  // UNSUPPORTED when the configuration cannot say.
-  Semantics layer_semantics(int32_t layer) const;
+  // What the layer's architecture computes (io/semantics.hpp), given its
+  // layer_shape(): throws UNSUPPORTED when the configuration cannot say.
+  Semantics layer_semantics(int32_t layer, const LayerShape& shape) const;
   // model_type (safetensors' config.json) or general.architecture (GGUF);
   // "" when the checkpoint names none.
   const std::string& arch() const { return arch_; }

@@ -1,12 +1,9 @@
 #include "io/semantics.hpp"
 
-#include <cmath>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "common/error.hpp"
-#include "common/log.hpp"
 
 namespace ep_moe {
 namespace io {
@@ -81,17 +78,18 @@ const Arch* find_arch(const Arch (&table)[N], const std::string& name) {
   return nullptr;
 }
 
-std::string known_names(const Arch* table, size_t n) {
-  std::string s;
-  for (size_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::string(table[i].name);
-  return s;
-}
-
-// The keys an unknown architecture must state, joined for a message.
+// "a, b, c", for messages.
 std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
   return s;
+}
+
+template <size_t N>
+std::string known_names(const Arch (&table)[N]) {
+  std::vector<std::string> names;
+  for (const Arch& a : table) names.emplace_back(a.name);
+  return join(names);
 }
 
 // An architecture that chooses experts with the score-correction bias
@@ -102,8 +100,7 @@ void check_bias(const Semantics& s, bool has_score_bias, const std::string& wher
          where.c_str(), s.arch.empty() ? "the configuration" : s.arch.c_str());
 }
 
-}  // namespace
-
+// ep_moe_activation_t of an HF hidden_act value; false when unknown.
 bool activation_of(const std::string& a, int32_t* out) {
   if (a == "silu" || a == "swish") *out = EP_MOE_ACT_SILU;
   else if (a == "gelu") *out = EP_MOE_ACT_GELU;
@@ -111,6 +108,8 @@ bool activation_of(const std::string& a, int32_t* out) {
   else return false;
   return true;
 }
+
+}  // namespace
 
 Semantics hf_semantics(const std::map<std::string, double>& nums, const std::map<std::string, std::string>& strs,
                        bool has_config, bool has_score_bias, const std::string& where) {
@@ -125,7 +124,7 @@ Semantics hf_semantics(const std::map<std::string, double>& nums, const std::map
   };
   if (const std::string* mt = str("model_type")) s.arch = *mt;
   const Arch* a = find_arch(kHfArchs, s.arch);
-  s.known = a != nullptr;
+  const bool known = a != nullptr;
   if (a && a->unsupported)
     fail(EP_MOE_ERR_UNSUPPORTED, "%s: model_type '%s': %s", where.c_str(), s.arch.c_str(), a->unsupported);
   if (!a) {
@@ -141,7 +140,7 @@ Semantics hf_semantics(const std::map<std::string, double>& nums, const std::map
                                : s.arch.empty()
                                    ? std::string("config.json names no model_type")
                                    : "config.json's model_type '" + s.arch + "' is not one ep_moe knows (" +
-                                         known_names(kHfArchs, sizeof kHfArchs / sizeof kHfArchs[0]) + ")";
+                                         known_names(kHfArchs) + ")";
       fail(EP_MOE_ERR_UNSUPPORTED,
            "%s %s, and it does not state %s: the MoE block's routing cannot be derived; add %s to config.json, or "
            "fill ep_moe_layer_config_t yourself",
@@ -180,9 +179,8 @@ Semantics hf_semantics(const std::map<std::string, double>& nums, const std::map
   const std::string* tm = str("topk_method");
   // Without the key: the architecture's method; for one the table does not
   // know, a score-correction bias tensor means noaux_tc (its only use).
-  const std::string method = tm                                                     ? *tm
-                             : a->grouping == Grouping::NoAux || (!s.known && has_score_bias) ? "noaux_tc"
-                                                                                         : "greedy";
+  const bool noaux = a->grouping == Grouping::NoAux || (!known && has_score_bias);
+  const std::string method = tm ? *tm : noaux ? "noaux_tc" : "greedy";
   const double* ng = num("n_group");
   const double* tg = num("topk_group");
   const auto ngroups = static_cast<int32_t>(ng ? *ng : a->n_group);
@@ -207,14 +205,13 @@ Semantics gguf_semantics(const GgufFile& g, const std::string& arch, bool has_sc
   Semantics s;
   s.arch = arch;
   const Arch* a = find_arch(kGgufArchs, arch);
-  s.known = a != nullptr;
   if (a && a->unsupported)
     fail(EP_MOE_ERR_UNSUPPORTED, "%s: GGUF architecture '%s': %s", where.c_str(), arch.c_str(), a->unsupported);
   if (!a)
     fail(EP_MOE_ERR_UNSUPPORTED,
          "%s: GGUF architecture '%s' is not one ep_moe knows (%s), and GGUF metadata does not state the experts' "
          "activation: fill ep_moe_layer_config_t yourself",
-         where.c_str(), arch.c_str(), known_names(kGgufArchs, sizeof kGgufArchs / sizeof kGgufArchs[0]).c_str());
+         where.c_str(), arch.c_str(), known_names(kGgufArchs).c_str());
   const auto find = [&](const char* key) { return g.find(arch + "." + key); };
   s.scoring = a->scoring;
   s.renormalize = a->renormalize;

@@ -26,8 +26,7 @@ struct Semantics {
   // The architecture chooses experts with the score-correction bias
   // (DeepSeek-V3's noaux_tc): the layer must have that tensor.
   bool needs_score_bias = false;
-  std::string arch;   // model_type or general.architecture ("" when none)
-  bool known = false; // the arch is in the table
+  std::string arch;  // model_type or general.architecture ("" when none)
 };
 
 // From config.json's values (parse_hf_config). `has_config`: a config.json
@@ -39,9 +38,6 @@ Semantics hf_semantics(const std::map<std::string, double>& nums, const std::map
 
 // From GGUF metadata; `arch` is general.architecture.
 Semantics gguf_semantics(const GgufFile& g, const std::string& arch, bool has_score_bias, const std::string& where);
-
-// ep_moe_activation_t of an HF hidden_act value; false when unknown.
-bool activation_of(const std::string& hidden_act, int32_t* out);
 
 }  // namespace io
 }  // namespace ep_moe
