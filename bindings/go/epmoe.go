@@ -375,6 +375,12 @@ const (
 	WeightSharedUp     Weight = C.EP_MOE_WEIGHT_SHARED_UP
 	WeightSharedDown   Weight = C.EP_MOE_WEIGHT_SHARED_DOWN
 	WeightRouter       Weight = C.EP_MOE_WEIGHT_ROUTER
+	// Biases (GPT-OSS): per routed expert, and the router's.
+	WeightExpertGateBias   Weight = C.EP_MOE_WEIGHT_EXPERT_GATE_BIAS
+	WeightExpertUpBias     Weight = C.EP_MOE_WEIGHT_EXPERT_UP_BIAS
+	WeightExpertDownBias   Weight = C.EP_MOE_WEIGHT_EXPERT_DOWN_BIAS
+	WeightExpertGateUpBias Weight = C.EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS
+	WeightRouterBias       Weight = C.EP_MOE_WEIGHT_ROUTER_BIAS
 )
 
 // Layer is one rank's MoE layer. Its communicator must stay open while the

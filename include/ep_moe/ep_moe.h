@@ -54,7 +54,7 @@
  *  shared library's SOVERSION). */
 #define EP_MOE_VERSION_MAJOR 0
 /** \brief Minor version: bumped when features are added compatibly. */
-#define EP_MOE_VERSION_MINOR 2
+#define EP_MOE_VERSION_MINOR 3
 /** \brief Patch version: bumped for fixes only. */
 #define EP_MOE_VERSION_PATCH 0
 /** \brief The version as one number: major * 10000 + minor * 100 + patch. */
@@ -904,11 +904,17 @@ EP_MOE_API ep_moe_status_t ep_moe_comm_barrier(ep_moe_comm_t* comm);
 /** \brief One rank's MoE layer. Opaque. */
 typedef struct ep_moe_layer ep_moe_layer_t;
 
-/** \brief Gated activation of the expert FFN: act(x W_gate^T) * (x W_up^T). */
+/** \brief Gated activation of the expert FFN: act(x W_gate^T) * (x W_up^T),
+ *  with g = x W_gate^T (+ gate bias) and u = x W_up^T (+ up bias). */
 typedef enum ep_moe_activation {
-  EP_MOE_ACT_SILU = 0,     /**< SiLU (Qwen, DeepSeek, Mixtral). */
-  EP_MOE_ACT_GELU = 1,     /**< GELU, erf form. */
+  EP_MOE_ACT_SILU = 0,     /**< SiLU (Qwen, DeepSeek, Mixtral): silu(g) * u. */
+  EP_MOE_ACT_GELU = 1,     /**< GELU, erf form: gelu(g) * u. */
   EP_MOE_ACT_GELU_TANH = 2, /**< GELU, tanh approximation. */
+  /** GPT-OSS's clamped SwiGLU: with g' = min(g, 7) and
+   *  u' = clamp(u, -7, 7), (u' + 1) * g' * sigmoid(1.702 g') (GPT-OSS's
+   *  alpha and swiglu_limit; a checkpoint stating another limit is refused
+   *  at ep_moe_checkpoint_layer_config()). CPU layers only. */
+  EP_MOE_ACT_SWIGLU_OAI = 3,
   /** \cond RANGE */
   EP_MOE_ACT_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
   EP_MOE_ACT_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
@@ -1106,6 +1112,17 @@ typedef enum ep_moe_weight {
   EP_MOE_WEIGHT_ROUTER = 10,              /**< Router (gate) weight, [E, H], kept in f32: with it,
                                                forward computes the logits when given neither
                                                router_logits nor topk_ids. */
+  /** Routed expert gate_proj bias, [1, I] (GPT-OSS). Once any routed
+   *  expert bias is given, every local expert needs all three (gate, up,
+   *  down) before forward; an expert's output is then
+   *  act(g + b_gate, u + b_up) W_down^T + b_down. CPU layers only. */
+  EP_MOE_WEIGHT_EXPERT_GATE_BIAS = 11,
+  EP_MOE_WEIGHT_EXPERT_UP_BIAS = 12,      /**< Routed expert up_proj bias, [1, I]. */
+  EP_MOE_WEIGHT_EXPERT_DOWN_BIAS = 13,    /**< Routed expert down_proj bias, [1, H]. */
+  EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS = 14, /**< Fused gate_up_proj bias, [1, 2I]: gate, then up. */
+  EP_MOE_WEIGHT_ROUTER_BIAS = 15,         /**< Router bias, [1, E], kept in f32: added to the
+                                               logits forward computes with ::EP_MOE_WEIGHT_ROUTER
+                                               (GPT-OSS). CPU layers only. */
   /** \cond RANGE */
   EP_MOE_WEIGHT_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
   EP_MOE_WEIGHT_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */

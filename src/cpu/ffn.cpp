@@ -22,17 +22,33 @@ constexpr size_t kRowBlockClaimBytes = size_t{256} << 10;
 constexpr int kRowBlockColumns = 64;
 }  // namespace
 
-float activate(Act act, float g) {
+float activate(Act act, float g, float u) {
   switch (act) {
-    case Act::Silu: return g / (1.0f + std::exp(-g));
-    case Act::Gelu: return 0.5f * g * (1.0f + std::erf(g * 0.70710678118654752f));
+    case Act::Silu: return g / (1.0f + std::exp(-g)) * u;
+    case Act::Gelu: return 0.5f * g * (1.0f + std::erf(g * 0.70710678118654752f)) * u;
     case Act::GeluTanh: {
       const float c = 0.79788456080286536f;  // sqrt(2 / pi)
-      return 0.5f * g * (1.0f + std::tanh(c * (g + 0.044715f * g * g * g)));
+      return 0.5f * g * (1.0f + std::tanh(c * (g + 0.044715f * g * g * g))) * u;
+    }
+    case Act::SwigluOai: {
+      // GPT-OSS: the gate clamped from above, the up both ways, at its
+      // swiglu_limit 7; alpha 1.702; (u + 1), not u.
+      constexpr float kLimit = 7.0f, kAlpha = 1.702f;
+      const float gc = std::min(g, kLimit), uc = std::min(std::max(u, -kLimit), kLimit);
+      return (uc + 1.0f) * gc / (1.0f + std::exp(-kAlpha * gc));
     }
   }
-  return g;
+  return g * u;
 }
+
+namespace {
+// c[i * ldc + j] += b[j] for m rows and n columns: a down bias, added to an
+// expert's output rows before they are weighted into the accumulator.
+void add_bias_rows(float* c, int64_t ldc, int m, int n, const float* b) {
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) c[i * ldc + j] += b[j];
+}
+}  // namespace
 
 FfnRunner::FfnRunner(const Kernels& k, int32_t hidden, int32_t max_inter, int64_t chunk_rows, bool bf16_activations)
     : k_(k), hidden_(hidden), chunk_(std::max<int64_t>(1, chunk_rows)), bf16_act_(bf16_activations && k.gemm_bf16) {
@@ -133,12 +149,21 @@ void FfnRunner::run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_
       static_cast<size_t>(std::max<int64_t>(1, std::min<int64_t>(kMaxPanels, all_panels / (8 * pool.size()))));
   // The fused activation of row i of c (one gate/up panel's nr columns)
   // into row `row` of h, at panel p's h columns.
-  const auto activate_row = [&](const float* ci, int64_t row, int32_t p) {
+  // With biases, they are added to c first (each c row is used once).
+  const auto activate_row = [&](float* ci, int64_t row, int32_t p, const ExpertJob& job) {
     float hv[32];
     float* dst = dot ? hv : hbuf + row * ldh_ + static_cast<int64_t>(p) * h;
+    if (job.gate_bias) {
+      const float* gb = job.gate_bias + static_cast<int64_t>(p) * h;
+      const float* ub = job.up_bias + static_cast<int64_t>(p) * h;
+      for (int j = 0; j < h; ++j) {
+        ci[j] += gb[j];
+        ci[h + j] += ub[j];
+      }
+    }
     if (act == Act::Silu) k_.silu_mul(ci, ci + h, dst, h);
     else
-      for (int j = 0; j < h; ++j) dst[j] = activate(act, ci[j]) * ci[h + j];
+      for (int j = 0; j < h; ++j) dst[j] = activate(act, ci[j], ci[h + j]);
     if (dot) k_.to_bf16(hv, hb + row * ldh_ + static_cast<int64_t>(p) * h, h);
   };
   // A segment of one row (decode) goes through its runs of panels in gemv
@@ -178,7 +203,7 @@ void FfnRunner::run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_
         run_panels(w, rr, a, xb ? xb + s.offset * ldxb_ : nullptr, p, static_cast<int>(run), c, next_after(q + run));
         for (int i = 0; i < rr; ++i)
           for (int64_t j = 0; j < run; ++j)
-            activate_row(c + (i * run + j) * nr, s.offset + i, p + static_cast<int32_t>(j));
+            activate_row(c + (i * run + j) * nr, s.offset + i, p + static_cast<int32_t>(j), *s.job);
         q += run;
         continue;
       }
@@ -192,7 +217,7 @@ void FfnRunner::run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_
           for (int i = 0; i < m; ++i) a[i] = x + static_cast<int64_t>(s.job->rows[s.begin + r0 + i]) * ldx;
           k_.gemm[w.dtype](m, a, w.k, w.panel(p), c, nr, r0 == 0 ? next : nullptr);
         }
-        for (int i = 0; i < m; ++i) activate_row(c + i * nr, s.offset + r0 + i, p);
+        for (int i = 0; i < m; ++i) activate_row(c + i * nr, s.offset + r0 + i, p, *s.job);
       }
       ++q;
     }
@@ -257,6 +282,7 @@ void FfnRunner::run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_
         for (int32_t p = p0; p < p_end;) {
           const int32_t run = std::min(p_end - p, kRows * 32 / (nr * rr)), col0 = p * nr;
           run_panels(w, rr, a, hb ? hb + s.offset * ldh_ : nullptr, p, run, c, next_after(p + run));
+          if (s.job->down_bias) add_bias_rows(c, run * nr, rr, run * nr, s.job->down_bias + col0);
           k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin, s.job->weights + s.begin, c, run * nr, rr,
                          std::min(run * nr, hidden_ - col0));
           p += run;
@@ -298,6 +324,7 @@ void FfnRunner::run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_
             const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
             for (int32_t j = 0; j < np; ++j)
               down_rows(s, w, p + j, r0, c + j * nr, np * nr, r0 == 0 ? next_after(p + j + 1) : nullptr, a, a16);
+            if (s.job->down_bias) add_bias_rows(c, np * nr, m, np * nr, s.job->down_bias + col0);
             k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin + r0, s.job->weights + s.begin + r0, c, np * nr, m,
                            std::min(np * nr, hidden_ - col0));
           }
@@ -309,6 +336,7 @@ void FfnRunner::run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_
         const void* next = next_after(p + 1);
         for (int64_t r0 = 0; r0 < s.len; r0 += kRows) {
           const int m = down_rows(s, w, p, r0, c, nr, r0 == 0 ? next : nullptr, a, a16);
+          if (s.job->down_bias) add_bias_rows(c, nr, m, nr, s.job->down_bias + col0);
           k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin + r0, s.job->weights + s.begin + r0, c, nr, m, ncols);
         }
       }

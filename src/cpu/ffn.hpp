@@ -14,7 +14,7 @@
 namespace ep_moe {
 namespace cpu {
 
-enum class Act : int { Silu = 0, Gelu = 1, GeluTanh = 2 };
+enum class Act : int { Silu = 0, Gelu = 1, GeluTanh = 2, SwigluOai = 3 };
 
 struct ExpertJob {
   const PackedWeight* gate_up = nullptr;  // from pack_gate_up
@@ -23,6 +23,12 @@ struct ExpertJob {
   const int32_t* rows = nullptr;     // token rows of x / acc, n entries
   const float* weights = nullptr;    // n entries
   int64_t n = 0;
+  // Optional biases (all three or none), in f32: gate and up, inter values
+  // each, padded with zeros to the packed gate/up's panels (gate_up->n / 2
+  // values each); down, hidden values padded to its panels (down->n).
+  const float* gate_bias = nullptr;
+  const float* up_bias = nullptr;
+  const float* down_bias = nullptr;
 };
 
 class FfnRunner {
@@ -34,7 +40,7 @@ class FfnRunner {
   // activations the tiles widen the weights and keep f32 activations.
   FfnRunner(const Kernels& k, int32_t hidden, int32_t max_inter, int64_t chunk_rows, bool bf16_activations);
 
-  // acc[rows[i]] += weights[i] * down(act(gate(x[rows[i]])) * up(x[rows[i]]))
+  // acc[rows[i]] += weights[i] * down(act(gate(x[rows[i]]), up(x[rows[i]])))
   // for every job and row, in job order then row order for each token.
   // x: f32 rows, ldx floats apart. x16 (optional): the same rows in bf16,
   // ldx16 elements apart; where the bf16 tiles run (reads_bf16_rows) they
@@ -78,8 +84,8 @@ class FfnRunner {
   std::vector<int64_t> first_;
 };
 
-// The gated activation of one value pair, shared with reference code paths.
-float activate(Act act, float gate);
+// The gated activation of one (gate, up) value pair.
+float activate(Act act, float gate, float up);
 
 }  // namespace cpu
 }  // namespace ep_moe

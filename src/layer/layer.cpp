@@ -47,6 +47,11 @@ void store_row(const cpu::Kernels& k, void* dst, ep_moe_dtype_t dt, const float*
 bool float_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % alignof(float) == 0; }
 
 // Whether two regions of `bytes` bytes share any byte.
+// Tensors of one routed expert (addressed by global expert id).
+bool routed_weight(ep_moe_weight_t w) {
+  return w <= EP_MOE_WEIGHT_EXPERT_GATE_UP || (w >= EP_MOE_WEIGHT_EXPERT_GATE_BIAS && w <= EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS);
+}
+
 bool overlap(const void* a, const void* b, size_t bytes) {
   const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
   return x < y + bytes && y < x + bytes;
@@ -67,6 +72,11 @@ const char* weight_name(ep_moe_weight_t w) {
     case EP_MOE_WEIGHT_SHARED_EXPERT_GATE: return "shared_expert_gate";
     case EP_MOE_WEIGHT_SCORE_BIAS: return "score-correction bias";
     case EP_MOE_WEIGHT_ROUTER: return "router (gate) weight";
+    case EP_MOE_WEIGHT_EXPERT_GATE_BIAS: return "expert gate_proj bias";
+    case EP_MOE_WEIGHT_EXPERT_UP_BIAS: return "expert up_proj bias";
+    case EP_MOE_WEIGHT_EXPERT_DOWN_BIAS: return "expert down_proj bias";
+    case EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS: return "expert gate_up_proj bias";
+    case EP_MOE_WEIGHT_ROUTER_BIAS: return "router bias";
     default: break;
   }
   return "unknown weight";
@@ -83,7 +93,7 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
                    map.num_experts());
   EP_MOE_CHECK_ARG(c.top_k >= 1 && c.top_k <= c.num_experts, "top_k must be in [1, num_experts=%d], got %d",
                    c.num_experts, c.top_k);
-  EP_MOE_CHECK_ARG(c.activation >= EP_MOE_ACT_SILU && c.activation <= EP_MOE_ACT_GELU_TANH,
+  EP_MOE_CHECK_ARG(c.activation >= EP_MOE_ACT_SILU && c.activation <= EP_MOE_ACT_SWIGLU_OAI,
                    "activation %d is not an ep_moe_activation_t value", c.activation);
   EP_MOE_CHECK_ARG(dtype_is_float(static_cast<ep_moe_dtype_t>(c.weight_dtype)),
                    "weight_dtype %d is not f32, bf16 or f16", c.weight_dtype);
@@ -276,6 +286,11 @@ void Layer::expected_shape(ep_moe_weight_t which, int64_t* rows, int64_t* cols) 
     case EP_MOE_WEIGHT_SHARED_EXPERT_GATE: *rows = 1; *cols = H; return;
     case EP_MOE_WEIGHT_SCORE_BIAS: *rows = 1; *cols = cfg_.num_experts; return;
     case EP_MOE_WEIGHT_ROUTER: *rows = cfg_.num_experts; *cols = H; return;
+    case EP_MOE_WEIGHT_EXPERT_GATE_BIAS:
+    case EP_MOE_WEIGHT_EXPERT_UP_BIAS: *rows = 1; *cols = I; return;
+    case EP_MOE_WEIGHT_EXPERT_DOWN_BIAS: *rows = 1; *cols = H; return;
+    case EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS: *rows = 1; *cols = 2 * static_cast<int64_t>(I); return;
+    case EP_MOE_WEIGHT_ROUTER_BIAS: *rows = 1; *cols = cfg_.num_experts; return;
     default: break;
   }
   fail(EP_MOE_ERR_INVALID_ARGUMENT, "which %d is not an ep_moe_weight_t value", static_cast<int>(which));
@@ -284,7 +299,7 @@ void Layer::expected_shape(ep_moe_weight_t which, int64_t* rows, int64_t* cols) 
 void Layer::check_weight(ep_moe_weight_t which, int32_t expert) const {
   int64_t r, c;
   expected_shape(which, &r, &c);  // rejects unknown values
-  if (which <= EP_MOE_WEIGHT_EXPERT_GATE_UP)
+  if (routed_weight(which))
     EP_MOE_CHECK_ARG(expert >= 0 && expert < cfg_.num_experts, "expert %d is outside [0, %d)", expert,
                      cfg_.num_experts);
   if (which >= EP_MOE_WEIGHT_SHARED_GATE && which <= EP_MOE_WEIGHT_SHARED_GATE_UP)
@@ -322,7 +337,7 @@ bool Layer::set_weight(ep_moe_weight_t which, int32_t expert, const void* data, 
 }
 
 bool Layer::wants(ep_moe_weight_t which, int32_t expert) const {
-  if (which <= EP_MOE_WEIGHT_EXPERT_GATE_UP) return map_.is_local(expert);
+  if (routed_weight(which)) return map_.is_local(expert);
   if (which >= EP_MOE_WEIGHT_SHARED_GATE && which <= EP_MOE_WEIGHT_SHARED_GATE_UP) return shared_count_ > 0;
   return true;
 }
@@ -331,11 +346,36 @@ bool Layer::store(ep_moe_weight_t which, int32_t expert, cpu::Source src, bool s
   const int32_t H = cfg_.hidden_size, I = cfg_.intermediate_size, Is = cfg_.shared_intermediate_size;
   const auto wdt = static_cast<ep_moe_dtype_t>(cfg_.weight_dtype);
   if (!wants(which, expert)) return false;  // another rank's expert, or no shared shard here
+  const bool bias = (which >= EP_MOE_WEIGHT_EXPERT_GATE_BIAS && which <= EP_MOE_WEIGHT_ROUTER_BIAS);
+  if (dev_ && bias)
+    fail(EP_MOE_ERR_UNSUPPORTED, "%s: the CUDA backend has no expert or router biases; use a CPU layer (device -1)",
+         weight_name(which));
   if (dev_ && which != EP_MOE_WEIGHT_SCORE_BIAS && which != EP_MOE_WEIGHT_SHARED_EXPERT_GATE) {
     store_device(which, expert, src, shard_relative, src_on_device);
     return true;
   }
-  if (which <= EP_MOE_WEIGHT_EXPERT_GATE_UP) {
+  if (bias && which != EP_MOE_WEIGHT_ROUTER_BIAS) {
+    const int32_t h = kern_.nr / 2;
+    const int64_t ipad = (I + h - 1) / h * h, hpad = (H + kern_.nr - 1) / kern_.nr * kern_.nr;
+    // Checked for every local slot before any is changed: a bad value stores nothing.
+    std::vector<float> g, u, d;
+    if (which == EP_MOE_WEIGHT_EXPERT_GATE_BIAS || which == EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS)
+      set_bias(g, src, 0, I, ipad, which);
+    if (which == EP_MOE_WEIGHT_EXPERT_UP_BIAS) set_bias(u, src, 0, I, ipad, which);
+    if (which == EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS) set_bias(u, src, I, I, ipad, which);
+    if (which == EP_MOE_WEIGHT_EXPERT_DOWN_BIAS) set_bias(d, src, 0, H, hpad, which);
+    const auto& l2g = map_.local_to_global();
+    for (size_t l = 0; l < experts_.size(); ++l) {
+      if (l2g[l] != expert) continue;
+      Expert& x = experts_[l];
+      if (!g.empty()) x.gate_bias = g;
+      if (!u.empty()) x.up_bias = u;
+      if (!d.empty()) x.down_bias = d;
+    }
+    expert_bias_ = true;
+    return true;
+  }
+  if (routed_weight(which)) {
     const auto& l2g = map_.local_to_global();
     for (size_t l = 0; l < experts_.size(); ++l) {
       if (l2g[l] != expert) continue;
@@ -391,6 +431,10 @@ bool Layer::store(ep_moe_weight_t which, int32_t expert, cpu::Source src, bool s
     has_router_ = true;
     return true;
   }
+  if (which == EP_MOE_WEIGHT_ROUTER_BIAS) {
+    set_bias(router_bias_, src, 0, cfg_.num_experts, cfg_.num_experts, which);
+    return true;
+  }
   std::vector<float>& dst = which == EP_MOE_WEIGHT_SCORE_BIAS ? bias_ : shared_gate_;
   std::vector<float> v(dst.size());
   for (size_t i = 0; i < v.size(); ++i) {
@@ -407,11 +451,27 @@ bool Layer::store(ep_moe_weight_t which, int32_t expert, cpu::Source src, bool s
   return true;
 }
 
+void Layer::set_bias(std::vector<float>& dst, const cpu::Source& src, int64_t c0, int64_t n, int64_t padded,
+                     ep_moe_weight_t which) const {
+  std::vector<float> v(static_cast<size_t>(padded), 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    v[static_cast<size_t>(i)] = cpu::source_at(src, 0, c0 + i);
+    EP_MOE_CHECK_ARG(std::isfinite(v[static_cast<size_t>(i)]), "%s[%lld] is not finite", weight_name(which),
+                     static_cast<long long>(c0 + i));
+  }
+  dst = std::move(v);
+}
+
 std::string Layer::missing_weight() const {
   const auto& l2g = map_.local_to_global();
   for (size_t l = 0; l < experts_.size(); ++l) {
     const Expert& x = experts_[l];
     const char* what = !x.has_gate ? "gate_proj" : !x.has_up ? "up_proj" : !x.has_down ? "down_proj" : nullptr;
+    if (!what && expert_bias_)
+      what = x.gate_bias.empty() ? "gate_proj bias (other experts have biases)"
+             : x.up_bias.empty() ? "up_proj bias (other experts have biases)"
+             : x.down_bias.empty() ? "down_proj bias (other experts have biases)"
+                                   : nullptr;
     if (what) return format("expert %d (local %zu) has no %s", l2g[l], l, what);
   }
   if (shared_count_ > 0) {
@@ -438,8 +498,9 @@ void Layer::compute_logits(const float* x, int64_t T, float* logits) {
                                     p + 1 < router_.panels() ? router_.panel(p + 1) : nullptr);
       const int64_t col0 = static_cast<int64_t>(p) * nr;
       const int64_t n = std::min<int64_t>(nr, E - col0);
+      const float* rb = router_bias_.empty() ? nullptr : router_bias_.data() + col0;
       for (int i = 0; i < m; ++i)
-        for (int64_t j = 0; j < n; ++j) logits[(t0 + i) * E + col0 + j] = c[i * nr + j];
+        for (int64_t j = 0; j < n; ++j) logits[(t0 + i) * E + col0 + j] = c[i * nr + j] + (rb ? rb[j] : 0.0f);
     }
   });
 }
@@ -452,6 +513,11 @@ cpu::ExpertJob Layer::job(const Expert& x, int32_t inter, const int32_t* rows, c
   j.rows = rows;
   j.weights = weights;
   j.n = n;
+  if (!x.gate_bias.empty()) {  // all three, or missing_weight() stopped the forward
+    j.gate_bias = x.gate_bias.data();
+    j.up_bias = x.up_bias.data();
+    j.down_bias = x.down_bias.data();
+  }
   return j;
 }
 
@@ -1214,7 +1280,9 @@ int64_t Layer::attr(ep_moe_layer_attr_t a) const {
       int64_t b = 0;
       for (const Expert& x : experts_) b += static_cast<int64_t>(x.gate_up.bytes() + x.down.bytes());
       b += static_cast<int64_t>(shared_.gate_up.bytes() + shared_.down.bytes());
-      b += static_cast<int64_t>((shared_gate_.size() + bias_.size()) * sizeof(float));
+      for (const Expert& x : experts_)
+        b += static_cast<int64_t>((x.gate_bias.size() + x.up_bias.size() + x.down_bias.size()) * sizeof(float));
+      b += static_cast<int64_t>((shared_gate_.size() + bias_.size() + router_bias_.size()) * sizeof(float));
       b += static_cast<int64_t>(router_.bytes());
       return b;
     }

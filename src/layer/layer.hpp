@@ -69,6 +69,9 @@ class Layer {
   struct Expert {
     cpu::PackedWeight gate_up, down;
     bool has_gate = false, has_up = false, has_down = false;
+    // Biases (routed experts, when the layer has them: expert_bias_), f32,
+    // padded as cpu::ExpertJob reads them; empty until given.
+    std::vector<float> gate_bias, up_bias, down_bias;
     bool complete() const { return has_gate && has_up && has_down; }
   };
   // Which parts of a checkpoint layer to read: the routed experts flagged
@@ -128,6 +131,9 @@ class Layer {
   // [gate row | up row | down column], H elements each, in weight_dtype.
   void extract_units(const Expert& x, int32_t j0, int32_t n, uint8_t* out) const;
   void store_units(int32_t expert, const uint8_t* units);  // expert -1: the shared shard
+  // A routed expert's biases in the transfer format: [gate (I) | up (I) | down (H)], f32.
+  void extract_biases(const Expert& x, uint8_t* out) const;
+  void store_biases(int32_t expert, const uint8_t* in);
   static void copy_expert(Expert& dst, const Expert& src);
   // Stores a weight read through `src`; shared-expert sources are
   // shard-relative when `shard_relative`, else full size.
@@ -150,6 +156,10 @@ class Layer {
   // for the re-placement's records and weight units.
   std::unique_ptr<Comm> host_view(Comm* c);
   void set_gate_up_part(Expert& x, int half, const cpu::Source& src, int32_t inter, int32_t k);
+  // Stores `n` values of a bias row from `src` (column c0 on) into `dst`,
+  // zero-padded to `padded` values; rejects values that are not finite.
+  void set_bias(std::vector<float>& dst, const cpu::Source& src, int64_t c0, int64_t n, int64_t padded,
+                ep_moe_weight_t which) const;
   void finish_gate_up(Expert& x, int32_t inter, int32_t k);
   int32_t pick_slot(int32_t expert, int64_t token, int32_t k) const;
   void compute_logits(const float* x, int64_t T, float* logits);
@@ -183,6 +193,9 @@ class Layer {
   cpu::PackedWeight router_;        // [E, H] f32, when given
   bool has_router_ = false;
   bool has_bias_ = false;
+  std::vector<float> router_bias_;  // [E], added to the computed logits, when given
+  // Some routed expert bias was given: every local expert then needs all three.
+  bool expert_bias_ = false;
   // Replica slots of each expert, for choosing one replica per pair.
   std::vector<int32_t> replica_begin_, replica_slots_;
   // All-to-all choice: the replica this rank keeps its pairs on (-1: none),

@@ -29,6 +29,8 @@ void Layer::setup_device(int64_t max_rows, int64_t send_rows, int64_t fanout) {
     fail(EP_MOE_ERR_UNSUPPORTED, "CUDA layers support top_k up to %d, got %d", kMaxDeviceTopK, c.top_k);
   if (c.num_experts > kMaxDeviceExperts)
     fail(EP_MOE_ERR_UNSUPPORTED, "CUDA layers support up to %d experts, got %d", kMaxDeviceExperts, c.num_experts);
+  if (c.activation == EP_MOE_ACT_SWIGLU_OAI)
+    fail(EP_MOE_ERR_UNSUPPORTED, "CUDA layers have no clamped SwiGLU (EP_MOE_ACT_SWIGLU_OAI, GPT-OSS); use a CPU layer");
   pool_ = std::make_unique<cpu::ThreadPool>(1);
 
   // The all-to-all plan's upload (device_alltoall) reuses these.

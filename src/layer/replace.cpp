@@ -14,7 +14,9 @@
 //     layer, which the caller then swaps in. Nothing is changed before.
 // Weights travel as "units", one per intermediate row: [gate row | up row |
 // down column], H elements each, in the weight dtype (packing is not
-// portable between ranks with different CPU kernels; this format is).
+// portable between ranks with different CPU kernels; this format is). A
+// routed expert's I units are followed, when the layer has expert biases,
+// by [gate bias (I) | up bias (I) | down bias (H)] in f32.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -32,7 +34,7 @@ namespace {
 constexpr size_t kRoundBytes = size_t{256} << 20;
 
 // Words of the status record before the holdings bitmap.
-enum Rec : size_t { kStatus, kCkpt, kSharedLo, kSharedHi, kMapHash, kCfgHash, kHeader };
+enum Rec : size_t { kStatus, kCkpt, kSharedLo, kSharedHi, kMapHash, kCfgHash, kBias, kHeader };
 
 uint64_t hash_map(const ExpertMap& m) {
   const int32_t head[3] = {m.ep_size(), m.num_experts(), m.num_physical()};
@@ -95,6 +97,19 @@ void Layer::extract_units(const Expert& x, int32_t j0, int32_t n, uint8_t* out) 
   }
 }
 
+void Layer::extract_biases(const Expert& x, uint8_t* out) const {
+  const size_t I = static_cast<size_t>(cfg_.intermediate_size), H = static_cast<size_t>(cfg_.hidden_size);
+  std::memcpy(out, x.gate_bias.data(), I * 4);
+  std::memcpy(out + I * 4, x.up_bias.data(), I * 4);
+  std::memcpy(out + 2 * I * 4, x.down_bias.data(), H * 4);
+}
+
+void Layer::store_biases(int32_t expert, const uint8_t* in) {
+  const int64_t I = cfg_.intermediate_size, H = cfg_.hidden_size;
+  store(EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS, expert, cpu::Source{in, EP_MOE_DTYPE_F32, 2 * I}, false);
+  store(EP_MOE_WEIGHT_EXPERT_DOWN_BIAS, expert, cpu::Source{in + 2 * I * 4, EP_MOE_DTYPE_F32, H}, false);
+}
+
 void Layer::store_units(int32_t expert, const uint8_t* units) {
   const auto wdt = static_cast<ep_moe_dtype_t>(cfg_.weight_dtype);
   const int64_t H = cfg_.hidden_size;
@@ -124,6 +139,9 @@ void Layer::copy_expert(Expert& dst, const Expert& src) {
   dst.has_gate = src.has_gate;
   dst.has_up = src.has_up;
   dst.has_down = src.has_down;
+  dst.gate_bias = src.gate_bias;
+  dst.up_bias = src.up_bias;
+  dst.down_bias = src.down_bias;
 }
 
 std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const io::Checkpoint* ck, int32_t L,
@@ -153,9 +171,12 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
   // What this rank holds now.
   const auto& l2g = map_.local_to_global();
   std::vector<int32_t> old_slot(static_cast<size_t>(E), -1);  // a complete local slot of each expert
-  for (size_t l = 0; l < experts_.size(); ++l)
-    if (experts_[l].complete() && old_slot[static_cast<size_t>(l2g[l])] < 0)
+  for (size_t l = 0; l < experts_.size(); ++l) {
+    const Expert& x = experts_[l];
+    const bool biases = !x.gate_bias.empty() && !x.up_bias.empty() && !x.down_bias.empty();
+    if (x.complete() && (!expert_bias_ || biases) && old_slot[static_cast<size_t>(l2g[l])] < 0)
       old_slot[static_cast<size_t>(l2g[l])] = static_cast<int32_t>(l);
+  }
   const bool have_shared = Is > 0 && shared_count_ > 0 && shared_.complete();
 
   const size_t words = (static_cast<size_t>(E) + 63) / 64;
@@ -167,6 +188,7 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
   mine[kSharedHi] = have_shared ? shared_begin_ + shared_count_ : 0;
   mine[kMapHash] = nl ? static_cast<int64_t>(hash_map(*nmap)) : 0;
   mine[kCfgHash] = static_cast<int64_t>(hash_config(cfg_));
+  mine[kBias] = expert_bias_ ? 1 : 0;
   for (int32_t e = 0; e < E; ++e)
     if (old_slot[static_cast<size_t>(e)] >= 0) mine[kHeader + static_cast<size_t>(e) / 64] |= int64_t{1} << (e % 64);
   if (comm) {
@@ -194,6 +216,24 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
 
   // 2. The plan, the same on every rank.
   auto holds = [&](int i, int32_t e) { return (rec(i)[kHeader + static_cast<size_t>(e) / 64] >> (e % 64)) & 1; };
+  // Expert biases: every rank that holds experts must agree; they travel
+  // after an expert's units when any rank has them.
+  bool with_bias = false;
+  int bias_holder = -1, plain_holder = -1;
+  for (int i = 0; i < n; ++i) {
+    bool any = false;
+    for (size_t w = 0; w < words; ++w) any = any || rec(i)[kHeader + w] != 0;
+    with_bias = with_bias || rec(i)[kBias] != 0;
+    if (any) (rec(i)[kBias] ? bias_holder : plain_holder) = i;
+  }
+  if (bias_holder >= 0 && plain_holder >= 0)
+    fail(EP_MOE_ERR_INVALID_ARGUMENT, "rank %d's experts have biases and rank %d's do not: give every rank the same "
+         "weights", bias_holder, plain_holder);
+  const size_t bias_bytes = with_bias ? (2 * static_cast<size_t>(I) + static_cast<size_t>(cfg_.hidden_size)) * 4 : 0;
+  // Bytes of a transfer: its units, and an expert's biases.
+  const auto xfer_bytes = [&](const Transfer& t) {
+    return static_cast<size_t>(t.u1 - t.u0) * unit_bytes + (t.expert >= 0 ? bias_bytes : 0);
+  };
   const int32_t new_ep = nmap->ep_size();
   auto map_rank = [&](int i) { return comm ? i : nmap->ep_rank(); };
   auto shared_range = [&](int i, int32_t* lo, int32_t* hi) {
@@ -225,7 +265,7 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
         if (j != i && holds(j, e) && (best < 0 || busy[static_cast<size_t>(j)] < busy[static_cast<size_t>(best)])) best = j;
       if (best >= 0) {
         plan.push_back({best, i, e, 0, I});
-        busy[static_cast<size_t>(best)] += static_cast<size_t>(I) * unit_bytes;
+        busy[static_cast<size_t>(best)] += xfer_bytes(plan.back());
       } else if (rec(i)[kCkpt]) {
         if (i == me) ck_experts[static_cast<size_t>(e)] = ck_any_expert = true;
       } else if (missing.empty()) {
@@ -303,7 +343,7 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
   {
     size_t bytes = 0;
     for (size_t t = 0; t < plan.size(); ++t) {
-      const size_t b = static_cast<size_t>(plan[t].u1 - plan[t].u0) * unit_bytes;
+      const size_t b = xfer_bytes(plan[t]);
       if (bytes > 0 && bytes + b > kRoundBytes) {
         round_end.push_back(t);
         bytes = 0;
@@ -326,7 +366,7 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
       const size_t t1 = round_end[round];
       std::vector<size_t> out_n(static_cast<size_t>(n), 0), in_n(static_cast<size_t>(n), 0);
       for (size_t t = t0; t < t1; ++t) {
-        const size_t b = static_cast<size_t>(plan[t].u1 - plan[t].u0) * unit_bytes;
+        const size_t b = xfer_bytes(plan[t]);
         if (plan[t].src == me) out_n[static_cast<size_t>(plan[t].dst)] += b;
         if (plan[t].dst == me) in_n[static_cast<size_t>(plan[t].src)] += b;
       }
@@ -344,11 +384,13 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
           const Transfer& x = plan[t];
           if (x.src != me || x.dst != j) continue;
           if (x.expert >= 0) {
-            extract_units(experts_[static_cast<size_t>(old_slot[static_cast<size_t>(x.expert)])], 0, I, sendbuf.get() + at);
+            const Expert& held = experts_[static_cast<size_t>(old_slot[static_cast<size_t>(x.expert)])];
+            extract_units(held, 0, I, sendbuf.get() + at);
+            if (with_bias) extract_biases(held, sendbuf.get() + at + static_cast<size_t>(I) * unit_bytes);
           } else {
             extract_units(shared_, x.u0 - shared_begin_, x.u1 - x.u0, sendbuf.get() + at);
           }
-          at += static_cast<size_t>(x.u1 - x.u0) * unit_bytes;
+          at += xfer_bytes(x);
         }
       ++entered;
       xc->all_to_all_v(recvbuf.get(), in_n.data(), sendbuf.get(), out_n.data(), EP_MOE_DTYPE_U8, nullptr);
@@ -359,9 +401,10 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
         for (size_t t = t0; t < t1; ++t) {
           const Transfer& x = plan[t];
           if (x.dst != me || x.src != j) continue;
-          const size_t b = static_cast<size_t>(x.u1 - x.u0) * unit_bytes;
+          const size_t b = xfer_bytes(x);
           if (x.expert >= 0) {
             nl->store_units(x.expert, recvbuf.get() + at);
+            if (with_bias) nl->store_biases(x.expert, recvbuf.get() + at + static_cast<size_t>(I) * unit_bytes);
           } else {
             std::memcpy(shared_units.data() + static_cast<size_t>(x.u0 - my_lo) * unit_bytes, recvbuf.get() + at, b);
           }
@@ -451,6 +494,8 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
     }
   }
   nl->router_ = std::move(router_);
+  nl->router_bias_ = std::move(router_bias_);
+  nl->expert_bias_ = with_bias;
   nl->has_router_ = has_router_;
   nl->bias_ = std::move(bias_);
   nl->has_bias_ = has_bias_;

@@ -104,7 +104,7 @@ TEST_CASE("layer config errors name the field", "[layer][errors]") {
       {"num_experts", [](ep_moe_layer_config_t& c) { c.num_experts = 5; }},
       {"top_k", [](ep_moe_layer_config_t& c) { c.top_k = 5; }},
       {"top_k", [](ep_moe_layer_config_t& c) { c.top_k = 0; }},
-      {"activation", [](ep_moe_layer_config_t& c) { c.activation = 3; }},
+      {"activation", [](ep_moe_layer_config_t& c) { c.activation = 4; }},
       {"weight_dtype", [](ep_moe_layer_config_t& c) { c.weight_dtype = EP_MOE_DTYPE_I32; }},
       {"act_dtype", [](ep_moe_layer_config_t& c) { c.act_dtype = 9; }},
       {"router_dtype", [](ep_moe_layer_config_t& c) { c.router_dtype = -1; }},
@@ -647,5 +647,96 @@ TEST_CASE("bad logits in a long batch: the first bad token is named, whichever t
     err = std::max(err, std::fabs(out[i] - in.expect[0][i]));
   }
   CHECK(err / scale <= 1e-5);
+  ep_moe_layer_destroy(l);
+}
+
+TEST_CASE("expert and router biases: shapes, values, completeness, and the logits the router computes",
+          "[layer][bias]") {
+  std::mt19937 rng(test_seed());
+  harness::Case c;
+  c.spec.H = 16;
+  c.spec.I = 8;
+  c.spec.E = 4;
+  c.spec.K = 2;
+  c.spec.act = ref::SWIGLU_OAI;
+  c.spec.expert_bias = true;
+  c.max_tokens = 8;
+  const ref::Weights w = ref::random_weights(c.spec, ref::F32, rng);
+  MapHolder m(1, 0, 4);
+  const auto lc = harness::layer_config(c);
+  ep_moe_layer_t* l = nullptr;
+  REQUIRE(ep_moe_layer_create(&l, &lc, m.m, nullptr, nullptr) == EP_MOE_OK);
+  std::vector<float> buf(64, 0.25f);
+  // Shapes: [1, I], [1, I], [1, H], [1, 2I], router [1, E].
+  CHECK(ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_EXPERT_GATE_BIAS, 0, buf.data(), EP_MOE_DTYPE_F32, 1, 16) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(ep_moe_last_error()).find("expert gate_proj bias must be [1, 8]") != std::string::npos);
+  CHECK(ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_EXPERT_DOWN_BIAS, 0, buf.data(), EP_MOE_DTYPE_F32, 1, 8) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS, 4, buf.data(), EP_MOE_DTYPE_F32, 1, 16) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);  // expert 4 of 4
+  CHECK(ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_ROUTER_BIAS, -1, buf.data(), EP_MOE_DTYPE_F32, 1, 5) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);
+  // A value that is not finite: refused, nothing stored (the layer has no biases yet).
+  buf[3] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_EXPERT_UP_BIAS, 1, buf.data(), EP_MOE_DTYPE_F32, 1, 8) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(ep_moe_last_error()).find("expert up_proj bias[3] is not finite") != std::string::npos);
+  buf[3] = 0.25f;
+  // The weights without biases, then one expert's biases only: forward names the first expert that lacks them.
+  harness::Case plain = c;
+  plain.spec.expert_bias = false;
+  int stored = 0;
+  REQUIRE(harness::load_weights(l, plain, w, &stored).empty());
+  int64_t ready = -1;
+  REQUIRE(ep_moe_layer_get_attr(&ready, l, EP_MOE_LAYER_ATTR_READY) == EP_MOE_OK);
+  CHECK(ready == 1);  // no bias given at all: a layer without biases
+  CHECK(ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS, 2, buf.data(), EP_MOE_DTYPE_F32, 1, 16) ==
+        EP_MOE_OK);
+  REQUIRE(ep_moe_layer_get_attr(&ready, l, EP_MOE_LAYER_ATTR_READY) == EP_MOE_OK);
+  CHECK(ready == 0);
+  std::vector<float> x(16 * 8), logits(4 * 8), out(16 * 8);
+  std::normal_distribution<float> nd;
+  for (auto& v : x) v = nd(rng);
+  for (auto& v : logits) v = nd(rng);
+  auto a = forward_args(8, x.data(), logits.data(), out.data());
+  CHECK(ep_moe_layer_forward(l, &a) == EP_MOE_ERR_STATE);
+  CHECK(std::string(ep_moe_layer_last_error(l)).find("expert 0 (local 0) has no gate_proj bias") != std::string::npos);
+  // All biases: the reference's result.
+  REQUIRE(harness::load_weights(l, c, w, &stored).empty());
+  REQUIRE(ep_moe_layer_forward(l, &a) == EP_MOE_OK);
+  const auto check_against_reference = [&](const std::vector<float>& lg) {
+    for (int t = 0; t < 8; ++t) {
+      std::vector<int> ids;
+      std::vector<double> wts, y(16);
+      ref::route(c.spec, lg.data() + t * 4, w, ids, wts, 0.0);
+      ref::moe_token(c.spec, w, x.data() + t * 16, ids, wts, y.data());
+      double peak = 1e-6, err = 0;
+      for (int i = 0; i < 16; ++i) {
+        peak = std::max(peak, std::fabs(y[static_cast<size_t>(i)]));
+        err = std::max(err, std::fabs(out[static_cast<size_t>(t * 16 + i)] - y[static_cast<size_t>(i)]));
+      }
+      CHECK(err / peak < 1e-4);
+    }
+  };
+  check_against_reference(logits);
+  // A router with a bias: forward without logits computes x W^T + b.
+  std::vector<float> router(4 * 16), rbias(4);
+  for (auto& v : router) v = nd(rng) * 0.25f;
+  for (auto& v : rbias) v = nd(rng);
+  REQUIRE(ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_ROUTER, -1, router.data(), EP_MOE_DTYPE_F32, 4, 16) ==
+          EP_MOE_OK);
+  REQUIRE(ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_ROUTER_BIAS, -1, rbias.data(), EP_MOE_DTYPE_F32, 1, 4) ==
+          EP_MOE_OK);
+  std::vector<float> computed(4 * 8);
+  for (int t = 0; t < 8; ++t)
+    for (int e = 0; e < 4; ++e) {
+      double s = rbias[static_cast<size_t>(e)];
+      for (int i = 0; i < 16; ++i) s += static_cast<double>(router[static_cast<size_t>(e * 16 + i)]) * x[static_cast<size_t>(t * 16 + i)];
+      computed[static_cast<size_t>(t * 4 + e)] = static_cast<float>(s);
+    }
+  a.router_logits = nullptr;
+  REQUIRE(ep_moe_layer_forward(l, &a) == EP_MOE_OK);
+  check_against_reference(computed);
   ep_moe_layer_destroy(l);
 }

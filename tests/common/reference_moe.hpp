@@ -15,7 +15,7 @@
 
 namespace ref {
 
-enum Act { SILU = 0, GELU = 1, GELU_TANH = 2 };
+enum Act { SILU = 0, GELU = 1, GELU_TANH = 2, SWIGLU_OAI = 3 };
 enum DType { F32 = 0, BF16 = 1, F16 = 2 };
 
 // ---- 16-bit float encodings (round to nearest even), test-side copies ----
@@ -105,6 +105,7 @@ struct Spec {
   double scale = 1.0;
   int Is = 0;             // shared expert intermediate (0 = none)
   bool shared_gate = false;
+  bool expert_bias = false;  // routed experts have gate, up and down biases (GPT-OSS)
 };
 
 // Weights as the layer stores them (already rounded to the weight dtype).
@@ -113,6 +114,7 @@ struct Weights {
   std::vector<float> s_gate, s_up, s_down;        // [Is,H], [Is,H], [H,Is]
   std::vector<float> s_gate_w;                     // [H]
   std::vector<float> bias;                         // [E]
+  std::vector<std::vector<float>> gate_b, up_b, down_b;  // per expert: [I], [I], [H] (expert_bias)
 };
 
 inline Weights random_weights(const Spec& s, int wdt, std::mt19937& rng) {
@@ -125,10 +127,22 @@ inline Weights random_weights(const Spec& s, int wdt, std::mt19937& rng) {
     return v;
   };
   Weights w;
+  // The clamped SwiGLU clamps at 7: larger gate/up weights reach it.
+  const float gu = s.act == SWIGLU_OAI ? 4.0f * sw : sw;
   for (int e = 0; e < s.E; ++e) {
-    w.gate.push_back(fill(static_cast<size_t>(s.I) * s.H, sw));
-    w.up.push_back(fill(static_cast<size_t>(s.I) * s.H, sw));
+    w.gate.push_back(fill(static_cast<size_t>(s.I) * s.H, gu));
+    w.up.push_back(fill(static_cast<size_t>(s.I) * s.H, gu));
     w.down.push_back(fill(static_cast<size_t>(s.H) * s.I, 1.0f / std::sqrt(static_cast<float>(s.I))));
+    if (s.expert_bias) {  // f32, as the layer keeps them
+      auto vec = [&](int count, float scale) {
+        std::vector<float> v(static_cast<size_t>(count));
+        for (auto& x : v) x = n(rng) * scale;
+        return v;
+      };
+      w.gate_b.push_back(vec(s.I, 1.0f));
+      w.up_b.push_back(vec(s.I, 1.0f));
+      w.down_b.push_back(vec(s.H, 0.5f));
+    }
   }
   if (s.Is > 0) {
     w.s_gate = fill(static_cast<size_t>(s.Is) * s.H, sw);
@@ -146,11 +160,16 @@ inline Weights random_weights(const Spec& s, int wdt, std::mt19937& rng) {
   return w;
 }
 
-inline double act_fn(int act, double g) {
+// The gated activation of a (gate, up) pair.
+inline double act_fn(int act, double g, double u) {
   switch (act) {
-    case GELU: return 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0)));
-    case GELU_TANH: return 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g)));
-    default: return g / (1.0 + std::exp(-g));
+    case GELU: return 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0))) * u;
+    case GELU_TANH: return 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * u;
+    case SWIGLU_OAI: {  // GPT-OSS: alpha 1.702, swiglu_limit 7
+      const double gc = std::min(g, 7.0), uc = std::max(-7.0, std::min(u, 7.0));
+      return (uc + 1.0) * gc / (1.0 + std::exp(-1.702 * gc));
+    }
+    default: return g / (1.0 + std::exp(-g)) * u;
   }
 }
 
@@ -220,26 +239,29 @@ inline bool route(const Spec& s, const float* logits, const Weights& w, std::vec
 inline void moe_token(const Spec& s, const Weights& w, const float* x, const std::vector<int>& ids,
                       const std::vector<double>& wts, double* y) {
   for (int i = 0; i < s.H; ++i) y[i] = 0;
+  // Biases (gb, ub, db) may be null.
   auto ffn = [&](const std::vector<float>& g, const std::vector<float>& u, const std::vector<float>& d, int inter,
-                 double scale) {
+                 double scale, const float* gb, const float* ub, const float* db) {
     std::vector<double> h(static_cast<size_t>(inter));
     for (int j = 0; j < inter; ++j) {
-      double a = 0, b = 0;
+      double a = gb ? gb[j] : 0.0, b = ub ? ub[j] : 0.0;
       for (int i = 0; i < s.H; ++i) {
         a += static_cast<double>(g[static_cast<size_t>(j) * s.H + i]) * x[i];
         b += static_cast<double>(u[static_cast<size_t>(j) * s.H + i]) * x[i];
       }
-      h[static_cast<size_t>(j)] = act_fn(s.act, a) * b;
+      h[static_cast<size_t>(j)] = act_fn(s.act, a, b);
     }
     for (int i = 0; i < s.H; ++i) {
-      double acc = 0;
+      double acc = db ? db[i] : 0.0;
       for (int j = 0; j < inter; ++j) acc += static_cast<double>(d[static_cast<size_t>(i) * inter + j]) * h[static_cast<size_t>(j)];
       y[i] += scale * acc;
     }
   };
   for (size_t k = 0; k < ids.size(); ++k) {
     const auto e = static_cast<size_t>(ids[k]);
-    ffn(w.gate[e], w.up[e], w.down[e], s.I, wts[k]);
+    const bool b = s.expert_bias;
+    ffn(w.gate[e], w.up[e], w.down[e], s.I, wts[k], b ? w.gate_b[e].data() : nullptr, b ? w.up_b[e].data() : nullptr,
+        b ? w.down_b[e].data() : nullptr);
   }
   if (s.Is > 0) {
     double g = 1.0;
@@ -248,7 +270,7 @@ inline void moe_token(const Spec& s, const Weights& w, const float* x, const std
       for (int i = 0; i < s.H; ++i) dot += static_cast<double>(w.s_gate_w[static_cast<size_t>(i)]) * x[i];
       g = 1.0 / (1.0 + std::exp(-dot));
     }
-    ffn(w.s_gate, w.s_up, w.s_down, s.Is, g);
+    ffn(w.s_gate, w.s_up, w.s_down, s.Is, g, nullptr, nullptr, nullptr);
   }
 }
 

@@ -51,7 +51,7 @@ struct Case {
       << " place=" << placement << " redundant=" << redundant << " custom=" << custom_slots.size() << " H=" << spec.H << " I=" << spec.I << " E=" << spec.E << " K=" << spec.K
       << " act=" << spec.act << " wdt=" << wdt << " adt=" << adt << " sigmoid=" << spec.sigmoid
       << " groups=" << spec.groups << "/" << spec.topk_group << " bias=" << spec.use_bias << " Is=" << spec.Is
-      << " sgate=" << spec.shared_gate << " topk_given=" << given_topk << " fused=" << fused_gate_up
+      << " sgate=" << spec.shared_gate << " ebias=" << spec.expert_bias << " topk_given=" << given_topk << " fused=" << fused_gate_up
       << " skip=" << skip_mode << " dispatch=" << dispatch << " decode=" << all_decode << " prefill=" << is_prefill << " graph=" << is_graph
       << " tokens=[";
     for (size_t i = 0; i < tokens.size(); ++i) o << (i ? "," : "") << tokens[i];
@@ -148,6 +148,21 @@ inline std::string load_weights(ep_moe_layer_t* layer, const Case& c, const ref:
            put(EP_MOE_WEIGHT_EXPERT_UP, e, w.up[static_cast<size_t>(e)], s.I, s.H, &st);
     }
     ok = ok && put(EP_MOE_WEIGHT_EXPERT_DOWN, e, w.down[static_cast<size_t>(e)], s.H, s.I, &st);
+    if (ok && s.expert_bias) {  // f32, as given (the layer keeps them so)
+      const auto E = static_cast<size_t>(e);
+      auto bias = [&](ep_moe_weight_t which, const std::vector<float>& v) {
+        return ep_moe_layer_set_weight(nullptr, layer, which, e, v.data(), EP_MOE_DTYPE_F32, 1,
+                                       static_cast<int64_t>(v.size())) == EP_MOE_OK;
+      };
+      if (c.fused_gate_up) {
+        std::vector<float> gu = w.gate_b[E];
+        gu.insert(gu.end(), w.up_b[E].begin(), w.up_b[E].end());
+        ok = bias(EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS, gu);
+      } else {
+        ok = bias(EP_MOE_WEIGHT_EXPERT_GATE_BIAS, w.gate_b[E]) && bias(EP_MOE_WEIGHT_EXPERT_UP_BIAS, w.up_b[E]);
+      }
+      ok = ok && bias(EP_MOE_WEIGHT_EXPERT_DOWN_BIAS, w.down_b[E]);
+    }
     if (!ok) return ep_moe_layer_last_error(layer);
     *stored += st;
   }

@@ -515,6 +515,44 @@ TEST_CASE("replace: a rebalanced placement gives the same output, in every dispa
   }
 }
 
+TEST_CASE("replace: expert biases travel with their experts (GPT-OSS)", "[eplb][replace][bias]") {
+  for (int dispatch : {EP_MOE_DISPATCH_ALLGATHER, EP_MOE_DISPATCH_ALLTOALL}) {
+    INFO("dispatch " << dispatch);
+    World W;
+    W.c.spec.H = 32;
+    W.c.spec.I = 16;
+    W.c.spec.E = 12;
+    W.c.spec.K = 3;
+    W.c.spec.act = ref::SWIGLU_OAI;
+    W.c.spec.expert_bias = true;
+    W.c.wdt = ref::BF16;
+    W.c.dispatch = dispatch;
+    W.c.max_tokens = 12;
+    W.c.given_topk = true;
+    W.dp_is_ep = dispatch == EP_MOE_DISPATCH_ALLTOALL;
+    W.w = ref::random_weights(W.c.spec, W.c.wdt, rng());
+    create(W, 3);
+    const Step s = draw(W, 3);
+    const auto before = forward(W, s);
+    // Every expert on two ranks (rank r: experts 4r .. 4r+7 mod 12): most move, with their biases.
+    std::vector<int32_t> twice;
+    for (int r = 0; r < 3; ++r)
+      for (int i = 0; i < 8; ++i) twice.push_back((r * 4 + i) % 12);
+    const auto st = replace(W, twice, 3, {}, nullptr, 0);
+    for (auto x : st) REQUIRE(x == EP_MOE_OK);
+    check_close(before, forward(W, s), harness::tolerance(W.c.adt, W.c.wdt));
+    // Rank 2 is lost; the survivors hold every expert and swap some.
+    const auto group = lose_last_rank(W);
+    const auto st2 = replace(W, {0, 2, 4, 6, 8, 10, 1, 3, 5, 7, 9, 11}, 2, group, nullptr, 0);
+    for (auto x : st2) REQUIRE(x == EP_MOE_OK);
+    for (auto* l : W.layers) {
+      CHECK(attr(l, EP_MOE_LAYER_ATTR_READY) == 1);
+      CHECK(attr(l, EP_MOE_LAYER_ATTR_REPLACE_BYTES_RECEIVED) > 0);
+    }
+    forward(W, draw(W, 2));
+  }
+}
+
 TEST_CASE("replace: a placement that keeps every expert in place moves no bytes", "[eplb][replace]") {
   World W = small_world(EP_MOE_DISPATCH_ALLGATHER, false, 8, ref::F32);
   create(W, 3);

@@ -419,3 +419,56 @@ TEST_CASE("all-to-all: each token row crosses once per owning rank; auto prefers
   const auto res2 = harness::run_case(c, rng());
   for (const auto& r : res2) CHECK(r.dispatch == EP_MOE_DISPATCH_ALLGATHER);
 }
+
+TEST_CASE("GPT-OSS experts: gate/up/down biases and the clamped SwiGLU, every ISA path, EP, DP, dispatch, replicas",
+          "[forward][bias]") {
+  // Gate/up weights are drawn 4x larger for EP_MOE_ACT_SWIGLU_OAI, so that
+  // the clamp at 7 is reached. The variants cover the expert path's phases:
+  // decode rows (gemv), a few rows (gemm runs), prefill rows beyond one
+  // kernel call in row-block and panel order (H 512, I 640 on one thread:
+  // claims of 16 down panels above the row-block bytes).
+  for (const char* isa : {"generic", "avx2", "avx512", "avx512bf16"}) {
+    setenv("EP_MOE_CPU_ISA", isa, 1);
+    for (int variant = 0; variant < 8; ++variant) {
+      INFO("isa " << isa << " variant " << variant);
+      Case c;
+      c.spec.act = variant == 7 ? ref::SILU : ref::SWIGLU_OAI;  // biases with another activation too
+      c.spec.expert_bias = true;
+      c.spec.H = 40 + 3 * variant;
+      c.spec.I = 20 + variant;
+      c.spec.E = 12;
+      c.spec.K = 3;
+      c.ep = 1 + variant % 4;
+      c.wdt = variant % 3 == 1 ? ref::BF16 : variant % 3 == 2 ? ref::F16 : ref::F32;
+      c.adt = variant == 4 ? ref::BF16 : ref::F32;
+      c.fused_gate_up = variant % 2 == 1;
+      c.spec.Is = variant == 2 ? 16 : 0;  // a shared expert without biases beside biased routed ones
+      c.max_tokens = 16;
+      c.tokens = {variant == 0 ? 1 : 9};
+      if (variant == 3) {  // DP attention, uneven, a zero-token rank
+        c.dp = 4;
+        c.tokens = {0, 5, 16, 3};
+      }
+      if (variant == 5) {  // all-to-all, every rank its own replica
+        c.dp = c.ep;
+        c.dispatch = EP_MOE_DISPATCH_ALLTOALL;
+        c.tokens = {4, 0};
+      }
+      if (variant == 6) {  // redundant replicas; weight-0 skip computes foreign pairs with weight 0
+        c.redundant = 3;
+        c.skip_mode = EP_MOE_SKIP_WEIGHT_ZERO;
+      }
+      if (variant == 1) {  // prefill rows: one thread, wide layer
+        c.spec.H = 512;
+        c.spec.I = 640;
+        c.spec.E = 2;
+        c.spec.K = 2;
+        c.threads = 1;
+        c.max_tokens = 100;
+        c.tokens = {100};
+      }
+      harness::run_case(c, rng());
+    }
+  }
+  unsetenv("EP_MOE_CPU_ISA");
+}

@@ -4,7 +4,7 @@
 use std::os::raw::{c_char, c_int, c_void};
 
 pub const EP_MOE_VERSION_MAJOR: u32 = 0;
-pub const EP_MOE_VERSION_MINOR: u32 = 2;
+pub const EP_MOE_VERSION_MINOR: u32 = 3;
 pub const EP_MOE_VERSION_PATCH: u32 = 0;
 
 pub type ep_moe_status_t = i32;
@@ -101,6 +101,7 @@ pub type ep_moe_activation_t = i32;
 pub const EP_MOE_ACT_SILU: ep_moe_activation_t = 0;
 pub const EP_MOE_ACT_GELU: ep_moe_activation_t = 1;
 pub const EP_MOE_ACT_GELU_TANH: ep_moe_activation_t = 2;
+pub const EP_MOE_ACT_SWIGLU_OAI: ep_moe_activation_t = 3;
 pub const EP_MOE_ACT_ENUM_MIN_: ep_moe_activation_t = -2147483648;
 pub const EP_MOE_ACT_ENUM_MAX_: ep_moe_activation_t = 2147483647;
 
@@ -135,6 +136,11 @@ pub const EP_MOE_WEIGHT_SHARED_GATE_UP: ep_moe_weight_t = 7;
 pub const EP_MOE_WEIGHT_SHARED_EXPERT_GATE: ep_moe_weight_t = 8;
 pub const EP_MOE_WEIGHT_SCORE_BIAS: ep_moe_weight_t = 9;
 pub const EP_MOE_WEIGHT_ROUTER: ep_moe_weight_t = 10;
+pub const EP_MOE_WEIGHT_EXPERT_GATE_BIAS: ep_moe_weight_t = 11;
+pub const EP_MOE_WEIGHT_EXPERT_UP_BIAS: ep_moe_weight_t = 12;
+pub const EP_MOE_WEIGHT_EXPERT_DOWN_BIAS: ep_moe_weight_t = 13;
+pub const EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS: ep_moe_weight_t = 14;
+pub const EP_MOE_WEIGHT_ROUTER_BIAS: ep_moe_weight_t = 15;
 pub const EP_MOE_WEIGHT_ENUM_MIN_: ep_moe_weight_t = -2147483648;
 pub const EP_MOE_WEIGHT_ENUM_MAX_: ep_moe_weight_t = 2147483647;
 
