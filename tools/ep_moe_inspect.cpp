@@ -58,6 +58,11 @@ const char* weight_label(ep_moe_weight_t w) {
     case EP_MOE_WEIGHT_SHARED_EXPERT_GATE: return "shared expert gate";
     case EP_MOE_WEIGHT_SCORE_BIAS: return "score bias";
     case EP_MOE_WEIGHT_ROUTER: return "router";
+    case EP_MOE_WEIGHT_ROUTER_BIAS: return "router bias";
+    case EP_MOE_WEIGHT_EXPERT_GATE_BIAS: return "expert gate bias";
+    case EP_MOE_WEIGHT_EXPERT_UP_BIAS: return "expert up bias";
+    case EP_MOE_WEIGHT_EXPERT_DOWN_BIAS: return "expert down bias";
+    case EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS: return "expert gate_up bias";
     default: return "?";
   }
 }
@@ -148,7 +153,10 @@ int main(int argc, char** argv) {
       continue;
     }
     // The semantics ep_moe derived for the architecture (docs/formats.md).
-    const char* act = lc.activation == EP_MOE_ACT_GELU ? "gelu" : lc.activation == EP_MOE_ACT_GELU_TANH ? "gelu-tanh" : "silu";
+    const char* act = lc.activation == EP_MOE_ACT_GELU          ? "gelu"
+                      : lc.activation == EP_MOE_ACT_GELU_TANH   ? "gelu-tanh"
+                      : lc.activation == EP_MOE_ACT_SWIGLU_OAI ? "clamped swiglu (gpt-oss)"
+                                                                : "silu";
     std::printf("\nlayer %d: H %d, I %d, %d experts, top-%d, %s%s%s, groups %d/%d, scale %g, %s, shared %d%s\n", L,
                 lc.hidden_size, lc.intermediate_size, lc.num_experts, lc.top_k,
                 lc.scoring == EP_MOE_SCORING_SIGMOID ? "sigmoid" : "softmax", lc.renormalize ? " renormalised" : "",
@@ -157,17 +165,22 @@ int main(int argc, char** argv) {
                 lc.shared_expert_gate ? " (gated)" : "");
     std::printf("  %-19s %-8s %-26s %12s  %s\n", "weight", "dtype", "shape", "bytes", "tensor");
     const ep_moe_weight_t ws[] = {EP_MOE_WEIGHT_EXPERT_GATE_UP, EP_MOE_WEIGHT_EXPERT_GATE, EP_MOE_WEIGHT_EXPERT_UP,
-                                  EP_MOE_WEIGHT_EXPERT_DOWN, EP_MOE_WEIGHT_ROUTER, EP_MOE_WEIGHT_SCORE_BIAS,
-                                  EP_MOE_WEIGHT_SHARED_GATE, EP_MOE_WEIGHT_SHARED_UP, EP_MOE_WEIGHT_SHARED_DOWN,
-                                  EP_MOE_WEIGHT_SHARED_EXPERT_GATE};
+                                  EP_MOE_WEIGHT_EXPERT_DOWN, EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS,
+                                  EP_MOE_WEIGHT_EXPERT_GATE_BIAS, EP_MOE_WEIGHT_EXPERT_UP_BIAS,
+                                  EP_MOE_WEIGHT_EXPERT_DOWN_BIAS, EP_MOE_WEIGHT_ROUTER, EP_MOE_WEIGHT_ROUTER_BIAS,
+                                  EP_MOE_WEIGHT_SCORE_BIAS, EP_MOE_WEIGHT_SHARED_GATE, EP_MOE_WEIGHT_SHARED_UP,
+                                  EP_MOE_WEIGHT_SHARED_DOWN, EP_MOE_WEIGHT_SHARED_EXPERT_GATE};
     double expert_bytes = 0, other_bytes = 0, shared_bytes = 0;
-    bool fused = false;
+    bool fused = false, fused_bias = false;
     for (ep_moe_weight_t w : ws) {
-      const bool routed = w <= EP_MOE_WEIGHT_EXPERT_GATE_UP;
+      const bool routed = w <= EP_MOE_WEIGHT_EXPERT_GATE_UP ||
+                          (w >= EP_MOE_WEIGHT_EXPERT_GATE_BIAS && w <= EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS);
       if (fused && (w == EP_MOE_WEIGHT_EXPERT_GATE || w == EP_MOE_WEIGHT_EXPERT_UP)) continue;
+      if (fused_bias && (w == EP_MOE_WEIGHT_EXPERT_GATE_BIAS || w == EP_MOE_WEIGHT_EXPERT_UP_BIAS)) continue;
       ep_moe_tensor_info_t ti;
       if (!info(&ti, ck, L, w, routed ? 0 : -1)) continue;
       if (w == EP_MOE_WEIGHT_EXPERT_GATE_UP) fused = true;
+      if (w == EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS) fused_bias = true;
       std::string shape = "[";
       for (int d = 0; d < ti.n_dims; ++d) shape += (d ? ", " : "") + std::to_string(ti.dims[d]);
       shape += "]";

@@ -142,7 +142,7 @@ ep_moe_status_t ep_moe_checkpoint_tensor_info(ep_moe_tensor_info_t* out, const e
   return guard(__func__, checkpoint, Kind::Checkpoint, [&] {
     const io::Checkpoint& ck = ck_of(checkpoint);
     checked_config(static_cast<const ep_moe_tensor_info_t*>(out), "out");
-    EP_MOE_CHECK_ARG(which >= EP_MOE_WEIGHT_EXPERT_GATE && which <= EP_MOE_WEIGHT_ROUTER,
+    EP_MOE_CHECK_ARG(which >= EP_MOE_WEIGHT_EXPERT_GATE && which <= EP_MOE_WEIGHT_ROUTER_BIAS,
                      "which %d is not an ep_moe_weight_t value", static_cast<int>(which));
     io::Slice sl;
     if (!ck.locate(layer, which, expert, &sl))

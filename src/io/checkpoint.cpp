@@ -22,10 +22,17 @@ namespace {
 
 // Roles of tensors within a layer. Per-expert roles carry the expert id;
 // 3-D roles hold every expert (outermost dimension) and use expert -1.
+// R2_*: [E, n] tensors of every expert's bias. R_MXFP4: GPT-OSS's MXFP4
+// expert blocks and scales, which make a layer an MoE layer that
+// layer_shape() refuses (quantized experts are not supported yet).
 enum Role : int {
   R_GATE = 0, R_UP, R_DOWN, R_ROUTER, R_BIAS, R_S_GATE, R_S_UP, R_S_DOWN, R_S_EXPERT_GATE,
+  R_ROUTER_BIAS, R2_GATE_BIAS, R2_UP_BIAS, R2_DOWN_BIAS, R2_GATE_UP_BIAS, R_MXFP4_GATE_UP, R_MXFP4_DOWN,
   R3_GATE, R3_UP, R3_DOWN, R3_GATE_UP
 };
+// Roles that hold routed experts' weight matrices (the scheme votes, the
+// MoE layers).
+bool expert_role(int r) { return r <= R_DOWN || r >= R3_GATE || r == R_MXFP4_GATE_UP || r == R_MXFP4_DOWN; }
 
 bool is_dir(const std::string& p) {
   struct stat st;
@@ -91,6 +98,14 @@ bool parse_hf(const std::string& name, std::string* prefix, Parsed* out) {
     int role;
   } fixed[] = {
       {"mlp.gate.weight", Naming::Auto, R_ROUTER},
+      {"mlp.router.weight", Naming::Auto, R_ROUTER},  // GPT-OSS
+      {"mlp.router.bias", Naming::Auto, R_ROUTER_BIAS},
+      {"mlp.experts.gate_up_proj_bias", Naming::HfFused, R2_GATE_UP_BIAS},
+      {"mlp.experts.down_proj_bias", Naming::HfFused, R2_DOWN_BIAS},
+      {"mlp.experts.gate_up_proj_blocks", Naming::HfFused, R_MXFP4_GATE_UP},
+      {"mlp.experts.gate_up_proj_scales", Naming::HfFused, R_MXFP4_GATE_UP},
+      {"mlp.experts.down_proj_blocks", Naming::HfFused, R_MXFP4_DOWN},
+      {"mlp.experts.down_proj_scales", Naming::HfFused, R_MXFP4_DOWN},
       {"block_sparse_moe.gate.weight", Naming::Mixtral, R_ROUTER},
       {"mlp.gate.e_score_correction_bias", Naming::Auto, R_BIAS},
       {"mlp.shared_expert.gate_proj.weight", Naming::Auto, R_S_GATE},
@@ -154,6 +169,8 @@ bool parse_gguf_name(const std::string& name, Parsed* out) {
       {"ffn_gate_inp.weight", R_ROUTER},      {"exp_probs_b.bias", R_BIAS},
       {"ffn_gate_shexp.weight", R_S_GATE},    {"ffn_up_shexp.weight", R_S_UP},
       {"ffn_down_shexp.weight", R_S_DOWN},    {"ffn_gate_inp_shexp.weight", R_S_EXPERT_GATE},
+      {"ffn_gate_inp.bias", R_ROUTER_BIAS},   {"ffn_gate_exps.bias", R2_GATE_BIAS},
+      {"ffn_up_exps.bias", R2_UP_BIAS},       {"ffn_down_exps.bias", R2_DOWN_BIAS},
   };
   for (const auto& n : names)
     if (rest == n.suffix) {
@@ -354,7 +371,7 @@ void Checkpoint::index_names(Naming want, const std::string& prefix) {
       continue;
     }
     if (!prefix.empty() && pre != prefix) continue;
-    if (p.role <= R_DOWN || p.role >= R3_GATE) ++votes[{p.scheme, pre}];
+    if (expert_role(p.role)) ++votes[{p.scheme, pre}];
     parsed.emplace_back(i, p, pre);
   }
   Naming scheme = Naming::Auto;
@@ -385,14 +402,23 @@ void Checkpoint::index_names(Naming want, const std::string& prefix) {
   for (const auto& e : parsed) {
     const Parsed& p = std::get<1>(e);
     if (std::get<2>(e) != pre_best) continue;
-    const bool expert_role = p.role <= R_DOWN || p.role >= R3_GATE;
-    if (expert_role && p.scheme != scheme) continue;  // another scheme's expert names
+    const bool is_expert = expert_role(p.role);
+    if (is_expert && p.scheme != scheme) continue;  // another scheme's expert names
     if (p.scheme == Naming::Mixtral && scheme != Naming::Mixtral) continue;
+    if (p.role == R_MXFP4_GATE_UP || p.role == R_MXFP4_DOWN) {  // blocks and scales: two tensors a role
+      quantized_[p.layer].push_back(tensors_[std::get<0>(e)].name);
+      layers.insert(p.layer);
+      const TensorInfo& t = tensors_[std::get<0>(e)];
+      if (!t.shape.empty())
+        expert_count_[p.layer] = std::max<int32_t>(expert_count_[p.layer], static_cast<int32_t>(t.shape[0]));
+      num_layers_ = std::max(num_layers_, p.layer + 1);
+      continue;
+    }
     const auto key = std::make_tuple(p.layer, p.role, p.expert);
     if (!roles_.emplace(key, std::get<0>(e)).second)
       fail(EP_MOE_ERR_FORMAT, "%s: two tensors play the same role in layer %d", files_[0]->name().c_str(), p.layer);
     num_layers_ = std::max(num_layers_, p.layer + 1);
-    if (expert_role) {
+    if (is_expert) {
       layers.insert(p.layer);
       int32_t& cnt = expert_count_[p.layer];
       if (p.expert >= 0) {
@@ -446,6 +472,8 @@ bool Checkpoint::fused_transposed(int32_t layer) const {
   const TensorInfo* d3 = tensor(layer, R3_DOWN, -1);
   if (naming_ == Naming::HfFusedTransposed) return true;
   if (naming_forced_ || !gu3 || gu3->shape.size() != 3) return false;
+  // GPT-OSS stores x @ W ([E, H, 2I], [E, I, H]), and its I may equal H.
+  if (arch_ == "gpt_oss") return true;
   const int64_t H = hidden_hint(layer);
   const int64_t a = gu3->shape[1], b = gu3->shape[2];
   if (H > 0 && b == H && a != H) return false;  // [E, 2I, H]
@@ -473,6 +501,12 @@ LayerShape Checkpoint::layer_shape(int32_t layer) const {
          fname.c_str(), layer, arch_.empty() ? "" : " (architecture '", arch_.c_str(), arch_.empty() ? "" : "')",
          names.size(), list.c_str());
   }
+  auto quantized = quantized_.find(layer);
+  if (quantized != quantized_.end())
+    fail(EP_MOE_ERR_UNSUPPORTED,
+         "%s: layer %d holds MXFP4-quantized experts ('%s', ...), which this version of ep_moe cannot load yet; use a "
+         "bf16 or f32 copy of the checkpoint (dequantized experts, named gate_up_proj / down_proj)",
+         fname.c_str(), layer, quantized->second[0].c_str());
   LayerShape s;
   s.experts = expert_count_.at(layer);
   auto dims2 = [&](const TensorInfo* t, int64_t* r, int64_t* c) {
@@ -536,6 +570,23 @@ LayerShape Checkpoint::layer_shape(int32_t layer) const {
   }
   s.shared_gate = tensor(layer, R_S_EXPERT_GATE, -1) != nullptr;
   s.score_bias = tensor(layer, R_BIAS, -1) != nullptr;
+  s.router_bias = tensor(layer, R_ROUTER_BIAS, -1) != nullptr;
+  if (s.router_bias && !s.router)
+    fail(EP_MOE_ERR_FORMAT, "%s: layer %d has a router bias but no router weight", fname.c_str(), layer);
+  // Expert biases: all of gate, up and down, or none.
+  const bool gb = tensor(layer, R2_GATE_BIAS, -1) || tensor(layer, R2_GATE_UP_BIAS, -1);
+  const bool ub = tensor(layer, R2_UP_BIAS, -1) || tensor(layer, R2_GATE_UP_BIAS, -1);
+  const bool db = tensor(layer, R2_DOWN_BIAS, -1) != nullptr;
+  if ((gb || ub || db) && !(gb && ub && db))
+    fail(EP_MOE_ERR_FORMAT, "%s: layer %d has expert biases for %s%s%s but not for %s%s%s", fname.c_str(), layer,
+         gb ? "gate " : "", ub ? "up " : "", db ? "down" : "", gb ? "" : "gate ", ub ? "" : "up ", db ? "" : "down");
+  s.expert_bias = gb;
+  // GPT-OSS's fused gate_up_proj (and its bias) alternates gate and up
+  // columns (transformers' GptOssExperts: gate_up[..., ::2], [..., 1::2]).
+  s.gate_up_interleaved = format_ == Format::Safetensors && arch_ == "gpt_oss" && gu3 != nullptr;
+  if (arch_ == "gpt_oss" && format_ == Format::Safetensors && !gu3)
+    fail(EP_MOE_ERR_UNSUPPORTED, "%s: layer %d: a gpt_oss checkpoint without the fused gate_up_proj is not a layout "
+         "ep_moe knows", fname.c_str(), layer);
 
   return s;
 }
@@ -609,6 +660,34 @@ bool Checkpoint::locate(int32_t layer, ep_moe_weight_t which, int32_t expert, Sl
     case EP_MOE_WEIGHT_ROUTER:
       if (const TensorInfo* t = tensor(layer, R_ROUTER, -1)) return whole(t, s.experts, H);
       return false;
+    case EP_MOE_WEIGHT_ROUTER_BIAS:
+      if (const TensorInfo* t = tensor(layer, R_ROUTER_BIAS, -1)) return whole(t, 1, s.experts);
+      return false;
+    case EP_MOE_WEIGHT_EXPERT_GATE_BIAS:
+    case EP_MOE_WEIGHT_EXPERT_UP_BIAS:
+    case EP_MOE_WEIGHT_EXPERT_DOWN_BIAS:
+    case EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS: {
+      if (expert < 0 || expert >= s.experts)
+        fail(EP_MOE_ERR_INVALID_ARGUMENT, "expert %d is outside [0, %d) of layer %d", expert, s.experts, layer);
+      const int role = which == EP_MOE_WEIGHT_EXPERT_GATE_BIAS ? R2_GATE_BIAS
+                       : which == EP_MOE_WEIGHT_EXPERT_UP_BIAS ? R2_UP_BIAS
+                       : which == EP_MOE_WEIGHT_EXPERT_DOWN_BIAS ? R2_DOWN_BIAS
+                                                                 : R2_GATE_UP_BIAS;
+      const int64_t n = which == EP_MOE_WEIGHT_EXPERT_DOWN_BIAS ? H : which == EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS ? 2 * I : I;
+      const TensorInfo* t = tensor(layer, role, -1);
+      if (!t) return false;
+      // Row `expert` of an [E, n] tensor.
+      if (t->shape.size() != 2 || t->shape[0] != s.experts || t->shape[1] != n)
+        fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s' should be [%d, %lld]", file(t->file).name().c_str(), t->name.c_str(),
+             s.experts, static_cast<long long>(n));
+      out->tensor = t;
+      out->offset = t->offset + elem_bytes(t->elem, static_cast<uint64_t>(expert) * static_cast<uint64_t>(n));
+      if (t->elem == Elem::Other) out->offset = t->offset;  // the loader rejects it by name
+      out->rows = 1;
+      out->cols = n;
+      out->transposed = false;
+      return true;
+    }
     case EP_MOE_WEIGHT_SCORE_BIAS:
       if (const TensorInfo* t = tensor(layer, R_BIAS, -1)) return whole(t, 1, s.experts);
       return false;

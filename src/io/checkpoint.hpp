@@ -45,7 +45,11 @@ struct Slice {
 // optional weights it has (the routing and activation are in Semantics).
 struct LayerShape {
   int32_t hidden = 0, inter = 0, experts = 0, shared_inter = 0;
-  bool shared_gate = false, score_bias = false, router = false;
+  bool shared_gate = false, score_bias = false, router = false, router_bias = false;
+  // Routed experts have gate, up and down biases (GPT-OSS).
+  bool expert_bias = false;
+  // The fused gate_up_proj alternates gate and up rows (GPT-OSS); its bias too.
+  bool gate_up_interleaved = false;
   Elem expert_elem = Elem::Other;
 };
 
@@ -109,6 +113,8 @@ class Checkpoint {
   // Per layer: tensors in its MoE block's namespace that play no role the
   // layer knows (expert biases, another router, ...).
   std::map<int32_t, std::vector<std::string>> unknown_;
+  // Per layer: quantized expert tensors it cannot load yet (MXFP4).
+  std::map<int32_t, std::vector<std::string>> quantized_;
   // Declared configuration.
   std::map<std::string, double> cfg_num_;
   std::map<std::string, std::string> cfg_str_;

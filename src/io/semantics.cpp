@@ -18,7 +18,7 @@ enum class Grouping {
 
 // What an architecture's own MoE block does when its configuration omits a
 // key (the values of its transformers config class, or of llama.cpp's graph
-// for GGUF). `unsupported`: the architecture is known and refused, with why.
+// for GGUF).
 struct Arch {
   const char* name;
   int32_t scoring;
@@ -26,15 +26,13 @@ struct Arch {
   float scale;
   Grouping grouping;
   int32_t n_group, topk_group;
-  const char* unsupported;
   // false: the architecture's code does not read norm_topk_prob (it always
   // or never renormalises); a file stating the other value is refused.
   bool reads_norm = true;
+  // >= 0: the architecture's fixed activation, whatever hidden_act says
+  // (GPT-OSS's config.json says "silu", its code runs the clamped SwiGLU).
+  int32_t activation = -1;
 };
-
-constexpr const char* kGptOss =
-    "its MoE block (gate and up interleaved in gate_up_proj, router and expert biases, the clamped SwiGLU "
-    "(up + 1) * gate * sigmoid(1.702 * gate)) is not supported by this version of ep_moe";
 
 // HF model_type values. Qwen2/3-MoE and OLMoE renormalise only with
 // norm_topk_prob (their config classes default it to false); Mixtral
@@ -44,31 +42,33 @@ constexpr const char* kGptOss =
 // score-correction bias and grouped top-k, hard-coded in their code, so
 // their config.json has no scoring_func / topk_method key.
 const Arch kHfArchs[] = {
-    {"qwen2_moe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
-    {"qwen3_moe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
-    {"qwen3_vl_moe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
-    {"qwen3_vl_moe_text", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
-    {"mixtral", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, nullptr, false},
-    {"olmoe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
-    {"deepseek_v2", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr, false},
-    {"deepseek_v3", EP_MOE_SCORING_SIGMOID, 1, 2.5f, Grouping::NoAux, 8, 4, nullptr},
-    {"kimi_k2", EP_MOE_SCORING_SIGMOID, 1, 2.5f, Grouping::NoAux, 8, 4, nullptr},
-    {"glm4_moe", EP_MOE_SCORING_SIGMOID, 1, 1.0f, Grouping::NoAux, 1, 1, nullptr},
-    {"gpt_oss", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, kGptOss},
+    {"qwen2_moe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0},
+    {"qwen3_moe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0},
+    {"qwen3_vl_moe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0},
+    {"qwen3_vl_moe_text", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0},
+    {"mixtral", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, false},
+    {"olmoe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0},
+    {"deepseek_v2", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, false},
+    {"deepseek_v3", EP_MOE_SCORING_SIGMOID, 1, 2.5f, Grouping::NoAux, 8, 4},
+    {"kimi_k2", EP_MOE_SCORING_SIGMOID, 1, 2.5f, Grouping::NoAux, 8, 4},
+    {"glm4_moe", EP_MOE_SCORING_SIGMOID, 1, 1.0f, Grouping::NoAux, 1, 1},
+    // Softmax over the chosen experts' logits (router bias included) is a
+    // softmax over all, renormalised.
+    {"gpt_oss", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, false, EP_MOE_ACT_SWIGLU_OAI},
 };
 
 // GGUF general.architecture values, with llama.cpp's graphs: qwen3moe and
 // llama (Mixtral-style) renormalise, qwen2moe and olmoe do not, deepseek2
 // and glm4moe read their keys (defaults below), all use SiLU.
 const Arch kGgufArchs[] = {
-    {"qwen2moe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
-    {"qwen3moe", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, nullptr},
-    {"qwen3vlmoe", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, nullptr},
-    {"llama", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, nullptr},
-    {"olmoe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
-    {"deepseek2", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0, nullptr},
-    {"glm4moe", EP_MOE_SCORING_SIGMOID, 1, 1.0f, Grouping::NoAux, 1, 1, nullptr},
-    {"gpt-oss", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, kGptOss},
+    {"qwen2moe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0},
+    {"qwen3moe", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0},
+    {"qwen3vlmoe", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0},
+    {"llama", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0},
+    {"olmoe", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0},
+    {"deepseek2", EP_MOE_SCORING_SOFTMAX, 0, 1.0f, Grouping::Greedy, 0, 0},
+    {"glm4moe", EP_MOE_SCORING_SIGMOID, 1, 1.0f, Grouping::NoAux, 1, 1},
+    {"gpt-oss", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, false, EP_MOE_ACT_SWIGLU_OAI},
 };
 
 template <size_t N>
@@ -125,8 +125,6 @@ Semantics hf_semantics(const std::map<std::string, double>& nums, const std::map
   if (const std::string* mt = str("model_type")) s.arch = *mt;
   const Arch* a = find_arch(kHfArchs, s.arch);
   const bool known = a != nullptr;
-  if (a && a->unsupported)
-    fail(EP_MOE_ERR_UNSUPPORTED, "%s: model_type '%s': %s", where.c_str(), s.arch.c_str(), a->unsupported);
   if (!a) {
     // Every semantic key must be stated; name all that are not.
     std::vector<std::string> missing;
@@ -147,7 +145,7 @@ Semantics hf_semantics(const std::map<std::string, double>& nums, const std::map
            where.c_str(), what.c_str(), join(missing).c_str(), missing.size() == 1 ? "it" : "them");
     }
   }
-  static const Arch kGeneric = {"", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, nullptr};
+  static const Arch kGeneric = {"", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0};
   if (!a) a = &kGeneric;  // every key below is then stated by the file
   s.scoring = a->scoring;
   s.renormalize = a->renormalize;
@@ -171,7 +169,14 @@ Semantics hf_semantics(const std::map<std::string, double>& nums, const std::map
     else if (*sf == "sigmoid") s.scoring = EP_MOE_SCORING_SIGMOID;
     else fail(EP_MOE_ERR_UNSUPPORTED, "%s: scoring_func '%s' is not supported (softmax, sigmoid)", where.c_str(), sf->c_str());
   }
-  if (const std::string* act = str("hidden_act")) {
+  if (a->activation >= 0) {
+    s.activation = a->activation;
+    // The clamp is fixed at GPT-OSS's 7 (EP_MOE_ACT_SWIGLU_OAI).
+    if (const double* lim = num("swiglu_limit"))
+      if (*lim != 7.0)
+        fail(EP_MOE_ERR_UNSUPPORTED, "%s: swiglu_limit %g is not supported (EP_MOE_ACT_SWIGLU_OAI clamps at 7)",
+             where.c_str(), *lim);
+  } else if (const std::string* act = str("hidden_act")) {
     if (!activation_of(*act, &s.activation))
       fail(EP_MOE_ERR_UNSUPPORTED, "%s: hidden_act '%s' is not supported (silu, gelu, gelu_pytorch_tanh)", where.c_str(),
            act->c_str());
@@ -205,8 +210,6 @@ Semantics gguf_semantics(const GgufFile& g, const std::string& arch, bool has_sc
   Semantics s;
   s.arch = arch;
   const Arch* a = find_arch(kGgufArchs, arch);
-  if (a && a->unsupported)
-    fail(EP_MOE_ERR_UNSUPPORTED, "%s: GGUF architecture '%s': %s", where.c_str(), arch.c_str(), a->unsupported);
   if (!a)
     fail(EP_MOE_ERR_UNSUPPORTED,
          "%s: GGUF architecture '%s' is not one ep_moe knows (%s), and GGUF metadata does not state the experts' "
@@ -216,6 +219,7 @@ Semantics gguf_semantics(const GgufFile& g, const std::string& arch, bool has_sc
   s.scoring = a->scoring;
   s.renormalize = a->renormalize;
   s.scale = a->scale;
+  if (a->activation >= 0) s.activation = a->activation;
   if (const GgufValue* v = find("expert_used_count")) s.top_k = static_cast<int32_t>(v->as_int());
   if (const GgufValue* v = find("expert_weights_norm")) s.renormalize = v->as_int() != 0 ? 1 : 0;
   if (const GgufValue* v = find("expert_weights_scale")) {

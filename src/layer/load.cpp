@@ -47,6 +47,34 @@ void dequant_q8_0(const uint8_t* src, int64_t count, float* dst) {
   }
 }
 
+// GPT-OSS's fused gate_up ([2I, ...] logical rows alternating gate and up)
+// reordered to gate rows then up rows, as EP_MOE_WEIGHT_EXPERT_GATE_UP
+// takes them. Logical rows are stored columns when `transposed`; a bias row
+// ([1, 2I]) is the transposed case with one stored row.
+void deinterleave(Loaded& ld, int64_t logical_rows, bool as_columns) {
+  const size_t es = dtype_size(ld.dtype);
+  std::vector<uint8_t> out(ld.buf.size());
+  const int64_t half = logical_rows / 2;
+  if (!as_columns) {  // whole rows of ld.cols elements
+    const size_t rb = static_cast<size_t>(ld.cols) * es;
+    for (int64_t r = 0; r < logical_rows; ++r) {
+      const int64_t to = r % 2 == 0 ? r / 2 : half + r / 2;
+      std::memcpy(out.data() + static_cast<size_t>(to) * rb, ld.buf.data() + static_cast<size_t>(r) * rb, rb);
+    }
+  } else {  // every stored row holds one element of each logical row
+    const int64_t stored_rows = static_cast<int64_t>(ld.buf.size() / es) / logical_rows;
+    for (int64_t i = 0; i < stored_rows; ++i) {
+      const uint8_t* src = ld.buf.data() + static_cast<size_t>(i * logical_rows) * es;
+      uint8_t* dst = out.data() + static_cast<size_t>(i * logical_rows) * es;
+      for (int64_t r = 0; r < logical_rows; ++r) {
+        const int64_t to = r % 2 == 0 ? r / 2 : half + r / 2;
+        std::memcpy(dst + static_cast<size_t>(to) * es, src + static_cast<size_t>(r) * es, es);
+      }
+    }
+  }
+  ld.buf.swap(out);
+}
+
 class Reader {
  public:
   explicit Reader(const io::Checkpoint& ck) : ck_(ck) {}
@@ -151,7 +179,9 @@ uint64_t Layer::load_parts(const io::Checkpoint& ck, int32_t L, const LoadParts&
     if (!parts.experts.empty() && !parts.experts[static_cast<size_t>(e)]) continue;
     io::Slice sl;
     if (ck.locate(L, EP_MOE_WEIGHT_EXPERT_GATE_UP, e, &sl)) {
-      put(EP_MOE_WEIGHT_EXPERT_GATE_UP, e, rd.read(sl, 0, sl.rows, 0, sl.cols), false);
+      Loaded ld = rd.read(sl, 0, sl.rows, 0, sl.cols);
+      if (s.gate_up_interleaved) deinterleave(ld, sl.rows, ld.transposed);
+      put(EP_MOE_WEIGHT_EXPERT_GATE_UP, e, ld, false);
     } else {
       for (ep_moe_weight_t w : {EP_MOE_WEIGHT_EXPERT_GATE, EP_MOE_WEIGHT_EXPERT_UP}) {
         need(w, e, &sl);
@@ -160,10 +190,26 @@ uint64_t Layer::load_parts(const io::Checkpoint& ck, int32_t L, const LoadParts&
     }
     need(EP_MOE_WEIGHT_EXPERT_DOWN, e, &sl);
     put(EP_MOE_WEIGHT_EXPERT_DOWN, e, rd.read(sl, 0, sl.rows, 0, sl.cols), false);
+    if (s.expert_bias) {
+      if (ck.locate(L, EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS, e, &sl)) {
+        Loaded ld = rd.read(sl, 0, 1, 0, sl.cols);
+        if (s.gate_up_interleaved) deinterleave(ld, sl.cols, true);
+        put(EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS, e, ld, false);
+      } else {
+        for (ep_moe_weight_t w : {EP_MOE_WEIGHT_EXPERT_GATE_BIAS, EP_MOE_WEIGHT_EXPERT_UP_BIAS}) {
+          need(w, e, &sl);
+          put(w, e, rd.read(sl, 0, 1, 0, sl.cols), false);
+        }
+      }
+      need(EP_MOE_WEIGHT_EXPERT_DOWN_BIAS, e, &sl);
+      put(EP_MOE_WEIGHT_EXPERT_DOWN_BIAS, e, rd.read(sl, 0, 1, 0, sl.cols), false);
+    }
   }
 
   io::Slice sl;
   if (parts.others && ck.locate(L, EP_MOE_WEIGHT_ROUTER, -1, &sl)) put(EP_MOE_WEIGHT_ROUTER, -1, rd.read(sl, 0, sl.rows, 0, sl.cols), false);
+  if (parts.others && ck.locate(L, EP_MOE_WEIGHT_ROUTER_BIAS, -1, &sl))
+    put(EP_MOE_WEIGHT_ROUTER_BIAS, -1, rd.read(sl, 0, 1, 0, sl.cols), false);
   if (parts.others && cfg_.use_score_bias) {
     need(EP_MOE_WEIGHT_SCORE_BIAS, -1, &sl);
     put(EP_MOE_WEIGHT_SCORE_BIAS, -1, rd.read(sl, 0, 1, 0, sl.cols), false);

@@ -345,16 +345,98 @@ ex = Experts(E)
 x, y = tokens(ex, lambda z: softmax_topk(z, K, False))
 gguf_case("gguf_olmoe", "olmoe", ex, K, lambda w: None, {}, x, y, ["renormalize"])
 
-# Refused: GPT-OSS (interleaved gate/up, biases, clamped SwiGLU) ...
+# GPT-OSS (transformers' GptOssTopKRouter + GptOssExperts): the router has
+# a bias, softmax over the top-k logits; the experts' fused gate_up_proj
+# [E, H, 2I] alternates gate and up columns, has a bias, and goes through
+# the clamped SwiGLU (up + 1) * gate * sigmoid(1.702 gate) (gate <= 7, up in
+# [-7, 7]); down_proj [E, I, H] has a bias. Weights scaled up so that the
+# clamp is reached; each part of the block is checked to matter below.
+def gpt_oss_block(x, r_w, r_b, gu, gu_b, dn, dn_b, K, interleaved=True, clamp=True, biases=True, act="oai"):
+    logits = x @ r_w.T.astype(np.float64) + (r_b if biases else 0)
+    ids, ok = topk(logits, K)
+    w = softmax(logits[ids])
+    y = np.zeros(H)
+    for e, wt in zip(ids, w):
+        z = x @ gu[e].astype(np.float64) + (gu_b[e] if biases else 0)
+        g, u = (z[0::2], z[1::2]) if interleaved else (z[:I], z[I:])
+        if act == "silu":
+            h = silu(g) * u
+        else:
+            if clamp:
+                g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
+            h = (u + 1.0) * g * sigmoid(1.702 * g)
+        y += wt * (h @ dn[e].astype(np.float64) + (dn_b[e] if biases else 0))
+    return y, ok
+
+
+def gpt_oss_tokens(parts, K):
+    xs, ys, variants = [], [], {"interleaved": [], "clamp": [], "biases": [], "activation": []}
+    while len(xs) < T:
+        x = rng.standard_normal(H).astype(np.float32)
+        xd = x.astype(np.float64)
+        y, ok = gpt_oss_block(xd, *parts, K)
+        if not ok:
+            continue
+        xs.append(x)
+        ys.append(y)
+        variants["interleaved"].append(gpt_oss_block(xd, *parts, K, interleaved=False)[0])
+        variants["clamp"].append(gpt_oss_block(xd, *parts, K, clamp=False)[0])
+        variants["biases"].append(gpt_oss_block(xd, *parts, K, biases=False)[0])
+        variants["activation"].append(gpt_oss_block(xd, *parts, K, act="silu")[0])
+    x, y = np.stack(xs), np.stack(ys)
+    # A library that dropped any of these would be off by at least this much.
+    for k, v in variants.items():
+        rel = np.abs(np.stack(v) - y).max() / np.abs(y).max()
+        if rel < 1e-2:
+            sys.exit(f"gpt_oss: the case cannot tell '{k}' apart (relative difference {rel:.2e})")
+        print(f"gpt_oss reference without the right {k}: relative difference {rel:.3f}")
+    return x, y
+
+
+E, K = 8, 2
+r_w, r_b = normal(E, H, scale=2 * H ** -0.5), normal(E, scale=0.5)
+gu_t = normal(E, H, 2 * I, scale=4 * H ** -0.5)  # [E, H, 2I], gate columns 0, 2, 4, ...
+gu_b, dn, dn_b = normal(E, 2 * I), normal(E, I, H, scale=I ** -0.5), normal(E, H, scale=0.5)
+x, y = gpt_oss_tokens((r_w, r_b, gu_t, gu_b, dn, dn_b), K)
+save_case("gpt_oss", {p + "router.weight": r_w, p + "router.bias": r_b, p + "experts.gate_up_proj": gu_t,
+                      p + "experts.gate_up_proj_bias": gu_b, p + "experts.down_proj": dn,
+                      p + "experts.down_proj_bias": dn_b},
+          hf_common(E, K, model_type="gpt_oss", num_local_experts=E, intermediate_size=I, swiglu_limit=7.0,
+                    experts_per_token=K),
+          x, y, "gpt_oss", ["activation"])
+
+# The same block as llama.cpp's converter writes it to GGUF ('gpt-oss'):
+# gate and up split apart, every bias a tensor of its own.
+r_w, r_b = normal(E, H, scale=2 * H ** -0.5), normal(E, scale=0.5)
+gu_t = normal(E, H, 2 * I, scale=4 * H ** -0.5)
+gu_b, dn, dn_b = normal(E, 2 * I), normal(E, I, H, scale=I ** -0.5), normal(E, H, scale=0.5)
+x, y = gpt_oss_tokens((r_w, r_b, gu_t, gu_b, dn, dn_b), K)
+gx = Experts(E)
+gx.router = r_w
+gx.gate = np.ascontiguousarray(gu_t[:, :, 0::2].transpose(0, 2, 1))  # [E, I, H]
+gx.up = np.ascontiguousarray(gu_t[:, :, 1::2].transpose(0, 2, 1))
+gx.down = np.ascontiguousarray(dn.transpose(0, 2, 1))  # [E, H, I]
+gguf_case("gguf_gpt_oss", "gpt-oss", gx, K, lambda w: w.add_expert_feed_forward_length(I),
+          {"ffn_gate_inp.bias": r_b, "ffn_gate_exps.bias": np.ascontiguousarray(gu_b[:, 0::2]),
+           "ffn_up_exps.bias": np.ascontiguousarray(gu_b[:, 1::2]), "ffn_down_exps.bias": dn_b}, x, y, ["activation"])
+
+# Refused: GPT-OSS with another clamp ...
+refuse_case("gpt_oss_limit", {p + "router.weight": r_w, p + "router.bias": r_b, p + "experts.gate_up_proj": gu_t,
+                              p + "experts.gate_up_proj_bias": gu_b, p + "experts.down_proj": dn,
+                              p + "experts.down_proj_bias": dn_b},
+            hf_common(E, K, model_type="gpt_oss", num_local_experts=E, intermediate_size=I, swiglu_limit=5.0),
+            "swiglu_limit")
+# ... GPT-OSS as OpenAI ships it, MXFP4 experts (until quantized experts exist) ...
+refuse_case("gpt_oss_mxfp4", {p + "router.weight": r_w, p + "router.bias": r_b,
+                              p + "experts.gate_up_proj_blocks": np.zeros((E, 2 * I, H // 32, 16), np.uint8),
+                              p + "experts.gate_up_proj_scales": np.zeros((E, 2 * I, H // 32), np.uint8),
+                              p + "experts.gate_up_proj_bias": gu_b,
+                              p + "experts.down_proj_blocks": np.zeros((E, H, I // 32, 16), np.uint8),
+                              p + "experts.down_proj_scales": np.zeros((E, H, I // 32), np.uint8),
+                              p + "experts.down_proj_bias": dn_b},
+            hf_common(E, K, model_type="gpt_oss", num_local_experts=E, intermediate_size=I), "MXFP4",
+            kind="refuse_load")
 ex = Experts(E)
-gu_t = np.stack([np.stack([ex.gate[e], ex.up[e]], axis=1).reshape(2 * I, H).T for e in range(E)])  # [E, H, 2I]
-refuse_case("gpt_oss", {p + "router.weight": ex.router, p + "router.bias": normal(E),
-                        p + "experts.gate_up_proj": np.ascontiguousarray(gu_t),
-                        p + "experts.gate_up_proj_bias": normal(E, 2 * I),
-                        p + "experts.down_proj": np.ascontiguousarray(ex.down.transpose(0, 2, 1)),
-                        p + "experts.down_proj_bias": normal(E, H)},
-            hf_common(E, K, model_type="gpt_oss", num_local_experts=E, intermediate_size=I, swiglu_limit=7.0),
-            "gate_up_proj_bias", kind="refuse_load")
 # ... a model type ep_moe does not know that leaves out a semantic key ...
 refuse_case("unknown_type", {p + "gate.weight": ex.router, p + "experts.gate_up_proj": fused(ex)[0],
                              p + "experts.down_proj": ex.down},

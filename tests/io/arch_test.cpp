@@ -4,9 +4,11 @@
 // the output of the architecture's own MoE block, computed there in float64:
 // at EP 1-4, T = 1, 7 and 64, with every rank holding all tokens and with
 // DP attention (uneven token counts, a zero-token rank). Then each case's
-// mutations of the derived config (another scoring, renormalisation, scale
-// or grouping) must move the output far outside the tolerance: a case that
-// passes with the wrong semantics fails. Cases the library must refuse are
+// mutations of the derived config (another scoring, renormalisation, scale,
+// grouping or activation) must move the output far outside the tolerance: a
+// case that passes with the wrong semantics fails (what the config cannot
+// express, GPT-OSS's biases, interleaving and clamp, the writer checks: its
+// reference without each differs by more than kMutated). Cases the library must refuse are
 // checked for the status and the message. Exit 77 when the writers did not run.
 #include <algorithm>
 #include <cmath>
@@ -132,6 +134,7 @@ double run(const Case& c, ep_moe_checkpoint_t* ck, const ep_moe_layer_config_t& 
 bool mutate(ep_moe_layer_config_t* lc, const std::string& m) {
   if (m == "scoring") lc->scoring = lc->scoring == EP_MOE_SCORING_SIGMOID ? EP_MOE_SCORING_SOFTMAX : EP_MOE_SCORING_SIGMOID;
   else if (m == "renormalize") lc->renormalize = !lc->renormalize;
+  else if (m == "activation") lc->activation = lc->activation == EP_MOE_ACT_SILU ? EP_MOE_ACT_GELU : EP_MOE_ACT_SILU;
   else if (m == "scale") lc->routed_scaling_factor = lc->routed_scaling_factor != 1.0f ? 1.0f : 2.0f;
   else if (m == "groups") {
     if (lc->num_expert_group == 0) return false;
