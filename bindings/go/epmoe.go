@@ -49,6 +49,7 @@ import "C"
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 	"unsafe"
 )
@@ -341,15 +342,99 @@ func (c *Comm) Abort() {
 
 // ------------------------------------------------------------ layer ------
 
-// LayerConfig mirrors ep_moe_layer_config_t's most used fields; zero values
-// keep the library's defaults.
+// LayerConfig mirrors ep_moe_layer_config_t; zero values keep the library's
+// defaults (f32 dtypes, SiLU, softmax, renormalised top-k, no groups, scale 1).
 type LayerConfig struct {
 	Hidden, Intermediate, Experts, TopK int32
 	SharedIntermediate                  int32
 	MaxTokens                           int32
 	Threads                             int32
-	WeightDType, ActDType               DType
+	WeightDType, ActDType, RouterDType  DType
 	DispatchMode                        int32
+	SkipMode                            int32
+	// Routing and the experts' activation.
+	Activation          Activation
+	Scoring             Scoring
+	NoRenormalize       bool    // the top-k weights are not divided by their sum
+	ExpertGroups        int32   // grouped top-k: groups (0 = off)
+	TopKGroups          int32   // grouped top-k: groups kept per token
+	UseScoreBias        bool    // a score-correction bias (WeightScoreBias) chooses the experts
+	RoutedScalingFactor float32 // 0: 1
+	SharedExpertGate    bool    // the shared expert is scaled by sigmoid(x . WeightSharedExpertGate)
+}
+
+// Activation of the expert FFN (ep_moe_activation_t).
+type Activation int32
+
+// Activations.
+const (
+	ActSiLU      Activation = C.EP_MOE_ACT_SILU
+	ActGELU      Activation = C.EP_MOE_ACT_GELU
+	ActGELUTanh  Activation = C.EP_MOE_ACT_GELU_TANH
+	ActSwiGLUOAI Activation = C.EP_MOE_ACT_SWIGLU_OAI // GPT-OSS's clamped SwiGLU
+)
+
+// Scoring turns router logits into expert scores (ep_moe_scoring_t).
+type Scoring int32
+
+// Scorings.
+const (
+	ScoringSoftmax Scoring = C.EP_MOE_SCORING_SOFTMAX
+	ScoringSigmoid Scoring = C.EP_MOE_SCORING_SIGMOID
+)
+
+func (cfg LayerConfig) toC() C.ep_moe_layer_config_t {
+	var c C.ep_moe_layer_config_t
+	C.ep_moe_layer_config_init(&c)
+	c.hidden_size = C.int32_t(cfg.Hidden)
+	c.intermediate_size = C.int32_t(cfg.Intermediate)
+	c.num_experts = C.int32_t(cfg.Experts)
+	c.top_k = C.int32_t(cfg.TopK)
+	c.shared_intermediate_size = C.int32_t(cfg.SharedIntermediate)
+	c.weight_dtype = C.int32_t(cfg.WeightDType)
+	c.act_dtype = C.int32_t(cfg.ActDType)
+	c.router_dtype = C.int32_t(cfg.RouterDType)
+	c.dispatch_mode = C.int32_t(cfg.DispatchMode)
+	c.skip_mode = C.int32_t(cfg.SkipMode)
+	if cfg.MaxTokens > 0 {
+		c.max_tokens = C.int32_t(cfg.MaxTokens)
+	}
+	c.num_threads = C.int32_t(cfg.Threads)
+	c.activation = C.int32_t(cfg.Activation)
+	c.scoring = C.int32_t(cfg.Scoring)
+	if cfg.NoRenormalize {
+		c.renormalize = 0
+	}
+	c.num_expert_group = C.int32_t(cfg.ExpertGroups)
+	c.topk_group = C.int32_t(cfg.TopKGroups)
+	if cfg.UseScoreBias {
+		c.use_score_bias = 1
+	}
+	if cfg.RoutedScalingFactor != 0 {
+		c.routed_scaling_factor = C.float(cfg.RoutedScalingFactor)
+	}
+	if cfg.SharedExpertGate {
+		c.shared_expert_gate = 1
+	}
+	return c
+}
+
+func layerConfigFromC(c *C.ep_moe_layer_config_t) LayerConfig {
+	return LayerConfig{
+		Hidden: int32(c.hidden_size), Intermediate: int32(c.intermediate_size), Experts: int32(c.num_experts),
+		TopK: int32(c.top_k), SharedIntermediate: int32(c.shared_intermediate_size), MaxTokens: int32(c.max_tokens),
+		Threads: int32(c.num_threads), WeightDType: DType(c.weight_dtype), ActDType: DType(c.act_dtype),
+		RouterDType: DType(c.router_dtype), DispatchMode: int32(c.dispatch_mode), SkipMode: int32(c.skip_mode),
+		Activation: Activation(c.activation), Scoring: Scoring(c.scoring), NoRenormalize: c.renormalize == 0,
+		ExpertGroups: int32(c.num_expert_group), TopKGroups: int32(c.topk_group), UseScoreBias: c.use_score_bias != 0,
+		RoutedScalingFactor: float32(c.routed_scaling_factor), SharedExpertGate: c.shared_expert_gate != 0,
+	}
+}
+
+// MapConfig is the expert map config a layer of this configuration needs on
+// rank epRank of epSize (linear placement; set the other fields after).
+func (cfg LayerConfig) MapConfig(epSize, epRank int32) ExpertMapConfig {
+	return ExpertMapConfig{EPSize: epSize, EPRank: epRank, Experts: cfg.Experts, ExpertGroups: cfg.ExpertGroups}
 }
 
 // DType is an element type.
@@ -362,19 +447,34 @@ const (
 	F16  DType = C.EP_MOE_DTYPE_F16
 )
 
+func (d DType) String() string {
+	switch d {
+	case F32:
+		return "F32"
+	case BF16:
+		return "BF16"
+	case F16:
+		return "F16"
+	}
+	return fmt.Sprintf("DType(%d)", int32(d))
+}
+
 // Weight selects a tensor for SetWeight.
 type Weight int32
 
 // Weights (see ep_moe_weight_t).
 const (
-	WeightExpertGate   Weight = C.EP_MOE_WEIGHT_EXPERT_GATE
-	WeightExpertUp     Weight = C.EP_MOE_WEIGHT_EXPERT_UP
-	WeightExpertDown   Weight = C.EP_MOE_WEIGHT_EXPERT_DOWN
-	WeightExpertGateUp Weight = C.EP_MOE_WEIGHT_EXPERT_GATE_UP
-	WeightSharedGate   Weight = C.EP_MOE_WEIGHT_SHARED_GATE
-	WeightSharedUp     Weight = C.EP_MOE_WEIGHT_SHARED_UP
-	WeightSharedDown   Weight = C.EP_MOE_WEIGHT_SHARED_DOWN
-	WeightRouter       Weight = C.EP_MOE_WEIGHT_ROUTER
+	WeightExpertGate       Weight = C.EP_MOE_WEIGHT_EXPERT_GATE
+	WeightExpertUp         Weight = C.EP_MOE_WEIGHT_EXPERT_UP
+	WeightExpertDown       Weight = C.EP_MOE_WEIGHT_EXPERT_DOWN
+	WeightExpertGateUp     Weight = C.EP_MOE_WEIGHT_EXPERT_GATE_UP
+	WeightSharedGate       Weight = C.EP_MOE_WEIGHT_SHARED_GATE
+	WeightSharedUp         Weight = C.EP_MOE_WEIGHT_SHARED_UP
+	WeightSharedDown       Weight = C.EP_MOE_WEIGHT_SHARED_DOWN
+	WeightSharedGateUp     Weight = C.EP_MOE_WEIGHT_SHARED_GATE_UP
+	WeightSharedExpertGate Weight = C.EP_MOE_WEIGHT_SHARED_EXPERT_GATE
+	WeightScoreBias        Weight = C.EP_MOE_WEIGHT_SCORE_BIAS
+	WeightRouter           Weight = C.EP_MOE_WEIGHT_ROUTER
 	// Biases (GPT-OSS): per routed expert, and the router's.
 	WeightExpertGateBias   Weight = C.EP_MOE_WEIGHT_EXPERT_GATE_BIAS
 	WeightExpertUpBias     Weight = C.EP_MOE_WEIGHT_EXPERT_UP_BIAS
@@ -388,26 +488,14 @@ const (
 type Layer struct {
 	p                     *C.ep_moe_layer_t
 	hidden, experts, topK int
+	actDType, routerDType DType // what Forward's slices must hold (C takes untyped pointers)
 	comm                  *Comm // kept reachable for the layer's lifetime
 }
 
 // NewLayer creates a layer for this rank; comm may be nil (partial sums).
 // dpIsEP passes comm as the DP group too (every rank its own DP replica).
 func NewLayer(cfg LayerConfig, m *ExpertMap, comm *Comm, dpIsEP bool) (*Layer, error) {
-	var c C.ep_moe_layer_config_t
-	C.ep_moe_layer_config_init(&c)
-	c.hidden_size = C.int32_t(cfg.Hidden)
-	c.intermediate_size = C.int32_t(cfg.Intermediate)
-	c.num_experts = C.int32_t(cfg.Experts)
-	c.top_k = C.int32_t(cfg.TopK)
-	c.shared_intermediate_size = C.int32_t(cfg.SharedIntermediate)
-	c.weight_dtype = C.int32_t(cfg.WeightDType)
-	c.act_dtype = C.int32_t(cfg.ActDType)
-	c.dispatch_mode = C.int32_t(cfg.DispatchMode)
-	if cfg.MaxTokens > 0 {
-		c.max_tokens = C.int32_t(cfg.MaxTokens)
-	}
-	c.num_threads = C.int32_t(cfg.Threads)
+	c := cfg.toC()
 	var ep, dp *C.ep_moe_comm_t
 	if comm != nil {
 		ep = comm.p
@@ -421,7 +509,8 @@ func NewLayer(cfg LayerConfig, m *ExpertMap, comm *Comm, dpIsEP bool) (*Layer, e
 	if err != nil {
 		return nil, err
 	}
-	l := &Layer{p: p, hidden: int(cfg.Hidden), experts: int(cfg.Experts), topK: int(cfg.TopK), comm: comm}
+	l := &Layer{p: p, hidden: int(cfg.Hidden), experts: int(cfg.Experts), topK: int(cfg.TopK),
+		actDType: cfg.ActDType, routerDType: cfg.RouterDType, comm: comm}
 	runtime.SetFinalizer(l, (*Layer).Close)
 	return l, nil
 }
@@ -437,51 +526,273 @@ func (l *Layer) Close() {
 
 func (l *Layer) lastError() string { return C.GoString(C.ep_moe_layer_last_error(l.p)) }
 
-// SetWeight gives one f32 weight [rows, cols]; it reports whether this rank
-// kept it (false: another rank's expert).
+func (l *Layer) setWeight(which Weight, expert int32, p unsafe.Pointer, n int, dt DType, rows, cols int64) (bool, error) {
+	if rows < 0 || cols < 0 || int64(n) != rows*cols {
+		return false, invalid("data has %d elements, not rows * cols = %d", n, rows*cols)
+	}
+	var stored C.int32_t
+	err := check(C.ep_moe_layer_set_weight(&stored, l.p, C.ep_moe_weight_t(which), C.int32_t(expert), p,
+		C.ep_moe_dtype_t(dt), C.int64_t(rows), C.int64_t(cols)), l.lastError)
+	runtime.KeepAlive(l)
+	return stored != 0, err
+}
+
+// SetWeight gives one f32 weight [rows, cols] (converted to the layer's
+// weight dtype); it reports whether this rank kept it (false: another
+// rank's expert).
 func (l *Layer) SetWeight(which Weight, expert int32, data []float32, rows, cols int64) (bool, error) {
-	if rows < 0 || cols < 0 || int64(len(data)) != rows*cols {
-		return false, invalid("data has %d elements, not rows * cols = %d", len(data), rows*cols)
+	var p unsafe.Pointer
+	if len(data) > 0 {
+		p = unsafe.Pointer(&data[0])
+	}
+	ok, err := l.setWeight(which, expert, p, len(data), F32, rows, cols)
+	runtime.KeepAlive(data)
+	return ok, err
+}
+
+// SetWeight16 gives one weight of 16-bit elements (their bits; dt BF16 or F16).
+func (l *Layer) SetWeight16(which Weight, expert int32, data []uint16, dt DType, rows, cols int64) (bool, error) {
+	if dt != BF16 && dt != F16 {
+		return false, invalid("SetWeight16 takes BF16 or F16 data, got %v", dt)
 	}
 	var p unsafe.Pointer
 	if len(data) > 0 {
 		p = unsafe.Pointer(&data[0])
 	}
-	var stored C.int32_t
-	err := check(C.ep_moe_layer_set_weight(&stored, l.p, C.ep_moe_weight_t(which), C.int32_t(expert), p,
-		C.EP_MOE_DTYPE_F32, C.int64_t(rows), C.int64_t(cols)), l.lastError)
+	ok, err := l.setWeight(which, expert, p, len(data), dt, rows, cols)
 	runtime.KeepAlive(data)
-	runtime.KeepAlive(l)
-	return stored != 0, err
+	return ok, err
 }
 
-// Forward runs the layer on f32 hidden states [T, H] with router logits
-// [T, E] (or nil with the layer's own router weight) into out [T, H].
+// Load reads this rank's part of MoE layer `layer` of a checkpoint (see
+// ep_moe_layer_load).
+func (l *Layer) Load(ck *Checkpoint, layer int32) error {
+	err := check(C.ep_moe_layer_load(l.p, ck.p, C.int32_t(layer)), l.lastError)
+	runtime.KeepAlive(ck)
+	runtime.KeepAlive(l)
+	return err
+}
+
+// Forward runs a layer whose act_dtype is F32 on hidden states [T, H] with
+// router logits [T, E] (f32 router_dtype; or nil with the layer's own router
+// weight) into out [T, H].
 func (l *Layer) Forward(hidden, logits, out []float32) error {
-	if l.hidden == 0 || len(hidden)%l.hidden != 0 {
-		return invalid("hidden has %d elements, not a multiple of H = %d", len(hidden), l.hidden)
+	if l.actDType != F32 {
+		return invalid("the layer's act_dtype is %v, not F32: use Forward16 with the 16-bit values", l.actDType)
 	}
-	t := len(hidden) / l.hidden
-	if len(out) != len(hidden) {
-		return invalid("out has %d elements, hidden %d", len(out), len(hidden))
+	var hp, op unsafe.Pointer
+	if len(hidden) > 0 {
+		hp = unsafe.Pointer(&hidden[0])
+	}
+	if len(out) > 0 {
+		op = unsafe.Pointer(&out[0])
+	}
+	err := l.forward(hp, len(hidden), logits, op, len(out))
+	runtime.KeepAlive(hidden)
+	runtime.KeepAlive(out)
+	return err
+}
+
+// Forward16 runs a layer whose act_dtype is BF16 or F16 on hidden states
+// [T, H] of that type (their bits: see ToBF16, ToF16) into out [T, H];
+// logits as for Forward.
+func (l *Layer) Forward16(hidden []uint16, logits []float32, out []uint16) error {
+	if l.actDType != BF16 && l.actDType != F16 {
+		return invalid("the layer's act_dtype is %v: Forward16 takes BF16 or F16 values", l.actDType)
+	}
+	var hp, op unsafe.Pointer
+	if len(hidden) > 0 {
+		hp = unsafe.Pointer(&hidden[0])
+	}
+	if len(out) > 0 {
+		op = unsafe.Pointer(&out[0])
+	}
+	err := l.forward(hp, len(hidden), logits, op, len(out))
+	runtime.KeepAlive(hidden)
+	runtime.KeepAlive(out)
+	return err
+}
+
+func (l *Layer) forward(hp unsafe.Pointer, nh int, logits []float32, op unsafe.Pointer, no int) error {
+	if l.hidden == 0 || nh%l.hidden != 0 {
+		return invalid("hidden has %d elements, not a multiple of H = %d", nh, l.hidden)
+	}
+	t := nh / l.hidden
+	if no != nh {
+		return invalid("out has %d elements, hidden %d", no, nh)
+	}
+	if logits != nil && l.routerDType != F32 {
+		return invalid("f32 logits given, but the layer's router_dtype is %v", l.routerDType)
 	}
 	if logits != nil && len(logits) != t*l.experts {
 		return invalid("logits have %d elements, not T * E = %d", len(logits), t*l.experts)
 	}
-	var hp, lp, op unsafe.Pointer
-	if t > 0 {
-		hp = unsafe.Pointer(&hidden[0])
-		op = unsafe.Pointer(&out[0])
-		if logits != nil {
-			lp = unsafe.Pointer(&logits[0])
-		}
+	var lp unsafe.Pointer
+	if t > 0 && logits != nil {
+		lp = unsafe.Pointer(&logits[0])
+	}
+	if t == 0 {
+		hp, op = nil, nil
 	}
 	err := check(C.epmoe_forward(l.p, C.int64_t(t), hp, lp, op), l.lastError)
-	runtime.KeepAlive(hidden)
 	runtime.KeepAlive(logits)
-	runtime.KeepAlive(out)
 	runtime.KeepAlive(l)
 	return err
+}
+
+// ToBF16 rounds f32 values to bfloat16 bits (to nearest even).
+func ToBF16(dst []uint16, src []float32) {
+	for i, v := range src {
+		u := math.Float32bits(v)
+		if v != v { // NaN stays NaN
+			dst[i] = uint16(u>>16) | 0x40
+			continue
+		}
+		dst[i] = uint16((u + 0x7fff + ((u >> 16) & 1)) >> 16)
+	}
+}
+
+// FromBF16 widens bfloat16 bits to f32.
+func FromBF16(dst []float32, src []uint16) {
+	for i, h := range src {
+		dst[i] = math.Float32frombits(uint32(h) << 16)
+	}
+}
+
+// ToF16 rounds f32 values to IEEE half bits (to nearest even; overflow
+// gives infinity).
+func ToF16(dst []uint16, src []float32) {
+	for i, v := range src {
+		dst[i] = f32ToF16(v)
+	}
+}
+
+// FromF16 widens IEEE half bits to f32.
+func FromF16(dst []float32, src []uint16) {
+	for i, h := range src {
+		dst[i] = f16ToF32(h)
+	}
+}
+
+func f32ToF16(v float32) uint16 {
+	u := math.Float32bits(v)
+	sign := uint16(u>>16) & 0x8000
+	exp := int32(u>>23) & 0xff
+	man := u & 0x7fffff
+	if exp == 0xff {
+		if man != 0 {
+			return sign | 0x7e00
+		}
+		return sign | 0x7c00
+	}
+	e := exp - 127 + 15
+	if e >= 31 {
+		return sign | 0x7c00
+	}
+	if e <= 0 {
+		if e < -10 {
+			return sign
+		}
+		m := man | 0x800000
+		shift := uint32(14 - e)
+		half := uint32(1) << (shift - 1)
+		rem := m & (uint32(1)<<shift - 1)
+		h := m >> shift
+		if rem > half || (rem == half && h&1 == 1) {
+			h++
+		}
+		return sign | uint16(h)
+	}
+	rem := man & 0x1fff
+	h := uint32(e)<<10 | man>>13
+	if rem > 0x1000 || (rem == 0x1000 && h&1 == 1) {
+		h++ // may carry into the exponent, up to infinity
+	}
+	return sign | uint16(h)
+}
+
+func f16ToF32(h uint16) float32 {
+	sign := uint32(h&0x8000) << 16
+	exp := uint32(h>>10) & 0x1f
+	man := uint32(h) & 0x3ff
+	switch {
+	case exp == 0 && man == 0:
+		return math.Float32frombits(sign)
+	case exp == 0: // subnormal
+		return float32(math.Copysign(math.Ldexp(float64(man), -24), float64(math.Float32frombits(sign|0x3f800000))))
+	case exp == 31:
+		return math.Float32frombits(sign | 0x7f800000 | man<<13)
+	}
+	return math.Float32frombits(sign | (exp+127-15)<<23 | man<<13)
+}
+
+// ------------------------------------------------------------ checkpoint --
+
+// Checkpoint is an opened checkpoint (safetensors file or index, or GGUF)
+// seen as MoE layers (see ep_moe_checkpoint_open).
+type Checkpoint struct{ p *C.ep_moe_checkpoint_t }
+
+// OpenCheckpoint opens a path and validates every header (default naming).
+func OpenCheckpoint(path string) (*Checkpoint, error) {
+	cp := C.CString(path)
+	defer C.free(unsafe.Pointer(cp))
+	var p *C.ep_moe_checkpoint_t
+	if err := threadCall(func() C.ep_moe_status_t { return C.ep_moe_checkpoint_open(&p, cp, nil) }); err != nil {
+		return nil, err
+	}
+	ck := &Checkpoint{p: p}
+	runtime.SetFinalizer(ck, (*Checkpoint).Close)
+	return ck, nil
+}
+
+// Close closes the checkpoint; it may be called more than once.
+func (ck *Checkpoint) Close() {
+	if ck.p != nil {
+		C.ep_moe_checkpoint_close(ck.p)
+		ck.p = nil
+		runtime.SetFinalizer(ck, nil)
+	}
+}
+
+func (ck *Checkpoint) lastError() string { return C.GoString(C.ep_moe_checkpoint_last_error(ck.p)) }
+
+// Architecture is config.json's model_type or GGUF's general.architecture
+// ("" when none).
+func (ck *Checkpoint) Architecture() string {
+	s := C.GoString(C.ep_moe_checkpoint_architecture(ck.p))
+	runtime.KeepAlive(ck)
+	return s
+}
+
+// MoELayers lists the layer indices that hold routed experts.
+func (ck *Checkpoint) MoELayers() ([]int32, error) {
+	var n C.size_t
+	if err := check(C.ep_moe_checkpoint_moe_layers(nil, 0, &n, ck.p), ck.lastError); err != nil {
+		return nil, err
+	}
+	out := make([]int32, int(n))
+	if n > 0 {
+		if err := check(C.ep_moe_checkpoint_moe_layers((*C.int32_t)(unsafe.Pointer(&out[0])), n, &n, ck.p),
+			ck.lastError); err != nil {
+			return nil, err
+		}
+	}
+	runtime.KeepAlive(ck)
+	return out, nil
+}
+
+// LayerConfig derives the configuration of MoE layer `layer` (shapes from
+// the tensors, routing and activation from the architecture; see
+// ep_moe_checkpoint_layer_config) over `base` (MaxTokens, Threads, dtypes of
+// the activations, dispatch are kept).
+func (ck *Checkpoint) LayerConfig(base LayerConfig, layer int32) (LayerConfig, error) {
+	c := base.toC()
+	err := check(C.ep_moe_checkpoint_layer_config(&c, ck.p, C.int32_t(layer)), ck.lastError)
+	runtime.KeepAlive(ck)
+	if err != nil {
+		return LayerConfig{}, err
+	}
+	return layerConfigFromC(&c), nil
 }
 
 // ----------------------------------------------------- load balancing --

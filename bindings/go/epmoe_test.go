@@ -1,8 +1,12 @@
 package epmoe
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -282,5 +286,245 @@ func TestThreadErrorMessageUnderConcurrency(t *testing.T) {
 	close(failures)
 	for err := range failures {
 		t.Fatal(err)
+	}
+}
+
+// A layer of ep 1 with the fixed weights of runRank, in the given act dtype.
+func dtypeLayer(t *testing.T, act DType) *Layer {
+	m, err := NewExpertMap(ExpertMapConfig{EPSize: 1, Experts: eCount})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	l, err := NewLayer(LayerConfig{Hidden: hSize, Intermediate: iSize, Experts: eCount, TopK: kTop, MaxTokens: tTokens,
+		Threads: 1, ActDType: act}, m, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := make([]float32, iSize*hSize)
+	u := make([]float32, iSize*hSize)
+	d := make([]float32, hSize*iSize)
+	for e := 0; e < eCount; e++ {
+		for i := range g {
+			g[i], u[i], d[i] = value(e, i, 11), value(e+1, i, 13), value(e+2, i, 9)
+		}
+		gb := make([]uint16, len(g))
+		ToBF16(gb, g) // the 16-bit entry point, converted back to f32 by the layer
+		FromBF16(g, gb)
+		if _, err := l.SetWeight16(WeightExpertGate, int32(e), gb, BF16, iSize, hSize); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.SetWeight(WeightExpertUp, int32(e), u, iSize, hSize); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.SetWeight(WeightExpertDown, int32(e), d, hSize, iSize); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return l
+}
+
+func TestForwardSlicesMustMatchTheLayerDType(t *testing.T) {
+	lb := dtypeLayer(t, BF16)
+	defer lb.Close()
+	lf := dtypeLayer(t, F32)
+	defer lf.Close()
+	x := make([]float32, tTokens*hSize)
+	logits := make([]float32, tTokens*eCount)
+	for i := range x {
+		x[i] = value(i, 1, 17)
+	}
+	for i := range logits {
+		logits[i] = 10 * value(i, 5, 23)
+	}
+	out := make([]float32, len(x))
+	// f32 slices on a bf16 layer: an error, never a wrong answer.
+	if err := lb.Forward(x, logits, out); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "act_dtype is BF16") {
+		t.Fatalf("got %v", err)
+	}
+	if err := lf.Forward16(make([]uint16, len(x)), logits, make([]uint16, len(x))); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("got %v", err)
+	}
+	xb := make([]uint16, len(x))
+	ToBF16(xb, x)
+	FromBF16(x, xb)
+	ob := make([]uint16, len(x))
+	if err := lb.Forward16(xb, logits, ob); err != nil {
+		t.Fatal(err)
+	}
+	if err := lf.Forward(x, logits, out); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, len(ob))
+	FromBF16(got, ob)
+	peak := float32(0)
+	for _, v := range out {
+		if v > peak {
+			peak = v
+		} else if -v > peak {
+			peak = -v
+		}
+	}
+	if peak == 0 {
+		t.Fatal("all-zero output")
+	}
+	for i := range out {
+		if d := got[i] - out[i]; d > 1e-2*peak || d < -1e-2*peak {
+			t.Fatalf("element %d: bf16 %v, f32 %v", i, got[i], out[i])
+		}
+	}
+}
+
+func TestF16Conversions(t *testing.T) {
+	cases := []struct {
+		v    float32
+		bits uint16
+	}{{1, 0x3c00}, {-2, 0xc000}, {65504, 0x7bff}, {65520, 0x7c00}, {6.1035156e-5, 0x0400},
+		{5.9604645e-8, 0x0001}, {2.9802322e-8, 0}, {1.00048828125, 0x3c00}, {1.00146484375, 0x3c02}}
+	for _, c := range cases {
+		var b [1]uint16
+		ToF16(b[:], []float32{c.v})
+		if b[0] != c.bits {
+			t.Errorf("ToF16(%v) = %#x, want %#x", c.v, b[0], c.bits)
+		}
+	}
+	for _, bits := range []uint16{0x3c00, 0xc000, 0x7bff, 0x0400, 0x0001, 0x03ff, 0x8001, 0x7c00} {
+		var f [1]float32
+		var b [1]uint16
+		FromF16(f[:], []uint16{bits})
+		ToF16(b[:], f[:])
+		if b[0] != bits {
+			t.Errorf("round trip of %#x gave %#x", bits, b[0])
+		}
+	}
+}
+
+// writeSafetensors writes f32 tensors as a safetensors file.
+func writeSafetensors(t *testing.T, path string, names []string, shapes [][]int, data [][]float32) {
+	header := "{"
+	off := 0
+	for i, n := range names {
+		sh := ""
+		for j, d := range shapes[i] {
+			if j > 0 {
+				sh += ","
+			}
+			sh += fmt.Sprint(d)
+		}
+		if i > 0 {
+			header += ","
+		}
+		header += fmt.Sprintf("%q:{\"dtype\":\"F32\",\"shape\":[%s],\"data_offsets\":[%d,%d]}", n, sh, off, off+4*len(data[i]))
+		off += 4 * len(data[i])
+	}
+	header += "}"
+	buf := make([]byte, 8, 8+len(header)+off)
+	binary.LittleEndian.PutUint64(buf, uint64(len(header)))
+	buf = append(buf, header...)
+	for _, d := range data {
+		for _, v := range d {
+			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
+		}
+	}
+	if err := os.WriteFile(path, buf, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCheckpointLoadMatchesSetWeight(t *testing.T) {
+	dir := t.TempDir()
+	gu := make([]float32, eCount*2*iSize*hSize)
+	dn := make([]float32, eCount*hSize*iSize)
+	router := make([]float32, eCount*hSize)
+	for i := range gu {
+		gu[i] = value(i, 3, 19)
+	}
+	for i := range dn {
+		dn[i] = value(i, 5, 13)
+	}
+	for i := range router {
+		router[i] = 5 * value(i, 7, 29)
+	}
+	p := "model.layers.1.mlp."
+	writeSafetensors(t, filepath.Join(dir, "model.safetensors"),
+		[]string{p + "gate.weight", p + "experts.gate_up_proj", p + "experts.down_proj"},
+		[][]int{{eCount, hSize}, {eCount, 2 * iSize, hSize}, {eCount, hSize, iSize}}, [][]float32{router, gu, dn})
+	cfg := fmt.Sprintf(`{"model_type": "qwen3_moe", "hidden_size": %d, "num_experts": %d, "num_experts_per_tok": %d, "norm_topk_prob": true}`,
+		hSize, eCount, kTop)
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ck, err := OpenCheckpoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	if a := ck.Architecture(); a != "qwen3_moe" {
+		t.Fatalf("architecture %q", a)
+	}
+	layers, err := ck.MoELayers()
+	if err != nil || len(layers) != 1 || layers[0] != 1 {
+		t.Fatalf("MoE layers %v, %v", layers, err)
+	}
+	lc, err := ck.LayerConfig(LayerConfig{MaxTokens: tTokens, Threads: 1}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lc.Hidden != hSize || lc.Intermediate != iSize || lc.Experts != eCount || lc.TopK != kTop || lc.NoRenormalize ||
+		lc.Activation != ActSiLU || lc.Scoring != ScoringSoftmax || lc.MaxTokens != tTokens {
+		t.Fatalf("derived %+v", lc)
+	}
+	if _, err := ck.LayerConfig(LayerConfig{}, 0); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a dense layer: %v", err)
+	}
+	m, err := NewExpertMap(lc.MapConfig(1, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	loaded, err := NewLayer(lc, m, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer loaded.Close()
+	if err := loaded.Load(ck, 1); err != nil {
+		t.Fatal(err)
+	}
+	given, err := NewLayer(lc, m, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer given.Close()
+	for e := 0; e < eCount; e++ {
+		if _, err := given.SetWeight(WeightExpertGateUp, int32(e), gu[e*2*iSize*hSize:(e+1)*2*iSize*hSize], 2*iSize, hSize); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := given.SetWeight(WeightExpertDown, int32(e), dn[e*hSize*iSize:(e+1)*hSize*iSize], hSize, iSize); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := given.SetWeight(WeightRouter, -1, router, eCount, hSize); err != nil {
+		t.Fatal(err)
+	}
+	x := make([]float32, tTokens*hSize)
+	for i := range x {
+		x[i] = value(i, 1, 17)
+	}
+	a, b := make([]float32, len(x)), make([]float32, len(x))
+	if err := loaded.Forward(x, nil, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := given.Forward(x, nil, b); err != nil {
+		t.Fatal(err)
+	}
+	nonzero := false
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("element %d: loaded %v, given %v", i, a[i], b[i])
+		}
+		nonzero = nonzero || a[i] != 0
+	}
+	if !nonzero {
+		t.Fatal("all-zero output")
 	}
 }

@@ -1,3 +1,3 @@
-module ep_moe.dev/epmoe
+module ep-moe.dev/epmoe
 
 go 1.19

@@ -13,3 +13,25 @@ cd "$here/bindings/go"
 go vet ./...
 # cgocheck=2 also catches Go pointers stored in C memory.
 GODEBUG=cgocheck=2 go test -count=1 ./...
+# A consumer module outside the tree, pointing at the checkout as the docs
+# say: the module path must be one `go mod` accepts.
+consumer="$work/consumer"
+rm -rf "$consumer" && mkdir -p "$consumer"
+cat > "$consumer/main.go" <<'GO'
+package main
+
+import (
+	"fmt"
+
+	"ep-moe.dev/epmoe"
+)
+
+func main() {
+	major, minor, patch := epmoe.Version()
+	fmt.Printf("ep_moe %d.%d.%d from a consumer module\n", major, minor, patch)
+}
+GO
+cd "$consumer"
+go mod init example.com/consumer >/dev/null 2>&1
+go mod edit -require=ep-moe.dev/epmoe@v0.0.0 -replace=ep-moe.dev/epmoe="$here/bindings/go"
+go run .

@@ -148,6 +148,14 @@ impl DType {
             DType::F16 => sys::EP_MOE_DTYPE_F16,
         }
     }
+    fn from_raw(v: i32) -> Option<DType> {
+        match v {
+            x if x == sys::EP_MOE_DTYPE_F32 as i32 => Some(DType::F32),
+            x if x == sys::EP_MOE_DTYPE_BF16 as i32 => Some(DType::Bf16),
+            x if x == sys::EP_MOE_DTYPE_F16 as i32 => Some(DType::F16),
+            _ => None,
+        }
+    }
 }
 
 /// A bfloat16 value (its bits).
@@ -170,6 +178,68 @@ impl Bf16 {
 #[repr(transparent)]
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct F16(pub u16);
+
+impl F16 {
+    /// Rounds to nearest even; overflow gives infinity.
+    pub fn from_f32(v: f32) -> F16 {
+        let u = v.to_bits();
+        let sign = ((u >> 16) & 0x8000) as u16;
+        let exp = ((u >> 23) & 0xff) as i32;
+        let man = u & 0x7f_ffff;
+        if exp == 0xff {
+            return F16(sign | 0x7c00 | if man != 0 { 0x200 } else { 0 });
+        }
+        let e = exp - 127 + 15;
+        if e >= 31 {
+            return F16(sign | 0x7c00);
+        }
+        if e <= 0 {
+            if e < -10 {
+                return F16(sign);
+            }
+            let m = man | 0x80_0000;
+            let shift = (14 - e) as u32;
+            let half = 1u32 << (shift - 1);
+            let rem = m & ((1u32 << shift) - 1);
+            let mut h = m >> shift;
+            if rem > half || (rem == half && (h & 1) == 1) {
+                h += 1;
+            }
+            return F16(sign | h as u16);
+        }
+        let rem = man & 0x1fff;
+        let mut h = ((e as u32) << 10) | (man >> 13);
+        if rem > 0x1000 || (rem == 0x1000 && (h & 1) == 1) {
+            h += 1; // may carry into the exponent, up to infinity: still correct
+        }
+        F16(sign | h as u16)
+    }
+    pub fn to_f32(self) -> f32 {
+        let h = self.0 as u32;
+        let sign = (h & 0x8000) << 16;
+        let exp = (h >> 10) & 0x1f;
+        let man = h & 0x3ff;
+        let bits = if exp == 0 {
+            if man == 0 {
+                sign
+            } else {
+                // subnormal: normalise
+                let mut e = 127 - 15 + 1;
+                let mut m = man;
+                while m & 0x400 == 0 {
+                    m <<= 1;
+                    e -= 1;
+                }
+                sign | ((e as u32) << 23) | ((m & 0x3ff) << 13)
+            }
+        } else if exp == 31 {
+            sign | 0x7f80_0000 | (man << 13)
+        } else {
+            sign | ((exp + 127 - 15) << 23) | (man << 13)
+        };
+        f32::from_bits(bits)
+    }
+}
 
 /// Types a tensor slice may hold.
 pub trait Element: Copy {
@@ -474,8 +544,11 @@ pub enum LayerComms<'c> {
 
 /// How the layer routes a batch.
 pub enum Routing<'a> {
-    /// Router logits [T, E] (f32).
+    /// Router logits [T, E] (f32: a layer whose router_dtype is bf16 or f16
+    /// takes them as [`Routing::Logits16`]).
     Logits(&'a [f32]),
+    /// Router logits [T, E] in the layer's 16-bit router_dtype (the bits).
+    Logits16(&'a [u16]),
     /// The caller's choice: ids and weights [T, K].
     TopK { ids: &'a [i32], weights: &'a [f32] },
     /// The layer's own router weight (`EP_MOE_WEIGHT_ROUTER`).
@@ -496,6 +569,9 @@ pub struct Layer<'c> {
     hidden: usize,
     experts: usize,
     top_k: usize,
+    // What forward's slices must hold (the C API takes untyped pointers).
+    act_dtype: Option<DType>,
+    router_dtype: Option<DType>,
     _comms: PhantomData<&'c mut Comm>,
 }
 
@@ -519,6 +595,8 @@ impl<'c> Layer<'c> {
             hidden: config.hidden_size as usize,
             experts: config.num_experts as usize,
             top_k: config.top_k as usize,
+            act_dtype: DType::from_raw(config.act_dtype),
+            router_dtype: DType::from_raw(config.router_dtype),
             _comms: PhantomData,
         })
     }
@@ -567,8 +645,16 @@ impl<'c> Layer<'c> {
         check(unsafe { sys::ep_moe_layer_load(self.ptr, checkpoint.ptr, layer_index) }, || self.err())
     }
 
-    /// Runs the layer on `hidden` ([T, H] of the layer's act_dtype) into `out`.
+    /// Runs the layer on `hidden` ([T, H] of the layer's act_dtype: `f32`,
+    /// [`Bf16`] or [`F16`] slices, checked) into `out`.
     pub fn forward<T: Element>(&mut self, hidden: &[T], routing: Routing<'_>, out: &mut [T], dp: Option<Dp<'_>>) -> Result<()> {
+        if Some(T::DTYPE) != self.act_dtype {
+            return Err(invalid(format!(
+                "hidden and out are {:?} slices, but the layer's act_dtype is {:?}: pass slices of that type",
+                T::DTYPE,
+                self.act_dtype
+            )));
+        }
         if self.hidden == 0 || hidden.len() % self.hidden != 0 {
             return Err(invalid(format!("hidden has {} elements, not a multiple of H = {}", hidden.len(), self.hidden)));
         }
@@ -584,6 +670,21 @@ impl<'c> Layer<'c> {
         a.out = out.as_mut_ptr() as *mut c_void;
         match routing {
             Routing::Logits(l) => {
+                if self.router_dtype != Some(DType::F32) {
+                    return Err(invalid(format!(
+                        "f32 logits given, but the layer's router_dtype is {:?}: use Routing::Logits16",
+                        self.router_dtype
+                    )));
+                }
+                if l.len() != tokens * self.experts {
+                    return Err(invalid(format!("logits have {} elements, not T * E = {}", l.len(), tokens * self.experts)));
+                }
+                a.router_logits = l.as_ptr() as *const c_void;
+            }
+            Routing::Logits16(l) => {
+                if self.router_dtype == Some(DType::F32) {
+                    return Err(invalid("16-bit logits given, but the layer's router_dtype is f32: use Routing::Logits".to_string()));
+                }
                 if l.len() != tokens * self.experts {
                     return Err(invalid(format!("logits have {} elements, not T * E = {}", l.len(), tokens * self.experts)));
                 }
@@ -661,7 +762,15 @@ impl<'c> Layer<'c> {
         if let Err(e) = check(s, || self.err()) {
             return Err((self, e));
         }
-        let next = Layer { ptr: self.ptr, hidden: self.hidden, experts: self.experts, top_k: self.top_k, _comms: PhantomData };
+        let next = Layer {
+            ptr: self.ptr,
+            hidden: self.hidden,
+            experts: self.experts,
+            top_k: self.top_k,
+            act_dtype: self.act_dtype,
+            router_dtype: self.router_dtype,
+            _comms: PhantomData,
+        };
         std::mem::forget(self);
         Ok(next)
     }

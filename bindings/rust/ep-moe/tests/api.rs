@@ -275,3 +275,63 @@ fn replace_with_a_new_group() {
     moved.forward(&x, Routing::Logits(&logits), &mut after, None).unwrap();
     assert_eq!(before, after);
 }
+
+#[test]
+fn forward_slices_must_match_the_layer_dtypes() {
+    let map = ExpertMap::new(&ExpertMapConfig::new(1, 0, E as i32)).unwrap();
+    let mut cfg = layer_config();
+    cfg.act_dtype = sys::EP_MOE_DTYPE_BF16 as i32;
+    let mut layer = Layer::new(&cfg, &map, LayerComms::None).unwrap();
+    let mut f32_layer = Layer::new(&layer_config(), &map, LayerComms::None).unwrap();
+    for e in 0..E {
+        let (g, u, d) = weights(e);
+        for l in [&mut layer, &mut f32_layer] {
+            l.set_weight(sys::EP_MOE_WEIGHT_EXPERT_GATE, e as i32, &g, I as i64, H as i64).unwrap();
+            l.set_weight(sys::EP_MOE_WEIGHT_EXPERT_UP, e as i32, &u, I as i64, H as i64).unwrap();
+            l.set_weight(sys::EP_MOE_WEIGHT_EXPERT_DOWN, e as i32, &d, H as i64, I as i64).unwrap();
+        }
+    }
+    let (x, logits) = inputs();
+    // f32 slices on a bf16 layer: an error, not a wrong answer.
+    let mut out = vec![0f32; T * H];
+    let e = layer.forward(&x, Routing::Logits(&logits), &mut out, None).err().unwrap();
+    assert_eq!(e.status, Status::InvalidArgument);
+    assert!(e.message.contains("act_dtype is Some(Bf16)"), "{}", e.message);
+    let e = layer.forward(&x, Routing::Logits16(&[0u16; T * E]), &mut out, None).err().unwrap();
+    assert!(e.message.contains("act_dtype"), "{}", e.message);
+    // Bf16 slices: the f32 layer's answer to bf16 precision.
+    let xb: Vec<Bf16> = x.iter().map(|v| Bf16::from_f32(*v)).collect();
+    let mut ob = vec![Bf16::default(); T * H];
+    layer.forward(&xb, Routing::Logits(&logits), &mut ob, None).unwrap();
+    let xr: Vec<f32> = xb.iter().map(|v| v.to_f32()).collect();
+    f32_layer.forward(&xr, Routing::Logits(&logits), &mut out, None).unwrap();
+    let peak = out.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (b, f) in ob.iter().zip(&out) {
+        assert!((b.to_f32() - f).abs() <= 1e-2 * peak, "{} vs {}", b.to_f32(), f);
+    }
+    // And 16-bit logits on an f32-router layer are refused.
+    let e = f32_layer.forward(&x, Routing::Logits16(&[0u16; T * E]), &mut out, None).err().unwrap();
+    assert!(e.message.contains("router_dtype is f32"), "{}", e.message);
+}
+
+#[test]
+fn f16_conversions_round_to_nearest_even() {
+    for (v, bits) in [
+        (1.0f32, 0x3c00u16),
+        (-2.0, 0xc000),
+        (65504.0, 0x7bff),
+        (65520.0, 0x7c00),      // rounds up to infinity
+        (6.103_515_6e-5, 0x0400), // smallest normal
+        (5.960_464_5e-8, 0x0001), // smallest subnormal
+        (2.980_232_2e-8, 0x0000), // half of it: ties to even (0)
+        (1.000_488_3, 0x3c00),  // 1 + 2^-11: a tie, to even
+        (1.001_464_8, 0x3c02),  // 1 + 3 * 2^-11: a tie, to even (up)
+        (0.0, 0x0000),
+    ] {
+        assert_eq!(F16::from_f32(v).0, bits, "{}", v);
+    }
+    for bits in [0x3c00u16, 0xc000, 0x7bff, 0x0400, 0x0001, 0x03ff, 0x8001, 0x7c00] {
+        assert_eq!(F16::from_f32(F16(bits).to_f32()).0, bits, "{:#x}", bits);
+    }
+    assert!(F16::from_f32(f32::NAN).to_f32().is_nan());
+}
