@@ -15,6 +15,7 @@ ep_moe_status_t ep_moe_layer_expert_load(int64_t* out, size_t out_len, ep_moe_la
                                          int32_t reset) {
   return guard(__func__, layer, Kind::Layer, [&] {
     checked(layer, Kind::Layer, "layer");
+    if (across_ranks) layer->check_comms();
     Layer& l = *layer->layer;
     try {
       checked_out(out, "out");
@@ -78,6 +79,8 @@ ep_moe_status_t ep_moe_layer_replace(ep_moe_layer_t* layer, const ep_moe_expert_
     // Without a usable communicator this rank cannot tell its peers; it
     // fails alone (they fail at their communicator's timeout).
     Comm* comm = new_ep_comm ? checked(new_ep_comm, Kind::Comm, "new_ep_comm")->comm.get() : l.ep_comm();
+    if (!new_ep_comm) layer->check_comms();
+    else if (layer->dp.comm != layer->ep.comm) layer->check_comm(layer->dp);  // a separate DP group stays
     ep_moe_status_t pre = EP_MOE_OK;
     std::string why;
     const ExpertMap* map = nullptr;
@@ -91,6 +94,10 @@ ep_moe_status_t ep_moe_layer_replace(ep_moe_layer_t* layer, const ep_moe_expert_
     }
     std::unique_ptr<Layer> next = l.replace(map, comm, ck, layer_index, pre, why);
     layer->layer = std::move(next);
+    if (new_ep_comm) {  // the layer now borrows the new group (and as its DP group, if that was the EP one)
+      if (layer->dp.comm && layer->dp.comm.get() == layer->ep.comm.get()) layer->dp.take(new_ep_comm);
+      layer->ep.take(new_ep_comm);
+    }
   });
 }
 

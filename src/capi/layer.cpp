@@ -53,6 +53,8 @@ ep_moe_status_t ep_moe_layer_create(ep_moe_layer_t** out, const ep_moe_layer_con
     Comm* dp = dp_comm ? checked(dp_comm, Kind::Comm, "dp_comm")->comm.get() : nullptr;
     auto h = std::make_unique<ep_moe_layer>();
     h->layer = std::make_unique<Layer>(c, *map->map, ep, dp);
+    h->ep.take(ep_comm);
+    h->dp.take(dp_comm);
     register_handle(h.get());
     *out = h.release();
   });
@@ -89,6 +91,7 @@ ep_moe_status_t ep_moe_forward_args_init(ep_moe_forward_args_t* out) {
 ep_moe_status_t ep_moe_layer_forward(ep_moe_layer_t* layer, const ep_moe_forward_args_t* args) {
   return guard(__func__, layer, Kind::Layer, [&] {
     checked(layer, Kind::Layer, "layer");
+    layer->check_comms();
     Layer& l = *layer->layer;
     const ep_moe_forward_args_t* a = args;
     try {

@@ -740,3 +740,50 @@ TEST_CASE("expert and router biases: shapes, values, completeness, and the logit
   check_against_reference(computed);
   ep_moe_layer_destroy(l);
 }
+
+TEST_CASE("a communicator destroyed before the layer that borrows it: INVALID_HANDLE, never a crash",
+          "[layer][errors][lifetime]") {
+  std::mt19937 rng(test_seed());
+  harness::Case c;
+  c.spec.H = 16;
+  c.spec.I = 8;
+  c.spec.E = 4;
+  c.spec.K = 2;
+  c.max_tokens = 4;
+  const ref::Weights w = ref::random_weights(c.spec, ref::F32, rng);
+  for (bool as_dp : {false, true}) {
+    INFO("the handle is also the DP group: " << as_dp);
+    ep_moe_comm_t* comm = nullptr;
+    REQUIRE(ep_moe_comm_create_local(&comm, 1, nullptr) == EP_MOE_OK);
+    MapHolder m(1, 0, 4);
+    const auto lc = harness::layer_config(c);
+    ep_moe_layer_t* l = nullptr;
+    REQUIRE(ep_moe_layer_create(&l, &lc, m.m, comm, as_dp ? comm : nullptr) == EP_MOE_OK);
+    int stored = 0;
+    REQUIRE(harness::load_weights(l, c, w, &stored).empty());
+    std::vector<float> x(16 * 4, 0.5f), logits(4 * 4, 0.1f), out(16 * 4);
+    std::vector<int32_t> counts = {4};
+    auto a = forward_args(4, x.data(), logits.data(), out.data());
+    if (as_dp) a.dp_token_counts = counts.data();
+    REQUIRE(ep_moe_layer_forward(l, &a) == EP_MOE_OK);
+    ep_moe_comm_destroy(comm);
+    CHECK(ep_moe_layer_forward(l, &a) == EP_MOE_ERR_INVALID_HANDLE);
+    INFO(ep_moe_layer_last_error(l));
+    CHECK(std::string(ep_moe_layer_last_error(l)).find("ep_comm was destroyed") != std::string::npos);
+    std::vector<int64_t> load(4);
+    CHECK(ep_moe_layer_expert_load(load.data(), 4, l, 1, 0) == EP_MOE_ERR_INVALID_HANDLE);
+    CHECK(ep_moe_layer_expert_load(load.data(), 4, l, 0, 0) == EP_MOE_OK);  // this rank's counts need no collective
+    MapHolder m2(1, 0, 4);
+    CHECK(ep_moe_layer_replace(l, m2.m, nullptr, nullptr, 0) == EP_MOE_ERR_INVALID_HANDLE);
+    int64_t ready = -1;
+    CHECK(ep_moe_layer_get_attr(&ready, l, EP_MOE_LAYER_ATTR_READY) == EP_MOE_OK);
+    CHECK(ready == 1);
+    // A new group: re-placing onto it makes the layer usable again.
+    ep_moe_comm_t* fresh = nullptr;
+    REQUIRE(ep_moe_comm_create_local(&fresh, 1, nullptr) == EP_MOE_OK);
+    CHECK(ep_moe_layer_replace(l, m2.m, fresh, nullptr, 0) == EP_MOE_OK);
+    CHECK(ep_moe_layer_forward(l, &a) == EP_MOE_OK);
+    ep_moe_layer_destroy(l);
+    ep_moe_comm_destroy(fresh);
+  }
+}
