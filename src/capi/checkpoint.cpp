@@ -108,6 +108,11 @@ ep_moe_status_t ep_moe_checkpoint_layer_config(ep_moe_layer_config_t* config, co
     const io::Checkpoint& ck = ck_of(checkpoint);
     ep_moe_layer_config_t c = checked_config(static_cast<const ep_moe_layer_config_t*>(config), "config");
     const io::LayerShape s = ck.layer_shape(layer);
+    if (!s.unloadable.empty())
+      fail(EP_MOE_ERR_UNSUPPORTED,
+           "layer %d: expert tensor '%s' is %s, which this version of ep_moe cannot load (F32, F16, BF16; Q8_0 in "
+           "GGUF): no layer configuration is derived for what ep_moe_layer_load would refuse",
+           layer, s.unloadable.c_str(), s.unloadable_type.c_str());
     const io::Semantics m = ck.layer_semantics(layer, s);
     c.hidden_size = s.hidden;
     c.intermediate_size = s.inter;
@@ -157,8 +162,7 @@ ep_moe_status_t ep_moe_checkpoint_tensor_info(ep_moe_tensor_info_t* out, const e
     info.n_dims = static_cast<int32_t>(std::min<size_t>(t.shape.size(), 8));
     for (int i = 0; i < info.n_dims; ++i) info.dims[i] = t.shape[static_cast<size_t>(i)];
     info.tensor_bytes = static_cast<int64_t>(t.bytes);
-    info.bytes = static_cast<int64_t>(io::elem_bytes(t.elem, static_cast<uint64_t>(sl.rows * sl.cols)));
-    if (t.elem == io::Elem::Other) info.bytes = info.tensor_bytes;
+    info.bytes = static_cast<int64_t>(t.bytes_of(static_cast<uint64_t>(sl.rows * sl.cols)));
     info.file_index = t.file;
     info.transposed = sl.transposed ? 1 : 0;
     *out = info;

@@ -180,6 +180,24 @@ bool parse_gguf_name(const std::string& name, Parsed* out) {
       out->role = n.role;
       return true;
     }
+  // Mixtral GGUFs converted before the 3-D expert tensors (early 2024):
+  // blk.L.ffn_{gate,up,down}.E.weight, one 2-D tensor per expert.
+  static const struct {
+    const char* head;
+    int role;
+  } per_expert[] = {{"ffn_gate.", R_GATE}, {"ffn_up.", R_UP}, {"ffn_down.", R_DOWN}};
+  for (const auto& pe : per_expert) {
+    const size_t hl = std::strlen(pe.head);
+    if (rest.compare(0, hl, pe.head) != 0) continue;
+    size_t p = hl;
+    int32_t e;
+    if (!take_index(rest, p, &e) || rest.compare(p, std::string::npos, "weight") != 0) continue;
+    out->scheme = Naming::Gguf;
+    out->layer = L;
+    out->expert = e;
+    out->role = pe.role;
+    return true;
+  }
   return false;
 }
 
@@ -326,6 +344,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& path, Naming nam
       ck->gguf_ = parse_gguf(src, 0);
       ck->header_bytes_ += ck->gguf_.data_start;
       ck->tensors_ = ck->gguf_.tensors;
+      ck->open_gguf_splits(file);
     } else {
       ck->format_ = Format::Safetensors;
       SafetensorsFile sf = parse_safetensors(src, 0);
@@ -341,6 +360,68 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& path, Naming nam
   }
   ck->index_names(naming, prefix);
   return ck;
+}
+
+// A split GGUF (llama.cpp's gguf-split: PREFIX-00001-of-00003.gguf, each
+// with split.no / split.count / split.tensors.count) is one model: opened
+// from any of its files, every split is read and its tensors merged; the
+// metadata comes from the first.
+void Checkpoint::open_gguf_splits(const std::string& path) {
+  const GgufValue* count = gguf_.find("split.count");
+  if (!count) return;
+  const std::string& name = files_[0]->name();
+  const int64_t n = count->as_int();
+  const GgufValue* no = gguf_.find("split.no");
+  if (n < 1 || n > 9999 || !no || no->as_int() < 0 || no->as_int() >= n)
+    fail(EP_MOE_ERR_FORMAT, "%s: split.count %lld / split.no %lld are not a split of a GGUF model", name.c_str(),
+         static_cast<long long>(n), static_cast<long long>(no ? no->as_int() : -1));
+  if (n == 1) return;
+  // PREFIX-%05d-of-%05d.gguf, as llama.cpp names them.
+  const std::string tail = ep_moe::format("-%05lld-of-%05lld.gguf", static_cast<long long>(no->as_int() + 1),
+                                  static_cast<long long>(n));
+  if (!ends_with(path, tail))
+    fail(EP_MOE_ERR_UNSUPPORTED,
+         "%s is split %lld of a %lld-file GGUF model (split.count), but its name does not end in '%s', so the "
+         "other splits cannot be found: keep llama.cpp's split names, or merge them (llama-gguf-split --merge)",
+         name.c_str(), static_cast<long long>(no->as_int() + 1), static_cast<long long>(n), tail.c_str());
+  const std::string prefix = path.substr(0, path.size() - tail.size());
+  const int64_t first = no->as_int();
+  std::vector<std::unique_ptr<ByteSource>> files(static_cast<size_t>(n));
+  std::vector<GgufFile> parts(static_cast<size_t>(n));
+  files[static_cast<size_t>(first)] = std::move(files_[0]);
+  parts[static_cast<size_t>(first)] = std::move(gguf_);
+  for (int64_t i = 0; i < n; ++i) {
+    if (i == first) continue;
+    const std::string p = prefix + ep_moe::format("-%05lld-of-%05lld.gguf", static_cast<long long>(i + 1), static_cast<long long>(n));
+    if (!is_file(p))
+      fail(EP_MOE_ERR_NOT_FOUND, "%s: split %lld of %lld (%s) is missing", name.c_str(), static_cast<long long>(i + 1),
+           static_cast<long long>(n), p.c_str());
+    files[static_cast<size_t>(i)] = std::make_unique<FileSource>(p);
+    parts[static_cast<size_t>(i)] = parse_gguf(*files[static_cast<size_t>(i)], static_cast<int>(i));
+    const GgufValue* pno = parts[static_cast<size_t>(i)].find("split.no");
+    const GgufValue* pcount = parts[static_cast<size_t>(i)].find("split.count");
+    if (!pno || !pcount || pno->as_int() != i || pcount->as_int() != n)
+      fail(EP_MOE_ERR_FORMAT, "%s: its split.no / split.count do not say split %lld of %lld", p.c_str(),
+           static_cast<long long>(i + 1), static_cast<long long>(n));
+  }
+  // The first split's parse used file index `first`'s slot 0: renumber.
+  for (TensorInfo& t : parts[static_cast<size_t>(first)].tensors) t.file = static_cast<int>(first);
+  files_ = std::move(files);
+  tensors_.clear();
+  header_bytes_ = 0;
+  for (const GgufFile& g : parts) {
+    header_bytes_ += g.data_start;
+    tensors_.insert(tensors_.end(), g.tensors.begin(), g.tensors.end());
+  }
+  gguf_ = std::move(parts[0]);
+  if (const GgufValue* total = gguf_.find("split.tensors.count"))
+    if (total->as_int() != static_cast<int64_t>(tensors_.size()))
+      fail(EP_MOE_ERR_FORMAT, "%s: split.tensors.count is %lld, but the %lld splits hold %zu tensors", name.c_str(),
+           static_cast<long long>(total->as_int()), static_cast<long long>(n), tensors_.size());
+  std::map<std::string, int> seen;
+  for (const TensorInfo& t : tensors_)
+    if (!seen.emplace(t.name, t.file).second)
+      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s' is in more than one split", name.c_str(), t.name.c_str());
 }
 
 void Checkpoint::read_hf_config(const std::string& dir) {
@@ -571,6 +652,13 @@ LayerShape Checkpoint::layer_shape(int32_t layer) const {
   s.shared_gate = tensor(layer, R_S_EXPERT_GATE, -1) != nullptr;
   s.score_bias = tensor(layer, R_BIAS, -1) != nullptr;
   s.router_bias = tensor(layer, R_ROUTER_BIAS, -1) != nullptr;
+  for (int role : {R3_GATE_UP, R3_GATE, R3_UP, R3_DOWN, R_GATE, R_UP, R_DOWN}) {
+    const TensorInfo* t = tensor(layer, role, role >= R3_GATE ? -1 : 0);
+    if (t && t->elem == Elem::Other && s.unloadable.empty()) {
+      s.unloadable = t->name;
+      s.unloadable_type = t->type_name;
+    }
+  }
   if (s.router_bias && !s.router)
     fail(EP_MOE_ERR_FORMAT, "%s: layer %d has a router bias but no router weight", fname.c_str(), layer);
   // Expert biases: all of gate, up and down, or none.
@@ -629,8 +717,7 @@ bool Checkpoint::locate(int32_t layer, ep_moe_weight_t which, int32_t expert, Sl
       fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s' should be [%d, %lld, %lld]", file(t->file).name().c_str(),
            t->name.c_str(), s.experts, static_cast<long long>(a), static_cast<long long>(b));
     out->tensor = t;
-    out->offset = t->offset + elem_bytes(t->elem, static_cast<uint64_t>(expert) * static_cast<uint64_t>(a * b));
-    if (t->elem == Elem::Other) out->offset = t->offset;  // the loader rejects it by name
+    out->offset = t->offset + t->bytes_of(static_cast<uint64_t>(expert) * static_cast<uint64_t>(a * b));
     out->rows = rows;
     out->cols = cols;
     out->transposed = transposed;
@@ -681,8 +768,7 @@ bool Checkpoint::locate(int32_t layer, ep_moe_weight_t which, int32_t expert, Sl
         fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s' should be [%d, %lld]", file(t->file).name().c_str(), t->name.c_str(),
              s.experts, static_cast<long long>(n));
       out->tensor = t;
-      out->offset = t->offset + elem_bytes(t->elem, static_cast<uint64_t>(expert) * static_cast<uint64_t>(n));
-      if (t->elem == Elem::Other) out->offset = t->offset;  // the loader rejects it by name
+      out->offset = t->offset + t->bytes_of(static_cast<uint64_t>(expert) * static_cast<uint64_t>(n));
       out->rows = 1;
       out->cols = n;
       out->transposed = false;

@@ -51,6 +51,9 @@ struct LayerShape {
   // The fused gate_up_proj alternates gate and up rows (GPT-OSS); its bias too.
   bool gate_up_interleaved = false;
   Elem expert_elem = Elem::Other;
+  // An expert tensor whose encoding the loader cannot read (a GGUF Q4_K,
+  // an FP8 safetensors dtype, ...): its name and type; empty when none.
+  std::string unloadable, unloadable_type;
 };
 
 class Checkpoint {
@@ -94,6 +97,7 @@ class Checkpoint {
   Checkpoint() = default;
   void index_names(Naming want, const std::string& prefix);
   void read_hf_config(const std::string& dir);
+  void open_gguf_splits(const std::string& path);
   const TensorInfo* tensor(int32_t layer, int role, int32_t expert) const;
   int64_t hidden_hint(int32_t layer) const;
   bool fused_transposed(int32_t layer) const;

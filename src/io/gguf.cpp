@@ -155,6 +155,8 @@ class Parser {
       const char* tname = nullptr;
       if (!ggml_type_size(type, &block, &bbytes, &tname)) bad("tensor '%s': ggml type %u is unknown", tn, type);
       ti.type_name = tname;
+      ti.block = block;
+      ti.block_bytes = bbytes;
       ti.elem = type == 0 ? Elem::F32 : type == 1 ? Elem::F16 : type == 30 ? Elem::BF16 : type == 8 ? Elem::Q8_0 : Elem::Other;
       if (ne[0] % block != 0)
         bad("tensor '%s': row of %llu elements is not a whole number of %s blocks (%llu)", tn,

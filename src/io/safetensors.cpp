@@ -106,6 +106,7 @@ SafetensorsFile parse_safetensors(const ByteSource& src, int file_index) {
     t.type_name = d->name;
     t.elem = d->elem;
     t.file = file_index;
+    t.block_bytes = d->size;
     uint64_t count = 1;
     bool overflow = false;
     for (const auto& x : *sh) {

@@ -20,11 +20,13 @@ struct TensorInfo {
   uint64_t offset = 0;        // absolute byte offset in its file
   uint64_t bytes = 0;
   int file = 0;               // index into the checkpoint's files
-};
+  // Its encoding's blocks (1 element for plain types; 32 and 34 bytes for
+  // Q8_0, ...), known for every type the parsers accept, loadable or not.
+  uint64_t block = 1, block_bytes = 0;
 
-// Bytes of `count` consecutive elements (count must be whole Q8_0 blocks).
-uint64_t elem_bytes(Elem e, uint64_t count);
-const char* elem_name(Elem e);
+  // Bytes of `count` consecutive elements (whole blocks).
+  uint64_t bytes_of(uint64_t count) const { return count / block * block_bytes; }
+};
 
 }  // namespace io
 }  // namespace ep_moe

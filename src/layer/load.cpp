@@ -99,7 +99,7 @@ class Reader {
     // by row. Q8_0 blocks cannot be split, so its rows are read whole.
     const bool whole_rows = nc == s.cols || t.elem == Elem::Q8_0;
     const int64_t row_elems = s.cols;
-    const uint64_t row_bytes = io::elem_bytes(t.elem, static_cast<uint64_t>(row_elems));
+    const uint64_t row_bytes = t.bytes_of(static_cast<uint64_t>(row_elems));
     if (whole_rows) {
       fetch(f, t, s.offset + static_cast<uint64_t>(r0) * row_bytes, nr * row_elems, &out.buf);
       out.cols = row_elems;
@@ -126,7 +126,7 @@ class Reader {
 
  private:
   void fetch(const io::ByteSource& f, const io::TensorInfo& t, uint64_t offset, int64_t count, std::vector<uint8_t>* dst) {
-    const uint64_t n = io::elem_bytes(t.elem, static_cast<uint64_t>(count));
+    const uint64_t n = t.bytes_of(static_cast<uint64_t>(count));
     if (offset < t.offset || offset + n > t.offset + t.bytes)
       fail(EP_MOE_ERR_INTERNAL, "read outside tensor '%s'", t.name.c_str());
     std::vector<uint8_t> raw(static_cast<size_t>(n));

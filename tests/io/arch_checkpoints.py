@@ -184,20 +184,31 @@ def hf_common(E, K, **kw):
     return c
 
 
-def gguf_case(name, arch, ex, K, meta, extra, x, y, mutations):
+def gguf_case(name, arch, ex, K, meta, extra, x, y, mutations, per_expert=False, split_max_tensors=0, before=None):
     """A GGUF file from the gguf package's writer: the routed experts as
-    3-D tensors, `meta(writer)` for the architecture's keys, `extra` more
-    tensors of layer L by name."""
+    3-D tensors (`per_expert`: the pre-2024 blk.L.ffn_gate.E.weight names),
+    `meta(writer)` for the architecture's keys, `extra` more tensors of
+    layer L by name, `before` tensors of layer 0 (written first).
+    `split_max_tensors` > 0 splits the file as llama.cpp's gguf-split does
+    (name-00001-of-0000N.gguf); the case then names the first split."""
     d = f"{out}/{name}"
     os.makedirs(d, exist_ok=True)
-    w = gguf.GGUFWriter(f"{d}/model.gguf", arch)
+    w = gguf.GGUFWriter(f"{d}/model.gguf", arch, split_max_tensors=split_max_tensors)
     w.add_block_count(L + 1)
     w.add_embedding_length(H)
     w.add_expert_count(ex.E)
     w.add_expert_used_count(K)
     meta(w)
-    tensors = {"ffn_gate_inp.weight": ex.router, "ffn_gate_exps.weight": ex.gate, "ffn_up_exps.weight": ex.up,
-               "ffn_down_exps.weight": ex.down}
+    for n, t in (before or {}).items():
+        w.add_tensor(f"blk.0.{n}", t)
+    tensors = {"ffn_gate_inp.weight": ex.router}
+    if per_expert:
+        for e in range(ex.E):
+            tensors[f"ffn_gate.{e}.weight"] = ex.gate[e]
+            tensors[f"ffn_up.{e}.weight"] = ex.up[e]
+            tensors[f"ffn_down.{e}.weight"] = ex.down[e]
+    else:
+        tensors.update({"ffn_gate_exps.weight": ex.gate, "ffn_up_exps.weight": ex.up, "ffn_down_exps.weight": ex.down})
     tensors.update(extra)
     for n, t in tensors.items():
         w.add_tensor(f"blk.{L}.{n}", t)
@@ -205,8 +216,11 @@ def gguf_case(name, arch, ex, K, meta, extra, x, y, mutations):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    files = sorted(f for f in os.listdir(d) if f.endswith(".gguf"))
+    if split_max_tensors and len(files) < 2:
+        sys.exit(f"{name}: the writer did not split the file ({files})")
     save_case(name, None, None, x, y, arch, mutations)
-    cases[-1] = cases[-1].replace(f" {name} {L} ", f" {name}/model.gguf {L} ")
+    cases[-1] = cases[-1].replace(f" {name} {L} ", f" {name}/{files[0]} {L} ")
 
 
 p = f"model.layers.{L}.mlp."
@@ -419,6 +433,22 @@ gx.down = np.ascontiguousarray(dn.transpose(0, 2, 1))  # [E, H, I]
 gguf_case("gguf_gpt_oss", "gpt-oss", gx, K, lambda w: w.add_expert_feed_forward_length(I),
           {"ffn_gate_inp.bias": r_b, "ffn_gate_exps.bias": np.ascontiguousarray(gu_b[:, 0::2]),
            "ffn_up_exps.bias": np.ascontiguousarray(gu_b[:, 1::2]), "ffn_down_exps.bias": dn_b}, x, y, ["activation"])
+
+# A split GGUF (how most large MoE GGUFs ship): layer 0 in the first file,
+# layer 1 across the next ones; opened from the first split.
+E, K = 8, 2
+ex = Experts(E)
+x, y = tokens(ex, lambda z: softmax_topk(z, K, True))
+ex0 = Experts(E)
+gguf_case("gguf_split", "qwen3moe", ex, K, lambda w: w.add_expert_feed_forward_length(I), {}, x, y, ["renormalize"],
+          split_max_tensors=3, before={"ffn_gate_inp.weight": ex0.router, "ffn_gate_exps.weight": ex0.gate,
+                                       "ffn_up_exps.weight": ex0.up, "ffn_down_exps.weight": ex0.down})
+
+# A Mixtral GGUF converted before the 3-D expert tensors: one tensor per
+# expert (blk.L.ffn_gate.E.weight), architecture 'llama' (renormalises).
+ex = Experts(E)
+x, y = tokens(ex, lambda z: softmax_topk(z, K, True))
+gguf_case("gguf_mixtral_per_expert", "llama", ex, K, lambda w: None, {}, x, y, ["renormalize"], per_expert=True)
 
 # Refused: GPT-OSS with another clamp ...
 refuse_case("gpt_oss_limit", {p + "router.weight": r_w, p + "router.bias": r_b, p + "experts.gate_up_proj": gu_t,

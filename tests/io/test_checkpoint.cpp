@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <thread>
 
@@ -27,6 +28,21 @@ struct Written {
   std::string path;  // what to open
   Scheme scheme;
 };
+
+// The split.* keys llama.cpp's gguf-split writes into split `no` of `count`.
+std::vector<writers::Kv> split_keys(uint64_t no, uint64_t count, uint64_t tensors) {
+  std::vector<writers::Kv> kv(3);
+  kv[0].key = "split.no";
+  kv[0].type = 4;
+  kv[0].u = no;
+  kv[1].key = "split.count";
+  kv[1].type = 4;
+  kv[1].u = count;
+  kv[2].key = "split.tensors.count";
+  kv[2].type = 5;
+  kv[2].u = tensors;
+  return kv;
+}
 
 Written write_model(Scheme scheme, const std::string& dtype, ref::Spec spec, bool sharded = false) {
   Written out;
@@ -314,6 +330,122 @@ TEST_CASE("sharded safetensors with an index: open by directory or index file", 
   run_loaded(wr, 3, 5);
 }
 
+TEST_CASE("split GGUF: opened from any split, every split read; missing, renamed or inconsistent ones refused",
+          "[checkpoint][gguf][split]") {
+  ref::Spec s;
+  s.H = 32;
+  s.I = 16;
+  s.E = 6;
+  s.K = 2;
+  Written wr;
+  wr.scheme = Scheme::Gguf;
+  wr.m.spec = s;
+  wr.m.dtype = "F32";
+  wr.m.layer = 3;
+  wr.m.w = ref::random_weights(s, ref::F32, rng());
+  const auto ts = writers::moe_tensors(wr.m, Scheme::Gguf, rng());
+  REQUIRE(ts.size() >= 3);
+  const std::string dir = writers::temp_dir("split");
+  const auto name = [&](int i, int n, const std::string& stem) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "-%05d-of-%05d.gguf", i, n);
+    return dir + "/" + stem + buf;
+  };
+  // Three splits: the metadata and the first tensor, then the rest.
+  const auto write = [&](const std::string& stem, uint64_t claimed_total) {
+    std::vector<std::vector<writers::Tensor>> parts(3);
+    parts[0].push_back(ts[0]);
+    for (size_t i = 1; i < ts.size(); ++i) parts[1 + i % 2].push_back(ts[i]);
+    for (int p = 0; p < 3; ++p) {
+      std::vector<writers::Kv> kv = p == 0 ? writers::gguf_meta(wr.m) : std::vector<writers::Kv>{};
+      const auto sk = split_keys(static_cast<uint64_t>(p), 3, claimed_total);
+      kv.insert(kv.end(), sk.begin(), sk.end());
+      writers::write_file(name(p + 1, 3, stem), writers::gguf_bytes(parts[static_cast<size_t>(p)], kv));
+    }
+  };
+  write("model", ts.size());
+  for (int from : {1, 2, 3}) {
+    INFO("opened from split " << from);
+    wr.path = name(from, 3, "model");
+    CkHolder ck(wr.path);
+    int64_t files = 0;
+    REQUIRE(ep_moe_checkpoint_get_attr(&files, ck.c, EP_MOE_CHECKPOINT_ATTR_NUM_FILES) == EP_MOE_OK);
+    CHECK(files == 3);
+    CHECK(std::string(ep_moe_checkpoint_architecture(ck.c)) == "qwen3moe");
+  }
+  wr.path = name(1, 3, "model");
+  run_loaded(wr, 2, 5);
+  run_loaded(wr, 3, 4);
+  ep_moe_checkpoint_t* ck = nullptr;
+  // A split's count of tensors that the files do not hold.
+  write("bad_total", ts.size() + 1);
+  CHECK(ep_moe_checkpoint_open(&ck, name(1, 3, "bad_total").c_str(), nullptr) == EP_MOE_ERR_FORMAT);
+  CHECK(std::string(ep_moe_last_error()).find("split.tensors.count") != std::string::npos);
+  // A missing split.
+  write("gone", ts.size());
+  std::remove(name(3, 3, "gone").c_str());
+  CHECK(ep_moe_checkpoint_open(&ck, name(1, 3, "gone").c_str(), nullptr) == EP_MOE_ERR_NOT_FOUND);
+  CHECK(std::string(ep_moe_last_error()).find("split 3 of 3") != std::string::npos);
+  // A split renamed so that its siblings cannot be found.
+  write("renamed", ts.size());
+  const std::string plain = dir + "/renamed.gguf";
+  REQUIRE(std::rename(name(1, 3, "renamed").c_str(), plain.c_str()) == 0);
+  CHECK(ep_moe_checkpoint_open(&ck, plain.c_str(), nullptr) == EP_MOE_ERR_UNSUPPORTED);
+  CHECK(std::string(ep_moe_last_error()).find("-00001-of-00003.gguf") != std::string::npos);
+  CHECK(ck == nullptr);
+}
+
+TEST_CASE("block-quantized experts the loader cannot read: true sizes, refused at layer config and load",
+          "[checkpoint][gguf][quantized]") {
+  // Q4_0 (18 bytes a block of 32): 4 experts of [I=32, H=64] gate/up and [64, 32] down.
+  const int64_t E = 4, I = 32, H = 64;
+  const size_t expert_bytes = static_cast<size_t>(I * H / 32 * 18);
+  auto q = [&](const std::string& n, std::vector<int64_t> shape) {
+    return writers::Tensor{"blk.1." + n, "Q4_0", shape, std::vector<uint8_t>(E * expert_bytes, 0x11)};
+  };
+  writers::Model m;
+  m.spec.H = H;
+  m.spec.I = I;
+  m.spec.E = E;
+  m.spec.K = 2;
+  m.layer = 1;
+  std::vector<float> router(static_cast<size_t>(E * H), 0.5f);
+  const std::vector<writers::Tensor> ts = {
+      {"blk.1.ffn_gate_inp.weight", "F32", {E, H}, writers::encode(router, "F32")},
+      q("ffn_gate_exps.weight", {E, I, H}), q("ffn_up_exps.weight", {E, I, H}), q("ffn_down_exps.weight", {E, H, I})};
+  const std::string dir = writers::temp_dir("q4");
+  writers::write_file(dir + "/model.gguf", writers::gguf_bytes(ts, writers::gguf_meta(m)));
+  CkHolder ck(dir + "/model.gguf");
+  ep_moe_tensor_info_t info;
+  ep_moe_tensor_info_init(&info);
+  REQUIRE(ep_moe_checkpoint_tensor_info(&info, ck.c, 1, EP_MOE_WEIGHT_EXPERT_DOWN, 2) == EP_MOE_OK);
+  CHECK(std::string(info.dtype) == "Q4_0");
+  CHECK(info.bytes == static_cast<int64_t>(expert_bytes));  // one expert's, not the tensor's
+  CHECK(info.tensor_bytes == static_cast<int64_t>(E * expert_bytes));
+  ep_moe_layer_config_t lc;
+  ep_moe_layer_config_init(&lc);
+  CHECK(ep_moe_checkpoint_layer_config(&lc, ck.c, 1) == EP_MOE_ERR_UNSUPPORTED);
+  CHECK(std::string(ep_moe_checkpoint_last_error(ck.c)).find("'blk.1.ffn_gate_exps.weight' is Q4_0") !=
+        std::string::npos);
+  CHECK(lc.hidden_size == 0);
+  // Filled by hand, the load still refuses it by name.
+  lc.hidden_size = H;
+  lc.intermediate_size = I;
+  lc.num_experts = E;
+  lc.top_k = 2;
+  ep_moe_expert_map_config_t mc;
+  ep_moe_expert_map_config_init(&mc);
+  ep_moe_expert_map_config_from_layer(&mc, &lc);
+  ep_moe_expert_map_t* map = nullptr;
+  REQUIRE(ep_moe_expert_map_create(&map, &mc) == EP_MOE_OK);
+  ep_moe_layer_t* layer = nullptr;
+  REQUIRE(ep_moe_layer_create(&layer, &lc, map, nullptr, nullptr) == EP_MOE_OK);
+  CHECK(ep_moe_layer_load(layer, ck.c, 1) == EP_MOE_ERR_UNSUPPORTED);
+  CHECK(std::string(ep_moe_layer_last_error(layer)).find("Q4_0") != std::string::npos);
+  ep_moe_layer_destroy(layer);
+  ep_moe_expert_map_destroy(map);
+}
+
 TEST_CASE("loading refuses what does not fit, and says why", "[checkpoint][errors]") {
   ref::Spec s;
   s.H = 32;
@@ -354,9 +486,9 @@ TEST_CASE("loading refuses what does not fit, and says why", "[checkpoint][error
   writers::write_file(dir + "/model.safetensors", writers::safetensors_bytes({t, u, d}));
   CkHolder ck2(dir);
   ep_moe_layer_config_init(&lc);
-  // No config.json: the routing cannot be derived, so the caller states it.
+  // What the loader cannot read is said when the layer config is derived.
   CHECK(ep_moe_checkpoint_layer_config(&lc, ck2.c, 1) == EP_MOE_ERR_UNSUPPORTED);
-  CHECK(std::string(ep_moe_checkpoint_last_error(ck2.c)).find("no config.json") != std::string::npos);
+  CHECK(std::string(ep_moe_checkpoint_last_error(ck2.c)).find("experts.0.gate_proj.weight' is F64") != std::string::npos);
   CHECK(lc.hidden_size == 0);
   lc.hidden_size = 4;
   lc.intermediate_size = 2;
