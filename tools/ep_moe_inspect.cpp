@@ -4,6 +4,7 @@
 // Lists the MoE layers of a checkpoint (safetensors, sharded safetensors or
 // GGUF), their shapes and dtypes, and for an EP size the experts and bytes
 // each rank would read. Public API only.
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -93,8 +94,18 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--layer") layer_only = std::atoi(next().c_str());
-    else if (a == "--ep") ep = std::atoi(next().c_str());
+    // A whole non-negative number, or the usage.
+    auto number = [&](const std::string& v) {
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n < 0 || n > (1 << 24)) {
+        std::fprintf(stderr, "ep_moe_inspect: %s wants a non-negative number, got '%s'\n", a.c_str(), v.c_str());
+        std::exit(2);
+      }
+      return static_cast<int>(n);
+    };
+    if (a == "--layer") layer_only = number(next());
+    else if (a == "--ep") ep = number(next());
     else if (a == "--placement") placement = next() == "round_robin" ? EP_MOE_PLACEMENT_ROUND_ROBIN : EP_MOE_PLACEMENT_LINEAR;
     else if (a == "--prefix") prefix = next();
     else if (a == "--naming") {
@@ -143,6 +154,12 @@ int main(int argc, char** argv) {
               n_moe, ranges(moe).c_str());
 
   int rc = 0;
+  if (layer_only >= 0 && std::find(moe.begin(), moe.end(), layer_only) == moe.end()) {
+    std::fprintf(stderr, "ep_moe_inspect: layer %d is not an MoE layer of %s (%s)\n", layer_only, path.c_str(),
+                 layer_only < layers ? "it has no routed experts" : "the checkpoint has fewer layers");
+    ep_moe_checkpoint_close(ck);
+    return 1;
+  }
   for (int32_t L : moe) {
     if (layer_only >= 0 && L != layer_only) continue;
     ep_moe_layer_config_t lc;
