@@ -41,6 +41,19 @@ struct Options {
   int dispatch_ranks = 0;  // 0: hardware threads; -1: skip the dispatch part
   int ratio_rounds = 16;   // alternated rounds of the weight-0 / skip comparison (0: none)
   std::string json;
+  // --checkpoint: one layer of a real checkpoint (its shape, routing and
+  // weights; rank 0 of --ep reads only its experts) instead of the presets.
+  std::string checkpoint;
+  int layer = -1;  // -1: the first MoE layer
+};
+
+// The checkpoint's layer as the bench's "checkpoint" preset.
+struct CheckpointLayer {
+  ep_moe_checkpoint_t* ck = nullptr;
+  int32_t layer = -1;
+  ep_moe_layer_config_t config{};
+  presets::Model model{};
+  std::string note;
 };
 
 void usage() {
@@ -60,7 +73,10 @@ void usage() {
       "                      hardware threads; 0 skips it)\n"
       "  --ratio-rounds N    rounds of the alternated weight-0 / skip comparison, each a\n"
       "                      block of forwards of either strategy (default 16; 0 skips it)\n"
-      "  --json PATH         also write the results as JSON\n");
+      "  --json PATH         also write the results as JSON\n"
+      "  --checkpoint PATH   one layer of a real checkpoint (safetensors or GGUF) instead of the presets:\n"
+      "                      its shape, routing and weights (random tokens and logits); no dispatch part\n"
+      "  --layer L           with --checkpoint: the MoE layer (default: the first)\n");
 }
 
 // Every row's %bw is against the bandwidth measured right before and after
@@ -322,6 +338,8 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--preset") o.presets = presets::split(next());
+    else if (a == "--checkpoint") o.checkpoint = next();
+    else if (a == "--layer") o.layer = std::atoi(next().c_str());
     else if (a == "--tokens") {
       o.tokens.clear();
       for (const auto& t : presets::split(next())) o.tokens.push_back(std::atoi(t.c_str()));
@@ -366,6 +384,31 @@ int main(int argc, char** argv) {
   if (o.ratio_rounds < 0) {
     std::fprintf(stderr, "--ratio-rounds must be >= 0\n");
     return 2;
+  }
+  CheckpointLayer ckl;
+  if (!o.checkpoint.empty()) {
+    if (ep_moe_checkpoint_open(&ckl.ck, o.checkpoint.c_str(), nullptr) != EP_MOE_OK) {
+      std::fprintf(stderr, "checkpoint: %s\n", ep_moe_last_error());
+      return 1;
+    }
+    size_t n = 0;
+    ep_moe_checkpoint_moe_layers(nullptr, 0, &n, ckl.ck);
+    std::vector<int32_t> layers(n);
+    ep_moe_checkpoint_moe_layers(layers.data(), n, &n, ckl.ck);
+    ckl.layer = o.layer >= 0 ? o.layer : layers.empty() ? 0 : layers[0];
+    ep_moe_layer_config_init(&ckl.config);
+    if (ep_moe_checkpoint_layer_config(&ckl.config, ckl.ck, ckl.layer) != EP_MOE_OK) {
+      std::fprintf(stderr, "checkpoint layer %d: %s\n", ckl.layer, ep_moe_checkpoint_last_error(ckl.ck));
+      return 1;
+    }
+    const ep_moe_layer_config_t& c = ckl.config;
+    ckl.note = o.checkpoint + " layer " + std::to_string(ckl.layer);
+    ckl.model = presets::Model{"checkpoint", c.hidden_size, c.intermediate_size, c.num_experts, c.top_k,
+                               c.num_expert_group, c.topk_group, c.scoring == EP_MOE_SCORING_SIGMOID,
+                               c.use_score_bias != 0, c.routed_scaling_factor, c.shared_intermediate_size,
+                               c.shared_expert_gate != 0, 1, ckl.note.c_str()};
+    o.presets = {"checkpoint"};
+    o.dispatch_ranks = -1;
   }
 
   const char* fma_isa = "";
@@ -421,7 +464,7 @@ int main(int argc, char** argv) {
   std::vector<RatioRow> ratios;
   int max_tokens = *std::max_element(o.tokens.begin(), o.tokens.end());
   for (const auto& name : o.presets) {
-    const presets::Model* m = presets::find(name);
+    const presets::Model* m = ckl.ck ? &ckl.model : presets::find(name);
     if (!m) {
       std::fprintf(stderr, "unknown preset %s\n", name.c_str());
       return 2;
@@ -439,13 +482,21 @@ int main(int argc, char** argv) {
         return 1;
       }
       ep_moe_layer_config_t lc = presets::layer_config(*m, shared, o.dtype, o.dtype, max_tokens, threads);
+      if (ckl.ck) {  // the file's semantics and weight dtype; the activations in --dtype
+        lc = ckl.config;
+        lc.act_dtype = o.dtype;
+        lc.max_tokens = max_tokens;
+        lc.num_threads = threads;
+      }
       lc.skip_mode = strategy;
       ep_moe_layer_t* layer = nullptr;
       if (ep_moe_layer_create(&layer, &lc, map, nullptr, nullptr) != EP_MOE_OK) {
         std::fprintf(stderr, "layer: %s\n", ep_moe_last_error());
         return 1;
       }
-      const std::string err = presets::load_random_weights(layer, map, *m, shared, 1);
+      std::string err;
+      if (!ckl.ck) err = presets::load_random_weights(layer, map, *m, shared, 1);
+      else if (ep_moe_layer_load(layer, ckl.ck, ckl.layer) != EP_MOE_OK) err = ep_moe_layer_last_error(layer);
       ep_moe_expert_map_destroy(map);
       if (!err.empty()) {
         std::fprintf(stderr, "weights: %s\n", err.c_str());
@@ -460,9 +511,9 @@ int main(int argc, char** argv) {
       ep_moe_layer_get_attr(&weight_bytes, layer, EP_MOE_LAYER_ATTR_WEIGHT_BYTES);
       ep_moe_layer_get_attr(&n_local, layer, EP_MOE_LAYER_ATTR_NUM_LOCAL_EXPERTS);
       ep_moe_layer_get_attr(&shard, layer, EP_MOE_LAYER_ATTR_SHARED_SHARD_SIZE);
-      const double expert_bytes =
-          3.0 * m->hidden * m->intermediate * (o.dtype == EP_MOE_DTYPE_F32 ? 4.0 : 2.0);
-      const double shared_bytes = 3.0 * m->hidden * static_cast<double>(shard) * (o.dtype == EP_MOE_DTYPE_F32 ? 4.0 : 2.0);
+      const double wsize = lc.weight_dtype == EP_MOE_DTYPE_F32 ? 4.0 : 2.0;
+      const double expert_bytes = 3.0 * m->hidden * m->intermediate * wsize;
+      const double shared_bytes = 3.0 * m->hidden * static_cast<double>(shard) * wsize;
 
       for (int T : o.tokens) {
         Feed feed(*m, T, o.dtype);
