@@ -31,7 +31,8 @@
  *   ::EP_MOE_ERR_STRUCT_SIZE.
  * - The library never prints, aborts or throws; it talks only through return
  *   values, ep_moe_last_error(), the per-handle `*_last_error()` functions and
- *   an optional log callback (ep_moe_set_log_callback()).
+ *   an optional log callback (ep_moe_set_log_callback(); or stderr, when the
+ *   environment sets `EP_MOE_LOG_LEVEL`).
  */
 
 /** \defgroup ep_moe_base Base: export macro, versions, statuses, errors, logging
@@ -175,7 +176,12 @@ typedef void (*ep_moe_log_fn)(ep_moe_log_level_t level, const char* message, voi
 /**
  * \brief Installs (or, with NULL, removes) the process-wide log callback.
  *
- * Without a callback ep_moe writes nothing anywhere.
+ * Without a callback ep_moe writes nothing anywhere, unless the environment
+ * variable `EP_MOE_LOG_LEVEL` (`error`, `warn`, `info`, `debug` or 0-3) was
+ * set when the library was loaded: messages up to that level then go to
+ * stderr until a callback is installed (or logging removed with NULL).
+ * Every failed call is logged at ::EP_MOE_LOG_ERROR with its message;
+ * ep_moe_layer_load() reports its progress at ::EP_MOE_LOG_INFO.
  * \param[in] fn        The callback, or NULL to stop logging.
  * \param[in] max_level The most verbose level passed to `fn`.
  * \param[in] user_data Passed to every call of `fn`; borrowed until the

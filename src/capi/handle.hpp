@@ -109,7 +109,7 @@ ep_moe_status_t guard(const char* func, const HandleBase* handle, Kind kind, F&&
     std::string full = std::string(func) + ": " + msg;
     set_thread_error(full);
     if (handle && is_live(handle, kind)) handle->set_error(full);  // (another argument was the bad handle)
-    log(EP_MOE_LOG_DEBUG, "%s", full.c_str());
+    log(EP_MOE_LOG_ERROR, "%s", full.c_str());  // a runtime listening at ERROR or WARN sees every failure
   } catch (...) {
     // Recording the message itself ran out of memory: the status still says it.
   }

@@ -3,6 +3,8 @@
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
+#include <strings.h>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -19,6 +21,32 @@ std::mutex g_mutex;
 Sink g_sink;
 // Fast path: callers check this before formatting anything.
 std::atomic<int> g_max_level{-1};
+
+void stderr_sink(ep_moe_log_level_t level, const char* message, void*) {
+  static const char* const names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
+  std::fprintf(stderr, "[ep_moe %s] %s\n", names[static_cast<int>(level) & 3], message);
+}
+
+// EP_MOE_LOG_LEVEL (error, warn, info, debug, or 0-3), as runtimes know it
+// from NCCL_DEBUG: when set, messages up to that level go to stderr until
+// the caller installs a callback of its own (or removes logging). Unset,
+// nothing is written anywhere. Read once, when the library is loaded.
+struct EnvSink {
+  EnvSink() {
+    const char* v = std::getenv("EP_MOE_LOG_LEVEL");
+    if (!v || !*v) return;
+    static const char* const names[] = {"error", "warn", "info", "debug"};
+    int level = -1;
+    for (int i = 0; i < 4; ++i)
+      if (strcasecmp(v, names[i]) == 0 || (v[0] == '0' + i && v[1] == '\0')) level = i;
+    if (level < 0) {
+      std::fprintf(stderr, "[ep_moe WARN] EP_MOE_LOG_LEVEL=%s is not error, warn, info, debug or 0-3: ignored\n", v);
+      return;
+    }
+    set_log_callback(stderr_sink, static_cast<ep_moe_log_level_t>(level), nullptr);
+  }
+};
+const EnvSink g_env_sink;
 }  // namespace
 
 void set_log_callback(ep_moe_log_fn fn, ep_moe_log_level_t max_level, void* user_data) {

@@ -2,6 +2,7 @@
 // experts this rank holds, the router, the bias, the shared expert's gate and
 // this rank's shard of the shared expert.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -162,6 +163,29 @@ uint64_t Layer::load_parts(const io::Checkpoint& ck, int32_t L, const LoadParts&
     mismatch("shared-expert intermediate size", s.shared_inter, cfg_.shared_intermediate_size);
 
   Reader rd(ck);
+  // Progress: the bytes this rank will read of its experts, a line when the
+  // load starts and then at most one every kProgressSeconds (at INFO).
+  constexpr double kProgressSeconds = 0.5;
+  std::vector<int32_t> todo;
+  uint64_t expert_total = 0;
+  for (int32_t e = 0; e < cfg_.num_experts; ++e) {
+    if (!wants(EP_MOE_WEIGHT_EXPERT_DOWN, e)) continue;
+    if (!parts.experts.empty() && !parts.experts[static_cast<size_t>(e)]) continue;
+    todo.push_back(e);
+    bool fused = false;
+    for (ep_moe_weight_t w : {EP_MOE_WEIGHT_EXPERT_GATE_UP, EP_MOE_WEIGHT_EXPERT_GATE, EP_MOE_WEIGHT_EXPERT_UP,
+                              EP_MOE_WEIGHT_EXPERT_DOWN}) {
+      if (fused && (w == EP_MOE_WEIGHT_EXPERT_GATE || w == EP_MOE_WEIGHT_EXPERT_UP)) continue;  // read as gate_up
+      io::Slice sl;
+      if (!ck.locate(L, w, e, &sl)) continue;
+      expert_total += sl.tensor->bytes_of(static_cast<uint64_t>(sl.rows * sl.cols));
+      fused = fused || w == EP_MOE_WEIGHT_EXPERT_GATE_UP;
+    }
+  }
+  if (!todo.empty())
+    log(EP_MOE_LOG_INFO, "[EP rank %d/%d] loading layer %d from %s: %zu experts, %llu bytes of expert weights", map_.ep_rank(),
+        map_.ep_size(), L, fname, todo.size(), static_cast<unsigned long long>(expert_total));
+  auto last_report = std::chrono::steady_clock::now();
   auto need = [&](ep_moe_weight_t which, int32_t e, io::Slice* sl) {
     if (!ck.locate(L, which, e, sl))
       fail(EP_MOE_ERR_NOT_FOUND, "%s layer %d has no %s%s", fname, L, weight_name(which),
@@ -174,9 +198,16 @@ uint64_t Layer::load_parts(const io::Checkpoint& ck, int32_t L, const LoadParts&
   };
 
   // Routed experts: only those with a slot on this rank.
-  for (int32_t e = 0; e < cfg_.num_experts; ++e) {
-    if (!wants(EP_MOE_WEIGHT_EXPERT_DOWN, e)) continue;
-    if (!parts.experts.empty() && !parts.experts[static_cast<size_t>(e)]) continue;
+  for (size_t done = 0; done < todo.size(); ++done) {
+    const int32_t e = todo[done];
+    const auto now = std::chrono::steady_clock::now();
+    if (done > 0 && std::chrono::duration<double>(now - last_report).count() >= kProgressSeconds &&
+        log_enabled(EP_MOE_LOG_INFO)) {
+      log(EP_MOE_LOG_INFO, "[EP rank %d/%d] layer %d: %zu of %zu experts, %llu of %llu bytes", map_.ep_rank(),
+          map_.ep_size(), L, done, todo.size(), static_cast<unsigned long long>(rd.bytes()),
+          static_cast<unsigned long long>(expert_total));
+      last_report = now;
+    }
     io::Slice sl;
     if (ck.locate(L, EP_MOE_WEIGHT_EXPERT_GATE_UP, e, &sl)) {
       Loaded ld = rd.read(sl, 0, sl.rows, 0, sl.cols);

@@ -68,14 +68,25 @@ TEST_CASE("log callback: installed, level-filtered, removed", "[base]") {
   CHECK(cap.lines[0].second.find("falling back to linear") != std::string::npos);
   CHECK(cap.lines[0].second.find("expert groups") != std::string::npos);
 
-  // Failures are logged at DEBUG only: not delivered at WARN.
+  // Failures are logged at ERROR: a runtime listening at WARN sees them,
+  // with the function's name and the message.
   CHECK(ep_moe_expert_map_create(&m, nullptr) == EP_MOE_ERR_INVALID_ARGUMENT);
-  CHECK(cap.lines.size() == 1);
+  REQUIRE(cap.lines.size() == 2);
+  CHECK(cap.lines[1].first == EP_MOE_LOG_ERROR);
+  CHECK(cap.lines[1].second == ep_moe_last_error());
+  CHECK(cap.lines[1].second.find("ep_moe_expert_map_create: config is NULL") != std::string::npos);
+  // At ERROR only, the warning is filtered out and the failure is not.
+  REQUIRE(ep_moe_set_log_callback(capture, EP_MOE_LOG_ERROR, &cap) == EP_MOE_OK);
+  REQUIRE(ep_moe_expert_map_create(&m, &c) == EP_MOE_OK);
+  ep_moe_expert_map_destroy(m);
+  CHECK(ep_moe_expert_map_create(&m, nullptr) == EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(cap.lines.size() == 3);
 
   REQUIRE(ep_moe_set_log_callback(nullptr, EP_MOE_LOG_DEBUG, nullptr) == EP_MOE_OK);
   REQUIRE(ep_moe_expert_map_create(&m, &c) == EP_MOE_OK);
   ep_moe_expert_map_destroy(m);
-  CHECK(cap.lines.size() == 1);
+  CHECK(ep_moe_expert_map_create(&m, nullptr) == EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(cap.lines.size() == 3);
 
   CHECK(ep_moe_set_log_callback(capture, static_cast<ep_moe_log_level_t>(9), &cap) == EP_MOE_ERR_INVALID_ARGUMENT);
   CHECK(std::string(ep_moe_last_error()).find("max_level") != std::string::npos);

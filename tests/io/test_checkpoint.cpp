@@ -520,3 +520,48 @@ TEST_CASE("loading refuses what does not fit, and says why", "[checkpoint][error
   ep_moe_checkpoint_close(ok);
   CHECK(bad == nullptr);
 }
+
+TEST_CASE("loading reports its progress at INFO: the experts and bytes it will read, then what it read",
+          "[checkpoint][log]") {
+  ref::Spec s;
+  s.H = 32;
+  s.I = 16;
+  s.E = 6;
+  s.K = 2;
+  const Written wr = write_model(Scheme::Fused, "BF16", s);
+  struct Lines {
+    std::vector<std::string> v;
+  } lines;
+  ep_moe_set_log_callback(
+      [](ep_moe_log_level_t level, const char* msg, void* u) {
+        if (level == EP_MOE_LOG_INFO) static_cast<Lines*>(u)->v.emplace_back(msg);
+      },
+      EP_MOE_LOG_INFO, &lines);
+  CkHolder ck(wr.path);
+  ep_moe_layer_config_t lc;
+  ep_moe_layer_config_init(&lc);
+  REQUIRE(ep_moe_checkpoint_layer_config(&lc, ck.c, 3) == EP_MOE_OK);
+  ep_moe_expert_map_config_t mc;
+  ep_moe_expert_map_config_init(&mc);
+  ep_moe_expert_map_config_from_layer(&mc, &lc);
+  mc.ep_size = 3;
+  mc.ep_rank = 1;
+  ep_moe_expert_map_t* map = nullptr;
+  REQUIRE(ep_moe_expert_map_create(&map, &mc) == EP_MOE_OK);
+  ep_moe_layer_t* layer = nullptr;
+  REQUIRE(ep_moe_layer_create(&layer, &lc, map, nullptr, nullptr) == EP_MOE_OK);
+  REQUIRE(ep_moe_layer_load(layer, ck.c, 3) == EP_MOE_OK);
+  ep_moe_set_log_callback(nullptr, EP_MOE_LOG_ERROR, nullptr);
+  ep_moe_layer_destroy(layer);
+  ep_moe_expert_map_destroy(map);
+  // Rank 1 of 3 holds 2 of the 6 experts: 2 x 3 x 16 x 32 bf16 values.
+  bool start = false, end = false;
+  for (const std::string& l : lines.v) {
+    start = start || l.find("[EP rank 1/3] loading layer 3") != std::string::npos &&
+                         l.find("2 experts, 6144 bytes of expert weights") != std::string::npos;
+    end = end || l.find("[EP rank 1/3] loaded layer 3") != std::string::npos;
+  }
+  for (const std::string& l : lines.v) UNSCOPED_INFO(l);
+  CHECK(start);
+  CHECK(end);
+}
