@@ -100,5 +100,7 @@ int main(void) {
     }
   }
   printf("single-rank layer: max |difference| to the direct computation %.2g\n", worst);
+  printf("backends: cuda=%d nccl=%d mpi=%d\n", ep_moe_has_feature(EP_MOE_FEATURE_CUDA),
+         ep_moe_has_feature(EP_MOE_FEATURE_NCCL), ep_moe_has_feature(EP_MOE_FEATURE_MPI));
   return worst < 1e-5 ? 0 : 1;
 }

@@ -124,15 +124,20 @@ EP_MOE_API const char* ep_moe_status_string(ep_moe_status_t status);
 EP_MOE_API const char* ep_moe_last_error(void);
 
 /**
- * \brief Features a library may be built with, as bits for
- *        ep_moe_has_feature().
+ * \brief Features a library may have, as bits for ep_moe_has_feature().
+ *
+ * The CUDA, NCCL and cuBLASLt features live in the module
+ * `libep_moe_cuda.so`, MPI in `libep_moe_mpi.so`, installed beside
+ * libep_moe.so and loaded at their first use (`EP_MOE_BACKEND_DIR` names
+ * another directory): libep_moe.so itself needs none of their libraries, so
+ * it loads and runs its CPU path on a host without them.
  */
 typedef enum ep_moe_feature {
   EP_MOE_FEATURE_CPU = 1u << 0,      /**< CPU kernels (always built). */
-  EP_MOE_FEATURE_CUDA = 1u << 1,     /**< CUDA layer backend built (layers with a `device`; cuBLASLt). */
-  EP_MOE_FEATURE_NCCL = 1u << 2,     /**< NCCL communicator built. */
-  EP_MOE_FEATURE_CUBLASLT = 1u << 3, /**< cuBLASLt expert GEMMs built. */
-  EP_MOE_FEATURE_MPI = 1u << 4,       /**< MPI communicator built. */
+  EP_MOE_FEATURE_CUDA = 1u << 1,     /**< CUDA layer backend loaded (layers with a `device`; cuBLASLt). */
+  EP_MOE_FEATURE_NCCL = 1u << 2,     /**< NCCL communicator loaded. */
+  EP_MOE_FEATURE_CUBLASLT = 1u << 3, /**< cuBLASLt expert GEMMs loaded. */
+  EP_MOE_FEATURE_MPI = 1u << 4,       /**< MPI communicator loaded. */
   EP_MOE_FEATURE_LOCAL_COMM = 1u << 5, /**< In-process communicator (always built). */
   EP_MOE_FEATURE_CALLBACKS = 1u << 6,  /**< Host-callback communicator (always built). */
   /** \cond RANGE */
@@ -142,10 +147,16 @@ typedef enum ep_moe_feature {
 } ep_moe_feature_t;
 
 /**
- * \brief Whether this library was built with every feature in a mask.
+ * \brief Whether this library has every feature in a mask.
+ *
+ * Asking for a module's feature loads the module (once; a missing module,
+ * or one whose CUDA / NCCL / MPI libraries are missing, is logged at
+ * ::EP_MOE_LOG_INFO with the loader's reason, and the feature is absent).
+ * A loaded CUDA backend does not mean a GPU is present: creating a layer on
+ * a device says so.
  * \param[in] features A bitwise OR of ::ep_moe_feature_t values.
- * \return 1 when every bit is a known feature built into this library,
- *         0 otherwise (also for 0 and for unknown bits).
+ * \return 1 when every bit is a known feature this library has, 0
+ *         otherwise (also for 0 and for unknown bits).
  */
 EP_MOE_API int ep_moe_has_feature(uint32_t features);
 

@@ -1,4 +1,5 @@
 // C API: versions, statuses, features, logging, thread-local errors.
+#include "backend/modules.hpp"
 #include "capi/handle.hpp"
 
 using namespace ep_moe;
@@ -43,18 +44,24 @@ const char* ep_moe_last_error(void) { return thread_error(); }
 
 int ep_moe_has_feature(uint32_t features) {
   uint32_t built = EP_MOE_FEATURE_CPU | EP_MOE_FEATURE_LOCAL_COMM | EP_MOE_FEATURE_CALLBACKS;
-#if defined(EP_MOE_HAVE_CUDA) && defined(EP_MOE_HAVE_CUBLASLT)  // the CUDA layer backend needs both
-  built |= EP_MOE_FEATURE_CUDA;
-#endif
-#if defined(EP_MOE_HAVE_NCCL)
-  built |= EP_MOE_FEATURE_NCCL;
-#endif
-#if defined(EP_MOE_HAVE_CUBLASLT)
-  built |= EP_MOE_FEATURE_CUBLASLT;
-#endif
-#if defined(EP_MOE_HAVE_MPI)
-  built |= EP_MOE_FEATURE_MPI;
-#endif
+  // The optional backends count when their module loads (loaded here, once).
+  const uint32_t cuda_bits = EP_MOE_FEATURE_CUDA | EP_MOE_FEATURE_NCCL | EP_MOE_FEATURE_CUBLASLT;
+  if (features & cuda_bits) {
+    try {
+      if (const backend::CudaModule* m = backend::cuda_module(nullptr)) {
+        if (m->cuda_layer) built |= EP_MOE_FEATURE_CUDA;
+        if (m->nccl) built |= EP_MOE_FEATURE_NCCL;
+        if (m->cublaslt) built |= EP_MOE_FEATURE_CUBLASLT;
+      }
+    } catch (...) {  // never throws across the C boundary
+    }
+  }
+  if (features & EP_MOE_FEATURE_MPI) {
+    try {
+      if (backend::mpi_module(nullptr)) built |= EP_MOE_FEATURE_MPI;
+    } catch (...) {
+    }
+  }
   return features != 0 && (features & ~built) == 0 ? 1 : 0;
 }
 

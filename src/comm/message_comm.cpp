@@ -42,10 +42,6 @@ struct MessageComm::Header {
   char message[216];
 };
 
-std::unique_ptr<Transport> Transport::split(int, int, Clock::time_point) {
-  fail(EP_MOE_ERR_UNSUPPORTED, "the %s transport cannot split; create one communicator per group", name());
-}
-
 namespace {
 // v with at least n elements (grown, never shrunk or refilled).
 template <class T>

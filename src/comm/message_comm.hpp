@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "common/error.hpp"
 
 namespace ep_moe {
 
@@ -45,7 +46,12 @@ class Transport {
   virtual bool reduce_scatter(void*, const void*, size_t, ep_moe_dtype_t, void*, Clock::time_point) { return false; }
   virtual bool barrier(Clock::time_point) { return false; }
   // A sub-group (collective over this transport); nullptr for color < 0.
-  virtual std::unique_ptr<Transport> split(int color, int key, Clock::time_point deadline);
+  // Inline, like every member here: Transport has no key function, so its
+  // vtable is emitted wherever it is used (a transport built in a backend
+  // module, backend/modules.hpp, needs nothing from the core).
+  virtual std::unique_ptr<Transport> split(int, int, Clock::time_point) {
+    fail(EP_MOE_ERR_UNSUPPORTED, "the %s transport cannot split; create one communicator per group", name());
+  }
 
   virtual void abort() noexcept = 0;
 };
