@@ -40,6 +40,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 namespace cpu = ep_moe::cpu;
+using ep_moe::Source;
 
 struct Shape {
   const char* name;
@@ -115,10 +116,10 @@ int main(int argc, char** argv) {
         if (bf16) {
           wb[static_cast<size_t>(c)].resize(w.size());
           for (size_t i = 0; i < w.size(); ++i) wb[static_cast<size_t>(c)][i] = ep_moe::f32_to_bf16(w[i]);
-          cpu::pack(packed[static_cast<size_t>(c)], cpu::Source{wb[static_cast<size_t>(c)].data(), EP_MOE_DTYPE_BF16, K}, N,
+          cpu::pack(packed[static_cast<size_t>(c)], Source{wb[static_cast<size_t>(c)].data(), EP_MOE_DTYPE_BF16, K}, N,
                     K, kern.nr, EP_MOE_DTYPE_BF16);
         } else {
-          cpu::pack(packed[static_cast<size_t>(c)], cpu::Source{w.data(), EP_MOE_DTYPE_F32, K}, N, K, kern.nr,
+          cpu::pack(packed[static_cast<size_t>(c)], Source{w.data(), EP_MOE_DTYPE_F32, K}, N, K, kern.nr,
                     EP_MOE_DTYPE_F32);
         }
         if (bf16) std::vector<float>().swap(w);  // only the bf16 copy is needed

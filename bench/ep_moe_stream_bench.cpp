@@ -123,8 +123,8 @@ int main(int argc, char** argv) {
   for (size_t e = 0; e < gate_up.size(); ++e) {
     cpu::init_gate_up(gate_up[e], inter, hidden, nr, EP_MOE_DTYPE_BF16);
     for (int half = 0; half < 2; ++half)
-      cpu::pack_gate_up_half(gate_up[e], cpu::Source{src.data(), EP_MOE_DTYPE_BF16, hidden}, half, inter);
-    cpu::pack(down[e], cpu::Source{src.data(), EP_MOE_DTYPE_BF16, inter}, hidden, inter, nr, EP_MOE_DTYPE_BF16);
+      cpu::pack_gate_up_half(gate_up[e], Source{src.data(), EP_MOE_DTYPE_BF16, hidden}, half, inter);
+    cpu::pack(down[e], Source{src.data(), EP_MOE_DTYPE_BF16, inter}, hidden, inter, nr, EP_MOE_DTYPE_BF16);
   }
 
   // Jobs: expert e takes rows_pattern[e % size] token rows out of T tokens.

@@ -26,7 +26,7 @@ namespace ep_moe {
 namespace backend {
 
 // Bumped whenever a table or a type it passes changes.
-constexpr uint32_t kModuleAbi = 1;
+constexpr uint32_t kModuleAbi = 2;
 
 struct CudaModule {
   uint32_t abi;

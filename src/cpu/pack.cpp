@@ -13,11 +13,6 @@ const void* PackedWeight::panel(int32_t p) const {
   return data.data<char>() + static_cast<size_t>(p) * panel_elems() * dtype_size(dtype);
 }
 
-float source_at(const Source& s, int64_t r, int64_t c) {
-  const int64_t i = s.transposed ? (s.col0 + c) * s.ld + s.row0 + r : (s.row0 + r) * s.ld + s.col0 + c;
-  return load_elem(s.data, s.dtype, i);
-}
-
 namespace {
 inline float src_at(const Source& s, int64_t r, int64_t c) { return source_at(s, r, c); }
 

@@ -1,6 +1,8 @@
 // Packing of checkpoint-orientation weights into the panels the tiles read.
 #pragma once
 
+#include "common/source.hpp"
+
 #include <cstdint>
 
 #include "cpu/aligned.hpp"
@@ -37,17 +39,7 @@ struct PackedWeight {
   size_t bytes() const { return data.size(); }
 };
 
-// A view of a source matrix: element (r, c) is data[(row0 + r) * ld + col0 + c],
-// or, when `transposed`, data[(col0 + c) * ld + row0 + r].
-struct Source {
-  const void* data;
-  ep_moe_dtype_t dtype;
-  int64_t ld;
-  int64_t row0 = 0, col0 = 0;
-  bool transposed = false;
-};
 
-float source_at(const Source& s, int64_t r, int64_t c);
 
 // Packs an [n, k] window of `src` (converted to `dtype`).
 void pack(PackedWeight& out, const Source& src, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t dtype);

@@ -775,7 +775,7 @@ class CudaLayer final : public DeviceLayer {
   explicit CudaLayer(const DeviceLayerDesc& d);
   ~CudaLayer() override;
 
-  void upload(Part part, int32_t slot, int64_t row0, const cpu::Source& src, int64_t rows, int64_t cols,
+  void upload(Part part, int32_t slot, int64_t row0, const Source& src, int64_t rows, int64_t cols,
               bool src_on_device) override;
   bool begin(void* stream) override;
   void route(const DeviceForward& f, int32_t* ids, float* w) override;
@@ -1008,7 +1008,7 @@ int CudaLayer::pointer_device(const void* p) const {
   return at.type == cudaMemoryTypeDevice ? at.device : -1;
 }
 
-void CudaLayer::upload(Part part, int32_t slot, int64_t row0, const cpu::Source& src, int64_t rows, int64_t cols,
+void CudaLayer::upload(Part part, int32_t slot, int64_t row0, const Source& src, int64_t rows, int64_t cols,
                        bool src_on_device) {
   DeviceGuard g(d_.device);
   const int64_t H = d_.hidden, I = d_.inter;
@@ -1038,7 +1038,7 @@ void CudaLayer::upload(Part part, int32_t slot, int64_t row0, const cpu::Source&
   }
   // Other layouts: the source span to the host (when on the device), then
   // converted on the host, row by row, and copied up.
-  cpu::Source hs = src;
+  Source hs = src;
   std::vector<char> span;
   if (src_on_device) {
     const int64_t first = src.transposed ? src.col0 * src.ld + src.row0 : src.row0 * src.ld + src.col0;
@@ -1054,7 +1054,7 @@ void CudaLayer::upload(Part part, int32_t slot, int64_t row0, const cpu::Source&
   std::vector<char> stage(static_cast<size_t>(rows) * row_bytes);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c)
-      store_elem(stage.data(), ddt, r * cols + c, cpu::source_at(hs, r, c));
+      store_elem(stage.data(), ddt, r * cols + c, source_at(hs, r, c));
   check(cudaMemcpy(dst, stage.data(), stage.size(), cudaMemcpyHostToDevice), "weight upload");
 }
 

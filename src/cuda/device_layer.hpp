@@ -14,7 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "cpu/pack.hpp"
+#include "comm/staged_comm.hpp"
+#include "common/source.hpp"
 #include "ep_moe/ep_moe.h"
 
 namespace ep_moe {
@@ -97,13 +98,15 @@ enum class Buf {
   StageIn, StageOut,     // pinned host memory for host communicators
 };
 
-class DeviceLayer {
+// A CUDA layer's device state; its scratch, copies and syncs also stage
+// host collectives over a device communicator (comm/staged_comm.hpp).
+class DeviceLayer : public DeviceStaging {
  public:
-  virtual ~DeviceLayer() = default;
+  ~DeviceLayer() override = default;
   // Copies rows x cols of `src` (any float dtype, host or device memory:
   // `src_on_device`) into the part, starting at row `row0` of local slot
   // `slot` (ignored for the shared and small parts).
-  virtual void upload(Part part, int32_t slot, int64_t row0, const cpu::Source& src, int64_t rows, int64_t cols,
+  virtual void upload(Part part, int32_t slot, int64_t row0, const Source& src, int64_t rows, int64_t cols,
                       bool src_on_device) = 0;
   // Starts a forward: clears the statistics; reports whether `stream` is
   // being captured into a CUDA graph.
@@ -130,8 +133,8 @@ class DeviceLayer {
   virtual void* buffer(Buf b) = 0;
   virtual size_t buffer_bytes(Buf b) const = 0;
   // Stream-ordered copies (kind inferred from the pointers); sync waits.
-  virtual void copy(void* dst, const void* src, size_t bytes, void* stream) = 0;
-  virtual void sync(void* stream) = 0;
+  void copy(void* dst, const void* src, size_t bytes, void* stream) override = 0;
+  void sync(void* stream) override = 0;
   virtual DeviceStats stats() = 0;
   virtual int64_t weight_bytes() const = 0;
   // The per-logical-expert count of real pairs computed here since the last
@@ -147,7 +150,7 @@ class DeviceLayer {
   virtual void copy_router_from(const DeviceLayer& src) = 0;
   // At least `bytes` of device memory for host data over a device
   // communicator (grows; forward only uses what setup sized).
-  virtual void* scratch(size_t bytes) = 0;
+  void* scratch(size_t bytes) override = 0;
   // The device whose memory p is (managed memory: this layer's), or -1 for
   // host memory.
   virtual int pointer_device(const void* p) const = 0;

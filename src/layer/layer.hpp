@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "comm/staged_comm.hpp"
 #include "core/expert_map.hpp"
 #include "core/routing.hpp"
 #include "cpu/aligned.hpp"
@@ -23,8 +24,6 @@ namespace ep_moe {
 
 const char* weight_name(ep_moe_weight_t w);
 
-// The collectives a CUDA layer's flows run (layer_device.cpp).
-enum class CollectiveOp { AllReduce, ReduceScatter, AllGather, AllGatherV, AllToAllV };
 
 class Layer {
  public:
@@ -138,9 +137,9 @@ class Layer {
   // Stores a weight read through `src`; shared-expert sources are
   // shard-relative when `shard_relative`, else full size.
   // `src_on_device`: the source is device memory (CUDA layers only).
-  bool store(ep_moe_weight_t which, int32_t expert, cpu::Source src, bool shard_relative, bool src_on_device = false);
+  bool store(ep_moe_weight_t which, int32_t expert, Source src, bool shard_relative, bool src_on_device = false);
   // CUDA layers (cfg.device >= 0): the device part and its forward.
-  void store_device(ep_moe_weight_t which, int32_t expert, cpu::Source src, bool shard_relative, bool src_on_device);
+  void store_device(ep_moe_weight_t which, int32_t expert, Source src, bool shard_relative, bool src_on_device);
   // The CUDA part of the constructor (the flow sizes come from it).
   void setup_device(int64_t max_rows, int64_t send_rows, int64_t fanout);
   bool route_device(const ep_moe_forward_args_t& a);
@@ -155,10 +154,10 @@ class Layer {
   // Host buffers over a device communicator (staged through device memory),
   // for the re-placement's records and weight units.
   std::unique_ptr<Comm> host_view(Comm* c);
-  void set_gate_up_part(Expert& x, int half, const cpu::Source& src, int32_t inter, int32_t k);
+  void set_gate_up_part(Expert& x, int half, const Source& src, int32_t inter, int32_t k);
   // Stores `n` values of a bias row from `src` (column c0 on) into `dst`,
   // zero-padded to `padded` values; rejects values that are not finite.
-  void set_bias(std::vector<float>& dst, const cpu::Source& src, int64_t c0, int64_t n, int64_t padded,
+  void set_bias(std::vector<float>& dst, const Source& src, int64_t c0, int64_t n, int64_t padded,
                 ep_moe_weight_t which) const;
   void finish_gate_up(Expert& x, int32_t inter, int32_t k);
   int32_t pick_slot(int32_t expert, int64_t token, int32_t k) const;

@@ -11,14 +11,12 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "layer/layer.hpp"
+#include "comm/staged_comm.hpp"
 #include "layer/stages.hpp"
 
 namespace ep_moe {
 
 namespace {
-// Device scratch a staged collective of in/out bytes needs (StagedComm).
-size_t staged_scratch_bytes(size_t in, size_t out) { return (in + 255) / 256 * 256 + out + 1; }
-
 constexpr int32_t kMaxDeviceTopK = 64;      // per-token scratch of the routing and combine kernels
 constexpr int32_t kMaxDeviceExperts = 4096;  // the routing kernel keeps 2 E scores in shared memory
 }  // namespace
@@ -95,7 +93,7 @@ void Layer::setup_device(int64_t max_rows, int64_t send_rows, int64_t fanout) {
       host_comm ? "staged through pinned host memory" : ep_ ? "on device buffers" : "none");
 }
 
-void Layer::store_device(ep_moe_weight_t which, int32_t expert, cpu::Source src, bool shard_relative,
+void Layer::store_device(ep_moe_weight_t which, int32_t expert, Source src, bool shard_relative,
                          bool on_device) {
   const int32_t H = cfg_.hidden_size, I = cfg_.intermediate_size, Is = cfg_.shared_intermediate_size;
   const int32_t S = shared_count_;
@@ -140,7 +138,7 @@ void Layer::store_device(ep_moe_weight_t which, int32_t expert, cpu::Source src,
         break;
       }
       case EP_MOE_WEIGHT_SHARED_GATE_UP: {
-        cpu::Source up = src;
+        Source up = src;
         src.row0 += first;
         up.row0 += up_rows + first;
         dev_->upload(Part::SharedGateUp, 0, 0, src, S, H, on_device);
@@ -166,97 +164,6 @@ void Layer::store_device(ep_moe_weight_t which, int32_t expert, cpu::Source src,
 // host one (local, MPI, callbacks) gets the bytes through the layer's pinned
 // staging buffers, which synchronises the stream (and cannot be captured).
 
-namespace {
-size_t total(const size_t* counts, int n) {
-  size_t s = 0;
-  for (int i = 0; i < n; ++i) s += counts[i];
-  return s;
-}
-
-// One collective: what it is, apart from its buffers and stream.
-struct Collective {
-  CollectiveOp op;
-  size_t count;               // elements (per rank for reduce-scatter)
-  const size_t* counts;       // the v variants: per-rank counts (sent, for all-to-all)
-  const size_t* out_counts;   // all-to-all: per-rank counts received
-  ep_moe_dtype_t dt;
-};
-
-void run(Comm* c, const Collective& x, void* out, const void* in, void* stream) {
-  switch (x.op) {
-    case CollectiveOp::AllReduce: c->all_reduce(out, in, x.count, x.dt, stream); break;
-    case CollectiveOp::ReduceScatter: c->reduce_scatter(out, in, x.count, x.dt, stream); break;
-    case CollectiveOp::AllGather: c->all_gather(out, in, x.count, x.dt, stream); break;
-    case CollectiveOp::AllGatherV: c->all_gather_v(out, in, x.counts, x.dt, stream); break;
-    case CollectiveOp::AllToAllV: c->all_to_all_v(out, x.out_counts, in, x.counts, x.dt, stream); break;
-  }
-}
-
-// Bytes this rank gives and gets.
-void bytes_of(const Collective& x, const Comm& c, size_t* in, size_t* out) {
-  const size_t es = dtype_size(x.dt), n = static_cast<size_t>(c.size());
-  switch (x.op) {
-    case CollectiveOp::AllReduce: *in = *out = x.count * es; break;
-    case CollectiveOp::ReduceScatter: *in = x.count * n * es; *out = x.count * es; break;
-    case CollectiveOp::AllGather: *in = x.count * es; *out = x.count * n * es; break;
-    case CollectiveOp::AllGatherV: *in = x.counts[c.rank()] * es; *out = total(x.counts, c.size()) * es; break;
-    case CollectiveOp::AllToAllV: *in = total(x.counts, c.size()) * es; *out = total(x.out_counts, c.size()) * es; break;
-  }
-}
-
-// Host buffers in, host buffers out, over a communicator that moves device
-// memory (NCCL): each collective copies its input into the layer's device
-// scratch, runs there and copies the result back. For the counts exchange
-// of the all-to-all forward (the scratch is sized for it at create) and the
-// re-placement.
-class StagedComm final : public Comm {
- public:
-  StagedComm(Comm* inner, cuda::DeviceLayer* dev) : c_(inner), dev_(dev) { timeout_ms_ = inner->timeout_ms(); }
-  int rank() const override { return c_->rank(); }
-  int size() const override { return c_->size(); }
-  int ranks_in_process() const override { return c_->ranks_in_process(); }
-  const char* backend() const override { return c_->backend(); }
-  void all_reduce(void* out, const void* in, size_t count, ep_moe_dtype_t dt, void*) override {
-    stage({CollectiveOp::AllReduce, count, nullptr, nullptr, dt}, out, in);
-  }
-  void reduce_scatter(void* out, const void* in, size_t count, ep_moe_dtype_t dt, void*) override {
-    stage({CollectiveOp::ReduceScatter, count, nullptr, nullptr, dt}, out, in);
-  }
-  void all_gather(void* out, const void* in, size_t count, ep_moe_dtype_t dt, void*) override {
-    stage({CollectiveOp::AllGather, count, nullptr, nullptr, dt}, out, in);
-  }
-  void all_gather_v(void* out, const void* in, const size_t* counts, ep_moe_dtype_t dt, void*) override {
-    stage({CollectiveOp::AllGatherV, 0, counts, nullptr, dt}, out, in);
-  }
-  void all_to_all_v(void* out, const size_t* out_counts, const void* in, const size_t* in_counts, ep_moe_dtype_t dt,
-                    void*) override {
-    stage({CollectiveOp::AllToAllV, 0, in_counts, out_counts, dt}, out, in);
-  }
-  void barrier(void* stream) override { c_->barrier(stream); }
-  ep_moe_status_t async_error(int* peer, std::string* message) const override { return c_->async_error(peer, message); }
-  std::unique_ptr<Comm> split(int, int) override {
-    fail(EP_MOE_ERR_UNSUPPORTED, "a staged view of a communicator cannot be split");
-  }
-  void fail_collective(ep_moe_status_t s, const std::string& m) noexcept override { c_->fail_collective(s, m); }
-  void abort() noexcept override { c_->abort(); }
-
- private:
-  void stage(const Collective& x, void* out, const void* in) {
-    size_t ib = 0, ob = 0;
-    bytes_of(x, *this, &ib, &ob);
-    auto* d = static_cast<char*>(dev_->scratch(staged_scratch_bytes(ib, ob)));
-    char* dout = d + (ib + 255) / 256 * 256;
-    dev_->copy(d, in, ib, nullptr);
-    dev_->sync(nullptr);
-    run(c_, x, dout, d, nullptr);
-    dev_->copy(out, dout, ob, nullptr);
-    dev_->sync(nullptr);
-  }
-  Comm* c_;
-  cuda::DeviceLayer* dev_;
-};
-}  // namespace
-
 // --- collectives on device buffers ---------------------------------------
 // A device communicator (NCCL) takes the device pointers and the stream; a
 // host one (local, MPI, callbacks) gets the bytes through the layer's pinned
@@ -265,7 +172,7 @@ void Layer::dev_collective(Comm* c, CollectiveOp op, void* out, const void* in, 
                            const size_t* out_counts, ep_moe_dtype_t dt, void* stream, bool capturing) {
   const Collective x{op, count, counts, out_counts, dt};
   if (c->device_memory()) {
-    run(c, x, out, in, stream);
+    run_collective(c, x, out, in, stream);
     return;
   }
   if (capturing)
@@ -273,7 +180,7 @@ void Layer::dev_collective(Comm* c, CollectiveOp op, void* out, const void* in, 
          "a CUDA graph cannot capture a collective of the '%s' communicator (host memory): use NCCL to capture",
          c->backend());
   size_t in_bytes = 0, out_bytes = 0;
-  bytes_of(x, *c, &in_bytes, &out_bytes);
+  collective_bytes(x, *c, &in_bytes, &out_bytes);
   const size_t cap = dev_->buffer_bytes(cuda::Buf::StageIn);
   if (in_bytes > cap || out_bytes > cap)
     fail(EP_MOE_ERR_INTERNAL, "staging buffer of %zu bytes is too small for %zu/%zu bytes", cap, in_bytes, out_bytes);
@@ -281,12 +188,12 @@ void Layer::dev_collective(Comm* c, CollectiveOp op, void* out, const void* in, 
   void* hout = dev_->buffer(cuda::Buf::StageOut);
   dev_->copy(hin, in, in_bytes, stream);
   dev_->sync(stream);
-  run(c, x, hout, hin, nullptr);
+  run_collective(c, x, hout, hin, nullptr);
   dev_->copy(out, hout, out_bytes, stream);
   dev_->sync(stream);  // the staging buffers are reused by the next collective
 }
 
-std::unique_ptr<Comm> Layer::host_view(Comm* c) { return std::make_unique<StagedComm>(c, dev_.get()); }
+std::unique_ptr<Comm> Layer::host_view(Comm* c) { return make_staged_comm(c, dev_.get()); }
 
 // --- the forward -----------------------------------------------------------
 

@@ -192,7 +192,7 @@ uint64_t Layer::load_parts(const io::Checkpoint& ck, int32_t L, const LoadParts&
            e >= 0 ? format(" for expert %d", e).c_str() : "");
   };
   auto put = [&](ep_moe_weight_t which, int32_t e, const Loaded& ld, bool shard_relative) {
-    cpu::Source src{ld.buf.data(), ld.dtype, ld.cols};
+    Source src{ld.buf.data(), ld.dtype, ld.cols};
     src.transposed = ld.transposed;
     store(which, e, src, shard_relative);
   };

@@ -106,17 +106,17 @@ void Layer::extract_biases(const Expert& x, uint8_t* out) const {
 
 void Layer::store_biases(int32_t expert, const uint8_t* in) {
   const int64_t I = cfg_.intermediate_size, H = cfg_.hidden_size;
-  store(EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS, expert, cpu::Source{in, EP_MOE_DTYPE_F32, 2 * I}, false);
-  store(EP_MOE_WEIGHT_EXPERT_DOWN_BIAS, expert, cpu::Source{in + 2 * I * 4, EP_MOE_DTYPE_F32, H}, false);
+  store(EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS, expert, Source{in, EP_MOE_DTYPE_F32, 2 * I}, false);
+  store(EP_MOE_WEIGHT_EXPERT_DOWN_BIAS, expert, Source{in + 2 * I * 4, EP_MOE_DTYPE_F32, H}, false);
 }
 
 void Layer::store_units(int32_t expert, const uint8_t* units) {
   const auto wdt = static_cast<ep_moe_dtype_t>(cfg_.weight_dtype);
   const int64_t H = cfg_.hidden_size;
-  cpu::Source gate{units, wdt, 3 * H};
-  cpu::Source up = gate;
+  Source gate{units, wdt, 3 * H};
+  Source up = gate;
   up.col0 = H;
-  cpu::Source down = gate;  // element (h, j) = units[j * 3H + 2H + h]
+  Source down = gate;  // element (h, j) = units[j * 3H + 2H + h]
   down.transposed = true;
   down.row0 = 2 * H;
   const bool shared = expert < 0;
@@ -458,10 +458,10 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
     if (dev_) {  // router, bias and shared gate live on the device too
       if (has_router_) nl->dev_->copy_router_from(*dev_);
       if (has_bias_)
-        nl->dev_->upload(cuda::Part::Bias, 0, 0, cpu::Source{bias_.data(), EP_MOE_DTYPE_F32, E}, 1, E, false);
+        nl->dev_->upload(cuda::Part::Bias, 0, 0, Source{bias_.data(), EP_MOE_DTYPE_F32, E}, 1, E, false);
       if (has_shared_gate_)
         nl->dev_->upload(cuda::Part::SharedGate, 0, 0,
-                         cpu::Source{shared_gate_.data(), EP_MOE_DTYPE_F32, cfg_.hidden_size}, 1, cfg_.hidden_size,
+                         Source{shared_gate_.data(), EP_MOE_DTYPE_F32, cfg_.hidden_size}, 1, cfg_.hidden_size,
                          false);
     }
   });

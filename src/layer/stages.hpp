@@ -1,9 +1,19 @@
-// The collectives of one forward step (layer.cpp, layer_device.cpp).
+// What the forward steps share (layer.cpp, alltoall.cpp, layer_device.cpp):
+// the step's collectives and its clock.
 #pragma once
+
+#include <chrono>
+#include <cstdint>
 
 #include "comm/comm.hpp"
 
 namespace ep_moe {
+
+// Monotonic nanoseconds, for the per-phase times of a step.
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // The collectives of one forward step, in order. On failure those not yet
 // entered are joined as failures, so no peer waits for this rank.

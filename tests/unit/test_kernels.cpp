@@ -96,7 +96,7 @@ TEST_CASE("gemm kernels match a double product for every ISA, dtype and shape", 
                 if (!w16.empty()) st_16[to] = w16[from];
               }
             const void* src = dt == EP_MOE_DTYPE_F32 ? static_cast<const void*>(st_f.data()) : st_16.data();
-            cpu::Source s{src, dt, transposed ? n : k};
+            Source s{src, dt, transposed ? n : k};
             s.transposed = transposed;
             cpu::PackedWeight pw;
             cpu::pack(pw, s, n, k, kern.nr, dt);
@@ -188,7 +188,7 @@ TEST_CASE("gemm over panels large enough for k blocks: a double product's value,
       std::vector<float> wf;
       std::vector<uint16_t> w16;
       random_weight(n, k, dt, rng, &wf, &w16);
-      cpu::Source s{dt == EP_MOE_DTYPE_F32 ? static_cast<const void*>(wf.data()) : w16.data(), dt, k};
+      Source s{dt == EP_MOE_DTYPE_F32 ? static_cast<const void*>(wf.data()) : w16.data(), dt, k};
       cpu::PackedWeight pw;
       cpu::pack(pw, s, n, k, kern.nr, dt);
       for (int m : {kern.mr + 1, 3 * kern.mr + 2, 8 * kern.mr + 1}) {
@@ -237,7 +237,7 @@ TEST_CASE("gemv (one row) and gemm_run (up to run_rows) give gemm's bits over ev
             std::vector<float> wf;
             std::vector<uint16_t> w16;
             random_weight(n, k, dt, rng, &wf, &w16);
-            cpu::Source s{dt == EP_MOE_DTYPE_F32 ? static_cast<const void*>(wf.data()) : w16.data(), dt, k};
+            Source s{dt == EP_MOE_DTYPE_F32 ? static_cast<const void*>(wf.data()) : w16.data(), dt, k};
             cpu::PackedWeight pw, other;
             cpu::pack(pw, s, n, k, kern.nr, dt);
             cpu::pack(other, s, kern.nr, k, kern.nr, dt);  // a panel elsewhere, for `next`
@@ -299,8 +299,8 @@ TEST_CASE("gate/up packing round-trips both halves exactly", "[unit][kernels]") 
           const std::vector<uint16_t> u = random16(g.size(), dt, rng);
           cpu::PackedWeight pw;
           cpu::init_gate_up(pw, inter, k, kern.nr, dt);
-          cpu::pack_gate_up_half(pw, cpu::Source{g.data(), dt, k}, 0, inter);
-          cpu::pack_gate_up_half(pw, cpu::Source{u.data(), dt, k}, 1, inter);
+          cpu::pack_gate_up_half(pw, Source{g.data(), dt, k}, 0, inter);
+          cpu::pack_gate_up_half(pw, Source{u.data(), dt, k}, 1, inter);
           std::vector<uint16_t> row(static_cast<size_t>(k));
           for (int r = 0; r < inter; ++r) {
             cpu::unpack_gate_up_row(pw, 0, r, row.data());
