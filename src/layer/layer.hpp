@@ -65,6 +65,7 @@ class Layer {
   int32_t num_experts() const { return cfg_.num_experts; }
 
  private:
+  friend class Replacement;  // replace.cpp: the re-placement's steps
   struct Expert {
     cpu::PackedWeight gate_up, down;
     bool has_gate = false, has_up = false, has_down = false;

@@ -144,137 +144,187 @@ void Layer::copy_expert(Expert& dst, const Expert& src) {
   dst.down_bias = src.down_bias;
 }
 
-std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const io::Checkpoint* ck, int32_t L,
-                                      ep_moe_status_t pre_status, const std::string& pre_error) {
-  // A CUDA layer's host-side records and units cross a device communicator
-  // through device memory.
-  std::unique_ptr<Comm> staged = dev_ && comm && comm->device_memory() ? host_view(comm) : nullptr;
-  Comm* xc = staged ? staged.get() : comm;
-  const int32_t E = cfg_.num_experts, I = cfg_.intermediate_size, Is = cfg_.shared_intermediate_size;
-  const size_t es = dtype_size(static_cast<ep_moe_dtype_t>(cfg_.weight_dtype));
-  const size_t unit_bytes = 3 * static_cast<size_t>(cfg_.hidden_size) * es;
-  const int n = comm ? comm->size() : 1;
-  const int me = comm ? comm->rank() : 0;
-
-  // 1. Prepare locally: the new layer, without weights.
-  ep_moe_status_t status = pre_status;
-  std::string message = pre_error;
-  std::unique_ptr<Layer> nl;
-  if (status == EP_MOE_OK) {
-    capture(&status, &message, "creating the re-placed layer", [&] {
-      EP_MOE_CHECK_ARG(nmap->num_experts() == E, "the new map has %d experts, the layer %d", nmap->num_experts(), E);
-      Comm* dp = dp_ == nullptr ? nullptr : dp_ == ep_ ? comm : dp_;
-      nl = std::make_unique<Layer>(cfg_, *nmap, comm, dp);
-    });
+// One re-placement, step by step (the protocol above). Every rank runs the
+// same steps; from the transfers on, a rank that failed joins the remaining
+// collectives as a failure, so no peer waits.
+class Replacement {
+ public:
+  Replacement(Layer& old, const ExpertMap* nmap, Comm* comm, const io::Checkpoint* ck, int32_t L)
+      : o_(old), nmap_(nmap), comm_(comm), ck_(ck), L_(L) {
+    // A CUDA layer's host-side records and units cross a device
+    // communicator through device memory.
+    if (o_.dev_ && comm && comm->device_memory()) staged_ = o_.host_view(comm);
+    xc_ = staged_ ? staged_.get() : comm;
+    E_ = o_.cfg_.num_experts;
+    I_ = o_.cfg_.intermediate_size;
+    Is_ = o_.cfg_.shared_intermediate_size;
+    unit_bytes_ = 3 * static_cast<size_t>(o_.cfg_.hidden_size) *
+                  dtype_size(static_cast<ep_moe_dtype_t>(o_.cfg_.weight_dtype));
+    n_ = comm ? comm->size() : 1;
+    me_ = comm ? comm->rank() : 0;
+    words_ = (static_cast<size_t>(E_) + 63) / 64;
+    rec_len_ = kHeader + words_;
   }
 
-  // What this rank holds now.
-  const auto& l2g = map_.local_to_global();
-  std::vector<int32_t> old_slot(static_cast<size_t>(E), -1);  // a complete local slot of each expert
-  for (size_t l = 0; l < experts_.size(); ++l) {
-    const Expert& x = experts_[l];
-    const bool biases = !x.gate_bias.empty() && !x.up_bias.empty() && !x.down_bias.empty();
-    if (x.complete() && (!expert_bias_ || biases) && old_slot[static_cast<size_t>(l2g[l])] < 0)
-      old_slot[static_cast<size_t>(l2g[l])] = static_cast<int32_t>(l);
-  }
-  const bool have_shared = Is > 0 && shared_count_ > 0 && shared_.complete();
-
-  const size_t words = (static_cast<size_t>(E) + 63) / 64;
-  const size_t rec_len = kHeader + words;
-  std::vector<int64_t> mine(rec_len, 0), all(rec_len * static_cast<size_t>(n));
-  mine[kStatus] = status;
-  mine[kCkpt] = ck != nullptr;
-  mine[kSharedLo] = have_shared ? shared_begin_ : 0;
-  mine[kSharedHi] = have_shared ? shared_begin_ + shared_count_ : 0;
-  mine[kMapHash] = nl ? static_cast<int64_t>(hash_map(*nmap)) : 0;
-  mine[kCfgHash] = static_cast<int64_t>(hash_config(cfg_));
-  mine[kBias] = expert_bias_ ? 1 : 0;
-  for (int32_t e = 0; e < E; ++e)
-    if (old_slot[static_cast<size_t>(e)] >= 0) mine[kHeader + static_cast<size_t>(e) / 64] |= int64_t{1} << (e % 64);
-  if (comm) {
-    xc->all_gather(all.data(), mine.data(), rec_len, EP_MOE_DTYPE_I64, nullptr);
-  } else {
-    all = mine;
-  }
-  auto rec = [&](int i) { return all.data() + static_cast<size_t>(i) * rec_len; };
-  for (int i = 0; i < n; ++i) {
-    const auto s = static_cast<ep_moe_status_t>(rec(i)[kStatus]);
-    if (s == EP_MOE_OK) continue;
-    if (i == me) fail(s, "%s", message.c_str());
-    fail(peer_status(s), "the re-placement was abandoned: rank %d could not take part (%s)", i,
-         ep_moe_status_string(s));
-  }
-  for (int i = 1; i < n; ++i) {
-    if (rec(i)[kCfgHash] != rec(0)[kCfgHash])
-      fail(EP_MOE_ERR_INVALID_ARGUMENT, "the layer configuration of rank %d differs from rank 0's", i);
-    if (rec(i)[kMapHash] != rec(0)[kMapHash])
-      fail(EP_MOE_ERR_INVALID_ARGUMENT,
-           "the new expert map of rank %d describes another placement than rank 0's (every rank must pass its own "
-           "map of the same placement)",
-           i);
+  std::unique_ptr<Layer> run(ep_moe_status_t pre_status, const std::string& pre_error) {
+    status_ = pre_status;
+    message_ = pre_error;
+    prepare();
+    exchange_holdings();
+    plan();
+    transfer();
+    complete_locally();
+    vote();
+    commit();
+    return std::move(nl_);
   }
 
-  // 2. The plan, the same on every rank.
-  auto holds = [&](int i, int32_t e) { return (rec(i)[kHeader + static_cast<size_t>(e) / 64] >> (e % 64)) & 1; };
-  // Expert biases: every rank that holds experts must agree; they travel
-  // after an expert's units when any rank has them.
-  bool with_bias = false;
-  int bias_holder = -1, plain_holder = -1;
-  for (int i = 0; i < n; ++i) {
-    bool any = false;
-    for (size_t w = 0; w < words; ++w) any = any || rec(i)[kHeader + w] != 0;
-    with_bias = with_bias || rec(i)[kBias] != 0;
-    if (any) (rec(i)[kBias] ? bias_holder : plain_holder) = i;
+ private:
+  using Expert = Layer::Expert;
+  const int64_t* rec(int i) const { return all_.data() + static_cast<size_t>(i) * rec_len_; }
+  bool holds(int i, int32_t e) const { return (rec(i)[kHeader + static_cast<size_t>(e) / 64] >> (e % 64)) & 1; }
+  int map_rank(int i) const { return comm_ ? i : nmap_->ep_rank(); }
+  // Rank i's range of the shared expert's intermediate units in the new placement.
+  void shared_range(int i, int32_t* lo, int32_t* hi) const {
+    const bool whole = o_.shared_replicated_;
+    const int32_t new_ep = nmap_->ep_size();
+    *lo = Is_ == 0 ? 0 : whole ? 0 : split_start(Is_, new_ep, map_rank(i));
+    *hi = Is_ == 0 ? 0 : whole ? Is_ : *lo + split_count(Is_, new_ep, map_rank(i));
   }
-  if (bias_holder >= 0 && plain_holder >= 0)
-    fail(EP_MOE_ERR_INVALID_ARGUMENT, "rank %d's experts have biases and rank %d's do not: give every rank the same "
-         "weights", bias_holder, plain_holder);
-  const size_t bias_bytes = with_bias ? (2 * static_cast<size_t>(I) + static_cast<size_t>(cfg_.hidden_size)) * 4 : 0;
   // Bytes of a transfer: its units, and an expert's biases.
-  const auto xfer_bytes = [&](const Transfer& t) {
-    return static_cast<size_t>(t.u1 - t.u0) * unit_bytes + (t.expert >= 0 ? bias_bytes : 0);
-  };
-  const int32_t new_ep = nmap->ep_size();
-  auto map_rank = [&](int i) { return comm ? i : nmap->ep_rank(); };
-  auto shared_range = [&](int i, int32_t* lo, int32_t* hi) {
-    const bool whole = shared_replicated_;
-    *lo = Is == 0 ? 0 : whole ? 0 : split_start(Is, new_ep, map_rank(i));
-    *hi = Is == 0 ? 0 : whole ? Is : *lo + split_count(Is, new_ep, map_rank(i));
-  };
-  const auto& slots = nmap->physical_to_global();
-  const auto& begin = nmap->rank_slot_begin();
-  std::vector<Transfer> plan;
-  std::vector<size_t> busy(static_cast<size_t>(n), 0);  // bytes each rank sends
-  std::vector<char> ck_experts(static_cast<size_t>(E), 0);
-  bool ck_any_expert = false, ck_shared = false;
-  int32_t kept = 0;
-  std::vector<std::pair<int32_t, int32_t>> shared_keep;  // my kept shared segments
-  std::string missing;
-  for (int i = 0; i < n; ++i) {
+  size_t xfer_bytes(const Transfer& t) const {
+    return static_cast<size_t>(t.u1 - t.u0) * unit_bytes_ + (t.expert >= 0 ? bias_bytes_ : 0);
+  }
+
+  // 1. Locally: the new layer (without weights), and what this rank holds.
+  void prepare() {
+    if (status_ == EP_MOE_OK) {
+      capture(&status_, &message_, "creating the re-placed layer", [&] {
+        EP_MOE_CHECK_ARG(nmap_->num_experts() == E_, "the new map has %d experts, the layer %d", nmap_->num_experts(),
+                         E_);
+        Comm* dp = o_.dp_ == nullptr ? nullptr : o_.dp_ == o_.ep_ ? comm_ : o_.dp_;
+        nl_ = std::make_unique<Layer>(o_.cfg_, *nmap_, comm_, dp);
+      });
+    }
+    // A complete local slot of each expert (with its biases, when the layer has them).
+    const auto& l2g = o_.map_.local_to_global();
+    old_slot_.assign(static_cast<size_t>(E_), -1);
+    for (size_t l = 0; l < o_.experts_.size(); ++l) {
+      const Expert& x = o_.experts_[l];
+      const bool biases = !x.gate_bias.empty() && !x.up_bias.empty() && !x.down_bias.empty();
+      if (x.complete() && (!o_.expert_bias_ || biases) && old_slot_[static_cast<size_t>(l2g[l])] < 0)
+        old_slot_[static_cast<size_t>(l2g[l])] = static_cast<int32_t>(l);
+    }
+  }
+
+  // 1. The holdings record of every rank (one all-gather), checked: every
+  // rank took part, with the same configuration and placement.
+  void exchange_holdings() {
+    const bool have_shared = Is_ > 0 && o_.shared_count_ > 0 && o_.shared_.complete();
+    std::vector<int64_t> mine(rec_len_, 0);
+    mine[kStatus] = status_;
+    mine[kCkpt] = ck_ != nullptr;
+    mine[kSharedLo] = have_shared ? o_.shared_begin_ : 0;
+    mine[kSharedHi] = have_shared ? o_.shared_begin_ + o_.shared_count_ : 0;
+    mine[kMapHash] = nl_ ? static_cast<int64_t>(hash_map(*nmap_)) : 0;
+    mine[kCfgHash] = static_cast<int64_t>(hash_config(o_.cfg_));
+    mine[kBias] = o_.expert_bias_ ? 1 : 0;
+    for (int32_t e = 0; e < E_; ++e)
+      if (old_slot_[static_cast<size_t>(e)] >= 0) mine[kHeader + static_cast<size_t>(e) / 64] |= int64_t{1} << (e % 64);
+    all_.assign(rec_len_ * static_cast<size_t>(n_), 0);
+    if (comm_) xc_->all_gather(all_.data(), mine.data(), rec_len_, EP_MOE_DTYPE_I64, nullptr);
+    else all_ = mine;
+    for (int i = 0; i < n_; ++i) {
+      const auto s = static_cast<ep_moe_status_t>(rec(i)[kStatus]);
+      if (s == EP_MOE_OK) continue;
+      if (i == me_) fail(s, "%s", message_.c_str());
+      fail(peer_status(s), "the re-placement was abandoned: rank %d could not take part (%s)", i,
+           ep_moe_status_string(s));
+    }
+    for (int i = 1; i < n_; ++i) {
+      if (rec(i)[kCfgHash] != rec(0)[kCfgHash])
+        fail(EP_MOE_ERR_INVALID_ARGUMENT, "the layer configuration of rank %d differs from rank 0's", i);
+      if (rec(i)[kMapHash] != rec(0)[kMapHash])
+        fail(EP_MOE_ERR_INVALID_ARGUMENT,
+             "the new expert map of rank %d describes another placement than rank 0's (every rank must pass its own "
+             "map of the same placement)",
+             i);
+    }
+    // Expert biases: every rank that holds experts must agree; they travel
+    // after an expert's units when any rank has them.
+    int bias_holder = -1, plain_holder = -1;
+    for (int i = 0; i < n_; ++i) {
+      bool any = false;
+      for (size_t w = 0; w < words_; ++w) any = any || rec(i)[kHeader + w] != 0;
+      with_bias_ = with_bias_ || rec(i)[kBias] != 0;
+      if (any) (rec(i)[kBias] ? bias_holder : plain_holder) = i;
+    }
+    if (bias_holder >= 0 && plain_holder >= 0)
+      fail(EP_MOE_ERR_INVALID_ARGUMENT,
+           "rank %d's experts have biases and rank %d's do not: give every rank the same weights", bias_holder,
+           plain_holder);
+    bias_bytes_ = with_bias_ ? (2 * static_cast<size_t>(I_) + static_cast<size_t>(o_.cfg_.hidden_size)) * 4 : 0;
+  }
+
+  // 2. The plan, the same on every rank: what each rank lacks comes from the
+  // least busy holder, or from its checkpoint; then the destinations are
+  // interleaved and cut into rounds.
+  void plan() {
+    busy_.assign(static_cast<size_t>(n_), 0);
+    ck_experts_.assign(static_cast<size_t>(E_), 0);
+    for (int i = 0; i < n_; ++i) {
+      plan_experts(i);
+      plan_shared(i);
+    }
+    if (!missing_.empty()) fail(EP_MOE_ERR_NOT_FOUND, "cannot re-place the layer: %s", missing_.c_str());
+    interleave();
+    size_t bytes = 0;
+    for (size_t t = 0; t < plan_.size(); ++t) {
+      const size_t b = xfer_bytes(plan_[t]);
+      if (bytes > 0 && bytes + b > kRoundBytes) {
+        round_end_.push_back(t);
+        bytes = 0;
+      }
+      bytes += b;
+    }
+    if (!plan_.empty()) round_end_.push_back(plan_.size());
+  }
+
+  // The routed experts rank i needs in the new placement.
+  void plan_experts(int i) {
+    const auto& slots = nmap_->physical_to_global();
+    const auto& begin = nmap_->rank_slot_begin();
     const int32_t r = map_rank(i);
-    std::vector<int32_t> need(slots.begin() + begin[static_cast<size_t>(r)], slots.begin() + begin[static_cast<size_t>(r) + 1]);
+    std::vector<int32_t> need(slots.begin() + begin[static_cast<size_t>(r)],
+                              slots.begin() + begin[static_cast<size_t>(r) + 1]);
     std::sort(need.begin(), need.end());
     need.erase(std::unique(need.begin(), need.end()), need.end());
     for (int32_t e : need) {
       if (holds(i, e)) {
-        if (i == me) ++kept;
+        if (i == me_) ++kept_;
         continue;
       }
       int best = -1;
-      for (int j = 0; j < n; ++j)
-        if (j != i && holds(j, e) && (best < 0 || busy[static_cast<size_t>(j)] < busy[static_cast<size_t>(best)])) best = j;
+      for (int j = 0; j < n_; ++j)
+        if (j != i && holds(j, e) && (best < 0 || busy_[static_cast<size_t>(j)] < busy_[static_cast<size_t>(best)]))
+          best = j;
       if (best >= 0) {
-        plan.push_back({best, i, e, 0, I});
-        busy[static_cast<size_t>(best)] += xfer_bytes(plan.back());
+        plan_.push_back({best, i, e, 0, I_});
+        busy_[static_cast<size_t>(best)] += xfer_bytes(plan_.back());
       } else if (rec(i)[kCkpt]) {
-        if (i == me) ck_experts[static_cast<size_t>(e)] = ck_any_expert = true;
-      } else if (missing.empty()) {
-        missing = format("expert %d is held by no rank of the group and rank %d was given no checkpoint", e, i);
+        if (i == me_) ck_experts_[static_cast<size_t>(e)] = ck_any_expert_ = true;
+      } else if (missing_.empty()) {
+        missing_ = format("expert %d is held by no rank of the group and rank %d was given no checkpoint", e, i);
       }
     }
+  }
+
+  // Rank i's range of the shared expert: segments it keeps, segments from
+  // a holder (the one holding the longest run), or, at any gap, all of it
+  // from its checkpoint.
+  void plan_shared(int i) {
     int32_t lo, hi;
     shared_range(i, &lo, &hi);
-    // Segments of [lo, hi): kept, from a holder, or (any gap) all from the checkpoint.
     std::vector<Transfer> segs;
     bool gap = false;
     for (int32_t u = lo; u < hi;) {
@@ -286,7 +336,7 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
         continue;
       }
       int best = -1;
-      for (int j = 0; j < n; ++j)
+      for (int j = 0; j < n_; ++j)
         if (held(j) && (best < 0 || rec(j)[kSharedHi] > rec(best)[kSharedHi])) best = j;
       if (best >= 0) {
         const int32_t end = std::min<int32_t>(hi, static_cast<int32_t>(rec(best)[kSharedHi]));
@@ -296,223 +346,253 @@ std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const i
       }
       gap = true;
       int32_t next = hi;
-      for (int j = 0; j < n; ++j)
+      for (int j = 0; j < n_; ++j)
         if (rec(j)[kSharedLo] > u && rec(j)[kSharedLo] < rec(j)[kSharedHi])
           next = std::min<int32_t>(next, static_cast<int32_t>(rec(j)[kSharedLo]));
-      if (!rec(i)[kCkpt] && missing.empty())
-        missing = format(
+      if (!rec(i)[kCkpt] && missing_.empty())
+        missing_ = format(
             "units [%d, %d) of the shared expert's intermediate are held by no rank of the group and rank %d was "
             "given no checkpoint",
             u, next, i);
       u = next;
     }
     if (gap) {
-      if (i == me) ck_shared = true;
-      continue;
+      if (i == me_) ck_shared_ = true;
+      return;
     }
     for (const Transfer& t : segs) {
       if (t.src == t.dst) {
-        if (i == me) shared_keep.emplace_back(t.u0, t.u1);
+        if (i == me_) shared_keep_.emplace_back(t.u0, t.u1);
       } else {
-        plan.push_back(t);
+        plan_.push_back(t);
       }
     }
   }
-  if (!missing.empty()) fail(EP_MOE_ERR_NOT_FOUND, "cannot re-place the layer: %s", missing.c_str());
 
-  // Interleave the destinations (the plan lists them one after another), so
+  // The plan lists the destinations one after another: interleave them, so
   // that every round keeps every rank receiving and storing.
-  {
-    std::vector<int32_t> seq(plan.size()), next(static_cast<size_t>(n), 0);
-    for (size_t t = 0; t < plan.size(); ++t) seq[t] = next[static_cast<size_t>(plan[t].dst)]++;
-    std::vector<size_t> order(plan.size());
+  void interleave() {
+    std::vector<int32_t> seq(plan_.size()), next(static_cast<size_t>(n_), 0);
+    for (size_t t = 0; t < plan_.size(); ++t) seq[t] = next[static_cast<size_t>(plan_[t].dst)]++;
+    std::vector<size_t> order(plan_.size());
     for (size_t t = 0; t < order.size(); ++t) order[t] = t;
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return seq[a] != seq[b] ? seq[a] < seq[b] : plan[a].dst < plan[b].dst;
+      return seq[a] != seq[b] ? seq[a] < seq[b] : plan_[a].dst < plan_[b].dst;
     });
     std::vector<Transfer> sorted;
-    sorted.reserve(plan.size());
-    for (size_t t : order) sorted.push_back(plan[t]);
-    plan.swap(sorted);
+    sorted.reserve(plan_.size());
+    for (size_t t : order) sorted.push_back(plan_[t]);
+    plan_.swap(sorted);
   }
 
-  // 3.-4. Transfers, checkpoint reads, then the vote. From here on every
-  // rank enters the same collectives: after a failure the rest are joined
-  // as failures, so no peer waits.
-  std::vector<size_t> round_end;
-  {
-    size_t bytes = 0;
-    for (size_t t = 0; t < plan.size(); ++t) {
-      const size_t b = xfer_bytes(plan[t]);
-      if (bytes > 0 && bytes + b > kRoundBytes) {
-        round_end.push_back(t);
-        bytes = 0;
+  // 3. The transfers, one all-to-all a round; a failure joins the rounds
+  // left (and the vote) as a failure on every peer.
+  void transfer() {
+    stages_ = comm_ ? round_end_.size() + 1 : 0;
+    shared_range(me_, &my_lo_, &my_hi_);
+    shared_units_.assign(ck_shared_ ? 0 : static_cast<size_t>(my_hi_ - my_lo_) * unit_bytes_, 0);
+    status_ = EP_MOE_OK;
+    message_.clear();
+    capture(&status_, &message_, "moving expert weights", [&] {
+      size_t t0 = 0;
+      for (size_t round = 0; round < round_end_.size(); ++round) {
+        run_round(t0, round_end_[round]);
+        t0 = round_end_[round];
       }
-      bytes += b;
+    });
+    if (status_ != EP_MOE_OK) {
+      for (size_t st = entered_; st < stages_; ++st) comm_->fail_collective(status_, message_);
+      fail(status_, "%s", message_.c_str());
     }
-    if (!plan.empty()) round_end.push_back(plan.size());
   }
-  const size_t stages = comm ? round_end.size() + 1 : 0;
-  size_t entered = 0;
-  int32_t my_lo = 0, my_hi = 0;
-  shared_range(me, &my_lo, &my_hi);
-  std::vector<uint8_t> shared_units(ck_shared ? 0 : static_cast<size_t>(my_hi - my_lo) * unit_bytes);
-  int64_t sent = 0, received = 0, read = 0;
-  status = EP_MOE_OK;
-  message.clear();
-  capture(&status, &message, "moving expert weights", [&] {
-    size_t t0 = 0;
-    for (size_t round = 0; round < round_end.size(); ++round) {
-      const size_t t1 = round_end[round];
-      std::vector<size_t> out_n(static_cast<size_t>(n), 0), in_n(static_cast<size_t>(n), 0);
+
+  // The transfers [t0, t1) of the plan: this rank's sends packed by
+  // destination, one all-to-all, its receipts stored.
+  void run_round(size_t t0, size_t t1) {
+    std::vector<size_t> out_n(static_cast<size_t>(n_), 0), in_n(static_cast<size_t>(n_), 0);
+    for (size_t t = t0; t < t1; ++t) {
+      const size_t b = xfer_bytes(plan_[t]);
+      if (plan_[t].src == me_) out_n[static_cast<size_t>(plan_[t].dst)] += b;
+      if (plan_[t].dst == me_) in_n[static_cast<size_t>(plan_[t].src)] += b;
+    }
+    size_t out_total = 0, in_total = 0;
+    for (int j = 0; j < n_; ++j) {
+      out_total += out_n[static_cast<size_t>(j)];
+      in_total += in_n[static_cast<size_t>(j)];
+    }
+    // Left uninitialised: every byte is written before it is read.
+    std::unique_ptr<uint8_t[]> sendbuf(new uint8_t[std::max<size_t>(out_total, 1)]);
+    std::unique_ptr<uint8_t[]> recvbuf(new uint8_t[std::max<size_t>(in_total, 1)]);
+    size_t at = 0;
+    for (int j = 0; j < n_; ++j)
       for (size_t t = t0; t < t1; ++t) {
-        const size_t b = xfer_bytes(plan[t]);
-        if (plan[t].src == me) out_n[static_cast<size_t>(plan[t].dst)] += b;
-        if (plan[t].dst == me) in_n[static_cast<size_t>(plan[t].src)] += b;
-      }
-      size_t out_total = 0, in_total = 0;
-      for (int j = 0; j < n; ++j) {
-        out_total += out_n[static_cast<size_t>(j)];
-        in_total += in_n[static_cast<size_t>(j)];
-      }
-      // Left uninitialised: every byte is written before it is read.
-      std::unique_ptr<uint8_t[]> sendbuf(new uint8_t[std::max<size_t>(out_total, 1)]);
-      std::unique_ptr<uint8_t[]> recvbuf(new uint8_t[std::max<size_t>(in_total, 1)]);
-      size_t at = 0;
-      for (int j = 0; j < n; ++j)
-        for (size_t t = t0; t < t1; ++t) {
-          const Transfer& x = plan[t];
-          if (x.src != me || x.dst != j) continue;
-          if (x.expert >= 0) {
-            const Expert& held = experts_[static_cast<size_t>(old_slot[static_cast<size_t>(x.expert)])];
-            extract_units(held, 0, I, sendbuf.get() + at);
-            if (with_bias) extract_biases(held, sendbuf.get() + at + static_cast<size_t>(I) * unit_bytes);
-          } else {
-            extract_units(shared_, x.u0 - shared_begin_, x.u1 - x.u0, sendbuf.get() + at);
-          }
-          at += xfer_bytes(x);
+        const Transfer& x = plan_[t];
+        if (x.src != me_ || x.dst != j) continue;
+        if (x.expert >= 0) {
+          const Expert& held = o_.experts_[static_cast<size_t>(old_slot_[static_cast<size_t>(x.expert)])];
+          o_.extract_units(held, 0, I_, sendbuf.get() + at);
+          if (with_bias_) o_.extract_biases(held, sendbuf.get() + at + static_cast<size_t>(I_) * unit_bytes_);
+        } else {
+          o_.extract_units(o_.shared_, x.u0 - o_.shared_begin_, x.u1 - x.u0, sendbuf.get() + at);
         }
-      ++entered;
-      xc->all_to_all_v(recvbuf.get(), in_n.data(), sendbuf.get(), out_n.data(), EP_MOE_DTYPE_U8, nullptr);
-      sent += static_cast<int64_t>(out_total);
-      received += static_cast<int64_t>(in_total);
-      at = 0;
-      for (int j = 0; j < n; ++j)
-        for (size_t t = t0; t < t1; ++t) {
-          const Transfer& x = plan[t];
-          if (x.dst != me || x.src != j) continue;
-          const size_t b = xfer_bytes(x);
-          if (x.expert >= 0) {
-            nl->store_units(x.expert, recvbuf.get() + at);
-            if (with_bias) nl->store_biases(x.expert, recvbuf.get() + at + static_cast<size_t>(I) * unit_bytes);
-          } else {
-            std::memcpy(shared_units.data() + static_cast<size_t>(x.u0 - my_lo) * unit_bytes, recvbuf.get() + at, b);
-          }
-          at += b;
+        at += xfer_bytes(x);
+      }
+    ++entered_;
+    xc_->all_to_all_v(recvbuf.get(), in_n.data(), sendbuf.get(), out_n.data(), EP_MOE_DTYPE_U8, nullptr);
+    sent_ += static_cast<int64_t>(out_total);
+    received_ += static_cast<int64_t>(in_total);
+    at = 0;
+    for (int j = 0; j < n_; ++j)
+      for (size_t t = t0; t < t1; ++t) {
+        const Transfer& x = plan_[t];
+        if (x.dst != me_ || x.src != j) continue;
+        const size_t b = xfer_bytes(x);
+        if (x.expert >= 0) {
+          nl_->store_units(x.expert, recvbuf.get() + at);
+          if (with_bias_) nl_->store_biases(x.expert, recvbuf.get() + at + static_cast<size_t>(I_) * unit_bytes_);
+        } else {
+          std::memcpy(shared_units_.data() + static_cast<size_t>(x.u0 - my_lo_) * unit_bytes_, recvbuf.get() + at, b);
         }
-      t0 = t1;
-    }
-  });
-  if (status != EP_MOE_OK) {
-    for (size_t s = entered; s < stages; ++s) comm->fail_collective(status, message);
-    fail(status, "%s", message.c_str());
+        at += b;
+      }
   }
 
-  // Local completion: kept shared units, checkpoint reads, duplicate slots.
-  capture(&status, &message, "completing the re-placement", [&] {
-    if (Is > 0 && my_hi > my_lo) {
-      if (ck_shared) {
-        LoadParts parts;
-        parts.experts.assign(static_cast<size_t>(E), 0);
-        parts.others = false;
-        read += static_cast<int64_t>(nl->load_parts(*ck, L, parts));
-      } else {
-        for (const auto& seg : shared_keep)
-          extract_units(shared_, seg.first - shared_begin_, seg.second - seg.first,
-                        shared_units.data() + static_cast<size_t>(seg.first - my_lo) * unit_bytes);
-        nl->store_units(-1, shared_units.data());
+  // 4. Locally: the kept shared units, the checkpoint reads, second slots
+  // of a kept expert (and, on CUDA, every kept expert: the old layer's
+  // device memory goes with it).
+  void complete_locally() {
+    capture(&status_, &message_, "completing the re-placement", [&] {
+      if (Is_ > 0 && my_hi_ > my_lo_) {
+        if (ck_shared_) {
+          Layer::LoadParts parts;
+          parts.experts.assign(static_cast<size_t>(E_), 0);
+          parts.others = false;
+          read_ += static_cast<int64_t>(nl_->load_parts(*ck_, L_, parts));
+        } else {
+          for (const auto& seg : shared_keep_)
+            o_.extract_units(o_.shared_, seg.first - o_.shared_begin_, seg.second - seg.first,
+                             shared_units_.data() + static_cast<size_t>(seg.first - my_lo_) * unit_bytes_);
+          nl_->store_units(-1, shared_units_.data());
+        }
       }
-    }
-    if (ck_any_expert) {
-      LoadParts parts;
-      parts.experts = ck_experts;
-      parts.shared = parts.others = false;
-      read += static_cast<int64_t>(nl->load_parts(*ck, L, parts));
-    }
-    // Kept experts move at commit; a second local slot of one gets a copy now.
-    const auto& nl2g = nl->map_.local_to_global();
-    std::vector<char> first(static_cast<size_t>(E), 1);
-    for (size_t l = 0; l < nl->experts_.size(); ++l) {
-      const int32_t e = nl2g[l];
-      if (old_slot[static_cast<size_t>(e)] < 0) continue;
-      const int32_t o = old_slot[static_cast<size_t>(e)];
-      if (dev_) {  // CUDA: every kept expert is copied now (the old layer's memory is freed with it)
-        nl->dev_->copy_expert_from(*dev_, o, static_cast<int32_t>(l));
-        Expert& x = nl->experts_[l];
-        x.has_gate = x.has_up = x.has_down = true;
-      } else if (!first[static_cast<size_t>(e)]) {
-        copy_expert(nl->experts_[l], experts_[static_cast<size_t>(o)]);
+      if (ck_any_expert_) {
+        Layer::LoadParts parts;
+        parts.experts = ck_experts_;
+        parts.shared = parts.others = false;
+        read_ += static_cast<int64_t>(nl_->load_parts(*ck_, L_, parts));
       }
-      first[static_cast<size_t>(e)] = 0;
-    }
-    if (dev_) {  // router, bias and shared gate live on the device too
-      if (has_router_) nl->dev_->copy_router_from(*dev_);
-      if (has_bias_)
-        nl->dev_->upload(cuda::Part::Bias, 0, 0, Source{bias_.data(), EP_MOE_DTYPE_F32, E}, 1, E, false);
-      if (has_shared_gate_)
-        nl->dev_->upload(cuda::Part::SharedGate, 0, 0,
-                         Source{shared_gate_.data(), EP_MOE_DTYPE_F32, cfg_.hidden_size}, 1, cfg_.hidden_size,
-                         false);
-    }
-  });
+      const auto& nl2g = nl_->map_.local_to_global();
+      std::vector<char> first(static_cast<size_t>(E_), 1);
+      for (size_t l = 0; l < nl_->experts_.size(); ++l) {
+        const int32_t e = nl2g[l];
+        if (old_slot_[static_cast<size_t>(e)] < 0) continue;
+        const int32_t o = old_slot_[static_cast<size_t>(e)];
+        if (o_.dev_) {
+          nl_->dev_->copy_expert_from(*o_.dev_, o, static_cast<int32_t>(l));
+          Expert& x = nl_->experts_[l];
+          x.has_gate = x.has_up = x.has_down = true;
+        } else if (!first[static_cast<size_t>(e)]) {
+          Layer::copy_expert(nl_->experts_[l], o_.experts_[static_cast<size_t>(o)]);
+        }
+        first[static_cast<size_t>(e)] = 0;
+      }
+      if (o_.dev_) {  // router, bias and shared gate live on the device too
+        const int64_t H = o_.cfg_.hidden_size;
+        if (o_.has_router_) nl_->dev_->copy_router_from(*o_.dev_);
+        if (o_.has_bias_)
+          nl_->dev_->upload(cuda::Part::Bias, 0, 0, Source{o_.bias_.data(), EP_MOE_DTYPE_F32, E_}, 1, E_, false);
+        if (o_.has_shared_gate_)
+          nl_->dev_->upload(cuda::Part::SharedGate, 0, 0, Source{o_.shared_gate_.data(), EP_MOE_DTYPE_F32, H}, 1, H,
+                            false);
+      }
+    });
+  }
 
-  // The vote.
-  if (comm) {
-    std::vector<int32_t> votes(static_cast<size_t>(n));
-    const int32_t v = status;
-    xc->all_gather(votes.data(), &v, 1, EP_MOE_DTYPE_I32, nullptr);
-    for (int i = 0; i < n; ++i) {
+  // 4. The vote: one all-gather of every rank's status; any failure fails
+  // every rank, and nothing has changed yet.
+  void vote() {
+    if (!comm_) {
+      if (status_ != EP_MOE_OK) fail(status_, "%s", message_.c_str());
+      return;
+    }
+    std::vector<int32_t> votes(static_cast<size_t>(n_));
+    const int32_t v = status_;
+    xc_->all_gather(votes.data(), &v, 1, EP_MOE_DTYPE_I32, nullptr);
+    for (int i = 0; i < n_; ++i) {
       const auto s = static_cast<ep_moe_status_t>(votes[static_cast<size_t>(i)]);
       if (s == EP_MOE_OK) continue;
-      if (i == me) fail(s, "%s", message.c_str());
+      if (i == me_) fail(s, "%s", message_.c_str());
       fail(peer_status(s), "the re-placement was abandoned: rank %d failed (%s)", i, ep_moe_status_string(s));
     }
-  } else if (status != EP_MOE_OK) {
-    fail(status, "%s", message.c_str());
   }
 
-  // 5. Commit: nothing below throws.
-  {
-    const auto& nl2g = nl->map_.local_to_global();
-    std::vector<char> first(static_cast<size_t>(E), 1);
-    for (size_t l = 0; l < nl->experts_.size(); ++l) {
+  // 5. Commit: the kept experts and the small weights move into the new
+  // layer. Nothing here throws.
+  void commit() {
+    const auto& nl2g = nl_->map_.local_to_global();
+    std::vector<char> first(static_cast<size_t>(E_), 1);
+    for (size_t l = 0; l < nl_->experts_.size(); ++l) {
       const int32_t e = nl2g[l];
-      const int32_t o = old_slot[static_cast<size_t>(e)];
-      if (o < 0 || !first[static_cast<size_t>(e)] || dev_) continue;  // CUDA: copied before the vote
+      const int32_t o = old_slot_[static_cast<size_t>(e)];
+      if (o < 0 || !first[static_cast<size_t>(e)] || o_.dev_) continue;  // CUDA: copied before the vote
       first[static_cast<size_t>(e)] = 0;
-      nl->experts_[l] = std::move(experts_[static_cast<size_t>(o)]);
+      nl_->experts_[l] = std::move(o_.experts_[static_cast<size_t>(o)]);
     }
+    nl_->router_ = std::move(o_.router_);
+    nl_->router_bias_ = std::move(o_.router_bias_);
+    nl_->expert_bias_ = with_bias_;
+    nl_->has_router_ = o_.has_router_;
+    nl_->bias_ = std::move(o_.bias_);
+    nl_->has_bias_ = o_.has_bias_;
+    if (o_.has_bias_) nl_->routing_.bias = nl_->bias_.data();
+    nl_->shared_gate_ = std::move(o_.shared_gate_);
+    nl_->has_shared_gate_ = o_.has_shared_gate_;
+    nl_->bytes_loaded_ += o_.bytes_loaded_;  // load_parts counted `read_`
+    nl_->replace_sent_ = sent_;
+    nl_->replace_received_ = received_;
+    nl_->replace_read_ = read_;
+    nl_->replace_kept_ = kept_;
+    log(EP_MOE_LOG_INFO,
+        "[EP rank %d/%d] re-placed: %d experts kept, %lld bytes received and %lld sent over %zu rounds, %lld read "
+        "from the checkpoint; now %s",
+        nmap_->ep_rank(), nmap_->ep_size(), kept_, static_cast<long long>(received_), static_cast<long long>(sent_),
+        round_end_.size(), static_cast<long long>(read_), nmap_->describe().c_str());
   }
-  nl->router_ = std::move(router_);
-  nl->router_bias_ = std::move(router_bias_);
-  nl->expert_bias_ = with_bias;
-  nl->has_router_ = has_router_;
-  nl->bias_ = std::move(bias_);
-  nl->has_bias_ = has_bias_;
-  if (has_bias_) nl->routing_.bias = nl->bias_.data();
-  nl->shared_gate_ = std::move(shared_gate_);
-  nl->has_shared_gate_ = has_shared_gate_;
-  nl->bytes_loaded_ += bytes_loaded_;  // load_parts counted `read`
-  nl->replace_sent_ = sent;
-  nl->replace_received_ = received;
-  nl->replace_read_ = read;
-  nl->replace_kept_ = kept;
-  log(EP_MOE_LOG_INFO,
-      "[EP rank %d/%d] re-placed: %d experts kept, %lld bytes received and %lld sent over %zu rounds, %lld read from "
-      "the checkpoint; now %s",
-      nmap->ep_rank(), new_ep, kept, static_cast<long long>(received), static_cast<long long>(sent), round_end.size(),
-      static_cast<long long>(read), nmap->describe().c_str());
-  return nl;
+
+  Layer& o_;  // the layer being re-placed (unchanged until commit)
+  const ExpertMap* nmap_;
+  Comm* comm_;
+  const io::Checkpoint* ck_;
+  int32_t L_;
+  std::unique_ptr<Comm> staged_;
+  Comm* xc_ = nullptr;  // comm_, or its host view
+  int32_t E_ = 0, I_ = 0, Is_ = 0;
+  size_t unit_bytes_ = 0, bias_bytes_ = 0, words_ = 0, rec_len_ = 0;
+  int n_ = 1, me_ = 0;
+  ep_moe_status_t status_ = EP_MOE_OK;
+  std::string message_;
+  std::unique_ptr<Layer> nl_;
+  std::vector<int32_t> old_slot_;  // a complete local slot of each expert, -1: none
+  std::vector<int64_t> all_;       // every rank's holdings record
+  bool with_bias_ = false;
+  // The plan.
+  std::vector<Transfer> plan_;
+  std::vector<size_t> busy_, round_end_;
+  std::vector<char> ck_experts_;
+  bool ck_any_expert_ = false, ck_shared_ = false;
+  int32_t kept_ = 0;
+  std::vector<std::pair<int32_t, int32_t>> shared_keep_;  // this rank's kept shared segments
+  std::string missing_;
+  // The transfers.
+  size_t stages_ = 0, entered_ = 0;
+  int32_t my_lo_ = 0, my_hi_ = 0;
+  std::vector<uint8_t> shared_units_;
+  int64_t sent_ = 0, received_ = 0, read_ = 0;
+};
+
+std::unique_ptr<Layer> Layer::replace(const ExpertMap* nmap, Comm* comm, const io::Checkpoint* ck, int32_t L,
+                                      ep_moe_status_t pre_status, const std::string& pre_error) {
+  return Replacement(*this, nmap, comm, ck, L).run(pre_status, pre_error);
 }
 
 }  // namespace ep_moe
