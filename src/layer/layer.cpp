@@ -77,8 +77,10 @@ const char* weight_name(ep_moe_weight_t w) {
   return "unknown weight";
 }
 
-Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm, Comm* dp_comm)
-    : cfg_(c), map_(map), ep_(ep_comm), dp_(dp_comm), kern_(cpu::layer_kernels()) {
+namespace {
+// Every check of a layer's configuration, against its map and communicators
+// too (throws INVALID_ARGUMENT naming the field); nothing is set up before.
+void validate(const ep_moe_layer_config_t& c, const ExpertMap& map, const Comm* ep, const Comm* dp) {
   EP_MOE_CHECK_ARG(c.hidden_size >= 1 && c.hidden_size <= kMaxHidden, "hidden_size must be in [1, %d], got %d",
                    kMaxHidden, c.hidden_size);
   EP_MOE_CHECK_ARG(c.intermediate_size >= 1 && c.intermediate_size <= kMaxInter,
@@ -124,31 +126,40 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
                    "the expert map has %d fused shared experts; the layer runs its shared expert itself "
                    "(shared_intermediate_size), so pass a map without them",
                    map.num_fused_shared());
-  if (ep_) {
-    EP_MOE_CHECK_ARG(ep_->size() == map.ep_size() && ep_->rank() == map.ep_rank(),
-                     "ep_comm is rank %d of %d but the expert map is rank %d of %d", ep_->rank(), ep_->size(),
+  if (ep) {
+    EP_MOE_CHECK_ARG(ep->size() == map.ep_size() && ep->rank() == map.ep_rank(),
+                     "ep_comm is rank %d of %d but the expert map is rank %d of %d", ep->rank(), ep->size(),
                      map.ep_rank(), map.ep_size());
   }
+  if (dp) {
+    EP_MOE_CHECK_ARG(ep != nullptr, "dp_comm needs an ep_comm: DP attention reduces over the EP group");
+    EP_MOE_CHECK_ARG(ep->size() % dp->size() == 0, "dp_comm size %d does not divide the EP size %d", dp->size(),
+                     ep->size());
+  }
+  EP_MOE_CHECK_ARG(c.dispatch_mode >= EP_MOE_DISPATCH_ALLGATHER && c.dispatch_mode <= EP_MOE_DISPATCH_AUTO,
+                   "dispatch_mode %d is not an ep_moe_dispatch_mode_t value", c.dispatch_mode);
+  if (c.dispatch_mode != EP_MOE_DISPATCH_ALLGATHER) {
+    EP_MOE_CHECK_ARG(ep != nullptr, "dispatch_mode all-to-all/auto needs an ep_comm");
+    EP_MOE_CHECK_ARG(dp == nullptr || dp == ep,
+                     "dispatch_mode all-to-all/auto needs dp_comm NULL or the ep_comm handle itself (every rank its "
+                     "own DP replica); use all-gather for other DP layouts");
+    EP_MOE_CHECK_ARG(c.skip_mode == EP_MOE_SKIP_TOKENS, "skip_mode weight-0 exists only for the all-gather dispatch");
+  }
+  EP_MOE_CHECK_ARG(c.device >= -1, "device must be -1 (CPU) or a CUDA device ordinal, got %d", c.device);
+  EP_MOE_CHECK_ARG(c.sync_free_tokens >= 0, "sync_free_tokens must be >= 0, got %d", c.sync_free_tokens);
+}
+}  // namespace
+
+Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm, Comm* dp_comm)
+    : cfg_(c), map_(map), ep_(ep_comm), dp_(dp_comm), kern_(cpu::layer_kernels()) {
+  validate(c, map, ep_, dp_);
   if (dp_) {
-    EP_MOE_CHECK_ARG(ep_ != nullptr, "dp_comm needs an ep_comm: DP attention reduces over the EP group");
-    EP_MOE_CHECK_ARG(ep_->size() % dp_->size() == 0, "dp_comm size %d does not divide the EP size %d",
-                     dp_->size(), ep_->size());
     dp_size_ = dp_->size();
     dp_rank_ = dp_->rank();
     dp_is_ep_ = dp_ == ep_;
   }
-
-  EP_MOE_CHECK_ARG(c.dispatch_mode >= EP_MOE_DISPATCH_ALLGATHER && c.dispatch_mode <= EP_MOE_DISPATCH_AUTO,
-                   "dispatch_mode %d is not an ep_moe_dispatch_mode_t value", c.dispatch_mode);
   dispatch_ = c.dispatch_mode;
-  if (dispatch_ != EP_MOE_DISPATCH_ALLGATHER) {
-    EP_MOE_CHECK_ARG(ep_ != nullptr, "dispatch_mode all-to-all/auto needs an ep_comm");
-    EP_MOE_CHECK_ARG(dp_ == nullptr || dp_ == ep_,
-                     "dispatch_mode all-to-all/auto needs dp_comm NULL or the ep_comm handle itself (every rank its "
-                     "own DP replica); use all-gather for other DP layouts");
-    EP_MOE_CHECK_ARG(c.skip_mode == EP_MOE_SKIP_TOKENS, "skip_mode weight-0 exists only for the all-gather dispatch");
-    shared_replicated_ = true;
-  }
+  shared_replicated_ = dispatch_ != EP_MOE_DISPATCH_ALLGATHER;  // all-to-all modes keep the whole shared expert
   routing_.num_experts = c.num_experts;
   routing_.top_k = c.top_k;
   routing_.sigmoid = c.scoring == EP_MOE_SCORING_SIGMOID;
@@ -168,27 +179,36 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
   }
   if (c.use_score_bias) bias_.assign(static_cast<size_t>(c.num_experts), 0.0f);
   load_.assign(static_cast<size_t>(c.num_experts), 0);
-
-  // Replica slots of each expert (one slot unless the map has replicas).
-  const auto& p2g = map.physical_to_global();
-  replica_begin_.assign(static_cast<size_t>(c.num_experts) + 1, 0);
-  for (int32_t e : p2g) ++replica_begin_[static_cast<size_t>(e) + 1];
-  for (size_t e = 0; e < static_cast<size_t>(c.num_experts); ++e) replica_begin_[e + 1] += replica_begin_[e];
-  replica_slots_.resize(p2g.size());
-  {
-    std::vector<int32_t> fill(replica_begin_.begin(), replica_begin_.end() - 1);
-    for (size_t s = 0; s < p2g.size(); ++s)
-      replica_slots_[static_cast<size_t>(fill[static_cast<size_t>(p2g[s])]++)] = static_cast<int32_t>(s);
-  }
+  build_replica_tables();
   build_a2a_choice();
 
-  EP_MOE_CHECK_ARG(c.device >= -1, "device must be -1 (CPU) or a CUDA device ordinal, got %d", c.device);
-  EP_MOE_CHECK_ARG(c.sync_free_tokens >= 0, "sync_free_tokens must be >= 0, got %d", c.sync_free_tokens);
+  int64_t max_rows = 0, send_rows = 0, fanout = 0;
+  size_plans(&max_rows, &send_rows, &fanout);
+  if (c.device >= 0) {  // routes on the device: no route_scratch_
+    setup_device(max_rows, send_rows, fanout);
+    return;
+  }
+  setup_cpu(max_rows, send_rows, fanout);
+}
 
+void Layer::build_replica_tables() {
+  // Replica slots of each expert (one slot unless the map has replicas).
+  const auto& p2g = map_.physical_to_global();
+  replica_begin_.assign(static_cast<size_t>(cfg_.num_experts) + 1, 0);
+  for (int32_t e : p2g) ++replica_begin_[static_cast<size_t>(e) + 1];
+  for (size_t e = 0; e < static_cast<size_t>(cfg_.num_experts); ++e) replica_begin_[e + 1] += replica_begin_[e];
+  replica_slots_.resize(p2g.size());
+  std::vector<int32_t> fill(replica_begin_.begin(), replica_begin_.end() - 1);
+  for (size_t s = 0; s < p2g.size(); ++s)
+    replica_slots_[static_cast<size_t>(fill[static_cast<size_t>(p2g[s])]++)] = static_cast<int32_t>(s);
+}
+
+void Layer::size_plans(int64_t* max_rows_out, int64_t* send_rows_out, int64_t* fanout_out) {
   // Sizes of the flows and the host plan arrays, for either backend.
+  const ep_moe_layer_config_t& c = cfg_;
   const int64_t H = c.hidden_size, K = c.top_k, T = c.max_tokens;
   const size_t es = dtype_size(static_cast<ep_moe_dtype_t>(c.act_dtype));
-  const int64_t ep = map.ep_size();
+  const int64_t ep = map_.ep_size();
   const bool a2a = dispatch_ != EP_MOE_DISPATCH_ALLGATHER;
   const int64_t fanout = std::min<int64_t>(ep, K);  // rows a token sends (all-to-all)
   max_all_ = T * dp_size_;
@@ -216,12 +236,17 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
   counts_.resize(static_cast<size_t>(std::max<int64_t>(ep, dp_size_)));
   ids_.resize(static_cast<size_t>(max_rows * K));
   weights_.resize(static_cast<size_t>(max_rows * K));
-  if (c.device >= 0) {  // routes on the device: no route_scratch_
-    setup_device(max_rows, send_rows, fanout);
-    return;
-  }
+  *max_rows_out = max_rows;
+  *send_rows_out = send_rows;
+  *fanout_out = fanout;
+}
 
-  // CPU threads and workspace.
+void Layer::setup_cpu(int64_t max_rows, int64_t send_rows, int64_t fanout) {
+  // CPU threads and workspace, sized for max_tokens: forward allocates nothing.
+  const ep_moe_layer_config_t& c = cfg_;
+  const int64_t H = c.hidden_size, K = c.top_k, T = c.max_tokens, ep = map_.ep_size();
+  const size_t es = dtype_size(static_cast<ep_moe_dtype_t>(c.act_dtype));
+  const bool a2a = dispatch_ != EP_MOE_DISPATCH_ALLGATHER;
   pool_ = std::make_unique<cpu::ThreadPool>(cpu::default_threads(c.num_threads, ep_ ? ep_->ranks_in_process() : 1));
   if (send_rows > 0) send_rows_.resize(static_cast<size_t>(send_rows) * row_bytes_);
   if (dp_size_ > 1 || a2a) recv_rows_.resize(static_cast<size_t>(max_rows) * row_bytes_);
@@ -256,8 +281,8 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
   log(EP_MOE_LOG_INFO,
       "[EP rank %d/%d] MoE layer: H=%d I=%d E=%d top-%d, %d local experts, shared shard %d/%d, dp %d, %d threads, "
       "%s kernels",
-      map.ep_rank(), map.ep_size(), c.hidden_size, c.intermediate_size, c.num_experts, c.top_k,
-      map.num_local_routed(), shared_count_, c.shared_intermediate_size, dp_size_, pool_->size(),
+      map_.ep_rank(), map_.ep_size(), c.hidden_size, c.intermediate_size, c.num_experts, c.top_k,
+      map_.num_local_routed(), shared_count_, c.shared_intermediate_size, dp_size_, pool_->size(),
       cpu::isa_name(kern_.isa));
 }
 

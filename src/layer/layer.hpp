@@ -141,7 +141,11 @@ class Layer {
   bool store(ep_moe_weight_t which, int32_t expert, Source src, bool shard_relative, bool src_on_device = false);
   // CUDA layers (cfg.device >= 0): the device part and its forward.
   void store_device(ep_moe_weight_t which, int32_t expert, Source src, bool shard_relative, bool src_on_device);
-  // The CUDA part of the constructor (the flow sizes come from it).
+  // The constructor's steps: replica tables, the flows' and host plans'
+  // sizes, then the CPU workspace or the CUDA part (layer_device.cpp).
+  void build_replica_tables();
+  void size_plans(int64_t* max_rows, int64_t* send_rows, int64_t* fanout);
+  void setup_cpu(int64_t max_rows, int64_t send_rows, int64_t fanout);
   void setup_device(int64_t max_rows, int64_t send_rows, int64_t fanout);
   bool route_device(const ep_moe_forward_args_t& a);
   void choice_to_host(const ep_moe_forward_args_t& a, bool capturing);
