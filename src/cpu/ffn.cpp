@@ -93,29 +93,61 @@ void FfnRunner::run(ThreadPool& pool, const std::vector<ExpertJob>& jobs, const 
 
 void FfnRunner::run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_t ldx, float* acc, int64_t ldacc,
                           Act act, const uint16_t* x16, int64_t ldx16) {
-  const std::vector<Segment>& segs = segs_;
-  const int nr = k_.nr, h = nr / 2;
-  float* hbuf = h_.data<float>();
   // bf16 weights on a CPU with bf16 dot products: the rows of x (gathered
   // in pair order) and h go through the tiles in bf16, as a GPU GEMM would.
-  bool dot = bf16_act_;
-  for (const Segment& s : segs)
-    dot = dot && s.job->gate_up->dtype == EP_MOE_DTYPE_BF16 && s.job->down->dtype == EP_MOE_DTYPE_BF16;
-  uint16_t* xb = dot ? xb_.data<uint16_t>() : nullptr;
-  uint16_t* hb = dot ? hb_.data<uint16_t>() : nullptr;
-  if (dot) {
-    pool.parallel_ranges(static_cast<size_t>(rows), 16, [&](size_t b0, size_t b1, int) {
-      const auto r0 = static_cast<int64_t>(b0), r1 = static_cast<int64_t>(b1);
-      size_t s = 0;
-      for (int64_t r = r0; r < r1; ++r) {
-        while (r >= segs[s].offset + segs[s].len) ++s;
-        const int64_t tok = segs[s].job->rows[segs[s].begin + (r - segs[s].offset)];
-        if (x16) std::memcpy(xb + r * ldxb_, x16 + tok * ldx16, static_cast<size_t>(hidden_) * 2);
-        else k_.to_bf16(x + tok * ldx, xb + r * ldxb_, hidden_);
-      }
-    });
-  }
+  Chunk ch;
+  ch.dot = bf16_act_;
+  for (const Segment& s : segs_)
+    ch.dot = ch.dot && s.job->gate_up->dtype == EP_MOE_DTYPE_BF16 && s.job->down->dtype == EP_MOE_DTYPE_BF16;
+  ch.hbuf = h_.data<float>();
+  ch.xb = ch.dot ? xb_.data<uint16_t>() : nullptr;
+  ch.hb = ch.dot ? hb_.data<uint16_t>() : nullptr;
+  if (ch.dot) gather_bf16_rows(ch, rows, pool, x, ldx, x16, ldx16);
+  phase_a(ch, pool, x, ldx, act);
+  phase_b(ch, pool, acc, ldacc);
+}
 
+// The chunk's rows of x in bf16, in pair order (from x16 when given).
+void FfnRunner::gather_bf16_rows(const Chunk& ch, int64_t rows, ThreadPool& pool, const float* x, int64_t ldx,
+                                 const uint16_t* x16, int64_t ldx16) {
+  const std::vector<Segment>& segs = segs_;
+  uint16_t* xb = ch.xb;
+  pool.parallel_ranges(static_cast<size_t>(rows), 16, [&](size_t b0, size_t b1, int) {
+    const auto r0 = static_cast<int64_t>(b0), r1 = static_cast<int64_t>(b1);
+    size_t s = 0;
+    for (int64_t r = r0; r < r1; ++r) {
+      while (r >= segs[s].offset + segs[s].len) ++s;
+      const int64_t tok = segs[s].job->rows[segs[s].begin + (r - segs[s].offset)];
+      if (x16) std::memcpy(xb + r * ldxb_, x16 + tok * ldx16, static_cast<size_t>(hidden_) * 2);
+      else k_.to_bf16(x + tok * ldx, xb + r * ldxb_, hidden_);
+    }
+  });
+}
+
+// A segment of one row (decode) goes through its runs of panels in gemv
+// calls, when the kernels have one for its weights, and a segment of 2 ..
+// run_rows rows through gemm_run, where the kernels have it (both phases):
+// the rows of such a segment, else 0.
+int FfnRunner::run_rows_of(const Segment& sg, const PackedWeight& w, bool dot) const {
+  return k_.runs_rows(sg.len, w.dtype, dot) ? static_cast<int>(sg.len) : 0;
+}
+
+// Rows a[0 .. m) (row16: the bf16 one, for m = 1 on the dot tiles) over
+// `run` panels from p: row i's results at c + i * run * nr.
+void FfnRunner::run_panels(bool dot, const PackedWeight& w, int m, const float* const* a, const uint16_t* row16,
+                           int32_t p, int run, float* c, const void* next) const {
+  const int nr = k_.nr;
+  if (m > 1) k_.gemm_run[w.dtype](m, a, w.k, w.panel(p), run, c, run * nr, next);
+  else if (dot) k_.gemv_bf16(row16, w.k, w.panel(p), run, c, next);
+  else k_.gemv[w.dtype](a[0], w.k, w.panel(p), run, c, next);
+}
+
+void FfnRunner::phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64_t ldx, Act act) {
+  const std::vector<Segment>& segs = segs_;
+  const int nr = k_.nr, h = nr / 2;
+  const bool dot = ch.dot;
+  float* hbuf = ch.hbuf;
+  uint16_t *xb = ch.xb, *hb = ch.hb;
   // Phase A: h = act(x W_gate^T) * (x W_up^T), per gate/up panel of each
   // segment, numbered in the order below (first[s]: segment s's first). The
   // panels go out in one contiguous share per thread (parallel_shares), so
@@ -127,9 +159,7 @@ void FfnRunner::run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_
   // while the other streams routed experts, instead of at the back of the
   // last share, where the helper's steals made both threads compute with
   // memory idle. Phase A's outputs do not depend on this order (the bits
-  // are the same). qwen2-57b T=32 (shared expert of 5120 on the rank):
-  // 21.0-21.5 against 21.3-22.3 ms expert time, four A/B rounds with this
-  // binary first (the VM favours whichever runs second).
+  // are the same).
   // (Stable by the tie-break on position in segs: std::stable_sort would
   // take a temporary buffer from the heap, std::sort works in place.)
   std::vector<const Segment*>& ord = ord_;
@@ -166,21 +196,6 @@ void FfnRunner::run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_
       for (int j = 0; j < h; ++j) dst[j] = activate(act, ci[j], ci[h + j]);
     if (dot) k_.to_bf16(hv, hb + row * ldh_ + static_cast<int64_t>(p) * h, h);
   };
-  // A segment of one row (decode) goes through its runs of panels in gemv
-  // calls, when the kernels have one for its weights, and a segment of 2 ..
-  // run_rows rows through gemm_run, where the kernels have it (both
-  // phases): run_rows_of gives the rows of such a segment, else 0.
-  const auto run_rows_of = [&](const Segment& sg, const PackedWeight& w) -> int {
-    return k_.runs_rows(sg.len, w.dtype, dot) ? static_cast<int>(sg.len) : 0;
-  };
-  // Rows a[0 .. m) (row16: the bf16 one, for m = 1 on the dot tiles) over
-  // `run` panels from p: row i's results at c + i * run * nr.
-  const auto run_panels = [&](const PackedWeight& w, int m, const float* const* a, const uint16_t* row16, int32_t p,
-                              int run, float* c, const void* next) {
-    if (m > 1) k_.gemm_run[w.dtype](m, a, w.k, w.panel(p), run, c, run * nr, next);
-    else if (dot) k_.gemv_bf16(row16, w.k, w.panel(p), run, c, next);
-    else k_.gemv[w.dtype](a[0], w.k, w.panel(p), run, c, next);
-  };
   pool.parallel_shares(static_cast<size_t>(all_panels), grain_a, grain_a, [&](size_t b, size_t e, size_t nx, int) {
     const float* a[kRows];
     const uint16_t* a16[kRows];
@@ -197,10 +212,10 @@ void FfnRunner::run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_
                : nx < static_cast<size_t>(all_panels) ? gate_up_panel(static_cast<int64_t>(nx), si)
                                                        : nullptr;
       };
-      if (const int rr = run_rows_of(s, w)) {
+      if (const int rr = run_rows_of(s, w, dot)) {
         const int64_t run = std::min<int64_t>({static_cast<int64_t>(e), first[si + 1], q + kRows * 32 / (nr * rr)}) - q;
         for (int i = 0; i < rr; ++i) a[i] = x ? x + static_cast<int64_t>(s.job->rows[s.begin + i]) * ldx : nullptr;
-        run_panels(w, rr, a, xb ? xb + s.offset * ldxb_ : nullptr, p, static_cast<int>(run), c, next_after(q + run));
+        run_panels(dot, w, rr, a, xb ? xb + s.offset * ldxb_ : nullptr, p, static_cast<int>(run), c, next_after(q + run));
         for (int i = 0; i < rr; ++i)
           for (int64_t j = 0; j < run; ++j)
             activate_row(c + (i * run + j) * nr, s.offset + i, p + static_cast<int32_t>(j), *s.job);
@@ -222,26 +237,28 @@ void FfnRunner::run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_
       ++q;
     }
   });
+}
 
+void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t ldacc) {
+  const std::vector<Segment>& segs = segs_;
+  const int nr = k_.nr;
+  const bool dot = ch.dot;
+  float* hbuf = ch.hbuf;
+  uint16_t* hb = ch.hb;
   // Phase B: acc[token] += weight * (h W_down^T), per block of panels of
   // hidden columns (every down weight has hidden_ rows): a thread owns its
   // columns of acc, so the weighted combine is fused in, and each token's
   // rows are added in job order then row order, whatever the thread count.
   // Within a block the segments come first and their panels second, so a
   // thread streams each expert's block of panels as one contiguous run
-  // (qwen3 T=8: 88-93 % -> 97-98 % of the read bandwidth against visiting
-  // every expert's panel p before any panel p+1); each call prefetches the
-  // panel visited next, across claims too. The blocks are claims of
-  // parallel_shares: up to 16 panels from the front of a thread's own share,
-  // a quarter of that when helping another. Fewer, longer runs than blocks
-  // of 8 dealt out one at a time: with phase A's shares, qwen3 decode in an
-  // FfnRunner simulation (32 experts, alternating binaries, this VM's
-  // ~80 GB/s state) went T=1 96 -> 103 %, T=8 91 -> 97 %, T=32 85 -> 88 %,
-  // T=64 77 -> 80 % of the read bandwidth; T=512 unchanged. Near its
+  // (visiting every expert's panel p before any panel p+1 streams worse);
+  // each call prefetches the panel visited next, across claims too. The
+  // blocks are claims of parallel_shares: up to 16 panels from the front of
+  // a thread's own share, a quarter of that when helping another: fewer,
+  // longer runs than small blocks dealt out one at a time. Near its
   // share's end an owner claims at most half of what is left, down to the
-  // steal size, a quarter of the grain (parallel_shares):
-  // with claims of 16 to the end, a thread waited out its peer's last claim
-  // for 0.1-0.35 ms of qwen3 T=32's ~1.6 ms phase B in the ~80 GB/s state.
+  // steal size, a quarter of the grain (parallel_shares), so that no thread
+  // waits out its peer's last full claim.
   const int32_t panels = (hidden_ + nr - 1) / nr;
   const auto grain_b = static_cast<size_t>(std::max(1, std::min(16, panels / (2 * pool.size()))));
   // Rows r0 .. r0 + m of segment s (m returned, kRows at most) through
@@ -275,13 +292,13 @@ void FfnRunner::run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_
                : nx < static_cast<size_t>(panels) ? segs[0].job->down->panel(static_cast<int32_t>(nx))
                                                    : nullptr;
       };
-      if (const int rr = run_rows_of(s, w)) {
+      if (const int rr = run_rows_of(s, w, dot)) {
         // The claim's panels in runs through gemv / gemm_run, each run's
         // columns combined in one call (the same sums as per panel).
         for (int i = 0; i < rr; ++i) a[i] = hbuf + (s.offset + i) * ldh_;
         for (int32_t p = p0; p < p_end;) {
           const int32_t run = std::min(p_end - p, kRows * 32 / (nr * rr)), col0 = p * nr;
-          run_panels(w, rr, a, hb ? hb + s.offset * ldh_ : nullptr, p, run, c, next_after(p + run));
+          run_panels(dot, w, rr, a, hb ? hb + s.offset * ldh_ : nullptr, p, run, c, next_after(p + run));
           if (s.job->down_bias) add_bias_rows(c, run * nr, rr, run * nr, s.job->down_bias + col0);
           k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin, s.job->weights + s.begin, c, run * nr, rr,
                          std::min(run * nr, hidden_ - col0));
@@ -292,27 +309,17 @@ void FfnRunner::run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_
       // Row block by row block, each through the whole claim, run_b panels
       // into one c and one scatter_add of their 64 columns:
       // - A segment of one row block (at most kRows rows: a routed expert
-      //   in a prefill). Panel by panel, each scatter_add wrote one
-      //   64-byte line (AVX2; two on AVX-512) of each row of the
-      //   segment, the accumulator's lines coming back from memory between
-      //   calls (the weights stream past them); a run of 4 lines per row
-      //   is half the time. FfnRunner on qwen3 T=512-like f32 work (32
-      //   experts of 15-45 rows drawn from 512 tokens, 2 threads, the Zen
-      //   3), phases timed in a scratch copy, the two orders in one
-      //   process: scatter_add 3.4-3.6 -> 1.4-1.5 ms a thread, phase B
-      //   30.2 -> 28.2 and 27.4 -> 26.1 ms, the run 79.2 -> 77.2 and
-      //   76.0 -> 74.0 ms (medians of 20 blocks).
+      //   in a prefill). Panel by panel, each scatter_add would write one
+      //   64-byte line (AVX2; two on AVX-512) of each row of the segment,
+      //   the accumulator's lines coming back from memory between calls
+      //   (the weights stream past them); a run of 4 lines per row halves
+      //   the scatter time.
       // - More rows than one kernel call takes, over a claim of narrow down
       //   panels (a shared expert's shard over a prefill: deepseek-v3's
       //   2048 cut 32 ways is k = 64, 2 KiB a bf16 panel): each row block
       //   through the whole claim (in L2 after the first block). Panel by
       //   panel, over 512 tokens of 7168, that is a 14.7 MB accumulator, a
-      //   line of every row for every panel. FfnRunner alone on
-      //   deepseek-v3's shard (64 wide, 2 threads, the Zen 3), alternated
-      //   with the panel order in one process, ten 1 s blocks each: T=512
-      //   0.80 of the time (bf16 and f32), T=256 0.91; with the rank's 8
-      //   routed experts of ~12 rows as well, 0.98 (their ~56 ms do not
-      //   change; the VM's noise is ~+-5 %).
+      //   line of every row for every panel.
       // The sums are the same as panel by panel (each acc element still
       // gets its one addition per row of the segment, segments in order),
       // so the bits are too.
@@ -342,8 +349,8 @@ void FfnRunner::run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_
       }
     }
   });
-  (void)rows;
 }
+
 
 }  // namespace cpu
 }  // namespace ep_moe

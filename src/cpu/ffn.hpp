@@ -67,8 +67,24 @@ class FfnRunner {
     int64_t begin, len;  // rows of the job
     int64_t offset;      // first workspace row
   };
+  // One chunk of at most chunk_ rows: the bf16 rows (with the dot tiles),
+  // phase A (gate/up and the activation into h), phase B (down, combined
+  // into acc).
+  struct Chunk {
+    bool dot = false;  // the bf16 pair-dot tiles, reading xb and hb
+    float* hbuf = nullptr;
+    uint16_t* xb = nullptr;
+    uint16_t* hb = nullptr;
+  };
   void run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_t ldx, float* acc, int64_t ldacc, Act act,
                  const uint16_t* x16, int64_t ldx16);
+  void gather_bf16_rows(const Chunk& ch, int64_t rows, ThreadPool& pool, const float* x, int64_t ldx,
+                        const uint16_t* x16, int64_t ldx16);
+  void phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64_t ldx, Act act);
+  void phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t ldacc);
+  int run_rows_of(const Segment& sg, const PackedWeight& w, bool dot) const;
+  void run_panels(bool dot, const PackedWeight& w, int m, const float* const* a, const uint16_t* row16, int32_t p,
+                  int run, float* c, const void* next) const;
 
   const Kernels& k_;
   int32_t hidden_, ldh_, ldxb_ = 0;
