@@ -12,8 +12,9 @@
 
 /**
  * \file ep_moe.h
- * \brief The ep_moe C API: statuses, versions, features, logging and the
- *        expert map manager.
+ * \brief The ep_moe C API: base (statuses, versions, features, logging),
+ *        expert map manager, communicators, MoE layer, checkpoints and
+ *        expert load balancing.
  *
  * Conventions shared by every function of this header:
  * - Every function that can fail returns an ::ep_moe_status_t. ::EP_MOE_OK is

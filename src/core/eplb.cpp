@@ -46,9 +46,8 @@ void refine_packing(const std::vector<double>& w, int32_t packs, std::vector<int
   // another follow, each the one that leaves the pair's heavier side
   // lightest, while one lowers the heaviest pack below where it was. Each
   // swap makes the packs' sorted loads strictly smaller, so this ends; a
-  // budget of pair evaluations keeps it bounded for huge inputs (2^22:
-  // ~6 ms; DeepSeek-V3's 288 slots on 8 ranks took ~15 ms at 2^26 for a
-  // third of a per cent of imbalance).
+  // budget of 2^22 pair evaluations keeps it to milliseconds for huge
+  // inputs (a larger one buys a fraction of a per cent of imbalance).
   if (packs < 2) return;
   const size_t n = w.size();
   std::vector<double> total(static_cast<size_t>(packs), 0.0);

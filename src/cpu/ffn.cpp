@@ -12,9 +12,9 @@ namespace cpu {
 namespace {
 // Most rows per kernel call (the c tile lives on the stack: kRows x 32 f32).
 constexpr int kRows = 64;
-// Most gate/up panels per claim of phase A (12 measured best on qwen3
-// T=512 when claims were dealt out one at a time; fewer when that would
-// leave threads without claims).
+// Most gate/up panels per claim of phase A (long enough runs to stream, short
+// enough to balance a prefill; fewer when that would leave threads without
+// claims).
 constexpr int32_t kMaxPanels = 12;
 // Phase B's row-block order (below): how many bytes of down panels a claim
 // may hold for it, and the columns one scatter_add then covers.

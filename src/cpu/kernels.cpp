@@ -88,10 +88,9 @@ double bf16_dot_time_ratio() { return 0.0; }
 const Kernels& layer_kernels() {
   const Isa isa = detect_isa();
   // Named by EP_MOE_CPU_ISA: taken as it is. Otherwise the pair-dot tiles
-  // run only where they beat widening bf16 to f32 FMAs. The measured bf16
-  // dot peak was 1.7-2x the FMA peak on Zen 4 and Zen 5, but 0.5x on a
-  // Xeon of family 6 model 207, where widening ran bf16 prefill 1.6x as
-  // fast (docs/benchmarks.md, stop 28).
+  // run only where they beat widening bf16 to f32 FMAs: on some CPUs with
+  // AVX512_BF16 the pair dot products are twice the FMA rate, on others
+  // half of it (docs/benchmarks.md's tables say which), so it is timed.
   if (isa == Isa::Avx512Bf16 && !std::getenv("EP_MOE_CPU_ISA")) {
     static const bool dot_slower = bf16_dot_time_ratio() > 1.0;  // once per process
     if (dot_slower) return kernels_for(Isa::Avx512);

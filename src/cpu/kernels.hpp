@@ -99,7 +99,7 @@ const Kernels& layer_kernels();
 
 // Time of the bf16 pair-dot tiles over that of the widening AVX-512 tiles
 // on the same in-cache GEMM (48 rows, one panel, k = 512; the best of 7
-// alternated rounds each, ~1.5 ms in all on the stop-28 Xeon). 0 where
+// alternated rounds each, a few ms in all). 0 where
 // the x86 kernels are not built. Call only on a CPU with AVX512_BF16.
 double bf16_dot_time_ratio();
 

@@ -49,14 +49,11 @@ static inline __m256 vload_f16(const uint16_t* p) {
 // rows. Every accumulator sees the same FMAs in the same order as the C++
 // loop's, so the bits are the same.
 //
-// Measured on the Zen 3 (AVX2 only), FfnRunner, 2 threads, 8 qwen3-sized
-// experts at a time out of 32 (weights from memory), the two versions
-// alternated per 0.25 s block in one process, bits compared, forward time
-// asm / C++ (medians): 64 rows per expert (prefill: tiles of 5 and 6)
-// 0.847 and 0.919; 8 rows (two tiles of 4) 0.811; 6 rows 0.898; 5 rows
-// 0.923; 4 rows 0.971-1.019 and 3 rows 0.863-1.035 in four runs each
-// (the weight stream binds there; 3 rows stay here so that one loop
-// serves every bf16 tile of 3-6 rows). docs/benchmarks.md, stop 24.
+// Why assembly: the compiler's version of this loop spills, and the
+// hand-allocated one is faster for tiles of 4-6 rows, where the arithmetic
+// binds; at 3 rows the weight stream binds and both are equal, but 3 rows
+// stay here so that one loop serves every bf16 tile of 3-6 rows (the
+// measurements are in the commit that introduced it).
 //
 // Operands: the row pointers a0..a5 and the panel w are offset to the end
 // of the k pairs, and ix runs from -8 * pairs up to 0 (8 bytes of each row
@@ -187,10 +184,9 @@ inline void store_bf16x16(uint16_t* dst, __m256 a, __m256 b, bool interleaved) {
   const __m256i p = _mm256_packus_epi32(bf16_lanes(a), bf16_lanes(b));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), interleaved ? p : _mm256_permute4x64_epi64(p, 0xD8));
 }
-// 16 values a step, packed together and stored as one 32-byte vector. On
-// the Zen 3, 2048 values in L1: 285-293 ns with 8 a step and the integer
-// NaN test, 257 with 16 a step, 227-229 with 16 and the compare. The same
-// bits as f32_to_bf16 for every one of the 2^32 inputs (checked once,
+// 16 values a step, packed together and stored as one 32-byte vector, NaN
+// found with a compare (faster than 8 a step or an integer NaN test). The
+// same bits as f32_to_bf16 for every one of the 2^32 inputs (checked once,
 // outside the tests; the unit test covers ties, denormals, infinities and
 // both kinds of NaN).
 void row_to_bf16(const float* src, uint16_t* dst, int64_t n) {
@@ -265,10 +261,8 @@ void scatter_add(float* acc, int64_t ldacc, const int32_t* rows, const float* w,
 // Kernels::sum_rows. 64 columns at a time, their sums in eight registers
 // while every row is added, so no f32 row is written and read back per
 // row, and narrowed (where out_dt is 16-bit) straight from the registers.
-// The combine used to widen each row into a buffer and add that; one
-// token's rows of 2048 bf16 columns, summed and narrowed to bf16, cached,
-// on the Zen 3: 6 rows 2.96 -> 1.05 us, 2 rows 1.05 -> 0.68 us (stop 23,
-// the narrowing then a second pass over an f32 buffer). bf16 rows widen
+// (Widening each row into a buffer and adding that, then narrowing in a
+// second pass, took about twice as long.) bf16 rows widen
 // by interleaving with zeros, 16 values a load: the sums then hold
 // columns 0-3 and 8-11 in one register and 4-7 and 12-15 in the next
 // (each column's additions are unchanged), which is the order in which

@@ -872,7 +872,7 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
   const int64_t local_pairs = plan_pairs(T_all, ids, w, false, &skipped);
   // One rank without DP, f32 activations, out apart from hidden: the
   // experts accumulate in out itself, and no T x H copy ends the forward
-  // (deepseek-v3 T=512 on the Zen 3: 3.1 of 118 ms). A failed call must
+  // (a few per cent of a prefill). A failed call must
   // leave out as it was, and nothing from the zeroing on can fail: the
   // expert path allocates nothing (fault_tests [forward]) and throws
   // nothing.
