@@ -19,8 +19,8 @@ class AbVariantFfn {
   AbVariantFfn(const AbVariantFfn&) = delete;
   AbVariantFfn& operator=(const AbVariantFfn&) = delete;
   void reserve_jobs(size_t max_jobs);
-  void run(ThreadPool& pool, const std::vector<ExpertJob>& jobs, const float* x, int64_t ldx, float* acc,
-           int64_t ldacc, Act act);
+  void run(ThreadPool& pool, const std::vector<ExpertJob>& jobs, const float* x, int64_t ldx, float* acc, int64_t ldacc,
+           Act act);
 
  private:
   struct Impl;

@@ -138,9 +138,11 @@ int main(int argc, char** argv) {
   for (int r : rows) ok = ok && r >= 1 && r <= kMaxRows && (batch == 0 || r <= batch);
   ok = ok && batch >= 0 && (batch == 0 || shared_rows <= batch);
   if (!ok) {
-    std::fprintf(stderr, "need positive --hidden, --inter, --experts, --threads, --blocks, --block-seconds, "
-                         "--pool >= --experts, --shared-inter >= 0, --shared-rows and --rows of 1..%d, and --batch >= 0, "
-                         "when set no fewer than any --rows or --shared-rows\n", kMaxRows);
+    std::fprintf(stderr,
+                 "need positive --hidden, --inter, --experts, --threads, --blocks, --block-seconds, "
+                 "--pool >= --experts, --shared-inter >= 0, --shared-rows and --rows of 1..%d, and --batch >= 0, "
+                 "when set no fewer than any --rows or --shared-rows\n",
+                 kMaxRows);
     return 2;
   }
   if (!isa_arg.empty() && isa_arg != "avx512" && isa_arg != "avx2") {
@@ -240,9 +242,14 @@ int main(int argc, char** argv) {
   rb.run(pool, jobs, x.data(), hidden, acc_b.data(), hidden, cpu::Act::Silu);
   const bool same = std::memcmp(acc_a.data(), acc_b.data(), acc_a.size() * sizeof(float)) == 0;
   const double pass_mb =
-      (static_cast<double>(sgu.bytes() + sdn.bytes()) + experts * static_cast<double>(gu[0].bytes() + dn[0].bytes())) / 1e6;
-  std::printf("ep_moe_ab_bench: %s tiles, hidden %d inter %d %s, %d experts of rows", cpu::isa_name(need), hidden, inter,
-              dtype == EP_MOE_DTYPE_F32 ? "f32" : dtype == EP_MOE_DTYPE_BF16 ? "bf16" : "f16", experts);
+      (static_cast<double>(sgu.bytes() + sdn.bytes()) + experts * static_cast<double>(gu[0].bytes() + dn[0].bytes())) /
+      1e6;
+  std::printf("ep_moe_ab_bench: %s tiles, hidden %d inter %d %s, %d experts of rows", cpu::isa_name(need), hidden,
+              inter,
+              dtype == EP_MOE_DTYPE_F32    ? "f32"
+              : dtype == EP_MOE_DTYPE_BF16 ? "bf16"
+                                           : "f16",
+              experts);
   for (size_t i = 0; i < rows.size(); ++i) std::printf("%s%d", i ? "," : " ", rows[i]);
   std::printf(" (%.0f MB a pass, %d in the pool)", pass_mb, pool_n);
   if (batch > 0) std::printf(", each drawn from a batch of %d", batch);
@@ -276,8 +283,8 @@ int main(int argc, char** argv) {
   }
   const double ma = median(ta), mb = median(tb);
   std::printf("A %.3f ms (%.1f GFLOP/s)  B %.3f ms (%.1f GFLOP/s)  B/A median %.3f, range %.3f-%.3f over %d pairs\n",
-              ma, flops / ma / 1e6, mb, flops / mb / 1e6, median(ratio),
-              *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()), blocks);
+              ma, flops / ma / 1e6, mb, flops / mb / 1e6, median(ratio), *std::min_element(ratio.begin(), ratio.end()),
+              *std::max_element(ratio.begin(), ratio.end()), blocks);
   std::printf("pairs:");
   for (double r : ratio) std::printf(" %.3f", r);
   std::printf("\n");

@@ -102,19 +102,21 @@ constexpr int kRowAttempts = 3;
 // still moves by a few per cent over minutes.
 constexpr double kLocalPeakSeconds = 0.5;
 
-const char* dtype_name(ep_moe_dtype_t d) { return d == EP_MOE_DTYPE_F32 ? "f32" : d == EP_MOE_DTYPE_BF16 ? "bf16" : "f16"; }
+const char* dtype_name(ep_moe_dtype_t d) {
+  return d == EP_MOE_DTYPE_F32 ? "f32" : d == EP_MOE_DTYPE_BF16 ? "bf16" : "f16";
+}
 
 struct Row {
   std::string preset, strategy;
   int ep = 0, tokens = 0, threads = 0, iters = 0;
   double ms = 0, expert_ms = 0, tokens_per_s = 0, gflops = 0, gflops_frac = 0, weight_gbs = 0, weight_frac = 0;
-  double row_bw = 0;  // the read bandwidth weight_frac is against
+  double row_bw = 0;                   // the read bandwidth weight_frac is against
   double bw_before = 0, bw_after = 0;  // the probes around a streaming row (0: not probed)
   bool bw_steady = true;               // the two probes within kBwJump of each other
   int attempts = 1;
   std::string peak_kind;
-  double row_peak = 0;                      // the GFLOP/s gflops_frac is against
-  double peak_before = 0, peak_after = 0;   // the peaks around a compute row (0: not measured)
+  double row_peak = 0;                     // the GFLOP/s gflops_frac is against
+  double peak_before = 0, peak_after = 0;  // the peaks around a compute row (0: not measured)
   // The roofline: the row's time can be no lower than the larger of
   // bytes / row_bw and flops / row_peak, so its fraction of that bound is
   // the larger of weight_frac and gflops_frac, and the larger one names
@@ -138,7 +140,7 @@ struct Row {
 struct RatioRow {
   std::string preset;
   int ep = 0, tokens = 0, rounds = 0;
-  double rows_expert = 0, rows_forward = 0;  // weight-0 row / skip row
+  double rows_expert = 0, rows_forward = 0;                        // weight-0 row / skip row
   double expert = 0, expert_min = 0, expert_max = 0, forward = 0;  // alternated (0: not run)
   // The ratio the two rows' work gives: the weight-0 row's roofline time
   // over the skip row's, both at the skip row's bandwidth and peak; the
@@ -175,7 +177,8 @@ struct Feed {
   Batches batches;
   std::vector<uint8_t> out;
   ep_moe_forward_args_t a;
-  Feed(const presets::Model& m, int T, ep_moe_dtype_t dt) : batches(make_batches(m, T, dt)), out(batches.hidden[0].size()) {
+  Feed(const presets::Model& m, int T, ep_moe_dtype_t dt)
+      : batches(make_batches(m, T, dt)), out(batches.hidden[0].size()) {
     ep_moe_forward_args_init(&a);
     a.num_tokens = T;
     a.out = out.data();
@@ -365,8 +368,7 @@ int main(int argc, char** argv) {
     else if (a == "--dispatch-ranks") {
       o.dispatch_ranks = std::atoi(next().c_str());
       if (o.dispatch_ranks == 0) o.dispatch_ranks = -1;
-    }
-    else if (a == "-h" || a == "--help") {
+    } else if (a == "-h" || a == "--help") {
       usage();
       return 0;
     } else {
@@ -403,10 +405,20 @@ int main(int argc, char** argv) {
     }
     const ep_moe_layer_config_t& c = ckl.config;
     ckl.note = o.checkpoint + " layer " + std::to_string(ckl.layer);
-    ckl.model = presets::Model{"checkpoint", c.hidden_size, c.intermediate_size, c.num_experts, c.top_k,
-                               c.num_expert_group, c.topk_group, c.scoring == EP_MOE_SCORING_SIGMOID,
-                               c.use_score_bias != 0, c.routed_scaling_factor, c.shared_intermediate_size,
-                               c.shared_expert_gate != 0, 1, ckl.note.c_str()};
+    ckl.model = presets::Model{"checkpoint",
+                               c.hidden_size,
+                               c.intermediate_size,
+                               c.num_experts,
+                               c.top_k,
+                               c.num_expert_group,
+                               c.topk_group,
+                               c.scoring == EP_MOE_SCORING_SIGMOID,
+                               c.use_score_bias != 0,
+                               c.routed_scaling_factor,
+                               c.shared_intermediate_size,
+                               c.shared_expert_gate != 0,
+                               1,
+                               ckl.note.c_str()};
     o.presets = {"checkpoint"};
     o.dispatch_ranks = -1;
   }
@@ -419,18 +431,21 @@ int main(int argc, char** argv) {
   bench::ReadBandwidth bw_probe(threads, o.bw_mb);
   const double bw = bw_probe.measure(o.peak_time);
   if (dot_peak > 0) std::printf("bf16 dot-product peak (avx512bf16): %.1f GFLOP/s\n", dot_peak);
-  std::printf("f32 FMA peak (%s): %.1f GFLOP/s   read bandwidth (%d MiB buffer): %.1f GB/s\n", fma_isa, peak,
-              o.bw_mb, bw);
-  std::printf("%%peak is against rowPk: the bf16 dot-product peak for bf16 weights and activations on the bf16 "
-              "kernels, else the f32 FMA peak; for T > %d measured again just before and just after the row (the "
-              "higher of the two), else the one above\n",
-              kLocalBwTokens);
-  std::printf("%%bw is against rowBW: the read bandwidth measured again just before and just after the row (the "
-              "higher of the two); a row whose two probes differ by more than %.0f %% is marked ~, and for T <= %d "
-              "measured again first, up to %d times\n",
-              100 * kBwJump, kLocalBwTokens, kRowAttempts);
-  std::printf("bound names what binds the row by the roofline, the larger of %%peak and %%bw: bw (the read bandwidth) "
-              "or pk (the peak)\n");
+  std::printf("f32 FMA peak (%s): %.1f GFLOP/s   read bandwidth (%d MiB buffer): %.1f GB/s\n", fma_isa, peak, o.bw_mb,
+              bw);
+  std::printf(
+      "%%peak is against rowPk: the bf16 dot-product peak for bf16 weights and activations on the bf16 "
+      "kernels, else the f32 FMA peak; for T > %d measured again just before and just after the row (the "
+      "higher of the two), else the one above\n",
+      kLocalBwTokens);
+  std::printf(
+      "%%bw is against rowBW: the read bandwidth measured again just before and just after the row (the "
+      "higher of the two); a row whose two probes differ by more than %.0f %% is marked ~, and for T <= %d "
+      "measured again first, up to %d times\n",
+      100 * kBwJump, kLocalBwTokens, kRowAttempts);
+  std::printf(
+      "bound names what binds the row by the roofline, the larger of %%peak and %%bw: bw (the read bandwidth) "
+      "or pk (the peak)\n");
   // The kernels every layer of this process takes (on AVX512_BF16 the
   // pair-dot tiles are timed against widening at the first layer's creation).
   int64_t layer_isa = -1;
@@ -456,9 +471,9 @@ int main(int argc, char** argv) {
                   ? " (this CPU's bf16 pair dot products timed slower than widening bf16 to f32 FMAs: bf16 rows are "
                     "held to the FMA peak)"
                   : "");
-  std::printf("%-14s %4s %6s %-7s %9s %9s %11s %9s %6s %7s %9s %6s %6s %6s %7s %6s\n", "preset", "ep", "tokens", "strat",
-              "ms", "expert_ms", "tokens/s", "GFLOP/s", "%peak", "rowPk", "wGB/s", "rowBW", "%bw", "bound", "pairs",
-              "active");
+  std::printf("%-14s %4s %6s %-7s %9s %9s %11s %9s %6s %7s %9s %6s %6s %6s %7s %6s\n", "preset", "ep", "tokens",
+              "strat", "ms", "expert_ms", "tokens/s", "GFLOP/s", "%peak", "rowPk", "wGB/s", "rowBW", "%bw", "bound",
+              "pairs", "active");
 
   std::vector<Row> rows;
   std::vector<RatioRow> ratios;
@@ -583,8 +598,8 @@ int main(int argc, char** argv) {
         r.active_experts = static_cast<int64_t>(std::llround(static_cast<double>(active_sum) / n_samples));
         const double mean_pairs = static_cast<double>(pairs_sum) / n_samples;
         const double mean_active = static_cast<double>(active_sum) / n_samples;
-        const double flops = 6.0 * m->hidden * (mean_pairs * m->intermediate +
-                                                static_cast<double>(T) * static_cast<double>(shard));
+        const double flops =
+            6.0 * m->hidden * (mean_pairs * m->intermediate + static_cast<double>(T) * static_cast<double>(shard));
         r.ms = t * 1e3;
         r.expert_ms = static_cast<double>(expert_ns_sum) / n_samples / 1e6;
         r.tokens_per_s = T / t;
@@ -693,17 +708,17 @@ int main(int argc, char** argv) {
   // The same-run ratios the issue asks for: skip vs weight-0 expert time.
   std::printf("\n");
   if (!ratios.empty() && o.ratio_rounds > 0)
-    std::printf("weight-0 / skip, of the two rows above and alternated (%d rounds of a block of forwards of each "
-                "strategy, at least %.3f s each; the median of the rounds' ratios of mean times, and their range):\n",
-                o.ratio_rounds, o.min_time / 4);
+    std::printf(
+        "weight-0 / skip, of the two rows above and alternated (%d rounds of a block of forwards of each "
+        "strategy, at least %.3f s each; the median of the rounds' ratios of mean times, and their range):\n",
+        o.ratio_rounds, o.min_time / 4);
   for (const auto& q : ratios) {
     std::printf("%-14s T=%-5d weight-0 / skip: expert time %.2fx, forward time %.2fx", q.preset.c_str(), q.tokens,
                 q.rows_expert, q.rows_forward);
     if (q.rounds > 0)
       std::printf("; alternated: expert time %.2fx (%.2f-%.2f), forward time %.2fx", q.expert, q.expert_min,
                   q.expert_max, q.forward);
-    else if (o.ratio_rounds > 0)
-      std::printf("; alternated: none (the skip rank had no local pair in any round)");
+    else if (o.ratio_rounds > 0) std::printf("; alternated: none (the skip rank had no local pair in any round)");
     if (q.rounds > 0 && q.rounds < o.ratio_rounds)
       std::printf(" [%d of %d rounds: in the others the skip rank had no local pair]", q.rounds, o.ratio_rounds);
     if (q.work > 0) std::printf("; by the rows' work (roofline) %.2fx", q.work);
@@ -720,13 +735,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "dispatch part: no memory for %d memcpy buffers of 2 x 128 MiB\n", dranks);
       return 1;
     }
-    std::printf("\npermutation / combine: all-to-all dispatch, %d in-process ranks x 1 thread, %s rows; GB/s per rank "
-                "against memcpy by %d concurrent threads: of the same bytes (memcpy, %%cpy: in cache when they fit) and "
-                "from memory (%%mem: 128 MiB buffers, %.2f GB/s per thread); experts shrunk to intermediate 16, "
-                "which fwd_us (a whole forward) includes\n",
-                dranks, dtype_name(o.dtype), dranks, mem_cpy);
-    std::printf("%-14s %6s %6s %10s %9s %9s %6s %6s %10s %9s %9s %6s %6s %10s\n", "preset", "ranks", "tokens", "perm_MB",
-                "GB/s", "memcpy", "%cpy", "%mem", "comb_MB", "GB/s", "memcpy", "%cpy", "%mem", "fwd_us");
+    std::printf(
+        "\npermutation / combine: all-to-all dispatch, %d in-process ranks x 1 thread, %s rows; GB/s per rank "
+        "against memcpy by %d concurrent threads: of the same bytes (memcpy, %%cpy: in cache when they fit) and "
+        "from memory (%%mem: 128 MiB buffers, %.2f GB/s per thread); experts shrunk to intermediate 16, "
+        "which fwd_us (a whole forward) includes\n",
+        dranks, dtype_name(o.dtype), dranks, mem_cpy);
+    std::printf("%-14s %6s %6s %10s %9s %9s %6s %6s %10s %9s %9s %6s %6s %10s\n", "preset", "ranks", "tokens",
+                "perm_MB", "GB/s", "memcpy", "%cpy", "%mem", "comb_MB", "GB/s", "memcpy", "%cpy", "%mem", "fwd_us");
     for (const auto& name : o.presets) {
       const presets::Model* m = presets::find(name);
       for (int T : o.tokens) {
@@ -739,10 +755,10 @@ int main(int argc, char** argv) {
         d.memory_gbs = mem_cpy;
         std::printf("%-14s %6d %6d %10.3f %9.2f %9.2f %5.1f%% %5.0f%% %10.3f %9.2f %9.2f %5.1f%% %5.0f%% %10.1f\n",
                     name.c_str(), d.ranks, d.tokens, d.permute_mb, d.permute_gbs, d.permute_base_gbs,
-                    100 * d.permute_gbs / std::max(1e-9, d.permute_base_gbs), 100 * d.permute_gbs / std::max(1e-9, mem_cpy),
-                    d.combine_mb, d.combine_gbs, d.combine_base_gbs,
-                    100 * d.combine_gbs / std::max(1e-9, d.combine_base_gbs), 100 * d.combine_gbs / std::max(1e-9, mem_cpy),
-                    d.forward_us);
+                    100 * d.permute_gbs / std::max(1e-9, d.permute_base_gbs),
+                    100 * d.permute_gbs / std::max(1e-9, mem_cpy), d.combine_mb, d.combine_gbs, d.combine_base_gbs,
+                    100 * d.combine_gbs / std::max(1e-9, d.combine_base_gbs),
+                    100 * d.combine_gbs / std::max(1e-9, mem_cpy), d.forward_us);
         std::fflush(stdout);
         drows.push_back(d);
       }
@@ -757,26 +773,29 @@ int main(int argc, char** argv) {
     }
     std::fprintf(f, "{\n  \"ep_moe_version\": \"%s\",\n  \"dtype\": \"%s\",\n", ep_moe_version_string(),
                  dtype_name(o.dtype));
-    std::fprintf(f, "  \"machine\": {\"cpu\": \"%s\", \"threads\": %d, \"fma_isa\": \"%s\", \"fma_peak_gflops\": %.3f, "
-                    "\"bf16_dot_peak_gflops\": %.3f, \"read_bandwidth_gbs\": %.3f, \"layer_kernels\": \"%s\"},\n"
-                    "  \"results\": [\n",
+    std::fprintf(f,
+                 "  \"machine\": {\"cpu\": \"%s\", \"threads\": %d, \"fma_isa\": \"%s\", \"fma_peak_gflops\": %.3f, "
+                 "\"bf16_dot_peak_gflops\": %.3f, \"read_bandwidth_gbs\": %.3f, \"layer_kernels\": \"%s\"},\n"
+                 "  \"results\": [\n",
                  cpu.c_str(), threads, fma_isa, peak, dot_peak, bw,
                  layer_isa >= 0 && layer_isa <= 3 ? kIsaNames[layer_isa] : "?");
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::fprintf(f,
                    "    {\"preset\": \"%s\", \"ep\": %d, \"tokens\": %d, \"strategy\": \"%s\", \"threads\": %d, "
-                   "\"iters\": %d, \"ms\": %.6f, \"expert_ms\": %.6f, \"tokens_per_s\": %.3f, \"gflops\": %.3f, \"gflops_frac_peak\": "
-                   "%.5f, \"peak\": \"%s\", \"row_peak_gflops\": %.3f, \"peak_before_gflops\": %.3f, \"peak_after_gflops\": %.3f, "
+                   "\"iters\": %d, \"ms\": %.6f, \"expert_ms\": %.6f, \"tokens_per_s\": %.3f, \"gflops\": %.3f, "
+                   "\"gflops_frac_peak\": "
+                   "%.5f, \"peak\": \"%s\", \"row_peak_gflops\": %.3f, \"peak_before_gflops\": %.3f, "
+                   "\"peak_after_gflops\": %.3f, "
                    "\"weight_gbs\": %.3f, \"row_read_bandwidth_gbs\": %.3f, \"weight_frac_bw\": %.5f, "
                    "\"bw_before_gbs\": %.3f, \"bw_after_gbs\": %.3f, \"bw_steady\": %s, \"attempts\": %d, "
                    "\"bound\": \"%s\", \"roofline_frac\": %.5f, \"local_pairs\": %lld, \"active_experts\": %lld}%s\n",
                    r.preset.c_str(), r.ep, r.tokens, r.strategy.c_str(), r.threads, r.iters, r.ms, r.expert_ms,
-                   r.tokens_per_s,
-                   r.gflops, r.gflops_frac, r.peak_kind.c_str(), r.row_peak, r.peak_before, r.peak_after, r.weight_gbs, r.row_bw, r.weight_frac, r.bw_before, r.bw_after,
+                   r.tokens_per_s, r.gflops, r.gflops_frac, r.peak_kind.c_str(), r.row_peak, r.peak_before,
+                   r.peak_after, r.weight_gbs, r.row_bw, r.weight_frac, r.bw_before, r.bw_after,
                    r.bw_steady ? "true" : "false", r.attempts, r.compute_bound() ? "compute" : "bandwidth",
-                   r.roofline_frac(), static_cast<long long>(r.local_pairs),
-                   static_cast<long long>(r.active_experts), i + 1 < rows.size() ? "," : "");
+                   r.roofline_frac(), static_cast<long long>(r.local_pairs), static_cast<long long>(r.active_experts),
+                   i + 1 < rows.size() ? "," : "");
     }
     std::fprintf(f, "  ],\n  \"strategy_ratios\": [\n");
     for (size_t i = 0; i < ratios.size(); ++i) {
@@ -797,7 +816,8 @@ int main(int argc, char** argv) {
                    "\"permute_gbs\": %.3f, \"permute_memcpy_gbs\": %.3f, \"combine_mb\": %.4f, \"combine_gbs\": %.3f, "
                    "\"combine_memcpy_gbs\": %.3f, \"memcpy_from_memory_gbs\": %.3f, \"forward_us\": %.3f}%s\n",
                    d.preset.c_str(), d.ranks, d.tokens, d.iters, d.permute_mb, d.permute_gbs, d.permute_base_gbs,
-                   d.combine_mb, d.combine_gbs, d.combine_base_gbs, d.memory_gbs, d.forward_us, i + 1 < drows.size() ? "," : "");
+                   d.combine_mb, d.combine_gbs, d.combine_base_gbs, d.memory_gbs, d.forward_us,
+                   i + 1 < drows.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
     std::fclose(f);

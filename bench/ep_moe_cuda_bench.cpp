@@ -28,13 +28,13 @@
 
 namespace {
 
-#define LT(call)                                                                                 \
-  do {                                                                                           \
-    cublasStatus_t s_ = (call);                                                                  \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                           \
+#define LT(call)                                                                                                 \
+  do {                                                                                                           \
+    cublasStatus_t s_ = (call);                                                                                  \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                           \
       std::fprintf(stderr, "cuBLASLt error %d at %s:%d: %s\n", static_cast<int>(s_), __FILE__, __LINE__, #call); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
+      std::exit(1);                                                                                              \
+    }                                                                                                            \
   } while (0)
 
 double median(std::vector<double> v) {
@@ -135,8 +135,8 @@ class Dense {
     for (int i = 0; i < reps + 3; ++i) {
       CU(cudaEventRecord(e0, s));
       for (auto& g : gs)
-        LT(cublasLtMatmul(lt_, mm_, &alpha, g.w, g.la, g.x, g.lb, &beta, g.y, g.lc, g.y, g.lc, &g.algo, ws_,
-                          ws_bytes_, s));
+        LT(cublasLtMatmul(lt_, mm_, &alpha, g.w, g.la, g.x, g.lb, &beta, g.y, g.lc, g.y, g.lc, &g.algo, ws_, ws_bytes_,
+                          s));
       CU(cudaEventRecord(e1, s));
       CU(cudaEventSynchronize(e1));
       float ms = 0;
@@ -227,8 +227,8 @@ int main(int argc, char** argv) {
   Dense dense;
   const double big_ms = dense.time({{{8192, 8192, 8192}}}, s, 10);
   const double peak_tflops = 2.0 * 8192.0 * 8192.0 * 8192.0 / (big_ms * 1e-3) / 1e12;
-  std::printf("device: %s, %d SMs; D2D copy %.0f GB/s (read+write); dense bf16 GEMM 8192^3 %.0f TFLOP/s\n",
-              prop.name, prop.multiProcessorCount, copy, peak_tflops);
+  std::printf("device: %s, %d SMs; D2D copy %.0f GB/s (read+write); dense bf16 GEMM 8192^3 %.0f TFLOP/s\n", prop.name,
+              prop.multiProcessorCount, copy, peak_tflops);
 
   std::vector<Row> rows;
   const int max_t = *std::max_element(tokens.begin(), tokens.end());
@@ -259,7 +259,8 @@ int main(int argc, char** argv) {
       if (!local) continue;
       ok = ep_moe_layer_set_weight(nullptr, layer, EP_MOE_WEIGHT_EXPERT_GATE_UP, e, gu, EP_MOE_DTYPE_BF16, 2 * I, H) ==
                EP_MOE_OK &&
-           ep_moe_layer_set_weight(nullptr, layer, EP_MOE_WEIGHT_EXPERT_DOWN, e, dn, EP_MOE_DTYPE_BF16, H, I) == EP_MOE_OK;
+           ep_moe_layer_set_weight(nullptr, layer, EP_MOE_WEIGHT_EXPERT_DOWN, e, dn, EP_MOE_DTYPE_BF16, H, I) ==
+               EP_MOE_OK;
     }
     CU(cudaFree(gu));
     CU(cudaFree(dn));
@@ -339,7 +340,8 @@ int main(int argc, char** argv) {
       r.permute_ms = static_cast<double>(attr(layer, EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS)) * 1e-6;
       r.expert_ms = static_cast<double>(attr(layer, EP_MOE_LAYER_ATTR_LAST_EXPERT_NS)) * 1e-6;
       r.combine_ms = static_cast<double>(attr(layer, EP_MOE_LAYER_ATTR_LAST_COMBINE_NS)) * 1e-6;
-      const double flops = 2.0 * static_cast<double>(r.pairs) * 3.0 * H * I + 2.0 * T * 3.0 * H * static_cast<double>(S);
+      const double flops =
+          2.0 * static_cast<double>(r.pairs) * 3.0 * H * I + 2.0 * T * 3.0 * H * static_cast<double>(S);
       r.expert_tflops = flops / (r.expert_ms * 1e-3) / 1e12;
       // The same FLOPs as dense GEMMs: all routed rows against one expert's
       // shapes, plus the shared expert's.
@@ -384,15 +386,16 @@ int main(int argc, char** argv) {
         }
         CU(cudaGraphDestroy(g));
       }
-      const double weight_bytes = static_cast<double>(r.active) * 3.0 * H * I * 2.0 + 3.0 * H * static_cast<double>(S) * 2.0;
+      const double weight_bytes =
+          static_cast<double>(r.active) * 3.0 * H * I * 2.0 + 3.0 * H * static_cast<double>(S) * 2.0;
       const double best_ms = r.graph_ms > 0 ? std::min(r.graph_ms, r.forward_ms) : r.forward_ms;
       r.stream_gbs = weight_bytes / (best_ms * 1e-3) / 1e9;
       rows.push_back(r);
-      std::printf("%-15s T=%-5d pairs=%-6lld forward %.3f ms graph %.3f ms | expert %.3f ms %.0f TFLOP/s (dense %.0f) "
-                  "| permute %.3f ms %.0f GB/s combine %.3f ms %.0f GB/s | weights %.0f GB/s\n",
-                  name.c_str(), T, static_cast<long long>(r.pairs), r.forward_ms, r.graph_ms, r.expert_ms,
-                  r.expert_tflops, r.dense_tflops, r.permute_ms, r.permute_gbs, r.combine_ms, r.combine_gbs,
-                  r.stream_gbs);
+      std::printf(
+          "%-15s T=%-5d pairs=%-6lld forward %.3f ms graph %.3f ms | expert %.3f ms %.0f TFLOP/s (dense %.0f) "
+          "| permute %.3f ms %.0f GB/s combine %.3f ms %.0f GB/s | weights %.0f GB/s\n",
+          name.c_str(), T, static_cast<long long>(r.pairs), r.forward_ms, r.graph_ms, r.expert_ms, r.expert_tflops,
+          r.dense_tflops, r.permute_ms, r.permute_gbs, r.combine_ms, r.combine_gbs, r.stream_gbs);
       std::fflush(stdout);
     }
     CU(cudaEventDestroy(e0));
@@ -411,14 +414,15 @@ int main(int argc, char** argv) {
                    copy, peak_tflops);
       for (size_t i = 0; i < rows.size(); ++i) {
         const Row& r = rows[i];
-        std::fprintf(f,
-                     "  {\"preset\": \"%s\", \"ep\": %d, \"tokens\": %d, \"local_pairs\": %lld, \"active_experts\": %lld, "
-                     "\"sync_free\": %d, \"forward_ms\": %.4f, \"graph_ms\": %.4f, \"permute_ms\": %.4f, "
-                     "\"expert_ms\": %.4f, \"combine_ms\": %.4f, \"expert_tflops\": %.2f, \"dense_tflops\": %.2f, "
-                     "\"permute_gbs\": %.1f, \"combine_gbs\": %.1f, \"weight_stream_gbs\": %.1f}%s\n",
-                     r.preset.c_str(), r.ep, r.T, static_cast<long long>(r.pairs), static_cast<long long>(r.active),
-                     r.sync_free, r.forward_ms, r.graph_ms, r.permute_ms, r.expert_ms, r.combine_ms, r.expert_tflops,
-                     r.dense_tflops, r.permute_gbs, r.combine_gbs, r.stream_gbs, i + 1 < rows.size() ? "," : "");
+        std::fprintf(
+            f,
+            "  {\"preset\": \"%s\", \"ep\": %d, \"tokens\": %d, \"local_pairs\": %lld, \"active_experts\": %lld, "
+            "\"sync_free\": %d, \"forward_ms\": %.4f, \"graph_ms\": %.4f, \"permute_ms\": %.4f, "
+            "\"expert_ms\": %.4f, \"combine_ms\": %.4f, \"expert_tflops\": %.2f, \"dense_tflops\": %.2f, "
+            "\"permute_gbs\": %.1f, \"combine_gbs\": %.1f, \"weight_stream_gbs\": %.1f}%s\n",
+            r.preset.c_str(), r.ep, r.T, static_cast<long long>(r.pairs), static_cast<long long>(r.active), r.sync_free,
+            r.forward_ms, r.graph_ms, r.permute_ms, r.expert_ms, r.combine_ms, r.expert_tflops, r.dense_tflops,
+            r.permute_gbs, r.combine_gbs, r.stream_gbs, i + 1 < rows.size() ? "," : "");
       }
       std::fprintf(f, "]}\n");
       std::fclose(f);

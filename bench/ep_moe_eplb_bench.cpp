@@ -85,7 +85,8 @@ struct Router {
     ids->resize(static_cast<size_t>(T) * k);
     w->assign(static_cast<size_t>(T) * k, 1.0f / static_cast<float>(k));
     for (int t = 0; t < T; ++t) {
-      for (int e = 0; e < E; ++e) key[static_cast<size_t>(e)] = {log_pop[static_cast<size_t>(e)] - std::log(-std::log(u(g))), e};
+      for (int e = 0; e < E; ++e)
+        key[static_cast<size_t>(e)] = {log_pop[static_cast<size_t>(e)] - std::log(-std::log(u(g))), e};
       std::partial_sort(key.begin(), key.begin() + k, key.end(), std::greater<std::pair<double, int>>());
       for (int j = 0; j < k; ++j) (*ids)[static_cast<size_t>(t) * k + j] = key[static_cast<size_t>(j)].second;
     }
@@ -141,8 +142,7 @@ void make_group(Group& g, int ep, const ep_moe_layer_config_t& lc, bool dp,
     ep_moe_comm_t* c = g.comms[static_cast<size_t>(r)];
     if (ep_moe_layer_create(&g.layers[static_cast<size_t>(r)], &lc, m, c, dp ? c : nullptr) != EP_MOE_OK)
       err[static_cast<size_t>(r)] = ep_moe_last_error();
-    else
-      err[static_cast<size_t>(r)] = weights(g.layers[static_cast<size_t>(r)], m);
+    else err[static_cast<size_t>(r)] = weights(g.layers[static_cast<size_t>(r)], m);
     ep_moe_expert_map_destroy(m);
   });
   for (const auto& e : err)
@@ -218,7 +218,8 @@ double replace_all(Group& g, int E, const std::vector<int32_t>& table, int64_t* 
     ep_moe_expert_map_t* m = make_map(g.ep, r, E, table);
     const auto t0 = Clock::now();
     ep_moe_layer_t* l = g.layers[static_cast<size_t>(r)];
-    if (ep_moe_layer_replace(l, m, nullptr, nullptr, 0) != EP_MOE_OK) err[static_cast<size_t>(r)] = ep_moe_layer_last_error(l);
+    if (ep_moe_layer_replace(l, m, nullptr, nullptr, 0) != EP_MOE_OK)
+      err[static_cast<size_t>(r)] = ep_moe_layer_last_error(l);
     secs[static_cast<size_t>(r)] = seconds_since(t0);
     ep_moe_layer_get_attr(&got[static_cast<size_t>(r)], l, EP_MOE_LAYER_ATTR_REPLACE_BYTES_RECEIVED);
     ep_moe_expert_map_destroy(m);
@@ -308,8 +309,9 @@ int main(int argc, char** argv) {
   }
 
   // ---- part 1: imbalance before and after ----
-  std::printf("Part 1: Zipf(%.2f) routing, %d tokens per window, E/%d redundant slots (rounded up to whole slots per rank)\n",
-              o.zipf, o.tokens, o.redundant_div);
+  std::printf(
+      "Part 1: Zipf(%.2f) routing, %d tokens per window, E/%d redundant slots (rounded up to whole slots per rank)\n",
+      o.zipf, o.tokens, o.redundant_div);
   std::printf("%-15s %-9s %-6s %4s %5s %5s %8s %9s %8s %8s %12s %11s\n", "preset", "dispatch", "place", "ep", "E",
               "slots", "before", "predicted", "replay", "fresh", "rebalance_us", "replace_ms");
   std::vector<Balance> rows;
@@ -335,64 +337,66 @@ int main(int argc, char** argv) {
       // hierarchical placement (groups stay on a node) and the global one.
       const bool multi_node = m->groups > 0 && ep > 8 && ep % 8 == 0;
       for (int hier = multi_node ? 1 : 0; hier >= 0; --hier)
-      for (int dispatch : o.dispatch) {
-        if (dispatch == EP_MOE_DISPATCH_ALLTOALL && ep == 1) continue;
-        presets::Model small = *m;
-        small.hidden = 32;
-        small.intermediate = 16;
-        // All-to-all ranks each bring a share of the tokens (workspace is
-        // sized for max_tokens per rank).
-        const int max_tokens = dispatch == EP_MOE_DISPATCH_ALLTOALL ? (o.tokens + ep - 1) / ep : o.tokens;
-        ep_moe_layer_config_t lc = presets::layer_config(small, 0, EP_MOE_DTYPE_F32, EP_MOE_DTYPE_F32, max_tokens, 1);
-        lc.dispatch_mode = dispatch;
-        Group grp;
-        make_group(grp, ep, lc, dispatch == EP_MOE_DISPATCH_ALLTOALL,
-                   [&](ep_moe_layer_t* l, const ep_moe_expert_map_t* mp) { return presets::load_random_weights(l, mp, small, 0, 7); });
-        Balance b;
-        b.preset = name;
-        b.dispatch = dispatch == EP_MOE_DISPATCH_ALLGATHER ? "allgather" : "alltoall";
-        b.ep = ep;
-        b.experts = m->experts;
-        b.slots = slots_for(m->experts, ep, o.redundant_div);
-        b.rpn = hier ? 8 : 0;
-        b.groups = hier ? m->groups : 0;
-        std::vector<int32_t> ids;
-        std::vector<float> w;
-        router.draw(o.tokens, g, &ids, &w);
-        run_window(grp, ids, w, m->top_k, small.hidden, EP_MOE_DTYPE_F32, nullptr, nullptr);
-        std::vector<int64_t> load;
-        b.before = window_imbalance(grp, m->experts, &load);
-        const std::vector<double> loadd(load.begin(), load.end());
-        ep_moe_rebalance_config_t rc;
-        ep_moe_rebalance_config_init(&rc);
-        rc.num_experts = m->experts;
-        rc.num_slots = b.slots;
-        rc.num_ranks = ep;
-        rc.ranks_per_node = b.rpn;
-        rc.num_expert_groups = b.groups;
-        std::vector<int32_t> linear(static_cast<size_t>(m->experts));
-        std::iota(linear.begin(), linear.end(), 0);
-        rc.num_current_slots = m->experts;
-        rc.current_slots = linear.data();
-        std::vector<int32_t> table(static_cast<size_t>(b.slots));
-        const auto t0 = Clock::now();
-        if (ep_moe_rebalance(table.data(), table.size(), &b.predicted, loadd.data(), loadd.size(), &rc) != EP_MOE_OK)
-          die(ep_moe_last_error());
-        b.rebalance_us = seconds_since(t0) * 1e6;
-        b.replace_ms = replace_all(grp, m->experts, table, &b.replace_bytes) * 1e3;
-        // The same window again (the placement and the replica rule alone),
-        // then a fresh one (plus sampling noise).
-        run_window(grp, ids, w, m->top_k, small.hidden, EP_MOE_DTYPE_F32, nullptr, nullptr);
-        b.replay = window_imbalance(grp, m->experts, &load);
-        router.draw(o.tokens, g, &ids, &w);
-        run_window(grp, ids, w, m->top_k, small.hidden, EP_MOE_DTYPE_F32, nullptr, nullptr);
-        b.after = window_imbalance(grp, m->experts, &load);
-        std::printf("%-15s %-9s %-6s %4d %5d %5d %8.3f %9.3f %8.3f %8.3f %12.1f %11.2f\n", name.c_str(),
-                    b.dispatch.c_str(), hier ? "hier" : "global", ep, b.experts, b.slots, b.before, b.predicted,
-                    b.replay, b.after, b.rebalance_us, b.replace_ms);
-        std::fflush(stdout);
-        rows.push_back(b);
-      }
+        for (int dispatch : o.dispatch) {
+          if (dispatch == EP_MOE_DISPATCH_ALLTOALL && ep == 1) continue;
+          presets::Model small = *m;
+          small.hidden = 32;
+          small.intermediate = 16;
+          // All-to-all ranks each bring a share of the tokens (workspace is
+          // sized for max_tokens per rank).
+          const int max_tokens = dispatch == EP_MOE_DISPATCH_ALLTOALL ? (o.tokens + ep - 1) / ep : o.tokens;
+          ep_moe_layer_config_t lc = presets::layer_config(small, 0, EP_MOE_DTYPE_F32, EP_MOE_DTYPE_F32, max_tokens, 1);
+          lc.dispatch_mode = dispatch;
+          Group grp;
+          make_group(grp, ep, lc, dispatch == EP_MOE_DISPATCH_ALLTOALL,
+                     [&](ep_moe_layer_t* l, const ep_moe_expert_map_t* mp) {
+                       return presets::load_random_weights(l, mp, small, 0, 7);
+                     });
+          Balance b;
+          b.preset = name;
+          b.dispatch = dispatch == EP_MOE_DISPATCH_ALLGATHER ? "allgather" : "alltoall";
+          b.ep = ep;
+          b.experts = m->experts;
+          b.slots = slots_for(m->experts, ep, o.redundant_div);
+          b.rpn = hier ? 8 : 0;
+          b.groups = hier ? m->groups : 0;
+          std::vector<int32_t> ids;
+          std::vector<float> w;
+          router.draw(o.tokens, g, &ids, &w);
+          run_window(grp, ids, w, m->top_k, small.hidden, EP_MOE_DTYPE_F32, nullptr, nullptr);
+          std::vector<int64_t> load;
+          b.before = window_imbalance(grp, m->experts, &load);
+          const std::vector<double> loadd(load.begin(), load.end());
+          ep_moe_rebalance_config_t rc;
+          ep_moe_rebalance_config_init(&rc);
+          rc.num_experts = m->experts;
+          rc.num_slots = b.slots;
+          rc.num_ranks = ep;
+          rc.ranks_per_node = b.rpn;
+          rc.num_expert_groups = b.groups;
+          std::vector<int32_t> linear(static_cast<size_t>(m->experts));
+          std::iota(linear.begin(), linear.end(), 0);
+          rc.num_current_slots = m->experts;
+          rc.current_slots = linear.data();
+          std::vector<int32_t> table(static_cast<size_t>(b.slots));
+          const auto t0 = Clock::now();
+          if (ep_moe_rebalance(table.data(), table.size(), &b.predicted, loadd.data(), loadd.size(), &rc) != EP_MOE_OK)
+            die(ep_moe_last_error());
+          b.rebalance_us = seconds_since(t0) * 1e6;
+          b.replace_ms = replace_all(grp, m->experts, table, &b.replace_bytes) * 1e3;
+          // The same window again (the placement and the replica rule alone),
+          // then a fresh one (plus sampling noise).
+          run_window(grp, ids, w, m->top_k, small.hidden, EP_MOE_DTYPE_F32, nullptr, nullptr);
+          b.replay = window_imbalance(grp, m->experts, &load);
+          router.draw(o.tokens, g, &ids, &w);
+          run_window(grp, ids, w, m->top_k, small.hidden, EP_MOE_DTYPE_F32, nullptr, nullptr);
+          b.after = window_imbalance(grp, m->experts, &load);
+          std::printf("%-15s %-9s %-6s %4d %5d %5d %8.3f %9.3f %8.3f %8.3f %12.1f %11.2f\n", name.c_str(),
+                      b.dispatch.c_str(), hier ? "hier" : "global", ep, b.experts, b.slots, b.before, b.predicted,
+                      b.replay, b.after, b.rebalance_us, b.replace_ms);
+          std::fflush(stdout);
+          rows.push_back(b);
+        }
     }
   }
   int met = 0, met_fresh = 0;
@@ -425,8 +429,9 @@ int main(int argc, char** argv) {
       }
       ep_moe_layer_config_t lc = presets::layer_config(*m, 0, EP_MOE_DTYPE_BF16, EP_MOE_DTYPE_BF16, 64, 1);
       Group grp;
-      make_group(grp, ep, lc, false,
-                 [&](ep_moe_layer_t* l, const ep_moe_expert_map_t* mp) { return presets::load_random_weights(l, mp, *m, 0, 11); });
+      make_group(grp, ep, lc, false, [&](ep_moe_layer_t* l, const ep_moe_expert_map_t* mp) {
+        return presets::load_random_weights(l, mp, *m, 0, 11);
+      });
       const Router router(m->experts, m->top_k, o.zipf, g);
       std::vector<int32_t> ids;
       std::vector<float> w;
@@ -494,21 +499,23 @@ int main(int argc, char** argv) {
                  o.redundant_div);
     for (size_t i = 0; i < rows.size(); ++i) {
       const auto& b = rows[i];
-      std::fprintf(f,
-                   "    {\"preset\": \"%s\", \"dispatch\": \"%s\", \"ep\": %d, \"experts\": %d, \"slots\": %d, "
-                   "\"ranks_per_node\": %d, \"groups\": %d, \"imbalance_before\": %.4f, \"imbalance_predicted\": %.4f, "
-                   "\"imbalance_replay\": %.4f, \"imbalance_after\": %.4f, \"rebalance_us\": %.1f, \"replace_ms\": %.3f}%s\n",
-                   b.preset.c_str(), b.dispatch.c_str(), b.ep, b.experts, b.slots, b.rpn, b.groups, b.before,
-                   b.predicted, b.replay, b.after, b.rebalance_us, b.replace_ms, i + 1 < rows.size() ? "," : "");
+      std::fprintf(
+          f,
+          "    {\"preset\": \"%s\", \"dispatch\": \"%s\", \"ep\": %d, \"experts\": %d, \"slots\": %d, "
+          "\"ranks_per_node\": %d, \"groups\": %d, \"imbalance_before\": %.4f, \"imbalance_predicted\": %.4f, "
+          "\"imbalance_replay\": %.4f, \"imbalance_after\": %.4f, \"rebalance_us\": %.1f, \"replace_ms\": %.3f}%s\n",
+          b.preset.c_str(), b.dispatch.c_str(), b.ep, b.experts, b.slots, b.rpn, b.groups, b.before, b.predicted,
+          b.replay, b.after, b.rebalance_us, b.replace_ms, i + 1 < rows.size() ? "," : "");
     }
     std::fprintf(f, "  ],\n  \"replace\": [\n");
     for (size_t i = 0; i < moves.size(); ++i) {
       const auto& v = moves[i];
       std::fprintf(f,
-                   "    {\"preset\": \"%s\", \"step\": \"%s\", \"ep\": %d, \"slots\": %d, \"weights_gb\": %.3f, \"moved_gb\": %.3f, "
+                   "    {\"preset\": \"%s\", \"step\": \"%s\", \"ep\": %d, \"slots\": %d, \"weights_gb\": %.3f, "
+                   "\"moved_gb\": %.3f, "
                    "\"replace_s\": %.4f, \"gbs\": %.3f, \"fraction_of_memcpy\": %.4f, \"max_output_change\": %g}%s\n",
-                   v.preset.c_str(), v.step.c_str(), v.ep, v.slots, v.gb_weights, v.gb_moved, v.replace_s, v.gbs, v.frac, v.max_diff,
-                   i + 1 < moves.size() ? "," : "");
+                   v.preset.c_str(), v.step.c_str(), v.ep, v.slots, v.gb_weights, v.gb_moved, v.replace_s, v.gbs,
+                   v.frac, v.max_diff, i + 1 < moves.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
     std::fclose(f);

@@ -80,17 +80,19 @@ int main(int argc, char** argv) {
   if (threads < 1) threads = 1;
   openblas_set_num_threads(threads);
   setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);  // oneDNN's OpenMP, before its first use
-  const cpu::Kernels& kern = cpu::layer_kernels();  // the kernels a layer takes here
+  const cpu::Kernels& kern = cpu::layer_kernels();                // the kernels a layer takes here
   cpu::ThreadPool pool(threads);  // ep_moe's kernels run on the layer's pool, as in a forward
   const auto sbgemm = reinterpret_cast<SbgemmFn>(dlsym(RTLD_DEFAULT, "cblas_sbgemm"));
   if (!sbgemm) std::printf("this OpenBLAS has no cblas_sbgemm (built without BUILD_BFLOAT16): no OpenBLAS bf16 rows\n");
   std::printf("threads %d; ep_moe kernels %s; OpenBLAS core %s; oneDNN %d.%d\n", threads, cpu::isa_name(kern.isa),
               openblas_get_corename(), dnnl_version()->major, dnnl_version()->minor);
-  std::printf("%-16s %-5s %5s %9s %9s %9s %9s %9s\n", "shape", "dtype", "M", "ep_moe", "openblas", "onednn",
-              "ob/ep", "dnnl/ep");
+  std::printf("%-16s %-5s %5s %9s %9s %9s %9s %9s\n", "shape", "dtype", "M", "ep_moe", "openblas", "onednn", "ob/ep",
+              "dnnl/ep");
 
-  const Shape shapes[] = {{"qwen3 gate_up", 1536, 2048}, {"qwen3 down", 2048, 768},
-                          {"deepseek gate_up", 4096, 7168}, {"deepseek down", 7168, 2048}};
+  const Shape shapes[] = {{"qwen3 gate_up", 1536, 2048},
+                          {"qwen3 down", 2048, 768},
+                          {"deepseek gate_up", 4096, 7168},
+                          {"deepseek down", 7168, 2048}};
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
@@ -144,28 +146,28 @@ int main(int argc, char** argv) {
           const cpu::PackedWeight& w = packed[static_cast<size_t>(c)];
           const int panels = w.panels();
           pool.parallel_for(static_cast<size_t>(threads), [&](size_t ti, int) {
-              const int t = static_cast<int>(ti);
-              constexpr int kRows = 64;
-              std::vector<float> tile(static_cast<size_t>(kRows) * kern.nr);
-              const float* rows[kRows];
-              const uint16_t* rows16[kRows];
-              const int p_end = panels * (t + 1) / threads;
-              for (int p = panels * t / threads; p < p_end; ++p)
-                for (int r0 = 0; r0 < M; r0 += kRows) {
-                  const void* next = p + 1 < p_end ? w.panel(p + 1) : nullptr;
-                  const int m = std::min(kRows, M - r0);
-                  for (int i = 0; i < m; ++i) {
-                    rows[i] = a.data() + static_cast<size_t>(r0 + i) * K;
-                    rows16[i] = ab.data() + static_cast<size_t>(r0 + i) * K;
-                  }
-                  if (dot) kern.gemm_bf16(m, rows16, K, w.panel(p), tile.data(), kern.nr, next);
-                  else kern.gemm[w.dtype](m, rows, K, w.panel(p), tile.data(), kern.nr, next);
-                  const int cols = std::min(kern.nr, N - p * kern.nr);
-                  for (int i = 0; i < m; ++i)
-                    std::memcpy(cbuf.data() + static_cast<size_t>(r0 + i) * N + static_cast<size_t>(p) * kern.nr,
-                                tile.data() + static_cast<size_t>(i) * kern.nr, static_cast<size_t>(cols) * 4);
+            const int t = static_cast<int>(ti);
+            constexpr int kRows = 64;
+            std::vector<float> tile(static_cast<size_t>(kRows) * kern.nr);
+            const float* rows[kRows];
+            const uint16_t* rows16[kRows];
+            const int p_end = panels * (t + 1) / threads;
+            for (int p = panels * t / threads; p < p_end; ++p)
+              for (int r0 = 0; r0 < M; r0 += kRows) {
+                const void* next = p + 1 < p_end ? w.panel(p + 1) : nullptr;
+                const int m = std::min(kRows, M - r0);
+                for (int i = 0; i < m; ++i) {
+                  rows[i] = a.data() + static_cast<size_t>(r0 + i) * K;
+                  rows16[i] = ab.data() + static_cast<size_t>(r0 + i) * K;
                 }
-            });
+                if (dot) kern.gemm_bf16(m, rows16, K, w.panel(p), tile.data(), kern.nr, next);
+                else kern.gemm[w.dtype](m, rows, K, w.panel(p), tile.data(), kern.nr, next);
+                const int cols = std::min(kern.nr, N - p * kern.nr);
+                for (int i = 0; i < m; ++i)
+                  std::memcpy(cbuf.data() + static_cast<size_t>(r0 + i) * N + static_cast<size_t>(p) * kern.nr,
+                              tile.data() + static_cast<size_t>(i) * kern.nr, static_cast<size_t>(cols) * 4);
+              }
+          });
         };
         const double t_ours = time_it(copies, seconds, ours);
 
@@ -215,7 +217,8 @@ int main(int argc, char** argv) {
         dnnl::memory src(src_md, eng, bf16 ? static_cast<void*>(ab.data()) : static_cast<void*>(a.data()));
         dnnl::memory dst(dst_md, eng, cbuf.data());
         auto onednn = [&](int c) {
-          mm.execute(strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wmem[static_cast<size_t>(c)]}, {DNNL_ARG_DST, dst}});
+          mm.execute(strm,
+                     {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wmem[static_cast<size_t>(c)]}, {DNNL_ARG_DST, dst}});
           strm.wait();
         };
         const double t_dnnl = have_dnnl ? time_it(copies, seconds, onednn) : std::nan("");
@@ -242,7 +245,8 @@ int main(int argc, char** argv) {
             double err = 0;
             for (int r = 0; r < 3; ++r)
               for (int n = 0; n < N; ++n) {
-                const double e = std::fabs(cbuf[static_cast<size_t>(check_rows[r]) * N + n] - ref[static_cast<size_t>(r) * N + n]);
+                const double e =
+                    std::fabs(cbuf[static_cast<size_t>(check_rows[r]) * N + n] - ref[static_cast<size_t>(r) * N + n]);
                 err = std::isnan(e) ? INFINITY : std::max(err, e);
               }
             if (err / scale > 1e-4) {  // f32 accumulation of exact (or f32) products

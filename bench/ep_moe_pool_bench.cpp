@@ -32,8 +32,8 @@ int main(int argc, char** argv) {
   using Clock = std::chrono::steady_clock;
   ep_moe::cpu::ThreadPool pool(threads);
   std::atomic<long> sink{0};
-  std::printf("threads %d, %d loops of %d items, %.1f us of caller work between loops\n", threads, loops,
-              2 * threads, gap_us);
+  std::printf("threads %d, %d loops of %d items, %.1f us of caller work between loops\n", threads, loops, 2 * threads,
+              gap_us);
   for (int rep = 0; rep < 3; ++rep) {
     double busy = 0;
     const auto t0 = Clock::now();

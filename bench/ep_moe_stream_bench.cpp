@@ -104,8 +104,9 @@ int main(int argc, char** argv) {
   if (experts < 1 || hidden < 2 || inter < 2 || threads < 1 || blocks < 1 || bw_mb < 1 || block_s <= 0 ||
       rows_pattern.empty() || *std::min_element(rows_pattern.begin(), rows_pattern.end()) < 1 ||
       *std::max_element(rows_pattern.begin(), rows_pattern.end()) > kMaxRows) {
-    std::fprintf(stderr, "need positive --experts, --hidden, --inter, --threads, --blocks, --bw-mb, "
-                         "--block-seconds, and --rows of 1..64\n");
+    std::fprintf(stderr,
+                 "need positive --experts, --hidden, --inter, --threads, --blocks, --bw-mb, "
+                 "--block-seconds, and --rows of 1..64\n");
     return 2;
   }
   const cpu::Kernels& kern = cpu::layer_kernels();  // the kernels a layer takes here
@@ -254,11 +255,12 @@ int main(int argc, char** argv) {
   };
 
   std::printf("CPU: %s\n", bench::cpu_description().c_str());
-  std::printf("%d experts (H %d, I %d, rows per expert %d..%d, %lld pairs), %.1f MB of bf16 weights per pass, "
-              "%d threads, %s %s tiles\n",
-              experts, hidden, inter, *std::min_element(rows_pattern.begin(), rows_pattern.end()), max_rows,
-              static_cast<long long>(pairs), bytes / 1e6, pool.size(), cpu::isa_name(kern.isa),
-              dot ? "bf16 dot-product" : "widening");
+  std::printf(
+      "%d experts (H %d, I %d, rows per expert %d..%d, %lld pairs), %.1f MB of bf16 weights per pass, "
+      "%d threads, %s %s tiles\n",
+      experts, hidden, inter, *std::min_element(rows_pattern.begin(), rows_pattern.end()), max_rows,
+      static_cast<long long>(pairs), bytes / 1e6, pool.size(), cpu::isa_name(kern.isa),
+      dot ? "bf16 dot-product" : "widening");
   // The read bandwidth, measured in every block as ep_moe_bench measures
   // it next to each decode row: the figure %bw there is against.
   bench::ReadBandwidth probe(use, bw_mb);

@@ -193,7 +193,8 @@ __attribute__((target("avx2"))) uint64_t sum_avx2(const uint64_t* p, size_t n) {
     s3 = _mm256_add_epi64(s3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 12)));
   }
   alignas(32) uint64_t out[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(out), _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3)));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out),
+                     _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3)));
   uint64_t s = out[0] + out[1] + out[2] + out[3];
   for (; i < n; ++i) s += p[i];
   return s;

@@ -108,7 +108,7 @@ int print_plan(const presets::Model& m, const Options& o) {
 
 struct Run {
   std::vector<std::vector<uint8_t>> outs;  // per rank
-  double seconds = 0;                       // median forward time
+  double seconds = 0;                      // median forward time
   double load_seconds = 0;
   std::string error;
 };
@@ -188,8 +188,8 @@ Run run(const presets::Model& m, const Options& o, int ep, int shared, const std
   for (int r = 0; r < ep; ++r)
     threads.emplace_back([&, r] {
       errors[static_cast<size_t>(r)] =
-          rank_body(m, o, comms[static_cast<size_t>(r)], ep, r, shared, hidden, logits, &res.outs[static_cast<size_t>(r)],
-                    &times[static_cast<size_t>(r)], &load[static_cast<size_t>(r)]);
+          rank_body(m, o, comms[static_cast<size_t>(r)], ep, r, shared, hidden, logits,
+                    &res.outs[static_cast<size_t>(r)], &times[static_cast<size_t>(r)], &load[static_cast<size_t>(r)]);
     });
   for (auto& t : threads) t.join();
   for (auto* c : comms) ep_moe_comm_destroy(c);
@@ -320,8 +320,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "--mpi: this demo was built without MPI (install libopenmpi-dev and rebuild)\n");
       return 2;
 #endif
-    }
-    else if (a == "--list") {
+    } else if (a == "--list") {
       for (const auto& m : presets::models()) std::printf("%-16s %s\n", m.name, m.note);
       return 0;
     } else if (a == "-h" || a == "--help") {
@@ -400,7 +399,10 @@ int main(int argc, char** argv) {
     std::printf("ep_moe %s demo: %s\n", ep_moe_version_string(), m->note);
     std::printf("layer: H=%d I=%d E=%d top-%d, shared expert %d, %s weights and activations, EP=%d, %d tokens\n\n",
                 m->hidden, m->intermediate, m->experts, m->top_k, shared,
-                o.dtype == EP_MOE_DTYPE_F32 ? "f32" : o.dtype == EP_MOE_DTYPE_BF16 ? "bf16" : "f16", o.ep, o.tokens);
+                o.dtype == EP_MOE_DTYPE_F32    ? "f32"
+                : o.dtype == EP_MOE_DTYPE_BF16 ? "bf16"
+                                               : "f16",
+                o.ep, o.tokens);
     if (o.plan && !o.mpi) return print_plan(*m, o);
     print_plan(*m, o);
   }

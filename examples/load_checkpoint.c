@@ -23,9 +23,9 @@ typedef struct {
   ep_moe_comm_t* comm;
   const ep_moe_checkpoint_t* ck;
   ep_moe_layer_config_t config;
-  const float* hidden;  /* [tokens, H] */
-  const float* logits;  /* [tokens, E], used when the layer has no router */
-  float* out;           /* [tokens, H] */
+  const float* hidden; /* [tokens, H] */
+  const float* logits; /* [tokens, E], used when the layer has no router */
+  float* out;          /* [tokens, H] */
   char error[512];
 } Rank;
 
@@ -175,8 +175,8 @@ int main(int argc, char** argv) {
     for (j = 0; j < n; ++j) checksum += fabs(ranks[0].out[j]);
     for (i = 1; i < ep; ++i)
       if (memcmp(ranks[i].out, ranks[0].out, n * sizeof(float)) != 0) rc = 1;
-    printf("sum |out| over %d tokens = %.6g; out[0][0..3] = %.5f %.5f %.5f %.5f\n", tokens, checksum,
-           ranks[0].out[0], ranks[0].out[1], ranks[0].out[2], ranks[0].out[3]);
+    printf("sum |out| over %d tokens = %.6g; out[0][0..3] = %.5f %.5f %.5f %.5f\n", tokens, checksum, ranks[0].out[0],
+           ranks[0].out[1], ranks[0].out[2], ranks[0].out[3]);
     printf(rc == 0 ? "all %d ranks agree\n" : "the ranks' outputs differ (%d ranks)\n", ep);
   }
   for (i = 0; i < ep; ++i) {

@@ -34,8 +34,7 @@ inline const std::vector<Model>& models() {
        "Qwen2-57B-A14B: 64 experts, top-8, gated shared expert"},
       {"deepseek-v3", 7168, 2048, 256, 8, 8, 4, true, true, 2.5f, 2048, false, 32,
        "DeepSeek-V3: 256 experts in 8 groups, top-8 of 4 groups, sigmoid + bias, 1 shared expert"},
-      {"mixtral-8x7b", 4096, 14336, 8, 2, 0, 0, false, false, 1.0f, 0, false, 4,
-       "Mixtral-8x7B: 8 experts, top-2"},
+      {"mixtral-8x7b", 4096, 14336, 8, 2, 0, 0, false, false, 1.0f, 0, false, 4, "Mixtral-8x7B: 8 experts, top-2"},
   };
   return m;
 }
@@ -85,14 +84,16 @@ inline std::string load_random_weights(ep_moe_layer_t* layer, const ep_moe_exper
     if (ep_moe_expert_map_is_local(&local, map, e) != EP_MOE_OK) return ep_moe_last_error();
     if (!local) continue;
     const uint64_t base = static_cast<uint64_t>(e) * 8;
-    if (!put(EP_MOE_WEIGHT_EXPERT_GATE, e, I, H, base + 0, a_in) || !put(EP_MOE_WEIGHT_EXPERT_UP, e, I, H, base + 1, a_in) ||
+    if (!put(EP_MOE_WEIGHT_EXPERT_GATE, e, I, H, base + 0, a_in) ||
+        !put(EP_MOE_WEIGHT_EXPERT_UP, e, I, H, base + 1, a_in) ||
         !put(EP_MOE_WEIGHT_EXPERT_DOWN, e, H, I, base + 2, a_down))
       return ep_moe_layer_last_error(layer);
   }
   if (shared > 0) {
     const uint64_t base = 1ull << 40;
     const float a_sd = std::sqrt(3.0f / static_cast<float>(shared));
-    if (!put(EP_MOE_WEIGHT_SHARED_GATE, -1, shared, H, base, a_in) || !put(EP_MOE_WEIGHT_SHARED_UP, -1, shared, H, base + 1, a_in) ||
+    if (!put(EP_MOE_WEIGHT_SHARED_GATE, -1, shared, H, base, a_in) ||
+        !put(EP_MOE_WEIGHT_SHARED_UP, -1, shared, H, base + 1, a_in) ||
         !put(EP_MOE_WEIGHT_SHARED_DOWN, -1, H, shared, base + 2, a_sd))
       return ep_moe_layer_last_error(layer);
     if (m.shared_gate && !put(EP_MOE_WEIGHT_SHARED_EXPERT_GATE, -1, 1, H, base + 3, a_in))
@@ -197,8 +198,8 @@ inline std::vector<float> decode(const std::vector<uint8_t>& b, ep_moe_dtype_t d
         std::memcpy(&out[i], &u, 4);
       } else {
         const int e = (h >> 10) & 31, man = h & 1023;
-        const float v = e == 0 ? std::ldexp(static_cast<float>(man), -24)
-                               : std::ldexp(static_cast<float>(1024 + man), e - 25);
+        const float v =
+            e == 0 ? std::ldexp(static_cast<float>(man), -24) : std::ldexp(static_cast<float>(1024 + man), e - 25);
         out[i] = (h & 0x8000) ? -v : v;
       }
     }

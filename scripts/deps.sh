@@ -6,7 +6,7 @@ set -euo pipefail
 what=${1:-test}
 
 build_pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libopenmpi-dev openmpi-bin)
-test_pkgs=(catch2 doxygen clang libclang-rt-14-dev python3 python3-venv golang-go abigail-tools
+test_pkgs=(catch2 doxygen clang clang-format libclang-rt-14-dev python3 python3-venv golang-go abigail-tools
            libopenblas-dev libdnnl-dev ocl-icd-opencl-dev)
 # The last three: the GEMM engine benchmark only. ocl-icd-opencl-dev is only a
 # Recommends of libdnnl-dev, but Debian's dnnl-config.cmake needs OpenCL

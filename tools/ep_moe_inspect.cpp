@@ -106,7 +106,8 @@ int main(int argc, char** argv) {
     };
     if (a == "--layer") layer_only = number(next());
     else if (a == "--ep") ep = number(next());
-    else if (a == "--placement") placement = next() == "round_robin" ? EP_MOE_PLACEMENT_ROUND_ROBIN : EP_MOE_PLACEMENT_LINEAR;
+    else if (a == "--placement")
+      placement = next() == "round_robin" ? EP_MOE_PLACEMENT_ROUND_ROBIN : EP_MOE_PLACEMENT_LINEAR;
     else if (a == "--prefix") prefix = next();
     else if (a == "--naming") {
       const std::string n = next();
@@ -170,10 +171,10 @@ int main(int argc, char** argv) {
       continue;
     }
     // The semantics ep_moe derived for the architecture (docs/formats.md).
-    const char* act = lc.activation == EP_MOE_ACT_GELU          ? "gelu"
-                      : lc.activation == EP_MOE_ACT_GELU_TANH   ? "gelu-tanh"
+    const char* act = lc.activation == EP_MOE_ACT_GELU         ? "gelu"
+                      : lc.activation == EP_MOE_ACT_GELU_TANH  ? "gelu-tanh"
                       : lc.activation == EP_MOE_ACT_SWIGLU_OAI ? "clamped swiglu (gpt-oss)"
-                                                                : "silu";
+                                                               : "silu";
     std::printf("\nlayer %d: H %d, I %d, %d experts, top-%d, %s%s%s, groups %d/%d, scale %g, %s, shared %d%s\n", L,
                 lc.hidden_size, lc.intermediate_size, lc.num_experts, lc.top_k,
                 lc.scoring == EP_MOE_SCORING_SIGMOID ? "sigmoid" : "softmax", lc.renormalize ? " renormalised" : "",
@@ -181,12 +182,12 @@ int main(int argc, char** argv) {
                 static_cast<double>(lc.routed_scaling_factor), act, lc.shared_intermediate_size,
                 lc.shared_expert_gate ? " (gated)" : "");
     std::printf("  %-19s %-8s %-26s %12s  %s\n", "weight", "dtype", "shape", "bytes", "tensor");
-    const ep_moe_weight_t ws[] = {EP_MOE_WEIGHT_EXPERT_GATE_UP, EP_MOE_WEIGHT_EXPERT_GATE, EP_MOE_WEIGHT_EXPERT_UP,
-                                  EP_MOE_WEIGHT_EXPERT_DOWN, EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS,
-                                  EP_MOE_WEIGHT_EXPERT_GATE_BIAS, EP_MOE_WEIGHT_EXPERT_UP_BIAS,
-                                  EP_MOE_WEIGHT_EXPERT_DOWN_BIAS, EP_MOE_WEIGHT_ROUTER, EP_MOE_WEIGHT_ROUTER_BIAS,
-                                  EP_MOE_WEIGHT_SCORE_BIAS, EP_MOE_WEIGHT_SHARED_GATE, EP_MOE_WEIGHT_SHARED_UP,
-                                  EP_MOE_WEIGHT_SHARED_DOWN, EP_MOE_WEIGHT_SHARED_EXPERT_GATE};
+    const ep_moe_weight_t ws[] = {
+        EP_MOE_WEIGHT_EXPERT_GATE_UP, EP_MOE_WEIGHT_EXPERT_GATE,         EP_MOE_WEIGHT_EXPERT_UP,
+        EP_MOE_WEIGHT_EXPERT_DOWN,    EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS, EP_MOE_WEIGHT_EXPERT_GATE_BIAS,
+        EP_MOE_WEIGHT_EXPERT_UP_BIAS, EP_MOE_WEIGHT_EXPERT_DOWN_BIAS,    EP_MOE_WEIGHT_ROUTER,
+        EP_MOE_WEIGHT_ROUTER_BIAS,    EP_MOE_WEIGHT_SCORE_BIAS,          EP_MOE_WEIGHT_SHARED_GATE,
+        EP_MOE_WEIGHT_SHARED_UP,      EP_MOE_WEIGHT_SHARED_DOWN,         EP_MOE_WEIGHT_SHARED_EXPERT_GATE};
     double expert_bytes = 0, other_bytes = 0, shared_bytes = 0;
     bool fused = false, fused_bias = false;
     for (ep_moe_weight_t w : ws) {
@@ -204,7 +205,8 @@ int main(int argc, char** argv) {
       std::printf("  %-19s %-8s %-26s %12s  %s%s\n", weight_label(w), ti.dtype, shape.c_str(),
                   human(static_cast<double>(ti.bytes)).c_str(), ti.name, ti.transposed ? " (transposed)" : "");
       if (routed) expert_bytes += static_cast<double>(ti.bytes);
-      else if (w >= EP_MOE_WEIGHT_SHARED_GATE && w <= EP_MOE_WEIGHT_SHARED_DOWN) shared_bytes += static_cast<double>(ti.bytes);
+      else if (w >= EP_MOE_WEIGHT_SHARED_GATE && w <= EP_MOE_WEIGHT_SHARED_DOWN)
+        shared_bytes += static_cast<double>(ti.bytes);
       else other_bytes += static_cast<double>(ti.bytes);
     }
     std::printf("  per expert %s, all experts %s, router/bias/gates %s, shared expert %s\n",
@@ -235,8 +237,8 @@ int main(int argc, char** argv) {
       const int64_t Is = lc.shared_intermediate_size;
       const double shard = Is > 0 ? static_cast<double>(Is / ep + (r < Is % ep ? 1 : 0)) / static_cast<double>(Is) : 0;
       const double mine = expert_bytes * nl, other = other_bytes + shared_bytes * shard;
-      std::printf("  %-5d %-24s %12s %12s %12s\n", r, ranges(l2g).c_str(), human(mine).c_str(),
-                  human(other).c_str(), human(mine + other).c_str());
+      std::printf("  %-5d %-24s %12s %12s %12s\n", r, ranges(l2g).c_str(), human(mine).c_str(), human(other).c_str(),
+                  human(mine + other).c_str());
     }
   }
   ep_moe_checkpoint_close(ck);

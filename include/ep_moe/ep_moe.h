@@ -41,15 +41,15 @@
 
 /** \brief Marks a symbol exported from libep_moe (everything else is hidden). */
 #if defined(_WIN32)
-#  if defined(EP_MOE_BUILDING_LIBRARY)
-#    define EP_MOE_API __declspec(dllexport)
-#  else
-#    define EP_MOE_API __declspec(dllimport)
-#  endif
-#elif defined(__GNUC__) || defined(__clang__)
-#  define EP_MOE_API __attribute__((visibility("default")))
+#if defined(EP_MOE_BUILDING_LIBRARY)
+#define EP_MOE_API __declspec(dllexport)
 #else
-#  define EP_MOE_API
+#define EP_MOE_API __declspec(dllimport)
+#endif
+#elif defined(__GNUC__) || defined(__clang__)
+#define EP_MOE_API __attribute__((visibility("default")))
+#else
+#define EP_MOE_API
 #endif
 
 /** \brief Major version: bumped on an incompatible ABI change (it is also the
@@ -60,8 +60,7 @@
 /** \brief Patch version: bumped for fixes only. */
 #define EP_MOE_VERSION_PATCH 0
 /** \brief The version as one number: major * 10000 + minor * 100 + patch. */
-#define EP_MOE_VERSION_NUMBER \
-  (EP_MOE_VERSION_MAJOR * 10000 + EP_MOE_VERSION_MINOR * 100 + EP_MOE_VERSION_PATCH)
+#define EP_MOE_VERSION_NUMBER (EP_MOE_VERSION_MAJOR * 10000 + EP_MOE_VERSION_MINOR * 100 + EP_MOE_VERSION_PATCH)
 
 #ifdef __cplusplus
 extern "C" {
@@ -71,25 +70,26 @@ extern "C" {
  * \brief Status codes. The numbers are fixed; new codes are only appended.
  */
 typedef enum ep_moe_status {
-  EP_MOE_OK = 0,                    /**< Success. */
-  EP_MOE_ERR_INVALID_ARGUMENT = 1,  /**< An argument is NULL, out of range or inconsistent. */
-  EP_MOE_ERR_OUT_OF_MEMORY = 2,     /**< An allocation failed. */
-  EP_MOE_ERR_UNSUPPORTED = 3,       /**< The feature is not built into this library or not available here. */
-  EP_MOE_ERR_BUFFER_TOO_SMALL = 4,  /**< A caller buffer is smaller than the data to copy. */
-  EP_MOE_ERR_STRUCT_SIZE = 5,       /**< A config struct's `struct_size` is unknown (uninitialised, or from a newer header). */
-  EP_MOE_ERR_INVALID_HANDLE = 6,    /**< A handle is NULL, destroyed, or of the wrong type. */
-  EP_MOE_ERR_INTERNAL = 7,          /**< A bug in ep_moe; the message says where. */
-  EP_MOE_ERR_TIMEOUT = 8,           /**< A blocking operation did not complete in time. */
-  EP_MOE_ERR_ABORTED = 9,           /**< The operation was aborted. */
-  EP_MOE_ERR_REMOTE = 10,           /**< A peer rank failed; the communicator is broken. */
-  EP_MOE_ERR_IO = 11,               /**< A file could not be opened or read. */
-  EP_MOE_ERR_FORMAT = 12,           /**< A file or buffer is malformed. */
-  EP_MOE_ERR_NOT_FOUND = 13,        /**< A named item (tensor, key) does not exist. */
-  EP_MOE_ERR_STATE = 14, /**< The call is not valid in the handle's current state. */
-  EP_MOE_ERR_DEVICE = 15, /**< A CUDA or cuBLASLt call failed; the message names it and the CUDA error. */
+  EP_MOE_OK = 0,                   /**< Success. */
+  EP_MOE_ERR_INVALID_ARGUMENT = 1, /**< An argument is NULL, out of range or inconsistent. */
+  EP_MOE_ERR_OUT_OF_MEMORY = 2,    /**< An allocation failed. */
+  EP_MOE_ERR_UNSUPPORTED = 3,      /**< The feature is not built into this library or not available here. */
+  EP_MOE_ERR_BUFFER_TOO_SMALL = 4, /**< A caller buffer is smaller than the data to copy. */
+  EP_MOE_ERR_STRUCT_SIZE =
+      5, /**< A config struct's `struct_size` is unknown (uninitialised, or from a newer header). */
+  EP_MOE_ERR_INVALID_HANDLE = 6, /**< A handle is NULL, destroyed, or of the wrong type. */
+  EP_MOE_ERR_INTERNAL = 7,       /**< A bug in ep_moe; the message says where. */
+  EP_MOE_ERR_TIMEOUT = 8,        /**< A blocking operation did not complete in time. */
+  EP_MOE_ERR_ABORTED = 9,        /**< The operation was aborted. */
+  EP_MOE_ERR_REMOTE = 10,        /**< A peer rank failed; the communicator is broken. */
+  EP_MOE_ERR_IO = 11,            /**< A file could not be opened or read. */
+  EP_MOE_ERR_FORMAT = 12,        /**< A file or buffer is malformed. */
+  EP_MOE_ERR_NOT_FOUND = 13,     /**< A named item (tensor, key) does not exist. */
+  EP_MOE_ERR_STATE = 14,         /**< The call is not valid in the handle's current state. */
+  EP_MOE_ERR_DEVICE = 15,        /**< A CUDA or cuBLASLt call failed; the message names it and the CUDA error. */
   /** \cond RANGE */
   EP_MOE_STATUS_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
-  EP_MOE_STATUS_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  EP_MOE_STATUS_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */
   /** \endcond */
 } ep_moe_status_t;
 
@@ -134,16 +134,16 @@ EP_MOE_API const char* ep_moe_last_error(void);
  * it loads and runs its CPU path on a host without them.
  */
 typedef enum ep_moe_feature {
-  EP_MOE_FEATURE_CPU = 1u << 0,      /**< CPU kernels (always built). */
-  EP_MOE_FEATURE_CUDA = 1u << 1,     /**< CUDA layer backend loaded (layers with a `device`; cuBLASLt). */
-  EP_MOE_FEATURE_NCCL = 1u << 2,     /**< NCCL communicator loaded. */
-  EP_MOE_FEATURE_CUBLASLT = 1u << 3, /**< cuBLASLt expert GEMMs loaded. */
-  EP_MOE_FEATURE_MPI = 1u << 4,       /**< MPI communicator loaded. */
+  EP_MOE_FEATURE_CPU = 1u << 0,        /**< CPU kernels (always built). */
+  EP_MOE_FEATURE_CUDA = 1u << 1,       /**< CUDA layer backend loaded (layers with a `device`; cuBLASLt). */
+  EP_MOE_FEATURE_NCCL = 1u << 2,       /**< NCCL communicator loaded. */
+  EP_MOE_FEATURE_CUBLASLT = 1u << 3,   /**< cuBLASLt expert GEMMs loaded. */
+  EP_MOE_FEATURE_MPI = 1u << 4,        /**< MPI communicator loaded. */
   EP_MOE_FEATURE_LOCAL_COMM = 1u << 5, /**< In-process communicator (always built). */
   EP_MOE_FEATURE_CALLBACKS = 1u << 6,  /**< Host-callback communicator (always built). */
   /** \cond RANGE */
   EP_MOE_FEATURE_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
-  EP_MOE_FEATURE_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  EP_MOE_FEATURE_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */
   /** \endcond */
 } ep_moe_feature_t;
 
@@ -170,7 +170,7 @@ typedef enum ep_moe_log_level {
   EP_MOE_LOG_DEBUG = 3, /**< Details for debugging. */
   /** \cond RANGE */
   EP_MOE_LOG_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
-  EP_MOE_LOG_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  EP_MOE_LOG_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */
   /** \endcond */
 } ep_moe_log_level_t;
 
@@ -201,8 +201,7 @@ typedef void (*ep_moe_log_fn)(ep_moe_log_level_t level, const char* message, voi
  * \return ::EP_MOE_OK, or ::EP_MOE_ERR_INVALID_ARGUMENT for a level outside
  *         ::ep_moe_log_level_t.
  */
-EP_MOE_API ep_moe_status_t ep_moe_set_log_callback(ep_moe_log_fn fn, ep_moe_log_level_t max_level,
-                                                   void* user_data);
+EP_MOE_API ep_moe_status_t ep_moe_set_log_callback(ep_moe_log_fn fn, ep_moe_log_level_t max_level, void* user_data);
 
 /** \brief Element types of tensors. Weights and activations use the three
  *  floating-point types; communicator collectives also move integers. */
@@ -211,11 +210,11 @@ typedef enum ep_moe_dtype {
   EP_MOE_DTYPE_BF16 = 1, /**< bfloat16 (upper half of a binary32). */
   EP_MOE_DTYPE_F16 = 2,  /**< IEEE binary16. */
   EP_MOE_DTYPE_I32 = 3,  /**< int32_t (collectives only). */
-  EP_MOE_DTYPE_I64 = 4, /**< int64_t (collectives only). */
-  EP_MOE_DTYPE_U8 = 5,  /**< uint8_t, raw bytes (collectives only; sums wrap). */
+  EP_MOE_DTYPE_I64 = 4,  /**< int64_t (collectives only). */
+  EP_MOE_DTYPE_U8 = 5,   /**< uint8_t, raw bytes (collectives only; sums wrap). */
   /** \cond RANGE */
   EP_MOE_DTYPE_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
-  EP_MOE_DTYPE_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  EP_MOE_DTYPE_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */
   /** \endcond */
 } ep_moe_dtype_t;
 
@@ -255,7 +254,7 @@ typedef enum ep_moe_placement {
   EP_MOE_PLACEMENT_CUSTOM = 2,
   /** \cond RANGE */
   EP_MOE_PLACEMENT_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
-  EP_MOE_PLACEMENT_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  EP_MOE_PLACEMENT_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */
   /** \endcond */
 } ep_moe_placement_t;
 
@@ -343,8 +342,7 @@ EP_MOE_API void ep_moe_expert_map_destroy(ep_moe_expert_map_t* map);
  * \return ::EP_MOE_OK, or the statuses of ep_moe_expert_map_create(); on
  *         failure the map keeps its previous layout.
  */
-EP_MOE_API ep_moe_status_t ep_moe_expert_map_update(ep_moe_expert_map_t* map,
-                                                    const ep_moe_expert_map_config_t* config);
+EP_MOE_API ep_moe_status_t ep_moe_expert_map_update(ep_moe_expert_map_t* map, const ep_moe_expert_map_config_t* config);
 
 /**
  * \brief The message of the last failed call on this map.
@@ -356,21 +354,21 @@ EP_MOE_API const char* ep_moe_expert_map_last_error(const ep_moe_expert_map_t* m
 
 /** \brief Integer attributes of an expert map, for ep_moe_expert_map_get_attr(). */
 typedef enum ep_moe_map_attr {
-  EP_MOE_MAP_ATTR_EP_SIZE = 0,              /**< Ranks in the EP group. */
-  EP_MOE_MAP_ATTR_EP_RANK = 1,              /**< This rank. */
-  EP_MOE_MAP_ATTR_GLOBAL_NUM_EXPERTS = 2,   /**< Logical routed experts E. */
-  EP_MOE_MAP_ATTR_NUM_FUSED_SHARED = 3,     /**< Fused shared experts S. */
-  EP_MOE_MAP_ATTR_NUM_PHYSICAL = 4,         /**< Physical slots P over all ranks. */
-  EP_MOE_MAP_ATTR_NUM_LOCAL_ROUTED = 5,     /**< Slots of routed experts on this rank (may be 0). */
-  EP_MOE_MAP_ATTR_NUM_LOCAL_TOTAL = 6,      /**< Local routed slots + S. */
-  EP_MOE_MAP_ATTR_PLACEMENT = 7,            /**< Effective ::ep_moe_placement_t. */
-  EP_MOE_MAP_ATTR_REQUESTED_PLACEMENT = 8,  /**< Placement the config asked for. */
-  EP_MOE_MAP_ATTR_FELL_BACK = 9,            /**< 1 when the requested placement fell back to linear. */
-  EP_MOE_MAP_ATTR_NUM_REDUNDANT = 10,       /**< P - E. */
+  EP_MOE_MAP_ATTR_EP_SIZE = 0,             /**< Ranks in the EP group. */
+  EP_MOE_MAP_ATTR_EP_RANK = 1,             /**< This rank. */
+  EP_MOE_MAP_ATTR_GLOBAL_NUM_EXPERTS = 2,  /**< Logical routed experts E. */
+  EP_MOE_MAP_ATTR_NUM_FUSED_SHARED = 3,    /**< Fused shared experts S. */
+  EP_MOE_MAP_ATTR_NUM_PHYSICAL = 4,        /**< Physical slots P over all ranks. */
+  EP_MOE_MAP_ATTR_NUM_LOCAL_ROUTED = 5,    /**< Slots of routed experts on this rank (may be 0). */
+  EP_MOE_MAP_ATTR_NUM_LOCAL_TOTAL = 6,     /**< Local routed slots + S. */
+  EP_MOE_MAP_ATTR_PLACEMENT = 7,           /**< Effective ::ep_moe_placement_t. */
+  EP_MOE_MAP_ATTR_REQUESTED_PLACEMENT = 8, /**< Placement the config asked for. */
+  EP_MOE_MAP_ATTR_FELL_BACK = 9,           /**< 1 when the requested placement fell back to linear. */
+  EP_MOE_MAP_ATTR_NUM_REDUNDANT = 10,      /**< P - E. */
   EP_MOE_MAP_ATTR_MAX_SLOTS_PER_RANK = 11, /**< Largest number of routed slots on any rank. */
   /** \cond RANGE */
   EP_MOE_MAP_ATTR_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
-  EP_MOE_MAP_ATTR_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  EP_MOE_MAP_ATTR_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */
   /** \endcond */
 } ep_moe_map_attr_t;
 
@@ -395,8 +393,7 @@ EP_MOE_API ep_moe_status_t ep_moe_expert_map_get_attr(int32_t* out, const ep_moe
  * \return ::EP_MOE_OK, ::EP_MOE_ERR_INVALID_HANDLE or
  *         ::EP_MOE_ERR_INVALID_ARGUMENT (id out of range, NULL out).
  */
-EP_MOE_API ep_moe_status_t ep_moe_expert_map_global_to_local(int32_t* out,
-                                                             const ep_moe_expert_map_t* map,
+EP_MOE_API ep_moe_status_t ep_moe_expert_map_global_to_local(int32_t* out, const ep_moe_expert_map_t* map,
                                                              int32_t global_id);
 
 /**
@@ -407,8 +404,7 @@ EP_MOE_API ep_moe_status_t ep_moe_expert_map_global_to_local(int32_t* out,
  * \return ::EP_MOE_OK, ::EP_MOE_ERR_INVALID_HANDLE or
  *         ::EP_MOE_ERR_INVALID_ARGUMENT (id out of range, NULL out).
  */
-EP_MOE_API ep_moe_status_t ep_moe_expert_map_local_to_global(int32_t* out,
-                                                             const ep_moe_expert_map_t* map,
+EP_MOE_API ep_moe_status_t ep_moe_expert_map_local_to_global(int32_t* out, const ep_moe_expert_map_t* map,
                                                              int32_t local_id);
 
 /**
@@ -419,8 +415,7 @@ EP_MOE_API ep_moe_status_t ep_moe_expert_map_local_to_global(int32_t* out,
  * \return ::EP_MOE_OK, ::EP_MOE_ERR_INVALID_HANDLE or
  *         ::EP_MOE_ERR_INVALID_ARGUMENT.
  */
-EP_MOE_API ep_moe_status_t ep_moe_expert_map_is_local(int32_t* out, const ep_moe_expert_map_t* map,
-                                                      int32_t global_id);
+EP_MOE_API ep_moe_status_t ep_moe_expert_map_is_local(int32_t* out, const ep_moe_expert_map_t* map, int32_t global_id);
 
 /** \brief The tables an expert map can copy out; the lengths are in the
  *  documentation of each value and from ep_moe_expert_map_table_length(). */
@@ -446,7 +441,7 @@ typedef enum ep_moe_map_table {
   EP_MOE_MAP_TABLE_REPLICA_COUNT = 7,
   /** \cond RANGE */
   EP_MOE_MAP_TABLE_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
-  EP_MOE_MAP_TABLE_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  EP_MOE_MAP_TABLE_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */
   /** \endcond */
 } ep_moe_map_table_t;
 
@@ -458,8 +453,7 @@ typedef enum ep_moe_map_table {
  * \return ::EP_MOE_OK, ::EP_MOE_ERR_INVALID_HANDLE or
  *         ::EP_MOE_ERR_INVALID_ARGUMENT (NULL out, unknown table).
  */
-EP_MOE_API ep_moe_status_t ep_moe_expert_map_table_length(size_t* out,
-                                                          const ep_moe_expert_map_t* map,
+EP_MOE_API ep_moe_status_t ep_moe_expert_map_table_length(size_t* out, const ep_moe_expert_map_t* map,
                                                           ep_moe_map_table_t table);
 
 /**
@@ -473,8 +467,7 @@ EP_MOE_API ep_moe_status_t ep_moe_expert_map_table_length(size_t* out,
  *         ::EP_MOE_ERR_INVALID_ARGUMENT (NULL out with a non-empty table,
  *         unknown table).
  */
-EP_MOE_API ep_moe_status_t ep_moe_expert_map_copy_table(int32_t* out, size_t out_len,
-                                                        const ep_moe_expert_map_t* map,
+EP_MOE_API ep_moe_status_t ep_moe_expert_map_copy_table(int32_t* out, size_t out_len, const ep_moe_expert_map_t* map,
                                                         ep_moe_map_table_t table);
 
 /**
@@ -494,7 +487,6 @@ EP_MOE_API ep_moe_status_t ep_moe_expert_map_copy_table(int32_t* out, size_t out
 EP_MOE_API ep_moe_status_t ep_moe_expert_map_describe(char* out, size_t out_size, size_t* out_needed,
                                                       const ep_moe_expert_map_t* map);
 
-
 /** \brief What ep_moe_mask_and_remap() writes for pairs whose expert is not
  *  on this rank. */
 typedef enum ep_moe_remap_mode {
@@ -506,7 +498,7 @@ typedef enum ep_moe_remap_mode {
   EP_MOE_REMAP_MINUS_ONE = 1,
   /** \cond RANGE */
   EP_MOE_REMAP_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
-  EP_MOE_REMAP_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  EP_MOE_REMAP_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */
   /** \endcond */
 } ep_moe_remap_mode_t;
 
@@ -690,8 +682,7 @@ typedef struct ep_moe_comm_callbacks {
   /** Required: gather `bytes` from every rank into `out` (size * bytes). */
   ep_moe_status_t (*all_gather)(void** out_request, void* out, const void* in, size_t bytes, void* user_data);
   /** Required: gather `bytes[p]` from rank p, packed in rank order. */
-  ep_moe_status_t (*all_gather_v)(void** out_request, void* out, const void* in, const size_t* bytes,
-                                  void* user_data);
+  ep_moe_status_t (*all_gather_v)(void** out_request, void* out, const void* in, const size_t* bytes, void* user_data);
   /** Required: send `in_bytes[p]` to rank p, receive `out_bytes[p]` from it. */
   ep_moe_status_t (*all_to_all_v)(void** out_request, void* out, const size_t* out_bytes, const void* in,
                                   const size_t* in_bytes, void* user_data);
@@ -700,8 +691,8 @@ typedef struct ep_moe_comm_callbacks {
   ep_moe_status_t (*all_reduce)(void** out_request, void* out, const void* in, size_t count, ep_moe_dtype_t dtype,
                                 void* stream, void* user_data);
   /** Optional: sum and scatter `count` elements per rank. */
-  ep_moe_status_t (*reduce_scatter)(void** out_request, void* out, const void* in, size_t count,
-                                    ep_moe_dtype_t dtype, void* stream, void* user_data);
+  ep_moe_status_t (*reduce_scatter)(void** out_request, void* out, const void* in, size_t count, ep_moe_dtype_t dtype,
+                                    void* stream, void* user_data);
   /** Optional: a barrier (NULL: the header exchange ep_moe does anyway serves). */
   ep_moe_status_t (*barrier)(void** out_request, void* user_data);
   /** Required: `*out_done` = 1 when the request completed (it is then released). */
@@ -766,8 +757,7 @@ EP_MOE_API const char* ep_moe_comm_backend(const ep_moe_comm_t* comm);
  * \param[in]  key   Ordering within the new group.
  * \return ::EP_MOE_OK or the statuses of a collective.
  */
-EP_MOE_API ep_moe_status_t ep_moe_comm_split(ep_moe_comm_t** out, ep_moe_comm_t* comm, int32_t color,
-                                             int32_t key);
+EP_MOE_API ep_moe_status_t ep_moe_comm_split(ep_moe_comm_t** out, ep_moe_comm_t* comm, int32_t color, int32_t key);
 
 /**
  * \brief Frees one rank's handle. NULL is accepted. Other ranks' handles
@@ -845,8 +835,8 @@ EP_MOE_API ep_moe_status_t ep_moe_comm_all_reduce(void* out, const void* in, siz
  * \param[in]  stream Device stream, ignored on CPU backends.
  * \return ::EP_MOE_OK or an error status.
  */
-EP_MOE_API ep_moe_status_t ep_moe_comm_reduce_scatter(void* out, const void* in, size_t count,
-                                                      ep_moe_dtype_t dtype, ep_moe_comm_t* comm, void* stream);
+EP_MOE_API ep_moe_status_t ep_moe_comm_reduce_scatter(void* out, const void* in, size_t count, ep_moe_dtype_t dtype,
+                                                      ep_moe_comm_t* comm, void* stream);
 
 /**
  * \brief Gathers equal-sized blocks: out holds rank 0's block, then rank 1's...
@@ -888,8 +878,8 @@ EP_MOE_API ep_moe_status_t ep_moe_comm_all_gather_v(void* out, const void* in, c
  * \return ::EP_MOE_OK or an error status (also when counts do not match).
  */
 EP_MOE_API ep_moe_status_t ep_moe_comm_all_to_all_v(void* out, const size_t* out_counts, const void* in,
-                                                    const size_t* in_counts, ep_moe_dtype_t dtype,
-                                                    ep_moe_comm_t* comm, void* stream);
+                                                    const size_t* in_counts, ep_moe_dtype_t dtype, ep_moe_comm_t* comm,
+                                                    void* stream);
 
 /**
  * \brief Returns when every rank has called it (or on timeout/abort).
@@ -925,8 +915,8 @@ typedef struct ep_moe_layer ep_moe_layer_t;
 /** \brief Gated activation of the expert FFN: act(x W_gate^T) * (x W_up^T),
  *  with g = x W_gate^T (+ gate bias) and u = x W_up^T (+ up bias). */
 typedef enum ep_moe_activation {
-  EP_MOE_ACT_SILU = 0,     /**< SiLU (Qwen, DeepSeek, Mixtral): silu(g) * u. */
-  EP_MOE_ACT_GELU = 1,     /**< GELU, erf form: gelu(g) * u. */
+  EP_MOE_ACT_SILU = 0,      /**< SiLU (Qwen, DeepSeek, Mixtral): silu(g) * u. */
+  EP_MOE_ACT_GELU = 1,      /**< GELU, erf form: gelu(g) * u. */
   EP_MOE_ACT_GELU_TANH = 2, /**< GELU, tanh approximation. */
   /** GPT-OSS's clamped SwiGLU: with g' = min(g, 7) and
    *  u' = clamp(u, -7, 7), (u' + 1) * g' * sigmoid(1.702 g') (GPT-OSS's
@@ -935,7 +925,7 @@ typedef enum ep_moe_activation {
   EP_MOE_ACT_SWIGLU_OAI = 3,
   /** \cond RANGE */
   EP_MOE_ACT_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
-  EP_MOE_ACT_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  EP_MOE_ACT_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */
   /** \endcond */
 } ep_moe_activation_t;
 
@@ -945,7 +935,7 @@ typedef enum ep_moe_scoring {
   EP_MOE_SCORING_SIGMOID = 1, /**< Independent sigmoid per expert (DeepSeek-V3). */
   /** \cond RANGE */
   EP_MOE_SCORING_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
-  EP_MOE_SCORING_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  EP_MOE_SCORING_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */
   /** \endcond */
 } ep_moe_scoring_t;
 
@@ -958,7 +948,7 @@ typedef enum ep_moe_skip_mode {
   EP_MOE_SKIP_WEIGHT_ZERO = 1,
   /** \cond RANGE */
   EP_MOE_SKIP_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
-  EP_MOE_SKIP_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  EP_MOE_SKIP_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */
   /** \endcond */
 } ep_moe_skip_mode_t;
 
@@ -978,7 +968,7 @@ typedef enum ep_moe_dispatch_mode {
   EP_MOE_DISPATCH_AUTO = 2,
   /** \cond RANGE */
   EP_MOE_DISPATCH_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
-  EP_MOE_DISPATCH_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  EP_MOE_DISPATCH_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */
   /** \endcond */
 } ep_moe_dispatch_mode_t;
 
@@ -1117,19 +1107,19 @@ EP_MOE_API const char* ep_moe_layer_last_error(const ep_moe_layer_t* layer);
 /** \brief Which weight tensor ep_moe_layer_set_weight() receives, in the
  *  checkpoint's orientation (row-major, [out_features, in_features]). */
 typedef enum ep_moe_weight {
-  EP_MOE_WEIGHT_EXPERT_GATE = 0,          /**< Routed expert gate_proj (w1), [I, H]. */
-  EP_MOE_WEIGHT_EXPERT_UP = 1,            /**< Routed expert up_proj (w3), [I, H]. */
-  EP_MOE_WEIGHT_EXPERT_DOWN = 2,          /**< Routed expert down_proj (w2), [H, I]. */
-  EP_MOE_WEIGHT_EXPERT_GATE_UP = 3,       /**< Fused gate_up_proj, [2I, H]: gate rows, then up rows. */
-  EP_MOE_WEIGHT_SHARED_GATE = 4,          /**< Shared expert gate_proj, full size [Is, H]. */
-  EP_MOE_WEIGHT_SHARED_UP = 5,            /**< Shared expert up_proj, full size [Is, H]. */
-  EP_MOE_WEIGHT_SHARED_DOWN = 6,          /**< Shared expert down_proj, full size [H, Is]. */
-  EP_MOE_WEIGHT_SHARED_GATE_UP = 7,       /**< Shared expert fused gate_up_proj, [2 Is, H]. */
-  EP_MOE_WEIGHT_SHARED_EXPERT_GATE = 8,   /**< Sigmoid gate of the shared expert, [1, H]. */
-  EP_MOE_WEIGHT_SCORE_BIAS = 9,           /**< Score-correction bias, [1, E]. */
-  EP_MOE_WEIGHT_ROUTER = 10,              /**< Router (gate) weight, [E, H], kept in f32: with it,
-                                               forward computes the logits when given neither
-                                               router_logits nor topk_ids. */
+  EP_MOE_WEIGHT_EXPERT_GATE = 0,        /**< Routed expert gate_proj (w1), [I, H]. */
+  EP_MOE_WEIGHT_EXPERT_UP = 1,          /**< Routed expert up_proj (w3), [I, H]. */
+  EP_MOE_WEIGHT_EXPERT_DOWN = 2,        /**< Routed expert down_proj (w2), [H, I]. */
+  EP_MOE_WEIGHT_EXPERT_GATE_UP = 3,     /**< Fused gate_up_proj, [2I, H]: gate rows, then up rows. */
+  EP_MOE_WEIGHT_SHARED_GATE = 4,        /**< Shared expert gate_proj, full size [Is, H]. */
+  EP_MOE_WEIGHT_SHARED_UP = 5,          /**< Shared expert up_proj, full size [Is, H]. */
+  EP_MOE_WEIGHT_SHARED_DOWN = 6,        /**< Shared expert down_proj, full size [H, Is]. */
+  EP_MOE_WEIGHT_SHARED_GATE_UP = 7,     /**< Shared expert fused gate_up_proj, [2 Is, H]. */
+  EP_MOE_WEIGHT_SHARED_EXPERT_GATE = 8, /**< Sigmoid gate of the shared expert, [1, H]. */
+  EP_MOE_WEIGHT_SCORE_BIAS = 9,         /**< Score-correction bias, [1, E]. */
+  EP_MOE_WEIGHT_ROUTER = 10,            /**< Router (gate) weight, [E, H], kept in f32: with it,
+                                             forward computes the logits when given neither
+                                             router_logits nor topk_ids. */
   /** Routed expert gate_proj bias, [1, I] (GPT-OSS). Once any routed
    *  expert bias is given, every local expert needs all three (gate, up,
    *  down) before forward; an expert's output is then
@@ -1143,7 +1133,7 @@ typedef enum ep_moe_weight {
                                                (GPT-OSS). CPU layers only. */
   /** \cond RANGE */
   EP_MOE_WEIGHT_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
-  EP_MOE_WEIGHT_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  EP_MOE_WEIGHT_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */
   /** \endcond */
 } ep_moe_weight_t;
 
@@ -1171,9 +1161,9 @@ typedef enum ep_moe_weight {
  *         NULL data, a tensor the configuration does not use);
  *         ::EP_MOE_ERR_INVALID_HANDLE; ::EP_MOE_ERR_OUT_OF_MEMORY.
  */
-EP_MOE_API ep_moe_status_t ep_moe_layer_set_weight(int32_t* out_stored, ep_moe_layer_t* layer,
-                                                   ep_moe_weight_t which, int32_t expert, const void* data,
-                                                   ep_moe_dtype_t dtype, int64_t rows, int64_t cols);
+EP_MOE_API ep_moe_status_t ep_moe_layer_set_weight(int32_t* out_stored, ep_moe_layer_t* layer, ep_moe_weight_t which,
+                                                   int32_t expert, const void* data, ep_moe_dtype_t dtype, int64_t rows,
+                                                   int64_t cols);
 
 /** \brief Arguments of ep_moe_layer_forward(); fill with
  *  ep_moe_forward_args_init() first. */
@@ -1262,29 +1252,53 @@ typedef enum ep_moe_layer_attr {
   EP_MOE_LAYER_ATTR_LAST_SKIPPED_PAIRS = 6, /**< Pairs the last forward skipped as non-local. */
   EP_MOE_LAYER_ATTR_LAST_GATHER = 7,        /**< Last DP gather: 0 none, 1 padded, 2 compact. */
   EP_MOE_LAYER_ATTR_SHARED_SHARD_SIZE = 8,  /**< Columns of the shared intermediate held here. */
-  EP_MOE_LAYER_ATTR_CPU_ISA = 9,             /**< CPU kernels in use: 0 generic, 1 AVX2, 2 AVX-512, 3 AVX-512 with AVX512_BF16 (bf16 weights with bf16 activations then run on bf16 pair dot products). A CPU with AVX512_BF16 reports 2 when its pair dot products measured slower than widening bf16 to f32 FMAs (timed once per process, at the first layer's creation, about 1.5 ms; the environment variable EP_MOE_CPU_ISA, when set, names the kernels instead, never above what the CPU has). */
+  EP_MOE_LAYER_ATTR_CPU_ISA =
+      9, /**< CPU kernels in use: 0 generic, 1 AVX2, 2 AVX-512, 3 AVX-512 with AVX512_BF16 (bf16 weights with bf16
+            activations then run on bf16 pair dot products). A CPU with AVX512_BF16 reports 2 when its pair dot products
+            measured slower than widening bf16 to f32 FMAs (timed once per process, at the first layer's creation,
+            about 1.5 ms; the environment variable EP_MOE_CPU_ISA, when set, names the kernels instead, never above what
+            the CPU has). */
   EP_MOE_LAYER_ATTR_LAST_ACTIVE_EXPERTS = 10, /**< Local experts with at least one pair in the last forward. */
   EP_MOE_LAYER_ATTR_BYTES_LOADED = 11,        /**< Bytes read from checkpoint files by ep_moe_layer_load(). */
   EP_MOE_LAYER_ATTR_LAST_DISPATCH = 12,       /**< ::ep_moe_dispatch_mode_t the last forward used (never AUTO). */
-  EP_MOE_LAYER_ATTR_LAST_ALLTOALL_BYTES = 13, /**< Auto mode: bytes the all-to-all flow would have moved in the last step (all ranks). */
+  EP_MOE_LAYER_ATTR_LAST_ALLTOALL_BYTES =
+      13, /**< Auto mode: bytes the all-to-all flow would have moved in the last step (all ranks). */
   EP_MOE_LAYER_ATTR_LAST_ALLGATHER_BYTES = 14, /**< Auto mode: the same for the all-gather flow. */
-  EP_MOE_LAYER_ATTR_LOAD_STEPS = 15,           /**< Forward calls counted in the expert-load window (see ep_moe_layer_expert_load()). */
-  EP_MOE_LAYER_ATTR_REPLACE_BYTES_SENT = 16,     /**< Weight bytes this rank sent to peers in the last ep_moe_layer_replace(). */
-  EP_MOE_LAYER_ATTR_REPLACE_BYTES_RECEIVED = 17, /**< Weight bytes this rank received from peers in the last ep_moe_layer_replace(). */
-  EP_MOE_LAYER_ATTR_REPLACE_BYTES_READ = 18,     /**< Bytes this rank read from the checkpoint in the last ep_moe_layer_replace(). */
-  EP_MOE_LAYER_ATTR_REPLACE_EXPERTS_KEPT = 19,   /**< Routed experts the last ep_moe_layer_replace() kept in place on this rank. */
-  EP_MOE_LAYER_ATTR_NUM_EXPERTS = 20,            /**< Logical routed experts E of the layer (the config's num_experts). */
-  EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS = 21,        /**< Nanoseconds the last forward spent on this rank moving token rows into the order the experts read (packing rows to send, unpacking received rows, widening inputs to f32 where the experts do not read bf16 rows in place); collectives excluded. CUDA layers (attrs 21-25): CUDA-event times of the last forward not captured in a graph, this one covering routing, the plan (with its synchronisation on the prefill path) and the permutation. */
-  EP_MOE_LAYER_ATTR_LAST_PERMUTE_BYTES = 22,     /**< Bytes of rows those steps wrote. */
-  EP_MOE_LAYER_ATTR_LAST_EXPERT_NS = 23,         /**< Nanoseconds the last forward spent in expert FFNs on this rank (routed and shared; in all-gather mode it includes the weighted combine, which is fused into the down projection). */
-  EP_MOE_LAYER_ATTR_LAST_COMBINE_NS = 24,        /**< Nanoseconds the last forward spent on this rank turning expert results into output rows (converting partial rows for the return or the reduction, adding returned rows per token, writing the output); collectives excluded. */
-  EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES = 25,     /**< Bytes of rows those steps read. */
-  EP_MOE_LAYER_ATTR_DEVICE = 26,                 /**< The config's `device`: -1 for a CPU layer, else the CUDA device ordinal. */
-  EP_MOE_LAYER_ATTR_LAST_SYNC_FREE = 27,         /**< CUDA layers: 1 when the last forward took the synchronisation-free path, 0 when it synchronised once for cuBLASLt; -1 on the CPU. */
-  EP_MOE_LAYER_ATTR_HAS_ROUTER = 28,             /**< 1 when the layer holds a router weight (::EP_MOE_WEIGHT_ROUTER, given or loaded), so forward may be called with neither router_logits nor topk_ids; else 0. */
+  EP_MOE_LAYER_ATTR_LOAD_STEPS =
+      15, /**< Forward calls counted in the expert-load window (see ep_moe_layer_expert_load()). */
+  EP_MOE_LAYER_ATTR_REPLACE_BYTES_SENT =
+      16, /**< Weight bytes this rank sent to peers in the last ep_moe_layer_replace(). */
+  EP_MOE_LAYER_ATTR_REPLACE_BYTES_RECEIVED =
+      17, /**< Weight bytes this rank received from peers in the last ep_moe_layer_replace(). */
+  EP_MOE_LAYER_ATTR_REPLACE_BYTES_READ =
+      18, /**< Bytes this rank read from the checkpoint in the last ep_moe_layer_replace(). */
+  EP_MOE_LAYER_ATTR_REPLACE_EXPERTS_KEPT =
+      19,                             /**< Routed experts the last ep_moe_layer_replace() kept in place on this rank. */
+  EP_MOE_LAYER_ATTR_NUM_EXPERTS = 20, /**< Logical routed experts E of the layer (the config's num_experts). */
+  EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS =
+      21, /**< Nanoseconds the last forward spent on this rank moving token rows into the order the experts read
+             (packing rows to send, unpacking received rows, widening inputs to f32 where the experts do not read bf16
+             rows in place); collectives excluded. CUDA layers (attrs 21-25): CUDA-event times of the last forward not
+             captured in a graph, this one covering routing, the plan (with its synchronisation on the prefill path) and
+             the permutation. */
+  EP_MOE_LAYER_ATTR_LAST_PERMUTE_BYTES = 22, /**< Bytes of rows those steps wrote. */
+  EP_MOE_LAYER_ATTR_LAST_EXPERT_NS =
+      23, /**< Nanoseconds the last forward spent in expert FFNs on this rank (routed and shared; in all-gather mode it
+             includes the weighted combine, which is fused into the down projection). */
+  EP_MOE_LAYER_ATTR_LAST_COMBINE_NS =
+      24, /**< Nanoseconds the last forward spent on this rank turning expert results into output rows (converting
+             partial rows for the return or the reduction, adding returned rows per token, writing the output);
+             collectives excluded. */
+  EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES = 25, /**< Bytes of rows those steps read. */
+  EP_MOE_LAYER_ATTR_DEVICE = 26, /**< The config's `device`: -1 for a CPU layer, else the CUDA device ordinal. */
+  EP_MOE_LAYER_ATTR_LAST_SYNC_FREE = 27, /**< CUDA layers: 1 when the last forward took the synchronisation-free path, 0
+                                            when it synchronised once for cuBLASLt; -1 on the CPU. */
+  EP_MOE_LAYER_ATTR_HAS_ROUTER =
+      28, /**< 1 when the layer holds a router weight (::EP_MOE_WEIGHT_ROUTER, given or loaded), so forward may be
+             called with neither router_logits nor topk_ids; else 0. */
   /** \cond RANGE */
   EP_MOE_LAYER_ATTR_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
-  EP_MOE_LAYER_ATTR_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  EP_MOE_LAYER_ATTR_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */
   /** \endcond */
 } ep_moe_layer_attr_t;
 
@@ -1295,8 +1309,7 @@ typedef enum ep_moe_layer_attr {
  * \param[in]  attr  Which attribute.
  * \return ::EP_MOE_OK, ::EP_MOE_ERR_INVALID_HANDLE or ::EP_MOE_ERR_INVALID_ARGUMENT.
  */
-EP_MOE_API ep_moe_status_t ep_moe_layer_get_attr(int64_t* out, const ep_moe_layer_t* layer,
-                                                 ep_moe_layer_attr_t attr);
+EP_MOE_API ep_moe_status_t ep_moe_layer_get_attr(int64_t* out, const ep_moe_layer_t* layer, ep_moe_layer_attr_t attr);
 
 /** @} */
 
@@ -1321,15 +1334,15 @@ typedef struct ep_moe_checkpoint ep_moe_checkpoint_t;
 
 /** \brief Expert tensor naming schemes. */
 typedef enum ep_moe_naming {
-  EP_MOE_NAMING_AUTO = 0,                /**< Detect from the tensor names (default). */
-  EP_MOE_NAMING_HF = 1,                  /**< `layers.L.mlp.experts.e.{gate,up,down}_proj.weight` (Qwen2/3-MoE, DeepSeek). */
-  EP_MOE_NAMING_MIXTRAL = 2,             /**< `layers.L.block_sparse_moe.experts.e.{w1,w3,w2}.weight`. */
-  EP_MOE_NAMING_HF_FUSED = 3,            /**< `layers.L.mlp.experts.gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I]. */
+  EP_MOE_NAMING_AUTO = 0,     /**< Detect from the tensor names (default). */
+  EP_MOE_NAMING_HF = 1,       /**< `layers.L.mlp.experts.e.{gate,up,down}_proj.weight` (Qwen2/3-MoE, DeepSeek). */
+  EP_MOE_NAMING_MIXTRAL = 2,  /**< `layers.L.block_sparse_moe.experts.e.{w1,w3,w2}.weight`. */
+  EP_MOE_NAMING_HF_FUSED = 3, /**< `layers.L.mlp.experts.gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I]. */
   EP_MOE_NAMING_HF_FUSED_TRANSPOSED = 4, /**< The same names stored [E, H, 2I] and [E, I, H]. */
-  EP_MOE_NAMING_GGUF = 5, /**< `blk.L.ffn_{gate,up,down}_exps.weight` [E, I, H] ... */
+  EP_MOE_NAMING_GGUF = 5,                /**< `blk.L.ffn_{gate,up,down}_exps.weight` [E, I, H] ... */
   /** \cond RANGE */
   EP_MOE_NAMING_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
-  EP_MOE_NAMING_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  EP_MOE_NAMING_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */
   /** \endcond */
 } ep_moe_naming_t;
 
@@ -1402,10 +1415,10 @@ typedef enum ep_moe_checkpoint_attr {
   EP_MOE_CHECKPOINT_ATTR_NUM_TENSORS = 3,    /**< Tensors in all files. */
   EP_MOE_CHECKPOINT_ATTR_NUM_MOE_LAYERS = 4, /**< Layers with routed experts. */
   EP_MOE_CHECKPOINT_ATTR_NUM_LAYERS = 5,     /**< Decoder layers (config, or the highest index + 1). */
-  EP_MOE_CHECKPOINT_ATTR_HEADER_BYTES = 6, /**< Bytes read to open it (headers, index, config). */
+  EP_MOE_CHECKPOINT_ATTR_HEADER_BYTES = 6,   /**< Bytes read to open it (headers, index, config). */
   /** \cond RANGE */
   EP_MOE_CHECKPOINT_ATTR_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
-  EP_MOE_CHECKPOINT_ATTR_ENUM_MAX_ = 0x7fffffff      /* object of this type, so bad values are rejected, not UB */
+  EP_MOE_CHECKPOINT_ATTR_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */
   /** \endcond */
 } ep_moe_checkpoint_attr_t;
 
@@ -1430,7 +1443,7 @@ EP_MOE_API ep_moe_status_t ep_moe_checkpoint_get_attr(int64_t* out, const ep_moe
  * \return ::EP_MOE_OK, ::EP_MOE_ERR_INVALID_HANDLE or ::EP_MOE_ERR_INVALID_ARGUMENT.
  */
 EP_MOE_API ep_moe_status_t ep_moe_checkpoint_moe_layers(int32_t* out, size_t out_len, size_t* out_count,
-                                                       const ep_moe_checkpoint_t* checkpoint);
+                                                        const ep_moe_checkpoint_t* checkpoint);
 
 /**
  * \brief Fills the model-shape fields of a layer config from the checkpoint.
@@ -1459,7 +1472,7 @@ EP_MOE_API ep_moe_status_t ep_moe_checkpoint_moe_layers(int32_t* out, size_t out
  *         failure `config` is unchanged.
  */
 EP_MOE_API ep_moe_status_t ep_moe_checkpoint_layer_config(ep_moe_layer_config_t* config,
-                                                         const ep_moe_checkpoint_t* checkpoint, int32_t layer);
+                                                          const ep_moe_checkpoint_t* checkpoint, int32_t layer);
 
 /** \brief Where a weight lives in a checkpoint (for inspection tools). */
 typedef struct ep_moe_tensor_info {
@@ -1502,8 +1515,8 @@ EP_MOE_API ep_moe_status_t ep_moe_tensor_info_init(ep_moe_tensor_info_t* out);
  *         weight; ::EP_MOE_ERR_INVALID_ARGUMENT; ::EP_MOE_ERR_INVALID_HANDLE.
  */
 EP_MOE_API ep_moe_status_t ep_moe_checkpoint_tensor_info(ep_moe_tensor_info_t* out,
-                                                        const ep_moe_checkpoint_t* checkpoint, int32_t layer,
-                                                        ep_moe_weight_t which, int32_t expert);
+                                                         const ep_moe_checkpoint_t* checkpoint, int32_t layer,
+                                                         ep_moe_weight_t which, int32_t expert);
 
 /**
  * \brief Loads this rank's part of a checkpoint layer into a layer.

@@ -222,8 +222,8 @@ class layer {
  * \return The custom placement table (slot -> expert).
  */
 inline std::vector<int32_t> rebalance(const std::vector<double>& load, int32_t num_slots, int32_t num_ranks,
-                                      int32_t ranks_per_node = 0, int32_t num_groups = 0,
-                                      double* imbalance = nullptr, const std::vector<int32_t>& current = {}) {
+                                      int32_t ranks_per_node = 0, int32_t num_groups = 0, double* imbalance = nullptr,
+                                      const std::vector<int32_t>& current = {}) {
   ep_moe_rebalance_config_t c;
   check(ep_moe_rebalance_config_init(&c), ep_moe_last_error());
   c.num_experts = static_cast<int32_t>(load.size());

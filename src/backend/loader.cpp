@@ -158,7 +158,9 @@ std::unique_ptr<Comm> make_nccl_comm(void* nccl_comm, int timeout_ms) {
 std::unique_ptr<Comm> make_nccl_comm_from_id(const void* id, size_t id_size, int rank, int size, int timeout_ms) {
   return cuda_or_fail("an NCCL communicator", true).make_nccl_comm_from_id(id, id_size, rank, size, timeout_ms);
 }
-void nccl_unique_id(void* out, size_t out_size) { cuda_or_fail("an NCCL unique id", true).nccl_unique_id(out, out_size); }
+void nccl_unique_id(void* out, size_t out_size) {
+  cuda_or_fail("an NCCL unique id", true).nccl_unique_id(out, out_size);
+}
 
 std::unique_ptr<Transport> make_mpi_transport(const void* mpi_comm, size_t comm_size) {
   std::string why;

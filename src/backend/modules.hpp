@@ -30,7 +30,7 @@ constexpr uint32_t kModuleAbi = 2;
 
 struct CudaModule {
   uint32_t abi;
-  int32_t version;  // EP_MOE_VERSION_NUMBER of the build
+  int32_t version;                  // EP_MOE_VERSION_NUMBER of the build
   bool cuda_layer, nccl, cublaslt;  // what it was built with
   std::unique_ptr<cuda::DeviceLayer> (*create_device_layer)(const cuda::DeviceLayerDesc&);
   std::unique_ptr<Comm> (*make_nccl_comm)(void* nccl_comm, int timeout_ms);

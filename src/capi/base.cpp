@@ -13,8 +13,7 @@ extern "C" {
 uint32_t ep_moe_version(void) { return EP_MOE_VERSION_NUMBER; }
 
 const char* ep_moe_version_string(void) {
-  return EP_MOE_STR(EP_MOE_VERSION_MAJOR) "." EP_MOE_STR(EP_MOE_VERSION_MINOR) "." EP_MOE_STR(
-      EP_MOE_VERSION_PATCH);
+  return EP_MOE_STR(EP_MOE_VERSION_MAJOR) "." EP_MOE_STR(EP_MOE_VERSION_MINOR) "." EP_MOE_STR(EP_MOE_VERSION_PATCH);
 }
 
 const char* ep_moe_status_string(ep_moe_status_t status) {

@@ -9,9 +9,7 @@ using namespace ep_moe;
 using namespace ep_moe::capi;
 
 namespace {
-const io::Checkpoint& ck_of(const ep_moe_checkpoint_t* c) {
-  return *checked(c, Kind::Checkpoint, "checkpoint")->ck;
-}
+const io::Checkpoint& ck_of(const ep_moe_checkpoint_t* c) { return *checked(c, Kind::Checkpoint, "checkpoint")->ck; }
 
 void copy_text(char* dst, size_t cap, const std::string& s) {
   const size_t n = std::min(cap - 1, s.size());
@@ -119,7 +117,7 @@ ep_moe_status_t ep_moe_checkpoint_layer_config(ep_moe_layer_config_t* config, co
     c.num_experts = s.experts;
     if (m.top_k > 0) c.top_k = m.top_k;
     c.activation = m.activation;
-    c.weight_dtype = s.expert_elem == io::Elem::BF16 ? EP_MOE_DTYPE_BF16
+    c.weight_dtype = s.expert_elem == io::Elem::BF16  ? EP_MOE_DTYPE_BF16
                      : s.expert_elem == io::Elem::F16 ? EP_MOE_DTYPE_F16
                                                       : EP_MOE_DTYPE_F32;
     c.scoring = m.scoring;

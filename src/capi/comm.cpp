@@ -70,8 +70,8 @@ ep_moe_status_t ep_moe_comm_create_local(ep_moe_comm_t** out, int32_t size, cons
     int32_t timeout = 60000;
     if (config) {
       const auto& c = checked_config(config, "config");
-      EP_MOE_CHECK_ARG(c.timeout_ms >= 1 && c.timeout_ms <= kMaxTimeoutMs, "config->timeout_ms must be in [1, %d], got %d",
-                       kMaxTimeoutMs, c.timeout_ms);
+      EP_MOE_CHECK_ARG(c.timeout_ms >= 1 && c.timeout_ms <= kMaxTimeoutMs,
+                       "config->timeout_ms must be in [1, %d], got %d", kMaxTimeoutMs, c.timeout_ms);
       timeout = c.timeout_ms;
     }
     auto comms = create_local_group(size, timeout);
@@ -199,9 +199,8 @@ ep_moe_status_t ep_moe_comm_all_gather_v(void* out, const void* in, const size_t
       [&](Comm& c) { c.all_gather_v(out, in, counts, dtype, stream); });
 }
 
-ep_moe_status_t ep_moe_comm_all_to_all_v(void* out, const size_t* out_counts, const void* in,
-                                         const size_t* in_counts, ep_moe_dtype_t dtype, ep_moe_comm_t* comm,
-                                         void* stream) {
+ep_moe_status_t ep_moe_comm_all_to_all_v(void* out, const size_t* out_counts, const void* in, const size_t* in_counts,
+                                         ep_moe_dtype_t dtype, ep_moe_comm_t* comm, void* stream) {
   return collective(
       __func__, comm,
       [&](Comm& c) {
@@ -222,7 +221,8 @@ ep_moe_status_t ep_moe_comm_all_to_all_v(void* out, const size_t* out_counts, co
 }
 
 ep_moe_status_t ep_moe_comm_barrier(ep_moe_comm_t* comm) {
-  return collective(__func__, comm, [](Comm&) {}, [](Comm& c) { c.barrier(nullptr); });
+  return collective(
+      __func__, comm, [](Comm&) {}, [](Comm& c) { c.barrier(nullptr); });
 }
 
 namespace {

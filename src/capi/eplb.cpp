@@ -60,7 +60,8 @@ ep_moe_status_t ep_moe_rebalance(int32_t* out_slots, size_t out_len, double* out
     EP_MOE_CHECK_ARG(c.num_current_slots >= 0 && c.num_current_slots <= (1 << 22),
                      "num_current_slots must be in [0, %d], got %d", 1 << 22, c.num_current_slots);
     if (c.num_current_slots > 0) {
-      if (c.current_slots == nullptr) fail(EP_MOE_ERR_INVALID_ARGUMENT, "current_slots is NULL but num_current_slots is %d", c.num_current_slots);
+      if (c.current_slots == nullptr)
+        fail(EP_MOE_ERR_INVALID_ARGUMENT, "current_slots is NULL but num_current_slots is %d", c.num_current_slots);
       p.current.assign(c.current_slots, c.current_slots + c.num_current_slots);
     }
     const std::vector<double> w(load, load + load_len);

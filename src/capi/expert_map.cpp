@@ -36,8 +36,8 @@ ExpertMapParams to_params(const ep_moe_expert_map_config_t& c) {
                      c.num_custom_slots, 1 << 22);
     p.custom_slots.assign(c.custom_slots, c.custom_slots + c.num_custom_slots);
     if (c.custom_slots_per_rank) {
-      EP_MOE_CHECK_ARG(c.ep_size >= 1 && c.ep_size <= (1 << 16), "config->ep_size must be in [1, %d], got %d",
-                       1 << 16, c.ep_size);
+      EP_MOE_CHECK_ARG(c.ep_size >= 1 && c.ep_size <= (1 << 16), "config->ep_size must be in [1, %d], got %d", 1 << 16,
+                       c.ep_size);
       p.custom_slots_per_rank.assign(c.custom_slots_per_rank, c.custom_slots_per_rank + c.ep_size);
     }
   }
@@ -112,7 +112,9 @@ ep_moe_status_t ep_moe_expert_map_update(ep_moe_expert_map_t* map, const ep_moe_
   });
 }
 
-const char* ep_moe_expert_map_last_error(const ep_moe_expert_map_t* map) { return handle_last_error(map, map, Kind::ExpertMap); }
+const char* ep_moe_expert_map_last_error(const ep_moe_expert_map_t* map) {
+  return handle_last_error(map, map, Kind::ExpertMap);
+}
 
 ep_moe_status_t ep_moe_expert_map_get_attr(int32_t* out, const ep_moe_expert_map_t* map, ep_moe_map_attr_t attr) {
   return guard(__func__, map, Kind::ExpertMap, [&] {
@@ -133,8 +135,7 @@ ep_moe_status_t ep_moe_expert_map_get_attr(int32_t* out, const ep_moe_expert_map
       case EP_MOE_MAP_ATTR_FELL_BACK: v = m.fell_back() ? 1 : 0; break;
       case EP_MOE_MAP_ATTR_NUM_REDUNDANT: v = m.num_physical() - m.num_experts(); break;
       case EP_MOE_MAP_ATTR_MAX_SLOTS_PER_RANK: v = m.max_slots_per_rank(); break;
-      default:
-        fail(EP_MOE_ERR_INVALID_ARGUMENT, "attr %d is not an ep_moe_map_attr_t value", static_cast<int>(attr));
+      default: fail(EP_MOE_ERR_INVALID_ARGUMENT, "attr %d is not an ep_moe_map_attr_t value", static_cast<int>(attr));
     }
     *out = v;
   });
@@ -205,9 +206,9 @@ ep_moe_status_t ep_moe_expert_map_describe(char* out, size_t out_size, size_t* o
 }
 
 ep_moe_status_t ep_moe_mask_and_remap(int32_t* out_ids, void* out_weights, uint8_t* out_mask,
-                                      const ep_moe_expert_map_t* map, const int32_t* topk_ids,
-                                      const void* topk_weights, ep_moe_dtype_t weights_dtype, int64_t num_tokens,
-                                      int32_t top_k, ep_moe_remap_mode_t mode) {
+                                      const ep_moe_expert_map_t* map, const int32_t* topk_ids, const void* topk_weights,
+                                      ep_moe_dtype_t weights_dtype, int64_t num_tokens, int32_t top_k,
+                                      ep_moe_remap_mode_t mode) {
   return guard(__func__, map, Kind::ExpertMap, [&] {
     checked(map, Kind::ExpertMap, "map");
     EP_MOE_CHECK_ARG(num_tokens >= 0, "num_tokens must be >= 0, got %lld", static_cast<long long>(num_tokens));

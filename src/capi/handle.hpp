@@ -59,8 +59,7 @@ template <class H>
 H* checked(H* h, Kind kind, const char* what) {
   if (h == nullptr) fail(EP_MOE_ERR_INVALID_HANDLE, "%s is NULL", what);
   if (!is_live(h, kind))
-    fail(EP_MOE_ERR_INVALID_HANDLE, "%s is not a live %s (destroyed, or another type)", what,
-         kind_name(kind));
+    fail(EP_MOE_ERR_INVALID_HANDLE, "%s is not a live %s (destroyed, or another type)", what, kind_name(kind));
   return h;
 }
 

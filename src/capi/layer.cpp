@@ -66,7 +66,9 @@ void ep_moe_layer_destroy(ep_moe_layer_t* layer) {
   delete layer;
 }
 
-const char* ep_moe_layer_last_error(const ep_moe_layer_t* layer) { return handle_last_error(layer, layer, Kind::Layer); }
+const char* ep_moe_layer_last_error(const ep_moe_layer_t* layer) {
+  return handle_last_error(layer, layer, Kind::Layer);
+}
 
 ep_moe_status_t ep_moe_layer_set_weight(int32_t* out_stored, ep_moe_layer_t* layer, ep_moe_weight_t which,
                                         int32_t expert, const void* data, ep_moe_dtype_t dtype, int64_t rows,

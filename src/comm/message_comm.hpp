@@ -70,8 +70,8 @@ class MessageComm final : public Comm {
   void reduce_scatter(void* out, const void* in, size_t count, ep_moe_dtype_t dtype, void* stream) override;
   void all_gather(void* out, const void* in, size_t count, ep_moe_dtype_t dtype, void* stream) override;
   void all_gather_v(void* out, const void* in, const size_t* counts, ep_moe_dtype_t dtype, void* stream) override;
-  void all_to_all_v(void* out, const size_t* out_counts, const void* in, const size_t* in_counts,
-                    ep_moe_dtype_t dtype, void* stream) override;
+  void all_to_all_v(void* out, const size_t* out_counts, const void* in, const size_t* in_counts, ep_moe_dtype_t dtype,
+                    void* stream) override;
   void barrier(void* stream) override;
   std::unique_ptr<Comm> split(int color, int key) override;
   void fail_collective(ep_moe_status_t status, const std::string& message) noexcept override;

@@ -47,19 +47,21 @@ void sum_int(void* dst, const void* const* srcs, int ns, size_t off, size_t n) {
 void sum_into(void* dst, const void* const* srcs, int ns, size_t off, size_t n, ep_moe_dtype_t dtype) {
   switch (dtype) {
     case EP_MOE_DTYPE_F32:
-      sum_float(dst, srcs, ns, off, n, 4,
-                [](const char* p, size_t i) { return reinterpret_cast<const float*>(p)[i]; },
-                [](char* p, size_t i, float v) { reinterpret_cast<float*>(p)[i] = v; });
+      sum_float(
+          dst, srcs, ns, off, n, 4, [](const char* p, size_t i) { return reinterpret_cast<const float*>(p)[i]; },
+          [](char* p, size_t i, float v) { reinterpret_cast<float*>(p)[i] = v; });
       break;
     case EP_MOE_DTYPE_BF16:
-      sum_float(dst, srcs, ns, off, n, 2,
-                [](const char* p, size_t i) { return bf16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]); },
-                [](char* p, size_t i, float v) { reinterpret_cast<uint16_t*>(p)[i] = f32_to_bf16(v); });
+      sum_float(
+          dst, srcs, ns, off, n, 2,
+          [](const char* p, size_t i) { return bf16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]); },
+          [](char* p, size_t i, float v) { reinterpret_cast<uint16_t*>(p)[i] = f32_to_bf16(v); });
       break;
     case EP_MOE_DTYPE_F16:
-      sum_float(dst, srcs, ns, off, n, 2,
-                [](const char* p, size_t i) { return f16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]); },
-                [](char* p, size_t i, float v) { reinterpret_cast<uint16_t*>(p)[i] = f32_to_f16(v); });
+      sum_float(
+          dst, srcs, ns, off, n, 2,
+          [](const char* p, size_t i) { return f16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]); },
+          [](char* p, size_t i, float v) { reinterpret_cast<uint16_t*>(p)[i] = f32_to_f16(v); });
       break;
     case EP_MOE_DTYPE_I32: sum_int<int32_t>(dst, srcs, ns, off, n); break;
     case EP_MOE_DTYPE_I64: sum_int<int64_t>(dst, srcs, ns, off, n); break;

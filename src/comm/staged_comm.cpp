@@ -74,10 +74,22 @@ void collective_bytes(const Collective& x, const Comm& c, size_t* in, size_t* ou
   const size_t es = dtype_size(x.dt), n = static_cast<size_t>(c.size());
   switch (x.op) {
     case CollectiveOp::AllReduce: *in = *out = x.count * es; break;
-    case CollectiveOp::ReduceScatter: *in = x.count * n * es; *out = x.count * es; break;
-    case CollectiveOp::AllGather: *in = x.count * es; *out = x.count * n * es; break;
-    case CollectiveOp::AllGatherV: *in = x.counts[c.rank()] * es; *out = total(x.counts, c.size()) * es; break;
-    case CollectiveOp::AllToAllV: *in = total(x.counts, c.size()) * es; *out = total(x.out_counts, c.size()) * es; break;
+    case CollectiveOp::ReduceScatter:
+      *in = x.count * n * es;
+      *out = x.count * es;
+      break;
+    case CollectiveOp::AllGather:
+      *in = x.count * es;
+      *out = x.count * n * es;
+      break;
+    case CollectiveOp::AllGatherV:
+      *in = x.counts[c.rank()] * es;
+      *out = total(x.counts, c.size()) * es;
+      break;
+    case CollectiveOp::AllToAllV:
+      *in = total(x.counts, c.size()) * es;
+      *out = total(x.out_counts, c.size()) * es;
+      break;
   }
 }
 

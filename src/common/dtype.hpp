@@ -76,9 +76,9 @@ inline uint16_t f32_to_f16(float f) {
   const uint32_t u = f32_bits(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t au = u & 0x7fffffffu;
-  if (au > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (au > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (au >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520: inf
-  if (au < 0x38800000u) {  // below the smallest normal 2^-14: subnormal or zero
+  if (au < 0x38800000u) {                                      // below the smallest normal 2^-14: subnormal or zero
     if (au < 0x33000000u) return static_cast<uint16_t>(sign);  // < 2^-25 rounds to 0
     const uint32_t e = au >> 23;
     const uint32_t m = (au & 0x7fffffu) | 0x800000u;

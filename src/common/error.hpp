@@ -14,8 +14,7 @@ namespace ep_moe {
 
 class Error : public std::runtime_error {
  public:
-  Error(ep_moe_status_t status, std::string message)
-      : std::runtime_error(std::move(message)), status_(status) {}
+  Error(ep_moe_status_t status, std::string message) : std::runtime_error(std::move(message)), status_(status) {}
   ep_moe_status_t status() const noexcept { return status_; }
 
  private:
@@ -26,7 +25,8 @@ class Error : public std::runtime_error {
 #if defined(__GNUC__)
 __attribute__((format(printf, 1, 2)))
 #endif
-std::string format(const char* fmt, ...);
+std::string
+format(const char* fmt, ...);
 
 [[noreturn]]
 #if defined(__GNUC__)
@@ -35,8 +35,8 @@ __attribute__((format(printf, 2, 3)))
 void fail(ep_moe_status_t status, const char* fmt, ...);
 
 // Throws INVALID_ARGUMENT with the formatted message unless `cond` holds.
-#define EP_MOE_CHECK_ARG(cond, ...)                               \
-  do {                                                             \
+#define EP_MOE_CHECK_ARG(cond, ...)                                        \
+  do {                                                                     \
     if (!(cond)) ::ep_moe::fail(EP_MOE_ERR_INVALID_ARGUMENT, __VA_ARGS__); \
   } while (0)
 

@@ -20,8 +20,7 @@ class FnRef<R(Args...)> {
   template <class F, class = std::enable_if_t<!std::is_same<std::decay_t<F>, FnRef>::value &&
                                               std::is_invocable_r<R, F&, Args...>::value>>
   FnRef(F&& f) noexcept  // NOLINT(google-explicit-constructor): stands in for a callable argument
-      : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
-        call_([](void* o, Args... args) -> R {
+      : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))), call_([](void* o, Args... args) -> R {
           return (*static_cast<std::remove_reference_t<F>*>(o))(std::forward<Args>(args)...);
         }) {}
 

@@ -147,9 +147,9 @@ constexpr double kKeepTolerance = 0.01;
 // (and does not hold that one's), whenever both ranks stay within `bound`.
 // Every swap keeps at least one more replica where its expert already is;
 // passes repeat until none applies. Deterministic (index order).
-void keep_in_place(const std::vector<double>& w, const std::vector<int32_t>& phys,
-                   const std::vector<int32_t>& experts, const std::vector<std::vector<char>>& holds, int32_t rank0,
-                   int32_t ranks, double bound, std::vector<int32_t>* pack) {
+void keep_in_place(const std::vector<double>& w, const std::vector<int32_t>& phys, const std::vector<int32_t>& experts,
+                   const std::vector<std::vector<char>>& holds, int32_t rank0, int32_t ranks, double bound,
+                   std::vector<int32_t>* pack) {
   const size_t n = w.size();
   std::vector<double> total(static_cast<size_t>(ranks), 0.0);
   for (size_t i = 0; i < n; ++i) total[static_cast<size_t>((*pack)[i])] += w[i];
@@ -223,8 +223,7 @@ std::vector<int32_t> rebalance(const std::vector<double>& load, const RebalanceP
     groups = 1;
   }
   if (nodes == 1) groups = 1;
-  const int32_t group_size = E / groups, slots_per_node = P / nodes, ranks_per_node = R / nodes,
-                slots_per_rank = P / R;
+  const int32_t group_size = E / groups, slots_per_node = P / nodes, ranks_per_node = R / nodes, slots_per_rank = P / R;
 
   // 1. Groups to nodes.
   std::vector<double> group_load(static_cast<size_t>(groups), 0.0);
@@ -238,7 +237,8 @@ std::vector<int32_t> rebalance(const std::vector<double>& load, const RebalanceP
   std::vector<int32_t> node_of_pack(static_cast<size_t>(nodes));
   for (int32_t q = 0; q < nodes; ++q) node_of_pack[static_cast<size_t>(q)] = q;
   if (!holds.empty() && nodes > 1) {
-    std::vector<std::vector<int32_t>> ov(static_cast<size_t>(nodes), std::vector<int32_t>(static_cast<size_t>(nodes), 0));
+    std::vector<std::vector<int32_t>> ov(static_cast<size_t>(nodes),
+                                         std::vector<int32_t>(static_cast<size_t>(nodes), 0));
     for (int32_t e = 0; e < E; ++e) {
       const int32_t q = node_of_group[static_cast<size_t>(e / group_size)];
       for (int32_t node = 0; node < nodes; ++node) {
@@ -301,8 +301,8 @@ std::vector<int32_t> rebalance(const std::vector<double>& load, const RebalanceP
           plain[static_cast<size_t>((*ro)[s])] += phys_load[s];
           sum += phys_load[s];
         }
-        const double bound = std::max(*std::max_element(plain.begin(), plain.end()),
-                                      sum / ranks_per_node * (1.0 + kKeepTolerance));
+        const double bound =
+            std::max(*std::max_element(plain.begin(), plain.end()), sum / ranks_per_node * (1.0 + kKeepTolerance));
         keep_in_place(phys_load, phys, experts, holds, node * ranks_per_node, ranks_per_node, bound, ro);
         int64_t kept = 0;
         for (size_t s = 0; s < phys.size(); ++s)

@@ -27,17 +27,15 @@ const char* placement_name(Placement p) {
 }
 
 ExpertMap::ExpertMap(ExpertMapParams p) : p_(std::move(p)) {
-  EP_MOE_CHECK_ARG(p_.ep_size >= 1 && p_.ep_size <= kMaxEpSize,
-                   "ep_size must be in [1, %d], got %d", kMaxEpSize, p_.ep_size);
-  EP_MOE_CHECK_ARG(p_.ep_rank >= 0 && p_.ep_rank < p_.ep_size,
-                   "ep_rank must be in [0, ep_size=%d), got %d", p_.ep_size, p_.ep_rank);
+  EP_MOE_CHECK_ARG(p_.ep_size >= 1 && p_.ep_size <= kMaxEpSize, "ep_size must be in [1, %d], got %d", kMaxEpSize,
+                   p_.ep_size);
+  EP_MOE_CHECK_ARG(p_.ep_rank >= 0 && p_.ep_rank < p_.ep_size, "ep_rank must be in [0, ep_size=%d), got %d", p_.ep_size,
+                   p_.ep_rank);
   EP_MOE_CHECK_ARG(p_.num_experts >= 1 && p_.num_experts <= kMaxExperts,
                    "global_num_experts must be in [1, %d], got %d", kMaxExperts, p_.num_experts);
   EP_MOE_CHECK_ARG(p_.num_fused_shared >= 0 && p_.num_fused_shared <= kMaxShared,
-                   "num_fused_shared_experts must be in [0, %d], got %d", kMaxShared,
-                   p_.num_fused_shared);
-  EP_MOE_CHECK_ARG(p_.num_expert_group >= 0, "num_expert_group must be >= 0, got %d",
-                   p_.num_expert_group);
+                   "num_fused_shared_experts must be in [0, %d], got %d", kMaxShared, p_.num_fused_shared);
+  EP_MOE_CHECK_ARG(p_.num_expert_group >= 0, "num_expert_group must be >= 0, got %d", p_.num_expert_group);
   build_slots();
   build_tables();
 }
@@ -45,8 +43,7 @@ ExpertMap::ExpertMap(ExpertMapParams p) : p_(std::move(p)) {
 void ExpertMap::build_slots() {
   const int32_t E = p_.num_experts, ep = p_.ep_size;
   EP_MOE_CHECK_ARG(p_.num_redundant >= 0 && p_.num_redundant <= kMaxSlots - E,
-                   "num_redundant_experts must be in [0, %d], got %d", kMaxSlots - E,
-                   p_.num_redundant);
+                   "num_redundant_experts must be in [0, %d], got %d", kMaxSlots - E, p_.num_redundant);
 
   placement_ = p_.placement;
   fallback_reason_.clear();
@@ -58,14 +55,12 @@ void ExpertMap::build_slots() {
           "round-robin placement is only supported for models with multiple expert groups "
           "(num_expert_group > 1), no redundant experts and no load balancing";
     } else if (p_.use_all2all_kernels && !p_.all2all_supports_routing_tables) {
-      fallback_reason_ =
-          "round-robin placement needs all-to-all kernels that accept its routing tables";
+      fallback_reason_ = "round-robin placement needs all-to-all kernels that accept its routing tables";
     }
     if (!fallback_reason_.empty()) {
       placement_ = Placement::Linear;
-      log(ep == 1 ? EP_MOE_LOG_DEBUG : EP_MOE_LOG_WARN,
-          "[EP rank %d/%d] %s; falling back to linear expert placement", p_.ep_rank, ep,
-          fallback_reason_.c_str());
+      log(ep == 1 ? EP_MOE_LOG_DEBUG : EP_MOE_LOG_WARN, "[EP rank %d/%d] %s; falling back to linear expert placement",
+          p_.ep_rank, ep, fallback_reason_.c_str());
     }
   }
 
@@ -91,13 +86,12 @@ void ExpertMap::build_slots() {
     case Placement::Custom: {
       const auto P = p_.custom_slots.size();
       EP_MOE_CHECK_ARG(P >= static_cast<size_t>(E) && P <= static_cast<size_t>(kMaxSlots),
-                       "custom placement needs num_custom_slots in [global_num_experts=%d, %d], got %zu",
-                       E, kMaxSlots, P);
+                       "custom placement needs num_custom_slots in [global_num_experts=%d, %d], got %zu", E, kMaxSlots,
+                       P);
       std::vector<int32_t> seen(static_cast<size_t>(E), 0);
       for (size_t s = 0; s < P; ++s) {
         const int32_t e = p_.custom_slots[s];
-        EP_MOE_CHECK_ARG(e >= 0 && e < E, "custom_slots[%zu] = %d is not an expert id in [0, %d)", s,
-                         e, E);
+        EP_MOE_CHECK_ARG(e >= 0 && e < E, "custom_slots[%zu] = %d is not an expert id in [0, %d)", s, e, E);
         seen[static_cast<size_t>(e)] = 1;
       }
       for (int32_t e = 0; e < E; ++e)
@@ -117,8 +111,8 @@ void ExpertMap::build_slots() {
           slots_per_rank_[static_cast<size_t>(r)] = n;
         }
         EP_MOE_CHECK_ARG(sum == static_cast<int64_t>(P),
-                         "custom_slots_per_rank sums to %lld, but num_custom_slots is %zu",
-                         static_cast<long long>(sum), P);
+                         "custom_slots_per_rank sums to %lld, but num_custom_slots is %zu", static_cast<long long>(sum),
+                         P);
       }
       break;
     }
@@ -165,7 +159,8 @@ void ExpertMap::build_tables() {
   }
 
   mask_.assign(static_cast<size_t>(E + S) + 1, 0);
-  for (int32_t g = 0; g < E + S; ++g) mask_[static_cast<size_t>(g)] = global_to_local_[static_cast<size_t>(g)] >= 0 ? 1 : 0;
+  for (int32_t g = 0; g < E + S; ++g)
+    mask_[static_cast<size_t>(g)] = global_to_local_[static_cast<size_t>(g)] >= 0 ? 1 : 0;
 }
 
 int32_t ExpertMap::max_slots_per_rank() const {

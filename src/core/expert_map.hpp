@@ -13,11 +13,11 @@ enum class Placement : int32_t { Linear = 0, RoundRobin = 1, Custom = 2 };
 struct ExpertMapParams {
   int32_t ep_size = 1;
   int32_t ep_rank = 0;
-  int32_t num_experts = 0;           // E, logical routed experts
+  int32_t num_experts = 0;  // E, logical routed experts
   Placement placement = Placement::Linear;
-  int32_t num_fused_shared = 0;      // S
+  int32_t num_fused_shared = 0;  // S
   int32_t num_expert_group = 0;
-  int32_t num_redundant = 0;         // R, linear placement only
+  int32_t num_redundant = 0;  // R, linear placement only
   bool enable_eplb = false;
   bool use_all2all_kernels = false;
   bool all2all_supports_routing_tables = true;
@@ -27,9 +27,7 @@ struct ExpertMapParams {
 
 // Linear split of `n` items over `parts` ranks: the first n % parts ranks get
 // one more. Returns the count and the start of part `idx`.
-inline int32_t split_count(int32_t n, int32_t parts, int32_t idx) {
-  return n / parts + (idx < n % parts ? 1 : 0);
-}
+inline int32_t split_count(int32_t n, int32_t parts, int32_t idx) { return n / parts + (idx < n % parts ? 1 : 0); }
 inline int32_t split_start(int32_t n, int32_t parts, int32_t idx) {
   const int32_t base = n / parts, rem = n % parts;
   return idx * base + (idx < rem ? idx : rem);

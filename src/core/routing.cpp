@@ -37,8 +37,8 @@ void RouteScratch::fit(const RoutingParams& p) {
   keep.resize(G);
 }
 
-void route(const void* logits, ep_moe_dtype_t dtype, int64_t T, const RoutingParams& p, int32_t* ids,
-           float* weights, int64_t first_token, RouteScratch* scratch) {
+void route(const void* logits, ep_moe_dtype_t dtype, int64_t T, const RoutingParams& p, int32_t* ids, float* weights,
+           int64_t first_token, RouteScratch* scratch) {
   const int32_t E = p.num_experts, K = p.top_k;
   RouteScratch own;
   RouteScratch& rs = scratch ? *scratch : own;
@@ -56,8 +56,9 @@ void route(const void* logits, ep_moe_dtype_t dtype, int64_t T, const RoutingPar
     float mx = -std::numeric_limits<float>::infinity();
     for (int32_t e = 0; e < E; ++e) {
       const float l = load_elem(logits, dtype, base + e);
-      if (std::isnan(l)) fail(EP_MOE_ERR_INVALID_ARGUMENT, "router_logits[token %lld, expert %d] is NaN",
-                              static_cast<long long>(first_token + t), e);
+      if (std::isnan(l))
+        fail(EP_MOE_ERR_INVALID_ARGUMENT, "router_logits[token %lld, expert %d] is NaN",
+             static_cast<long long>(first_token + t), e);
       scores[static_cast<size_t>(e)] = l;
       mx = std::max(mx, l);
     }

@@ -12,9 +12,9 @@ namespace ep_moe {
 struct RoutingParams {
   int32_t num_experts = 0;
   int32_t top_k = 0;
-  bool sigmoid = false;       // scoring: sigmoid instead of softmax
+  bool sigmoid = false;  // scoring: sigmoid instead of softmax
   bool renormalize = true;
-  int32_t num_group = 0;      // grouped top-k when > 0
+  int32_t num_group = 0;  // grouped top-k when > 0
   int32_t topk_group = 0;
   const float* bias = nullptr;  // score-correction bias [E] or nullptr
   float scale = 1.0f;           // routed scaling factor

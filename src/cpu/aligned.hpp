@@ -38,7 +38,7 @@ class AlignedBuffer {
     if (bytes > 0) {
       const size_t rounded = (bytes + 63) / 64 * 64;
       if (rounded < bytes) throw std::bad_alloc();
-      p = ::operator new(rounded, std::align_val_t{alignment(bytes)});
+      p = ::operator new (rounded, std::align_val_t{alignment(bytes)});
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
       // Large buffers (expert weights) start on a 2 MiB boundary and ask for
       // transparent huge pages (where THP is in madvise mode, as on Debian):
@@ -54,15 +54,19 @@ class AlignedBuffer {
 
   size_t size() const { return size_; }
   template <class T = void>
-  T* data() { return static_cast<T*>(ptr_); }
+  T* data() {
+    return static_cast<T*>(ptr_);
+  }
   template <class T = void>
-  const T* data() const { return static_cast<const T*>(ptr_); }
+  const T* data() const {
+    return static_cast<const T*>(ptr_);
+  }
 
  private:
   static constexpr size_t kHuge = size_t{2} << 20;
   static size_t alignment(size_t bytes) { return bytes >= kHuge ? kHuge : 64; }
   static void release(void* p, size_t bytes) noexcept {
-    if (p) ::operator delete(p, std::align_val_t{alignment(bytes)});
+    if (p) ::operator delete (p, std::align_val_t{alignment(bytes)});
   }
 
   void* ptr_ = nullptr;

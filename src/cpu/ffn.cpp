@@ -200,7 +200,8 @@ void FfnRunner::phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64
     const float* a[kRows];
     const uint16_t* a16[kRows];
     alignas(64) float c[kRows * 32];
-    size_t si = static_cast<size_t>(std::upper_bound(first.begin(), first.end(), static_cast<int64_t>(b)) - first.begin()) - 1;
+    size_t si =
+        static_cast<size_t>(std::upper_bound(first.begin(), first.end(), static_cast<int64_t>(b)) - first.begin()) - 1;
     for (auto q = static_cast<int64_t>(b); q < static_cast<int64_t>(e);) {
       while (q >= first[si + 1]) ++si;
       const Segment& s = *ord[si];
@@ -208,14 +209,15 @@ void FfnRunner::phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64
       const auto p = static_cast<int32_t>(q - first[si]);
       // The panel this thread takes after those up to `after`.
       const auto next_after = [&](int64_t after) -> const void* {
-        return after < static_cast<int64_t>(e)            ? gate_up_panel(after, si)
+        return after < static_cast<int64_t>(e)        ? gate_up_panel(after, si)
                : nx < static_cast<size_t>(all_panels) ? gate_up_panel(static_cast<int64_t>(nx), si)
-                                                       : nullptr;
+                                                      : nullptr;
       };
       if (const int rr = run_rows_of(s, w, dot)) {
         const int64_t run = std::min<int64_t>({static_cast<int64_t>(e), first[si + 1], q + kRows * 32 / (nr * rr)}) - q;
         for (int i = 0; i < rr; ++i) a[i] = x ? x + static_cast<int64_t>(s.job->rows[s.begin + i]) * ldx : nullptr;
-        run_panels(dot, w, rr, a, xb ? xb + s.offset * ldxb_ : nullptr, p, static_cast<int>(run), c, next_after(q + run));
+        run_panels(dot, w, rr, a, xb ? xb + s.offset * ldxb_ : nullptr, p, static_cast<int>(run), c,
+                   next_after(q + run));
         for (int i = 0; i < rr; ++i)
           for (int64_t j = 0; j < run; ++j)
             activate_row(c + (i * run + j) * nr, s.offset + i, p + static_cast<int32_t>(j), *s.job);
@@ -276,81 +278,81 @@ void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t l
     return m;
   };
   const int32_t run_b = std::max(1, kRowBlockColumns / nr);  // panels per scatter_add in row-block order
-  pool.parallel_shares(static_cast<size_t>(panels), grain_b, std::max<size_t>(1, grain_b / 4),
-                       [&](size_t b, size_t e, size_t nx, int) {
-    const float* a[kRows];
-    const uint16_t* a16[kRows];
-    alignas(64) float c[kRows * std::max(32, kRowBlockColumns)];
-    const auto p0 = static_cast<int32_t>(b), p_end = static_cast<int32_t>(e);
-    for (size_t si = 0; si < segs.size(); ++si) {
-      const Segment& s = segs[si];
-      const PackedWeight& w = *s.job->down;
-      // The panel this thread visits after those up to `after`.
-      const auto next_after = [&](int32_t after) -> const void* {
-        return after < p_end                       ? w.panel(after)
-               : si + 1 < segs.size()              ? segs[si + 1].job->down->panel(p0)
-               : nx < static_cast<size_t>(panels) ? segs[0].job->down->panel(static_cast<int32_t>(nx))
-                                                   : nullptr;
-      };
-      if (const int rr = run_rows_of(s, w, dot)) {
-        // The claim's panels in runs through gemv / gemm_run, each run's
-        // columns combined in one call (the same sums as per panel).
-        for (int i = 0; i < rr; ++i) a[i] = hbuf + (s.offset + i) * ldh_;
-        for (int32_t p = p0; p < p_end;) {
-          const int32_t run = std::min(p_end - p, kRows * 32 / (nr * rr)), col0 = p * nr;
-          run_panels(dot, w, rr, a, hb ? hb + s.offset * ldh_ : nullptr, p, run, c, next_after(p + run));
-          if (s.job->down_bias) add_bias_rows(c, run * nr, rr, run * nr, s.job->down_bias + col0);
-          k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin, s.job->weights + s.begin, c, run * nr, rr,
-                         std::min(run * nr, hidden_ - col0));
-          p += run;
-        }
-        continue;
-      }
-      // Row block by row block, each through the whole claim, run_b panels
-      // into one c and one scatter_add of their 64 columns:
-      // - A segment of one row block (at most kRows rows: a routed expert
-      //   in a prefill). Panel by panel, each scatter_add would write one
-      //   64-byte line (AVX2; two on AVX-512) of each row of the segment,
-      //   the accumulator's lines coming back from memory between calls
-      //   (the weights stream past them); a run of 4 lines per row halves
-      //   the scatter time.
-      // - More rows than one kernel call takes, over a claim of narrow down
-      //   panels (a shared expert's shard over a prefill: deepseek-v3's
-      //   2048 cut 32 ways is k = 64, 2 KiB a bf16 panel): each row block
-      //   through the whole claim (in L2 after the first block). Panel by
-      //   panel, over 512 tokens of 7168, that is a 14.7 MB accumulator, a
-      //   line of every row for every panel.
-      // The sums are the same as panel by panel (each acc element still
-      // gets its one addition per row of the segment, segments in order),
-      // so the bits are too.
-      const size_t panel_bytes = w.panel_elems() * dtype_size(w.dtype);
-      if (s.len <= kRows || static_cast<size_t>(p_end - p0) * panel_bytes <= kRowBlockClaimBytes) {
-        for (int64_t r0 = 0; r0 < s.len; r0 += kRows)
-          for (int32_t p = p0; p < p_end; p += run_b) {
-            const int32_t np = std::min(run_b, p_end - p), col0 = p * nr;
-            const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
-            for (int32_t j = 0; j < np; ++j)
-              down_rows(s, w, p + j, r0, c + j * nr, np * nr, r0 == 0 ? next_after(p + j + 1) : nullptr, a, a16);
-            if (s.job->down_bias) add_bias_rows(c, np * nr, m, np * nr, s.job->down_bias + col0);
-            k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin + r0, s.job->weights + s.begin + r0, c, np * nr, m,
-                           std::min(np * nr, hidden_ - col0));
+  pool.parallel_shares(
+      static_cast<size_t>(panels), grain_b, std::max<size_t>(1, grain_b / 4), [&](size_t b, size_t e, size_t nx, int) {
+        const float* a[kRows];
+        const uint16_t* a16[kRows];
+        alignas(64) float c[kRows * std::max(32, kRowBlockColumns)];
+        const auto p0 = static_cast<int32_t>(b), p_end = static_cast<int32_t>(e);
+        for (size_t si = 0; si < segs.size(); ++si) {
+          const Segment& s = segs[si];
+          const PackedWeight& w = *s.job->down;
+          // The panel this thread visits after those up to `after`.
+          const auto next_after = [&](int32_t after) -> const void* {
+            return after < p_end                      ? w.panel(after)
+                   : si + 1 < segs.size()             ? segs[si + 1].job->down->panel(p0)
+                   : nx < static_cast<size_t>(panels) ? segs[0].job->down->panel(static_cast<int32_t>(nx))
+                                                      : nullptr;
+          };
+          if (const int rr = run_rows_of(s, w, dot)) {
+            // The claim's panels in runs through gemv / gemm_run, each run's
+            // columns combined in one call (the same sums as per panel).
+            for (int i = 0; i < rr; ++i) a[i] = hbuf + (s.offset + i) * ldh_;
+            for (int32_t p = p0; p < p_end;) {
+              const int32_t run = std::min(p_end - p, kRows * 32 / (nr * rr)), col0 = p * nr;
+              run_panels(dot, w, rr, a, hb ? hb + s.offset * ldh_ : nullptr, p, run, c, next_after(p + run));
+              if (s.job->down_bias) add_bias_rows(c, run * nr, rr, run * nr, s.job->down_bias + col0);
+              k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin, s.job->weights + s.begin, c, run * nr, rr,
+                             std::min(run * nr, hidden_ - col0));
+              p += run;
+            }
+            continue;
           }
-        continue;
-      }
-      for (int32_t p = p0; p < p_end; ++p) {
-        const int32_t col0 = p * nr;
-        const int ncols = std::min(nr, hidden_ - col0);
-        const void* next = next_after(p + 1);
-        for (int64_t r0 = 0; r0 < s.len; r0 += kRows) {
-          const int m = down_rows(s, w, p, r0, c, nr, r0 == 0 ? next : nullptr, a, a16);
-          if (s.job->down_bias) add_bias_rows(c, nr, m, nr, s.job->down_bias + col0);
-          k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin + r0, s.job->weights + s.begin + r0, c, nr, m, ncols);
+          // Row block by row block, each through the whole claim, run_b panels
+          // into one c and one scatter_add of their 64 columns:
+          // - A segment of one row block (at most kRows rows: a routed expert
+          //   in a prefill). Panel by panel, each scatter_add would write one
+          //   64-byte line (AVX2; two on AVX-512) of each row of the segment,
+          //   the accumulator's lines coming back from memory between calls
+          //   (the weights stream past them); a run of 4 lines per row halves
+          //   the scatter time.
+          // - More rows than one kernel call takes, over a claim of narrow down
+          //   panels (a shared expert's shard over a prefill: deepseek-v3's
+          //   2048 cut 32 ways is k = 64, 2 KiB a bf16 panel): each row block
+          //   through the whole claim (in L2 after the first block). Panel by
+          //   panel, over 512 tokens of 7168, that is a 14.7 MB accumulator, a
+          //   line of every row for every panel.
+          // The sums are the same as panel by panel (each acc element still
+          // gets its one addition per row of the segment, segments in order),
+          // so the bits are too.
+          const size_t panel_bytes = w.panel_elems() * dtype_size(w.dtype);
+          if (s.len <= kRows || static_cast<size_t>(p_end - p0) * panel_bytes <= kRowBlockClaimBytes) {
+            for (int64_t r0 = 0; r0 < s.len; r0 += kRows)
+              for (int32_t p = p0; p < p_end; p += run_b) {
+                const int32_t np = std::min(run_b, p_end - p), col0 = p * nr;
+                const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
+                for (int32_t j = 0; j < np; ++j)
+                  down_rows(s, w, p + j, r0, c + j * nr, np * nr, r0 == 0 ? next_after(p + j + 1) : nullptr, a, a16);
+                if (s.job->down_bias) add_bias_rows(c, np * nr, m, np * nr, s.job->down_bias + col0);
+                k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin + r0, s.job->weights + s.begin + r0, c, np * nr,
+                               m, std::min(np * nr, hidden_ - col0));
+              }
+            continue;
+          }
+          for (int32_t p = p0; p < p_end; ++p) {
+            const int32_t col0 = p * nr;
+            const int ncols = std::min(nr, hidden_ - col0);
+            const void* next = next_after(p + 1);
+            for (int64_t r0 = 0; r0 < s.len; r0 += kRows) {
+              const int m = down_rows(s, w, p, r0, c, nr, r0 == 0 ? next : nullptr, a, a16);
+              if (s.job->down_bias) add_bias_rows(c, nr, m, nr, s.job->down_bias + col0);
+              k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin + r0, s.job->weights + s.begin + r0, c, nr, m,
+                             ncols);
+            }
+          }
         }
-      }
-    }
-  });
+      });
 }
-
 
 }  // namespace cpu
 }  // namespace ep_moe

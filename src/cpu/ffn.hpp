@@ -20,8 +20,8 @@ struct ExpertJob {
   const PackedWeight* gate_up = nullptr;  // from pack_gate_up
   const PackedWeight* down = nullptr;     // [hidden, inter]
   int32_t inter = 0;
-  const int32_t* rows = nullptr;     // token rows of x / acc, n entries
-  const float* weights = nullptr;    // n entries
+  const int32_t* rows = nullptr;   // token rows of x / acc, n entries
+  const float* weights = nullptr;  // n entries
   int64_t n = 0;
   // Optional biases (all three or none), in f32: gate and up, inter values
   // each, padded with zeros to the packed gate/up's panels (gate_up->n / 2
@@ -45,14 +45,12 @@ class FfnRunner {
   // x: f32 rows, ldx floats apart. x16 (optional): the same rows in bf16,
   // ldx16 elements apart; where the bf16 tiles run (reads_bf16_rows) they
   // are copied from x16 instead of narrowed from x, and x may be null.
-  void run(ThreadPool& pool, const std::vector<ExpertJob>& jobs, const float* x, int64_t ldx, float* acc,
-           int64_t ldacc, Act act, const uint16_t* x16 = nullptr, int64_t ldx16 = 0);
+  void run(ThreadPool& pool, const std::vector<ExpertJob>& jobs, const float* x, int64_t ldx, float* acc, int64_t ldacc,
+           Act act, const uint16_t* x16 = nullptr, int64_t ldx16 = 0);
 
   // Whether every job with weights of `weight_dtype` runs on the bf16
   // tiles, which read x in bf16 only: then run() needs x16, not x.
-  bool reads_bf16_rows(ep_moe_dtype_t weight_dtype) const {
-    return bf16_act_ && weight_dtype == EP_MOE_DTYPE_BF16;
-  }
+  bool reads_bf16_rows(ep_moe_dtype_t weight_dtype) const { return bf16_act_ && weight_dtype == EP_MOE_DTYPE_BF16; }
 
   size_t workspace_bytes() const { return h_.size() + xb_.size() + hb_.size(); }
 

@@ -22,7 +22,7 @@ using GemmFn = void (*)(int m, const float* const* a, int k, const void* panel, 
 // The same over bf16 activation rows and bf16 panels, with bf16 pair dot
 // products (AVX512_BF16): each product is exact in f32, the sums are f32.
 using GemmBf16Fn = void (*)(int m, const uint16_t* const* a, int k, const void* panel, float* c, int ldc,
-                           const void* next);
+                            const void* next);
 
 // One activation row through `np` consecutive panels of one packed weight
 // (decode: one token for the expert): c[j * nr + col] for panel j. The
@@ -42,9 +42,9 @@ using GemmRunFn = void (*)(int m, const float* const* a, int k, const void* pane
 
 struct Kernels {
   Isa isa;
-  int nr;  // panel width (output columns per tile)
-  int mr;  // rows of the register tile
-  GemmFn gemm[3];  // by weight dtype: f32, bf16, f16
+  int nr;                          // panel width (output columns per tile)
+  int mr;                          // rows of the register tile
+  GemmFn gemm[3];                  // by weight dtype: f32, bf16, f16
   GemmBf16Fn gemm_bf16 = nullptr;  // bf16 x bf16, where the CPU has it
   // Row conversions, every ISA, bit-identical to common/dtype.hpp's scalar
   // ones: f32 -> bf16 rounds to nearest even and keeps NaNs quiet NaNs;

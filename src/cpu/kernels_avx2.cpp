@@ -62,9 +62,11 @@ static inline __m256 vload_f16(const uint16_t* p) {
 // the panel is zero padding, and a[k] is not read). The rest are memory
 // operands, so that the asm needs only ten general registers even at -O0
 // with a frame pointer.
-#define EPM_ROW(i, ea, eb, off)                          \
-  "vbroadcastss " off "(%[a" #i "],%[ix]), %%ymm14\n\t" \
-  "vfmadd231ps %%ymm12, %%ymm14, %%ymm" #ea "\n\t"      \
+#define EPM_ROW(i, ea, eb, off)             \
+  "vbroadcastss " off "(%[a" #i             \
+  "],%[ix]), %%ymm14\n\t"                   \
+  "vfmadd231ps %%ymm12, %%ymm14, %%ymm" #ea \
+  "\n\t"                                    \
   "vfmadd231ps %%ymm13, %%ymm14, %%ymm" #eb "\n\t"
 #define EPM_H3(off) EPM_ROW(0, 0, 1, off) EPM_ROW(1, 2, 3, off) EPM_ROW(2, 4, 5, off)
 #define EPM_H4(off) EPM_H3(off) EPM_ROW(3, 6, 7, off)
@@ -76,34 +78,45 @@ static inline __m256 vload_f16(const uint16_t* p) {
 #define EPM_Z5 EPM_Z4 EPM_Z(8) EPM_Z(9)
 #define EPM_Z6 EPM_Z5 EPM_Z(10) EPM_Z(11)
 #define EPM_S(ea, eb) \
-  "vmovups %%ymm" #ea ", (%[c])\n\t" "vmovups %%ymm" #eb ", 32(%[c])\n\t" "add %[ldc], %[c]\n\t"
+  "vmovups %%ymm" #ea \
+  ", (%[c])\n\t"      \
+  "vmovups %%ymm" #eb \
+  ", 32(%[c])\n\t"    \
+  "add %[ldc], %[c]\n\t"
 #define EPM_S3 EPM_S(0, 1) EPM_S(2, 3) EPM_S(4, 5)
 #define EPM_S4 EPM_S3 EPM_S(6, 7)
 #define EPM_S5 EPM_S4 EPM_S(8, 9)
 #define EPM_S6 EPM_S5 EPM_S(10, 11)
 // Row k (even) of the pair at ix: the low halves shifted up; row k + 1
 // (odd): the high halves, masked.
-#define EPM_EVEN(H)                                                                    \
-  "vmovdqu (%[w],%[ix],8), %%ymm12\n\t" "vmovdqu 32(%[w],%[ix],8), %%ymm13\n\t"        \
-  "vpslld $16, %%ymm12, %%ymm12\n\t" "vpslld $16, %%ymm13, %%ymm13\n\t" H("")
-#define EPM_ODD(H) \
-  "vpand (%[w],%[ix],8), %%ymm15, %%ymm12\n\t" "vpand 32(%[w],%[ix],8), %%ymm15, %%ymm13\n\t" H("4")
-#define EPM_TILE(PF, H, Z, S)                                                           \
+#define EPM_EVEN(H)                       \
+  "vmovdqu (%[w],%[ix],8), %%ymm12\n\t"   \
+  "vmovdqu 32(%[w],%[ix],8), %%ymm13\n\t" \
+  "vpslld $16, %%ymm12, %%ymm12\n\t"      \
+  "vpslld $16, %%ymm13, %%ymm13\n\t" H("")
+#define EPM_ODD(H)                             \
+  "vpand (%[w],%[ix],8), %%ymm15, %%ymm12\n\t" \
+  "vpand 32(%[w],%[ix],8), %%ymm15, %%ymm13\n\t" H("4")
+#define EPM_TILE(PF, H, Z, S) \
   Z "vpbroadcastd %[mask], %%ymm15\n\t"                                                 \
   "test %[ix], %[ix]\n\t" "jz 2f\n\t"                                                   \
   "1:\n\t" PF EPM_EVEN(H) EPM_ODD(H) "add $8, %[ix]\n\t" "jnz 1b\n\t"                   \
   "2:\n\t" "cmpq $0, %[odd]\n\t" "je 3f\n\t" EPM_EVEN(H)                                \
   "3:\n\t" S "vzeroupper\n\t"
-#define EPM_OPERANDS                                                                                        \
+#define EPM_OPERANDS                                                                                           \
   : [ix] "+r"(ix), [pf] "+r"(pf), [c] "+r"(c)                                                               \
   : [mask] "m"(mask), [odd] "m"(odd), [ldc] "m"(ldcb), [pfs] "m"(pfs), [w] "r"(w), [a0] "r"(r[0]),          \
     [a1] "r"(r[1]), [a2] "r"(r[2]), [a3] "r"(r[3]), [a4] "r"(r[4]), [a5] "r"(r[5])                          \
   : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", \
     "xmm13", "xmm14", "xmm15", "cc", "memory"
-#define EPM_PF0 "prefetcht0 (%[pf])\n\t" "add %[pfs], %[pf]\n\t"
-#define EPM_PF1 "prefetcht1 (%[pf])\n\t" "add %[pfs], %[pf]\n\t"
-#define EPM_CASE(H, Z, S)                                          \
-  if (!pf) asm volatile(EPM_TILE("", H, Z, S) EPM_OPERANDS);       \
+#define EPM_PF0            \
+  "prefetcht0 (%[pf])\n\t" \
+  "add %[pfs], %[pf]\n\t"
+#define EPM_PF1            \
+  "prefetcht1 (%[pf])\n\t" \
+  "add %[pfs], %[pf]\n\t"
+#define EPM_CASE(H, Z, S)                                             \
+  if (!pf) asm volatile(EPM_TILE("", H, Z, S) EPM_OPERANDS);          \
   else if (l1) asm volatile(EPM_TILE(EPM_PF0, H, Z, S) EPM_OPERANDS); \
   else asm volatile(EPM_TILE(EPM_PF1, H, Z, S) EPM_OPERANDS)
 
@@ -203,8 +216,9 @@ void row_to_bf16(const float* src, uint16_t* dst, int64_t n) {
 void row_from_bf16(const uint16_t* src, float* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(
-                                  _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))), 16)));
+    _mm256_storeu_ps(dst + i,
+                     _mm256_castsi256_ps(_mm256_slli_epi32(
+                         _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))), 16)));
   for (; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
 }
 void row_to_f16(const float* src, uint16_t* dst, int64_t n) {
@@ -241,7 +255,8 @@ void silu_mul(const float* g, const float* u, float* out, int n) {
   int i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 gv = _mm256_loadu_ps(g + i);
-    const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), vexp(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+    const __m256 s =
+        _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), vexp(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
     _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
   }
   for (; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
@@ -249,12 +264,14 @@ void silu_mul(const float* g, const float* u, float* out, int n) {
 void axpy(float* dst, float w, const float* x, int n) {
   const __m256 wv = _mm256_set1_ps(w);
   int i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(dst + i)));
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(dst + i)));
   for (; i < n; ++i) dst[i] += w * x[i];
 }
 void scatter_add(float* acc, int64_t ldacc, const int32_t* rows, const float* w, const float* c, int ldc, int m,
                  int n) {
-  for (int i = 0; i < m; ++i) axpy(acc + static_cast<int64_t>(rows[i]) * ldacc, w[i], c + static_cast<int64_t>(i) * ldc, n);
+  for (int i = 0; i < m; ++i)
+    axpy(acc + static_cast<int64_t>(rows[i]) * ldacc, w[i], c + static_cast<int64_t>(i) * ldc, n);
 }
 }  // namespace
 
@@ -277,19 +294,22 @@ void sum_rows_avx2(void* out, ep_moe_dtype_t out_dt, const float* init, const vo
   uint16_t* const o16 = static_cast<uint16_t*>(out);
   // Eight values of row q from column j, in order (f32 and f16 rows).
   const auto load8 = [&](int q, int64_t j) {
-    return dt == EP_MOE_DTYPE_F32 ? _mm256_loadu_ps(r32(q) + col0 + j)
-                                  : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r16(q) + col0 + j)));
+    return dt == EP_MOE_DTYPE_F32
+               ? _mm256_loadu_ps(r32(q) + col0 + j)
+               : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r16(q) + col0 + j)));
   };
   // The sums of columns j .. j + 15 in a and b: in the interleaved order
   // above when `mixed`, else a holds j .. j + 7 and b the next eight.
   const auto store16 = [&](int64_t j, __m256 a, __m256 b, bool mixed) {
     if (out_dt == EP_MOE_DTYPE_BF16) return store_bf16x16(o16 + j, a, b, mixed);
-    const __m256 lo = mixed ? _mm256_permute2f128_ps(a, b, 0x20) : a, hi = mixed ? _mm256_permute2f128_ps(a, b, 0x31) : b;
+    const __m256 lo = mixed ? _mm256_permute2f128_ps(a, b, 0x20) : a,
+                 hi = mixed ? _mm256_permute2f128_ps(a, b, 0x31) : b;
     if (out_dt == EP_MOE_DTYPE_F32) {
       _mm256_storeu_ps(o32 + j, lo);
       _mm256_storeu_ps(o32 + j + 8, hi);
     } else {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(o16 + j), _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o16 + j),
+                       _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(o16 + j + 8),
                        _mm256_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
@@ -357,9 +377,21 @@ void sum_rows_avx2(void* out, ep_moe_dtype_t out_dt, const float* init, const vo
 }
 
 const Kernels& kernels_avx2() {
-  static const Kernels k{Isa::Avx2, NR, MR, {gemm<0>, gemm<1>, gemm<2>}, nullptr,
-                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16, silu_mul, scatter_add,
-                         sum_rows_avx2, {gemv<0>, gemv<1>, gemv<2>}, nullptr, {gemm_run<0>, gemm_run<1>, gemm_run<2>},
+  static const Kernels k{Isa::Avx2,
+                         NR,
+                         MR,
+                         {gemm<0>, gemm<1>, gemm<2>},
+                         nullptr,
+                         row_to_bf16,
+                         row_from_bf16,
+                         row_to_f16,
+                         row_from_f16,
+                         silu_mul,
+                         scatter_add,
+                         sum_rows_avx2,
+                         {gemv<0>, gemv<1>, gemv<2>},
+                         nullptr,
+                         {gemm_run<0>, gemm_run<1>, gemm_run<2>},
                          {kRunRows<0>, kRunRows<1>, kRunRows<2>}};
   return k;
 }

@@ -12,9 +12,20 @@ namespace cpu {
 #include "cpu/kernels_avx512.inc"
 
 const Kernels& kernels_avx512() {
-  static const Kernels k{Isa::Avx512, NR, MR, {gemm<0>, gemm<1>, gemm<2>}, nullptr,
-                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16, silu_mul, scatter_add,
-                         sum_rows_avx2, {gemv<0>, gemv<1>, gemv<2>}, nullptr};
+  static const Kernels k{Isa::Avx512,
+                         NR,
+                         MR,
+                         {gemm<0>, gemm<1>, gemm<2>},
+                         nullptr,
+                         row_to_bf16,
+                         row_from_bf16,
+                         row_to_f16,
+                         row_from_f16,
+                         silu_mul,
+                         scatter_add,
+                         sum_rows_avx2,
+                         {gemv<0>, gemv<1>, gemv<2>},
+                         nullptr};
   return k;
 }
 

@@ -113,9 +113,9 @@ void dot_rows(int m, const uint16_t* const* a, int k, const void* panel, float* 
 // two rows, like one, leave a following panel to the hardware prefetcher.
 void dot_gemm(int m, const uint16_t* const* a, int k, const void* panel, float* c, int ldc, const void* next) {
   for_row_tiles<kDotRows, 3>(m, panel, panel_steps<1>(k), panel_step<1>(), next,
-                          [&](int r0, int rows, const char* pf, int stride, bool l1) {
-    dot_rows(rows, a + r0, k, panel, c + static_cast<size_t>(r0) * ldc, ldc, pf, stride, l1);
-  });
+                             [&](int r0, int rows, const char* pf, int stride, bool l1) {
+                               dot_rows(rows, a + r0, k, panel, c + static_cast<size_t>(r0) * ldc, ldc, pf, stride, l1);
+                             });
 }
 
 // One row through two neighbouring panels at once: four accumulator
@@ -156,9 +156,20 @@ void dot_gemv(const uint16_t* a, int k, const void* panel, int np, float* c, con
 }  // namespace
 
 const Kernels& kernels_avx512bf16() {
-  static const Kernels k{Isa::Avx512Bf16, NR, MR, {gemm<0>, gemm<1>, gemm<2>}, dot_gemm,
-                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16, silu_mul, scatter_add,
-                         sum_rows_avx2, {gemv<0>, gemv<1>, gemv<2>}, dot_gemv};
+  static const Kernels k{Isa::Avx512Bf16,
+                         NR,
+                         MR,
+                         {gemm<0>, gemm<1>, gemm<2>},
+                         dot_gemm,
+                         row_to_bf16,
+                         row_from_bf16,
+                         row_to_f16,
+                         row_from_f16,
+                         silu_mul,
+                         scatter_add,
+                         sum_rows_avx2,
+                         {gemv<0>, gemv<1>, gemv<2>},
+                         dot_gemv};
   return k;
 }
 

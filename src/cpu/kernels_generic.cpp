@@ -58,7 +58,8 @@ void axpy(float* dst, float w, const float* x, int n) {
 }
 void scatter_add(float* acc, int64_t ldacc, const int32_t* rows, const float* w, const float* c, int ldc, int m,
                  int n) {
-  for (int i = 0; i < m; ++i) axpy(acc + static_cast<int64_t>(rows[i]) * ldacc, w[i], c + static_cast<int64_t>(i) * ldc, n);
+  for (int i = 0; i < m; ++i)
+    axpy(acc + static_cast<int64_t>(rows[i]) * ldacc, w[i], c + static_cast<int64_t>(i) * ldc, n);
 }
 }  // namespace
 
@@ -82,8 +83,17 @@ void sum_rows_scalar(void* out, ep_moe_dtype_t out_dt, const float* init, const 
 }
 
 const Kernels& kernels_generic() {
-  static const Kernels k{Isa::Generic, NR, MR, {gemm<0>, gemm<1>, gemm<2>}, nullptr,
-                         row_to_bf16, row_from_bf16, row_to_f16, row_from_f16, silu_mul, scatter_add,
+  static const Kernels k{Isa::Generic,
+                         NR,
+                         MR,
+                         {gemm<0>, gemm<1>, gemm<2>},
+                         nullptr,
+                         row_to_bf16,
+                         row_from_bf16,
+                         row_to_f16,
+                         row_from_f16,
+                         silu_mul,
+                         scatter_add,
                          sum_rows_scalar};
   return k;
 }

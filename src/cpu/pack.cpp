@@ -126,7 +126,8 @@ void unpack_col(const PackedWeight& w, int32_t c, void* dst) {
   for (int32_t p = 0; p < w.panels(); ++p) {
     const int32_t rows = std::min(w.nr, w.n - p * w.nr);
     std::memcpy(d + static_cast<size_t>(p) * w.nr * es,
-                static_cast<const char*>(w.panel(p)) + static_cast<size_t>(c) * w.nr * es, static_cast<size_t>(rows) * es);
+                static_cast<const char*>(w.panel(p)) + static_cast<size_t>(c) * w.nr * es,
+                static_cast<size_t>(rows) * es);
   }
 }
 

@@ -39,8 +39,6 @@ struct PackedWeight {
   size_t bytes() const { return data.size(); }
 };
 
-
-
 // Packs an [n, k] window of `src` (converted to `dtype`).
 void pack(PackedWeight& out, const Source& src, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t dtype);
 

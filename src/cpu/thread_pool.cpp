@@ -43,7 +43,9 @@ void ThreadPool::drain(int index) {
 void ThreadPool::worker(int index) {
   unsigned long long seen = 0;
   for (;;) {
-    auto ready = [&] { return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen; };
+    auto ready = [&] {
+      return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen;
+    };
     if (!spin_until(ready)) {
       std::unique_lock<std::mutex> lock(mutex_);
       const unsigned long long poked = pokes_;
@@ -100,8 +102,7 @@ void ThreadPool::parallel_ranges(size_t n, size_t block, FnRef<void(size_t, size
   parallel_for((n + block - 1) / block, [&](size_t b, int t) { fn(b * block, std::min(n, b * block + block), t); });
 }
 
-void ThreadPool::parallel_shares(size_t n, size_t grain, size_t steal,
-                                 FnRef<void(size_t, size_t, size_t, int)> fn) {
+void ThreadPool::parallel_shares(size_t n, size_t grain, size_t steal, FnRef<void(size_t, size_t, size_t, int)> fn) {
   if (n == 0) return;
   grain = std::max<size_t>(grain, 1);
   steal = std::max<size_t>(steal, 1);

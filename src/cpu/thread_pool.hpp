@@ -50,8 +50,7 @@ class ThreadPool {
   // had claimed. Calls fn(begin, end, next, thread_index) once per claim;
   // `next` is the item the thread will most likely start next (the first
   // after `end` in its share), or n when there is no such guess.
-  void parallel_shares(size_t n, size_t grain, size_t steal,
-                       FnRef<void(size_t, size_t, size_t, int)> fn);
+  void parallel_shares(size_t n, size_t grain, size_t steal, FnRef<void(size_t, size_t, size_t, int)> fn);
 
  private:
   void worker(int index);
@@ -67,7 +66,7 @@ class ThreadPool {
   std::atomic<int> busy_{0};
   std::atomic<bool> stop_{false};
   unsigned long long pokes_ = 0;  // wake() calls, under mutex_
-  std::atomic<int> asleep_{0};     // workers blocked on start_cv_
+  std::atomic<int> asleep_{0};    // workers blocked on start_cv_
   // parallel_shares: per share, (front, back) of what is left, packed as
   // front | back << 32, one cache line each.
   struct alignas(64) Share {

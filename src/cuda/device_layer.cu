@@ -28,8 +28,7 @@ namespace {
 void check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return;
   (void)cudaGetLastError();  // clear a non-sticky error so the layer stays usable
-  if (e == cudaErrorMemoryAllocation)
-    fail(EP_MOE_ERR_OUT_OF_MEMORY, "CUDA: %s: %s", what, cudaGetErrorString(e));
+  if (e == cudaErrorMemoryAllocation) fail(EP_MOE_ERR_OUT_OF_MEMORY, "CUDA: %s: %s", what, cudaGetErrorString(e));
   fail(EP_MOE_ERR_DEVICE, "CUDA: %s failed: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
@@ -187,9 +186,9 @@ struct RouteArgs {
 template <class L>
 __global__ void route_kernel(const L* logits, RouteArgs a, int32_t* ids, float* weights, int* err) {
   extern __shared__ float sm[];
-  float* sc = sm;             // [E] scores
-  float* sel = sm + a.E;      // [E] selection values
-  float* gs = sel + a.E;      // [G] group scores
+  float* sc = sm;         // [E] scores
+  float* sel = sm + a.E;  // [E] selection values
+  float* gs = sel + a.E;  // [G] group scores
   __shared__ float red[32];
   __shared__ int redi[32];
   __shared__ int chosen[64];
@@ -289,7 +288,7 @@ struct PlanArgs {
   const int32_t* rep_begin;
   const int32_t* rep_slots;
   const int32_t* slot_rank;
-  const int32_t* g2l;  // assigned rows: global id -> local slot
+  const int32_t* g2l;        // assigned rows: global id -> local slot
   unsigned long long* load;  // [E] real pairs computed here (the load window)
 };
 
@@ -390,7 +389,7 @@ __device__ int block_scan(const int* c, int n, int32_t* out, int32_t* out2, int*
 __global__ void plan_small_kernel(PlanArgs a, const int32_t* ids, const float* w, int32_t* pair_local, float* pair_w,
                                   int32_t* pair_pos, int* meta, int32_t* offsets, int64_t pad) {
   extern __shared__ int smem[];
-  int* count = smem;            // [n_local]
+  int* count = smem;               // [n_local]
   int* cursor = smem + a.n_local;  // [n_local]
   for (int l = threadIdx.x; l < a.n_local; l += blockDim.x) count[l] = 0;
   __syncthreads();
@@ -654,9 +653,9 @@ __device__ __forceinline__ void group_rows(const int32_t* off, const int* cnt, i
 }
 
 template <class G, int VEC, int kRows>
-__global__ void __launch_bounds__(256) grouped_gemm_kernel(const G* in, const G* W, int64_t w_stride, float* out,
-                                                           const int32_t* off, const int* cnt, int64_t pad,
-                                                           int64_t rows, int N, int Kd, int kPasses) {
+__global__ void __launch_bounds__(256)
+    grouped_gemm_kernel(const G* in, const G* W, int64_t w_stride, float* out, const int32_t* off, const int* cnt,
+                        int64_t pad, int64_t rows, int N, int Kd, int kPasses) {
   constexpr int kCols = 2;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int l = blockIdx.y;
@@ -872,8 +871,8 @@ class CudaLayer final : public DeviceLayer {
   int64_t weight_bytes_ = 0;
   // Placement tables.
   DevBuf rep_begin_, rep_slots_, slot_rank_, g2l_;
-  DevBuf load_;                 // [E] pairs computed here (the load window)
-  DevBuf scratch_;              // host data over a device communicator (re-placement)
+  DevBuf load_;     // [E] pairs computed here (the load window)
+  DevBuf scratch_;  // host data over a device communicator (re-placement)
   // Workspace of compute(), sized for max_rows.
   DevBuf pair_local_, pair_w_, pair_pos_, offsets_, cursor_, meta_;
   DevBuf xperm_, h_, a_, y_, xs_, hs_, as_, ys_, gs_, xf_, logits_;
@@ -881,8 +880,8 @@ class CudaLayer final : public DeviceLayer {
   DevBuf flow_[12];
   Buffer bufs_[14];
   void* staging_[2] = {nullptr, nullptr};
-  int* host_meta_ = nullptr;      // pinned copy of meta_ + offsets_
-  cudaEvent_t ev_[4] = {};        // start, routed+permuted, experts, combined
+  int* host_meta_ = nullptr;  // pinned copy of meta_ + offsets_
+  cudaEvent_t ev_[4] = {};    // start, routed+permuted, experts, combined
   cudaEvent_t ev_meta_ = nullptr;
   bool capturing_ = false, have_stats_ = false, have_times_ = false;
   int64_t last_shared_rows_ = 0, cap_rows_ = 0;
@@ -911,8 +910,8 @@ CudaLayer::CudaLayer(const DeviceLayerDesc& d) : d_(d), gdt_(d.weight_dtype), ge
   router_.alloc(static_cast<size_t>(E * H) * 4, "router weight");
   if (d.use_bias) bias_.alloc(static_cast<size_t>(E) * 4, "score bias");
   if (d.shared_gate) s_gate_.alloc(static_cast<size_t>(H) * 4, "shared expert gate");
-  weight_bytes_ = static_cast<int64_t>(w_gu_.bytes + w_down_.bytes + s_gu_.bytes + s_down_.bytes + bias_.bytes +
-                                       s_gate_.bytes);
+  weight_bytes_ =
+      static_cast<int64_t>(w_gu_.bytes + w_down_.bytes + s_gu_.bytes + s_down_.bytes + bias_.bytes + s_gate_.bytes);
 
   auto upload_table = [](DevBuf& b, const std::vector<int32_t>& v) {
     b.alloc(std::max<size_t>(v.size(), 1) * 4, "placement table");
@@ -938,7 +937,8 @@ CudaLayer::CudaLayer(const DeviceLayerDesc& d) : d_(d), gdt_(d.weight_dtype), ge
   // for slots of sync_free_tokens rows per local expert (decode), the latter
   // capped at 256 MiB of rows (beyond it decode uses the grouped kernel).
   const int64_t row_cost = H * static_cast<int64_t>(ges_) + 2 * I * 4 + I * static_cast<int64_t>(ges_) + H * 4;
-  const int64_t slot_rows = std::min<int64_t>(L * std::min<int64_t>(d.sync_free_tokens, R), (int64_t{256} << 20) / row_cost);
+  const int64_t slot_rows =
+      std::min<int64_t>(L * std::min<int64_t>(d.sync_free_tokens, R), (int64_t{256} << 20) / row_cost);
   cap_rows_ = std::max<int64_t>(P + P / 2, slot_rows);
   xperm_.alloc(sz(cap_rows_ * H) * ges_, "workspace");
   h_.alloc(sz(cap_rows_ * 2 * I) * 4, "workspace");
@@ -1019,9 +1019,18 @@ void CudaLayer::upload(Part part, int32_t slot, int64_t row0, const Source& src,
     case Part::ExpertDown: dst = w_down_.as<char>() + slot * H * I * static_cast<int64_t>(ges_); break;
     case Part::SharedGateUp: dst = s_gu_.as<char>() + row0 * H * static_cast<int64_t>(ges_); break;
     case Part::SharedDown: dst = s_down_.as<char>(); break;
-    case Part::Router: dst = router_.as<char>(); ddt = EP_MOE_DTYPE_F32; break;
-    case Part::Bias: dst = bias_.as<char>(); ddt = EP_MOE_DTYPE_F32; break;
-    case Part::SharedGate: dst = s_gate_.as<char>(); ddt = EP_MOE_DTYPE_F32; break;
+    case Part::Router:
+      dst = router_.as<char>();
+      ddt = EP_MOE_DTYPE_F32;
+      break;
+    case Part::Bias:
+      dst = bias_.as<char>();
+      ddt = EP_MOE_DTYPE_F32;
+      break;
+    case Part::SharedGate:
+      dst = s_gate_.as<char>();
+      ddt = EP_MOE_DTYPE_F32;
+      break;
   }
   if (dst == nullptr || rows <= 0 || cols <= 0) return;
   const size_t des = dtype_size(ddt), ses = dtype_size(src.dtype);
@@ -1053,13 +1062,12 @@ void CudaLayer::upload(Part part, int32_t slot, int64_t row0, const Source& src,
   }
   std::vector<char> stage(static_cast<size_t>(rows) * row_bytes);
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c)
-      store_elem(stage.data(), ddt, r * cols + c, source_at(hs, r, c));
+    for (int64_t c = 0; c < cols; ++c) store_elem(stage.data(), ddt, r * cols + c, source_at(hs, r, c));
   check(cudaMemcpy(dst, stage.data(), stage.size(), cudaMemcpyHostToDevice), "weight upload");
 }
 
-bool CudaLayer::lt_gemm(Gemm kind, ep_moe_dtype_t dt, const void* W, const void* X, float* Y, int64_t n, int N,
-                        int Kd, cudaStream_t s, int batch) {
+bool CudaLayer::lt_gemm(Gemm kind, ep_moe_dtype_t dt, const void* W, const void* X, float* Y, int64_t n, int N, int Kd,
+                        cudaStream_t s, int batch) {
   const int align = std::min({alignment_of(W), alignment_of(X), alignment_of(Y)});
   const AlgoKey key{static_cast<int>(kind), static_cast<int>(dt), align, n, batch};
   const cudaDataType_t ct = cuda_type(dt);
@@ -1130,8 +1138,7 @@ void CudaLayer::grouped_gemm(ep_moe_dtype_t dt, const void* X, const void* W, in
       grouped_gemm_kernel<G, V, 16><<<grid, 256, 0, s>>>(x, w, w_stride, Y, off, cnt, pad, rows, N, Kd, passes);
     else if (vec)
       grouped_gemm_kernel<G, V, 4><<<grid, 256, 0, s>>>(x, w, w_stride, Y, off, cnt, pad, rows, N, Kd, passes);
-    else
-      grouped_gemm_kernel<G, 1, 4><<<grid, 256, 0, s>>>(x, w, w_stride, Y, off, cnt, pad, rows, N, Kd, passes);
+    else grouped_gemm_kernel<G, 1, 4><<<grid, 256, 0, s>>>(x, w, w_stride, Y, off, cnt, pad, rows, N, Kd, passes);
   });
   check_launch("grouped GEMM kernel");
 }
@@ -1154,8 +1161,7 @@ void CudaLayer::grouped_gated(const void* X, void* A, const int32_t* off, int gr
       grouped_gated_kernel<G, V, 16><<<grid, 256, 0, s>>>(x, w, w_stride, a, off, I, Kd, d_.activation, passes);
     else if (vec)
       grouped_gated_kernel<G, V, 4><<<grid, 256, 0, s>>>(x, w, w_stride, a, off, I, Kd, d_.activation, passes);
-    else
-      grouped_gated_kernel<G, 1, 4><<<grid, 256, 0, s>>>(x, w, w_stride, a, off, I, Kd, d_.activation, passes);
+    else grouped_gated_kernel<G, 1, 4><<<grid, 256, 0, s>>>(x, w, w_stride, a, off, I, Kd, d_.activation, passes);
   });
   check_launch("grouped gate/up kernel");
 }
@@ -1191,29 +1197,35 @@ void CudaLayer::route(const DeviceForward& f, int32_t* ids, float* w) {
   const int L = d_.num_local;
   int* meta = meta_.as<int>();  // routing errors land there (cleared by begin())
   if (f.own_router || f.router_logits) {
-    RouteArgs ra{static_cast<int>(E), static_cast<int>(K), d_.num_group, d_.topk_group, d_.sigmoid, d_.renormalize,
-                 d_.use_bias ? bias_.as<float>() : nullptr, d_.scale};
+    RouteArgs ra{static_cast<int>(E),
+                 static_cast<int>(K),
+                 d_.num_group,
+                 d_.topk_group,
+                 d_.sigmoid,
+                 d_.renormalize,
+                 d_.use_bias ? bias_.as<float>() : nullptr,
+                 d_.scale};
     const size_t route_smem = static_cast<size_t>(2 * E + std::max(d_.num_group, 1)) * 4;
     const void* logits = f.router_logits;
     ep_moe_dtype_t ldt = d_.router_dtype;
     if (f.own_router) {
       with_type(d_.act_dtype, [&](auto* tag) {
         using A = std::remove_pointer_t<decltype(tag)>;
-        convert_kernel<A, float><<<grid_for(T * H, 256), 256, 0, s>>>(static_cast<const A*>(f.hidden),
-                                                                       xf_.as<float>(), T * H);
+        convert_kernel<A, float>
+            <<<grid_for(T * H, 256), 256, 0, s>>>(static_cast<const A*>(f.hidden), xf_.as<float>(), T * H);
       });
       check_launch("convert kernel");
       if (!lt_gemm(Gemm::Router, EP_MOE_DTYPE_F32, router_.p, xf_.p, logits_.as<float>(), T, static_cast<int>(E),
                    static_cast<int>(H), s, 1))
-        grouped_gemm(EP_MOE_DTYPE_F32, xf_.p, router_.p, 0, logits_.as<float>(), nullptr, nullptr, 0, 1, T, static_cast<int>(E),
-                     static_cast<int>(H), s, T);
+        grouped_gemm(EP_MOE_DTYPE_F32, xf_.p, router_.p, 0, logits_.as<float>(), nullptr, nullptr, 0, 1, T,
+                     static_cast<int>(E), static_cast<int>(H), s, T);
       logits = logits_.p;
       ldt = EP_MOE_DTYPE_F32;
     }
     with_type(ldt, [&](auto* tag) {
       using Lg = std::remove_pointer_t<decltype(tag)>;
-      route_kernel<Lg><<<static_cast<unsigned>(T), 128, route_smem, s>>>(static_cast<const Lg*>(logits), ra, ids, w,
-                                                                        meta + L + 1);
+      route_kernel<Lg>
+          <<<static_cast<unsigned>(T), 128, route_smem, s>>>(static_cast<const Lg*>(logits), ra, ids, w, meta + L + 1);
     });
     check_launch("routing kernel");
   } else {
@@ -1281,8 +1293,18 @@ void CudaLayer::compute(const DeviceRows& r, void* stream) {
   int64_t pad = 0;
   const int32_t* hoff = nullptr;
   if (P > 0) {
-    PlanArgs pa{P, static_cast<int>(K), d_.num_experts, d_.ep_rank, d_.my_slot_begin, L, d_.weight_zero, r.assigned,
-                rep_begin_.as<int32_t>(), rep_slots_.as<int32_t>(), slot_rank_.as<int32_t>(), g2l_.as<int32_t>(),
+    PlanArgs pa{P,
+                static_cast<int>(K),
+                d_.num_experts,
+                d_.ep_rank,
+                d_.my_slot_begin,
+                L,
+                d_.weight_zero,
+                r.assigned,
+                rep_begin_.as<int32_t>(),
+                rep_slots_.as<int32_t>(),
+                slot_rank_.as<int32_t>(),
+                g2l_.as<int32_t>(),
                 load_.as<unsigned long long>()};
     if (sync_free && !d_.weight_zero && L > 0 && L * n <= cap_rows_) {
       // No counts on the host, but no expert gets more than n rows (a
@@ -1296,13 +1318,12 @@ void CudaLayer::compute(const DeviceRows& r, void* stream) {
     }
     if (sync_free && P <= kSmallPlanPairs && L > 0) {
       // The whole plan in one block (one launch instead of four).
-      plan_small_kernel<<<1, 512, static_cast<size_t>(2 * L) * 4, s>>>(pa, r.ids, r.w, pair_local_.as<int32_t>(),
-                                                                     pair_w_.as<float>(), pair_pos_.as<int32_t>(),
-                                                                     meta, offsets, pad);
+      plan_small_kernel<<<1, 512, static_cast<size_t>(2 * L) * 4, s>>>(
+          pa, r.ids, r.w, pair_local_.as<int32_t>(), pair_w_.as<float>(), pair_pos_.as<int32_t>(), meta, offsets, pad);
       check_launch("plan kernel");
     } else {
-      plan_count_kernel<<<grid_for(P, 256), 256, 0, s>>>(pa, r.ids, r.w, pair_local_.as<int32_t>(),
-                                                         pair_w_.as<float>(), meta);
+      plan_count_kernel<<<grid_for(P, 256), 256, 0, s>>>(pa, r.ids, r.w, pair_local_.as<int32_t>(), pair_w_.as<float>(),
+                                                         meta);
       check_launch("plan kernel");
       if (L > 0) {
         // A warp per 32 slots, up to 1024 threads (then several slots each).
@@ -1346,13 +1367,12 @@ void CudaLayer::compute(const DeviceRows& r, void* stream) {
     with_type(gdt_, [&](auto* tg) {
       using G = std::remove_pointer_t<decltype(tg)>;
       if (P > 0)
-        permute_kernel<A, G><<<static_cast<unsigned>(P), 128, 0, s>>>(x, pair_pos_.as<int32_t>(),
-                                                                     static_cast<int>(K), H, xperm_.as<G>());
-      if (sn > 0)
-        convert_kernel<A, G><<<grid_for(sn * H, 256), 256, 0, s>>>(x + s0 * H, xs_.as<G>(), sn * H);
+        permute_kernel<A, G><<<static_cast<unsigned>(P), 128, 0, s>>>(x, pair_pos_.as<int32_t>(), static_cast<int>(K),
+                                                                      H, xperm_.as<G>());
+      if (sn > 0) convert_kernel<A, G><<<grid_for(sn * H, 256), 256, 0, s>>>(x + s0 * H, xs_.as<G>(), sn * H);
       if (d_.shared_gate && sn > 0)
-        shared_gate_kernel<A><<<static_cast<unsigned>(sn), 128, 0, s>>>(x + s0 * H, s_gate_.as<float>(), H,
-                                                                       gs_.as<float>());
+        shared_gate_kernel<A>
+            <<<static_cast<unsigned>(sn), 128, 0, s>>>(x + s0 * H, s_gate_.as<float>(), H, gs_.as<float>());
     });
   });
   check_launch("permute kernels");
@@ -1379,9 +1399,9 @@ void CudaLayer::compute(const DeviceRows& r, void* stream) {
     for (int l = 0; l < L && lt_ok; ++l) {
       const int64_t m = hoff[l + 1] - hoff[l];
       if (m == 0) continue;
-      lt_ok = lt_gemm(Gemm::GateUp, gdt_, w_gu_.as<char>() + l * wgu_stride * static_cast<int64_t>(ges_),
-                      xp + hoff[l] * H * static_cast<int64_t>(ges_), h_.as<float>() + hoff[l] * 2 * I, m, gu_n, h_n,
-                      s, 1);
+      lt_ok =
+          lt_gemm(Gemm::GateUp, gdt_, w_gu_.as<char>() + l * wgu_stride * static_cast<int64_t>(ges_),
+                  xp + hoff[l] * H * static_cast<int64_t>(ges_), h_.as<float>() + hoff[l] * 2 * I, m, gu_n, h_n, s, 1);
     }
     if (!lt_ok)
       grouped_gemm(gdt_, xperm_.p, w_gu_.p, wgu_stride, h_.as<float>(), offsets, nullptr, 0, L, 0, gu_n, h_n, s, hint);
@@ -1417,13 +1437,11 @@ void CudaLayer::compute(const DeviceRows& r, void* stream) {
     const float* gsp = d_.shared_gate && sn > 0 ? gs_.as<float>() : nullptr;
     const int32_t* pp = P > 0 ? pair_pos_.as<int32_t>() : nullptr;
     if (H % 4 == 0)  // rows of y are then 16-byte aligned
-      combine_kernel<A, 4><<<static_cast<unsigned>(n), 128, 0, s>>>(y_.as<float>(), pp, pair_w_.as<float>(),
-                                                                  static_cast<int>(K), ysp, gsp, s0, s1, H,
-                                                                  static_cast<A*>(r.out));
+      combine_kernel<A, 4><<<static_cast<unsigned>(n), 128, 0, s>>>(
+          y_.as<float>(), pp, pair_w_.as<float>(), static_cast<int>(K), ysp, gsp, s0, s1, H, static_cast<A*>(r.out));
     else
-      combine_kernel<A, 1><<<static_cast<unsigned>(n), 128, 0, s>>>(y_.as<float>(), pp, pair_w_.as<float>(),
-                                                                  static_cast<int>(K), ysp, gsp, s0, s1, H,
-                                                                  static_cast<A*>(r.out));
+      combine_kernel<A, 1><<<static_cast<unsigned>(n), 128, 0, s>>>(
+          y_.as<float>(), pp, pair_w_.as<float>(), static_cast<int>(K), ysp, gsp, s0, s1, H, static_cast<A*>(r.out));
   });
   check_launch("combine kernel");
   if (timed) {
@@ -1481,7 +1499,8 @@ void CudaLayer::extract_units(int32_t slot, int32_t j0, int32_t n, uint8_t* out)
   const char* dn = slot >= 0 ? w_down_.as<char>() + slot * H * rows * static_cast<int64_t>(ges_) : s_down_.as<char>();
   const size_t row = static_cast<size_t>(H) * ges_, nn = static_cast<size_t>(n);
   std::vector<char> gate(nn * row), up(nn * row), down(static_cast<size_t>(H) * nn * ges_);
-  check(cudaMemcpy(gate.data(), gu + j0 * static_cast<int64_t>(row), gate.size(), cudaMemcpyDeviceToHost), "read units");
+  check(cudaMemcpy(gate.data(), gu + j0 * static_cast<int64_t>(row), gate.size(), cudaMemcpyDeviceToHost),
+        "read units");
   check(cudaMemcpy(up.data(), gu + (rows + j0) * static_cast<int64_t>(row), up.size(), cudaMemcpyDeviceToHost),
         "read units");
   // Columns j0 .. j0+n of down [H, rows]: one strided copy.
@@ -1501,7 +1520,8 @@ void CudaLayer::extract_units(int32_t slot, int32_t j0, int32_t n, uint8_t* out)
 void CudaLayer::copy_expert_from(const DeviceLayer& src, int32_t src_slot, int32_t dst_slot) {
   DeviceGuard g(d_.device);
   const auto& o = static_cast<const CudaLayer&>(src);
-  const size_t gu = static_cast<size_t>(2) * d_.inter * d_.hidden * ges_, dn = static_cast<size_t>(d_.hidden) * d_.inter * ges_;
+  const size_t gu = static_cast<size_t>(2) * d_.inter * d_.hidden * ges_,
+               dn = static_cast<size_t>(d_.hidden) * d_.inter * ges_;
   check(cudaMemcpy(w_gu_.as<char>() + dst_slot * gu, o.w_gu_.as<char>() + src_slot * gu, gu, cudaMemcpyDeviceToDevice),
         "copy expert");
   check(cudaMemcpy(w_down_.as<char>() + dst_slot * dn, o.w_down_.as<char>() + src_slot * dn, dn,

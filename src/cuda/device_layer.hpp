@@ -88,14 +88,19 @@ struct DeviceStats {
 // at create; the layer (layer_device.cpp) plans on the host and moves rows
 // with these.
 enum class Buf {
-  Ids, Weights,          // [max_tokens, K]: this rank's routed tokens
-  SendRows, RecvRows,    // packed rows [hidden | ids | weights]
-  AllX, AllIds, AllW,    // unpacked rows: [max_rows, H] act dtype, [max_rows, K] ids, weights
-  Partial,               // [max_rows, H] act dtype: expert output of the rows
-  Own,                   // [max_tokens, H] act dtype: reduce-scatter result, own shared output
-  RetRecv,               // [max_tokens * fanout, H] act dtype: returned rows (all-to-all)
-  Index,                 // int32 plan arrays uploaded from the host (all-to-all)
-  StageIn, StageOut,     // pinned host memory for host communicators
+  Ids,
+  Weights,  // [max_tokens, K]: this rank's routed tokens
+  SendRows,
+  RecvRows,  // packed rows [hidden | ids | weights]
+  AllX,
+  AllIds,
+  AllW,     // unpacked rows: [max_rows, H] act dtype, [max_rows, K] ids, weights
+  Partial,  // [max_rows, H] act dtype: expert output of the rows
+  Own,      // [max_tokens, H] act dtype: reduce-scatter result, own shared output
+  RetRecv,  // [max_tokens * fanout, H] act dtype: returned rows (all-to-all)
+  Index,    // int32 plan arrays uploaded from the host (all-to-all)
+  StageIn,
+  StageOut,  // pinned host memory for host communicators
 };
 
 // A CUDA layer's device state; its scratch, copies and syncs also stage
@@ -122,9 +127,8 @@ class DeviceLayer : public DeviceStaging {
   // row j is token tok[j] (j itself when tok is NULL; rows >= valid are
   // padding: zeros and ids -1); when `dest` is set, ids of pairs whose
   // dest[t*K+k] differs from row_dest[j] are sent as -1.
-  virtual void pack_rows(void* out, int64_t rows, int64_t valid, const void* hidden, const int32_t* ids,
-                         const float* w, const int32_t* tok, const int32_t* dest, const int32_t* row_dest,
-                         void* stream) = 0;
+  virtual void pack_rows(void* out, int64_t rows, int64_t valid, const void* hidden, const int32_t* ids, const float* w,
+                         const int32_t* tok, const int32_t* dest, const int32_t* row_dest, void* stream) = 0;
   virtual void unpack_rows(const void* in, int64_t rows, void* x, int32_t* ids, float* w, void* stream) = 0;
   // out[t] = own[t] + sum of ret rows idx[off[t] .. off[t+1]) (act dtype).
   virtual void sum_returned(void* out, const void* own, const void* ret, const int32_t* off, const int32_t* idx,

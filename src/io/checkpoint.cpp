@@ -26,9 +26,26 @@ namespace {
 // expert blocks and scales, which make a layer an MoE layer that
 // layer_shape() refuses (quantized experts are not supported yet).
 enum Role : int {
-  R_GATE = 0, R_UP, R_DOWN, R_ROUTER, R_BIAS, R_S_GATE, R_S_UP, R_S_DOWN, R_S_EXPERT_GATE,
-  R_ROUTER_BIAS, R2_GATE_BIAS, R2_UP_BIAS, R2_DOWN_BIAS, R2_GATE_UP_BIAS, R_MXFP4_GATE_UP, R_MXFP4_DOWN,
-  R3_GATE, R3_UP, R3_DOWN, R3_GATE_UP
+  R_GATE = 0,
+  R_UP,
+  R_DOWN,
+  R_ROUTER,
+  R_BIAS,
+  R_S_GATE,
+  R_S_UP,
+  R_S_DOWN,
+  R_S_EXPERT_GATE,
+  R_ROUTER_BIAS,
+  R2_GATE_BIAS,
+  R2_UP_BIAS,
+  R2_DOWN_BIAS,
+  R2_GATE_UP_BIAS,
+  R_MXFP4_GATE_UP,
+  R_MXFP4_DOWN,
+  R3_GATE,
+  R3_UP,
+  R3_DOWN,
+  R3_GATE_UP
 };
 // Roles that hold routed experts' weight matrices (the scheme votes, the
 // MoE layers).
@@ -164,13 +181,13 @@ bool parse_gguf_name(const std::string& name, Parsed* out) {
     const char* suffix;
     int role;
   } names[] = {
-      {"ffn_gate_exps.weight", R3_GATE},      {"ffn_up_exps.weight", R3_UP},
-      {"ffn_down_exps.weight", R3_DOWN},      {"ffn_gate_up_exps.weight", R3_GATE_UP},
-      {"ffn_gate_inp.weight", R_ROUTER},      {"exp_probs_b.bias", R_BIAS},
-      {"ffn_gate_shexp.weight", R_S_GATE},    {"ffn_up_shexp.weight", R_S_UP},
-      {"ffn_down_shexp.weight", R_S_DOWN},    {"ffn_gate_inp_shexp.weight", R_S_EXPERT_GATE},
-      {"ffn_gate_inp.bias", R_ROUTER_BIAS},   {"ffn_gate_exps.bias", R2_GATE_BIAS},
-      {"ffn_up_exps.bias", R2_UP_BIAS},       {"ffn_down_exps.bias", R2_DOWN_BIAS},
+      {"ffn_gate_exps.weight", R3_GATE},    {"ffn_up_exps.weight", R3_UP},
+      {"ffn_down_exps.weight", R3_DOWN},    {"ffn_gate_up_exps.weight", R3_GATE_UP},
+      {"ffn_gate_inp.weight", R_ROUTER},    {"exp_probs_b.bias", R_BIAS},
+      {"ffn_gate_shexp.weight", R_S_GATE},  {"ffn_up_shexp.weight", R_S_UP},
+      {"ffn_down_shexp.weight", R_S_DOWN},  {"ffn_gate_inp_shexp.weight", R_S_EXPERT_GATE},
+      {"ffn_gate_inp.bias", R_ROUTER_BIAS}, {"ffn_gate_exps.bias", R2_GATE_BIAS},
+      {"ffn_up_exps.bias", R2_UP_BIAS},     {"ffn_down_exps.bias", R2_DOWN_BIAS},
   };
   for (const auto& n : names)
     if (rest == n.suffix) {
@@ -316,7 +333,8 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& path, Naming nam
     int next = 0;
     for (auto& kv : file_ids) {
       kv.second = next++;
-      ck->files_.push_back(std::make_unique<FileSource>(dir + "/" + kv.first));  // no raw owner if the vector grows and throws
+      ck->files_.push_back(
+          std::make_unique<FileSource>(dir + "/" + kv.first));  // no raw owner if the vector grows and throws
       SafetensorsFile sf = parse_safetensors(*ck->files_.back(), kv.second);
       ck->header_bytes_ += sf.data_start;
       for (auto& t : sf.tensors) ck->tensors_.push_back(std::move(t));
@@ -377,8 +395,8 @@ void Checkpoint::open_gguf_splits(const std::string& path) {
          static_cast<long long>(n), static_cast<long long>(no ? no->as_int() : -1));
   if (n == 1) return;
   // PREFIX-%05d-of-%05d.gguf, as llama.cpp names them.
-  const std::string tail = ep_moe::format("-%05lld-of-%05lld.gguf", static_cast<long long>(no->as_int() + 1),
-                                  static_cast<long long>(n));
+  const std::string tail =
+      ep_moe::format("-%05lld-of-%05lld.gguf", static_cast<long long>(no->as_int() + 1), static_cast<long long>(n));
   if (!ends_with(path, tail))
     fail(EP_MOE_ERR_UNSUPPORTED,
          "%s is split %lld of a %lld-file GGUF model (split.count), but its name does not end in '%s', so the "
@@ -392,7 +410,8 @@ void Checkpoint::open_gguf_splits(const std::string& path) {
   parts[static_cast<size_t>(first)] = std::move(gguf_);
   for (int64_t i = 0; i < n; ++i) {
     if (i == first) continue;
-    const std::string p = prefix + ep_moe::format("-%05lld-of-%05lld.gguf", static_cast<long long>(i + 1), static_cast<long long>(n));
+    const std::string p =
+        prefix + ep_moe::format("-%05lld-of-%05lld.gguf", static_cast<long long>(i + 1), static_cast<long long>(n));
     if (!is_file(p))
       fail(EP_MOE_ERR_NOT_FOUND, "%s: split %lld of %lld (%s) is missing", name.c_str(), static_cast<long long>(i + 1),
            static_cast<long long>(n), p.c_str());
@@ -446,7 +465,8 @@ void Checkpoint::index_names(Naming want, const std::string& prefix) {
   for (size_t i = 0; i < tensors_.size(); ++i) {
     Parsed p{};
     std::string pre;
-    const bool ok = format_ == Format::Gguf ? parse_gguf_name(tensors_[i].name, &p) : parse_hf(tensors_[i].name, &pre, &p);
+    const bool ok =
+        format_ == Format::Gguf ? parse_gguf_name(tensors_[i].name, &p) : parse_hf(tensors_[i].name, &pre, &p);
     if (!ok) {
       unparsed.push_back(i);
       continue;
@@ -520,13 +540,14 @@ void Checkpoint::index_names(Naming want, const std::string& prefix) {
       unknown_[L].push_back(tensors_[i].name);
   }
   if (format_ == Format::Gguf) {
-    if (const GgufValue* v = gguf_.find(arch_ + ".block_count")) num_layers_ = std::max<int32_t>(num_layers_, static_cast<int32_t>(v->as_int()));
+    if (const GgufValue* v = gguf_.find(arch_ + ".block_count"))
+      num_layers_ = std::max<int32_t>(num_layers_, static_cast<int32_t>(v->as_int()));
   } else {
     num_layers_ = std::max<int32_t>(num_layers_, static_cast<int32_t>(get_num(cfg_num_, "num_hidden_layers", 0)));
   }
   log(EP_MOE_LOG_INFO, "checkpoint %s: %zu tensors in %zu file(s), naming %s%s%s, %zu MoE layers",
-      files_[0]->name().c_str(), tensors_.size(), files_.size(), naming_name(naming_), prefix_.empty() ? "" : ", prefix ",
-      prefix_.c_str(), moe_layers_.size());
+      files_[0]->name().c_str(), tensors_.size(), files_.size(), naming_name(naming_),
+      prefix_.empty() ? "" : ", prefix ", prefix_.c_str(), moe_layers_.size());
 }
 
 bool Checkpoint::is_moe_layer(int32_t layer) const {
@@ -557,8 +578,8 @@ bool Checkpoint::fused_transposed(int32_t layer) const {
   if (arch_ == "gpt_oss") return true;
   const int64_t H = hidden_hint(layer);
   const int64_t a = gu3->shape[1], b = gu3->shape[2];
-  if (H > 0 && b == H && a != H) return false;  // [E, 2I, H]
-  if (H > 0 && a == H && b != H) return true;   // [E, H, 2I]
+  if (H > 0 && b == H && a != H) return false;                         // [E, 2I, H]
+  if (H > 0 && a == H && b != H) return true;                          // [E, H, 2I]
   if (H > 0 && d3 && d3->shape.size() == 3) return d3->shape[1] != H;  // down [E, H, I] or [E, I, H]
   // No hidden size to compare with: Qwen3-VL-style checkpoints (under a
   // language_model prefix) store the transposed layout.
@@ -629,8 +650,9 @@ LayerShape Checkpoint::layer_shape(int32_t layer) const {
     const bool transposed = fused_transposed(layer);
     const int64_t two_i = transposed ? gu3->shape[2] : gu3->shape[1];
     H = transposed ? gu3->shape[1] : gu3->shape[2];
-    if (two_i % 2) fail(EP_MOE_ERR_FORMAT, "%s: '%s' has an odd gate_up dimension %lld", fname.c_str(), gu3->name.c_str(),
-                        static_cast<long long>(two_i));
+    if (two_i % 2)
+      fail(EP_MOE_ERR_FORMAT, "%s: '%s' has an odd gate_up dimension %lld", fname.c_str(), gu3->name.c_str(),
+           static_cast<long long>(two_i));
     I = two_i / 2;
   } else if (d) {
     int64_t r, c;
@@ -673,8 +695,10 @@ LayerShape Checkpoint::layer_shape(int32_t layer) const {
   // columns (transformers' GptOssExperts: gate_up[..., ::2], [..., 1::2]).
   s.gate_up_interleaved = format_ == Format::Safetensors && arch_ == "gpt_oss" && gu3 != nullptr;
   if (arch_ == "gpt_oss" && format_ == Format::Safetensors && !gu3)
-    fail(EP_MOE_ERR_UNSUPPORTED, "%s: layer %d: a gpt_oss checkpoint without the fused gate_up_proj is not a layout "
-         "ep_moe knows", fname.c_str(), layer);
+    fail(EP_MOE_ERR_UNSUPPORTED,
+         "%s: layer %d: a gpt_oss checkpoint without the fused gate_up_proj is not a layout "
+         "ep_moe knows",
+         fname.c_str(), layer);
 
   return s;
 }
@@ -736,7 +760,8 @@ bool Checkpoint::locate(int32_t layer, ep_moe_weight_t which, int32_t expert, Sl
         return t ? sub(t, 2 * I, H, fused_t) : false;
       }
       const int role = which == EP_MOE_WEIGHT_EXPERT_GATE ? R_GATE : which == EP_MOE_WEIGHT_EXPERT_UP ? R_UP : R_DOWN;
-      const int64_t rows = which == EP_MOE_WEIGHT_EXPERT_DOWN ? H : I, cols = which == EP_MOE_WEIGHT_EXPERT_DOWN ? I : H;
+      const int64_t rows = which == EP_MOE_WEIGHT_EXPERT_DOWN ? H : I,
+                    cols = which == EP_MOE_WEIGHT_EXPERT_DOWN ? I : H;
       if (const TensorInfo* t = tensor(layer, role, expert)) return whole(t, rows, cols);
       if (const TensorInfo* t = tensor(layer, role - R_GATE + R3_GATE, -1)) {
         const bool tr = which == EP_MOE_WEIGHT_EXPERT_DOWN && fused_t;
@@ -756,11 +781,13 @@ bool Checkpoint::locate(int32_t layer, ep_moe_weight_t which, int32_t expert, Sl
     case EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS: {
       if (expert < 0 || expert >= s.experts)
         fail(EP_MOE_ERR_INVALID_ARGUMENT, "expert %d is outside [0, %d) of layer %d", expert, s.experts, layer);
-      const int role = which == EP_MOE_WEIGHT_EXPERT_GATE_BIAS ? R2_GATE_BIAS
-                       : which == EP_MOE_WEIGHT_EXPERT_UP_BIAS ? R2_UP_BIAS
+      const int role = which == EP_MOE_WEIGHT_EXPERT_GATE_BIAS   ? R2_GATE_BIAS
+                       : which == EP_MOE_WEIGHT_EXPERT_UP_BIAS   ? R2_UP_BIAS
                        : which == EP_MOE_WEIGHT_EXPERT_DOWN_BIAS ? R2_DOWN_BIAS
                                                                  : R2_GATE_UP_BIAS;
-      const int64_t n = which == EP_MOE_WEIGHT_EXPERT_DOWN_BIAS ? H : which == EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS ? 2 * I : I;
+      const int64_t n = which == EP_MOE_WEIGHT_EXPERT_DOWN_BIAS      ? H
+                        : which == EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS ? 2 * I
+                                                                     : I;
       const TensorInfo* t = tensor(layer, role, -1);
       if (!t) return false;
       // Row `expert` of an [E, n] tensor.

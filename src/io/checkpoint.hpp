@@ -36,7 +36,7 @@ const char* naming_name(Naming n);
 // ep_moe_layer_set_weight takes it) of bytes in a tensor.
 struct Slice {
   const TensorInfo* tensor = nullptr;
-  uint64_t offset = 0;      // absolute file offset of element (0, 0)
+  uint64_t offset = 0;  // absolute file offset of element (0, 0)
   int64_t rows = 0, cols = 0;
   bool transposed = false;  // stored [cols, rows]
 };

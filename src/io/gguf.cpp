@@ -20,17 +20,36 @@ constexpr int kMaxArrayDepth = 8;
 constexpr uint64_t kKeepArray = 4096;
 
 enum : uint32_t {
-  T_U8 = 0, T_I8 = 1, T_U16 = 2, T_I16 = 3, T_U32 = 4, T_I32 = 5, T_F32 = 6, T_BOOL = 7,
-  T_STRING = 8, T_ARRAY = 9, T_U64 = 10, T_I64 = 11, T_F64 = 12
+  T_U8 = 0,
+  T_I8 = 1,
+  T_U16 = 2,
+  T_I16 = 3,
+  T_U32 = 4,
+  T_I32 = 5,
+  T_F32 = 6,
+  T_BOOL = 7,
+  T_STRING = 8,
+  T_ARRAY = 9,
+  T_U64 = 10,
+  T_I64 = 11,
+  T_F64 = 12
 };
 
 // Smallest encoding of one value of a type (for "can the file hold N").
 uint64_t min_bytes(uint32_t t) {
   switch (t) {
-    case T_U8: case T_I8: case T_BOOL: return 1;
-    case T_U16: case T_I16: return 2;
-    case T_U32: case T_I32: case T_F32: return 4;
-    case T_U64: case T_I64: case T_F64: case T_STRING: return 8;
+    case T_U8:
+    case T_I8:
+    case T_BOOL: return 1;
+    case T_U16:
+    case T_I16: return 2;
+    case T_U32:
+    case T_I32:
+    case T_F32: return 4;
+    case T_U64:
+    case T_I64:
+    case T_F64:
+    case T_STRING: return 8;
     case T_ARRAY: return 12;
     default: return 0;
   }
@@ -42,14 +61,14 @@ struct GgmlType {
   uint64_t block, bytes;
 };
 const GgmlType kTypes[] = {
-    {0, "F32", 1, 4},       {1, "F16", 1, 2},        {2, "Q4_0", 32, 18},     {3, "Q4_1", 32, 20},
-    {6, "Q5_0", 32, 22},    {7, "Q5_1", 32, 24},     {8, "Q8_0", 32, 34},     {9, "Q8_1", 32, 36},
-    {10, "Q2_K", 256, 84},  {11, "Q3_K", 256, 110},  {12, "Q4_K", 256, 144},  {13, "Q5_K", 256, 176},
-    {14, "Q6_K", 256, 210}, {15, "Q8_K", 256, 292},  {16, "IQ2_XXS", 256, 66}, {17, "IQ2_XS", 256, 74},
-    {18, "IQ3_XXS", 256, 98}, {19, "IQ1_S", 256, 50}, {20, "IQ4_NL", 32, 18},  {21, "IQ3_S", 256, 110},
-    {22, "IQ2_S", 256, 82}, {23, "IQ4_XS", 256, 136}, {24, "I8", 1, 1},       {25, "I16", 1, 2},
-    {26, "I32", 1, 4},      {27, "I64", 1, 8},       {28, "F64", 1, 8},       {29, "IQ1_M", 256, 56},
-    {30, "BF16", 1, 2},     {34, "TQ1_0", 256, 54},  {35, "TQ2_0", 256, 66},  {39, "MXFP4", 32, 17},
+    {0, "F32", 1, 4},         {1, "F16", 1, 2},         {2, "Q4_0", 32, 18},      {3, "Q4_1", 32, 20},
+    {6, "Q5_0", 32, 22},      {7, "Q5_1", 32, 24},      {8, "Q8_0", 32, 34},      {9, "Q8_1", 32, 36},
+    {10, "Q2_K", 256, 84},    {11, "Q3_K", 256, 110},   {12, "Q4_K", 256, 144},   {13, "Q5_K", 256, 176},
+    {14, "Q6_K", 256, 210},   {15, "Q8_K", 256, 292},   {16, "IQ2_XXS", 256, 66}, {17, "IQ2_XS", 256, 74},
+    {18, "IQ3_XXS", 256, 98}, {19, "IQ1_S", 256, 50},   {20, "IQ4_NL", 32, 18},   {21, "IQ3_S", 256, 110},
+    {22, "IQ2_S", 256, 82},   {23, "IQ4_XS", 256, 136}, {24, "I8", 1, 1},         {25, "I16", 1, 2},
+    {26, "I32", 1, 4},        {27, "I64", 1, 8},        {28, "F64", 1, 8},        {29, "IQ1_M", 256, 56},
+    {30, "BF16", 1, 2},       {34, "TQ1_0", 256, 54},   {35, "TQ2_0", 256, 66},   {39, "MXFP4", 32, 17},
 };
 
 class Parser {
@@ -60,7 +79,10 @@ class Parser {
     GgufValue v;
     v.type = type;
     switch (type) {
-      case T_U8: v.u = c_.u8(); v.i = static_cast<int64_t>(v.u); break;
+      case T_U8:
+        v.u = c_.u8();
+        v.i = static_cast<int64_t>(v.u);
+        break;
       case T_I8: v.i = static_cast<int8_t>(c_.u8()); break;
       case T_BOOL: {
         const uint8_t b = c_.u8();
@@ -69,14 +91,41 @@ class Parser {
         v.i = b;
         break;
       }
-      case T_U16: { uint8_t b[2]; c_.bytes(b, 2); v.u = static_cast<uint64_t>(b[0] | b[1] << 8); v.i = static_cast<int64_t>(v.u); break; }
-      case T_I16: { uint8_t b[2]; c_.bytes(b, 2); v.i = static_cast<int16_t>(static_cast<uint16_t>(b[0] | b[1] << 8)); break; }
-      case T_U32: v.u = c_.u32(); v.i = static_cast<int64_t>(v.u); break;
+      case T_U16: {
+        uint8_t b[2];
+        c_.bytes(b, 2);
+        v.u = static_cast<uint64_t>(b[0] | b[1] << 8);
+        v.i = static_cast<int64_t>(v.u);
+        break;
+      }
+      case T_I16: {
+        uint8_t b[2];
+        c_.bytes(b, 2);
+        v.i = static_cast<int16_t>(static_cast<uint16_t>(b[0] | b[1] << 8));
+        break;
+      }
+      case T_U32:
+        v.u = c_.u32();
+        v.i = static_cast<int64_t>(v.u);
+        break;
       case T_I32: v.i = static_cast<int32_t>(c_.u32()); break;
-      case T_F32: { const uint32_t x = c_.u32(); float f; std::memcpy(&f, &x, 4); v.f = f; break; }
-      case T_U64: v.u = c_.u64(); v.i = static_cast<int64_t>(v.u); break;
+      case T_F32: {
+        const uint32_t x = c_.u32();
+        float f;
+        std::memcpy(&f, &x, 4);
+        v.f = f;
+        break;
+      }
+      case T_U64:
+        v.u = c_.u64();
+        v.i = static_cast<int64_t>(v.u);
+        break;
       case T_I64: v.i = static_cast<int64_t>(c_.u64()); break;
-      case T_F64: { const uint64_t x = c_.u64(); std::memcpy(&v.f, &x, 8); break; }
+      case T_F64: {
+        const uint64_t x = c_.u64();
+        std::memcpy(&v.f, &x, 8);
+        break;
+      }
       case T_STRING: v.s = c_.string(kMaxString, ("metadata string of '" + key + "'").c_str()); break;
       case T_ARRAY: {
         if (depth >= kMaxArrayDepth) bad("metadata '%s': arrays nested deeper than %d", key.c_str(), kMaxArrayDepth);
@@ -157,7 +206,11 @@ class Parser {
       ti.type_name = tname;
       ti.block = block;
       ti.block_bytes = bbytes;
-      ti.elem = type == 0 ? Elem::F32 : type == 1 ? Elem::F16 : type == 30 ? Elem::BF16 : type == 8 ? Elem::Q8_0 : Elem::Other;
+      ti.elem = type == 0    ? Elem::F32
+                : type == 1  ? Elem::F16
+                : type == 30 ? Elem::BF16
+                : type == 8  ? Elem::Q8_0
+                             : Elem::Other;
       if (ne[0] % block != 0)
         bad("tensor '%s': row of %llu elements is not a whole number of %s blocks (%llu)", tn,
             static_cast<unsigned long long>(ne[0]), tname, static_cast<unsigned long long>(block));
@@ -174,8 +227,8 @@ class Parser {
       }
       const uint64_t off = c_.u64();
       if (off % g.alignment != 0)
-        bad("tensor '%s': offset %llu is not a multiple of the alignment %llu", tn, static_cast<unsigned long long>(off),
-            static_cast<unsigned long long>(g.alignment));
+        bad("tensor '%s': offset %llu is not a multiple of the alignment %llu", tn,
+            static_cast<unsigned long long>(off), static_cast<unsigned long long>(g.alignment));
       rel_offsets.push_back(off);
       g.tensors.push_back(std::move(ti));
     }
@@ -200,7 +253,8 @@ class Parser {
 #if defined(__GNUC__)
   __attribute__((format(printf, 2, 3)))
 #endif
-  void bad(const char* fmt, ...) {
+  void
+  bad(const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     char buf[512];

@@ -20,10 +20,10 @@ struct DtypeDesc {
 };
 // Every dtype the safetensors format defines; the loader accepts three.
 const DtypeDesc kDtypes[] = {
-    {"BOOL", 1, Elem::Other}, {"U8", 1, Elem::Other},     {"I8", 1, Elem::Other},      {"F8_E5M2", 1, Elem::Other},
-    {"F8_E4M3", 1, Elem::Other}, {"I16", 2, Elem::Other}, {"U16", 2, Elem::Other},     {"F16", 2, Elem::F16},
-    {"BF16", 2, Elem::BF16},  {"I32", 4, Elem::Other},    {"U32", 4, Elem::Other},     {"F32", 4, Elem::F32},
-    {"F64", 8, Elem::Other},  {"I64", 8, Elem::Other},    {"U64", 8, Elem::Other},
+    {"BOOL", 1, Elem::Other},    {"U8", 1, Elem::Other},  {"I8", 1, Elem::Other},  {"F8_E5M2", 1, Elem::Other},
+    {"F8_E4M3", 1, Elem::Other}, {"I16", 2, Elem::Other}, {"U16", 2, Elem::Other}, {"F16", 2, Elem::F16},
+    {"BF16", 2, Elem::BF16},     {"I32", 4, Elem::Other}, {"U32", 4, Elem::Other}, {"F32", 4, Elem::F32},
+    {"F64", 8, Elem::Other},     {"I64", 8, Elem::Other}, {"U64", 8, Elem::Other},
 };
 
 const DtypeDesc* find_dtype(const std::string& s) {
@@ -37,14 +37,16 @@ const DtypeDesc* find_dtype(const std::string& s) {
 SafetensorsFile parse_safetensors(const ByteSource& src, int file_index) {
   const char* fname = src.name().c_str();
   const uint64_t fsize = src.size();
-  if (fsize < 8) fail(EP_MOE_ERR_FORMAT, "%s: %llu bytes is too small for a safetensors file", fname,
-                      static_cast<unsigned long long>(fsize));
+  if (fsize < 8)
+    fail(EP_MOE_ERR_FORMAT, "%s: %llu bytes is too small for a safetensors file", fname,
+         static_cast<unsigned long long>(fsize));
   uint8_t lenb[8];
   src.read(0, lenb, 8);
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = n << 8 | lenb[i];
   if (n > kSafetensorsMaxHeader)
-    fail(EP_MOE_ERR_FORMAT, "%s: header length %llu is above the 100 MB limit", fname, static_cast<unsigned long long>(n));
+    fail(EP_MOE_ERR_FORMAT, "%s: header length %llu is above the 100 MB limit", fname,
+         static_cast<unsigned long long>(n));
   if (n > fsize - 8)
     fail(EP_MOE_ERR_FORMAT, "%s: header length %llu runs past the end of the file (%llu bytes)", fname,
          static_cast<unsigned long long>(n), static_cast<unsigned long long>(fsize));
@@ -68,7 +70,8 @@ SafetensorsFile parse_safetensors(const ByteSource& src, int file_index) {
   } catch (const nlohmann::json::exception& e) {
     fail(EP_MOE_ERR_FORMAT, "%s: the header is not valid JSON: %s", fname, e.what());
   }
-  if (!duplicate.empty()) fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s' appears twice in the header", fname, duplicate.c_str());
+  if (!duplicate.empty())
+    fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s' appears twice in the header", fname, duplicate.c_str());
   if (!root.is_object()) fail(EP_MOE_ERR_FORMAT, "%s: the header is not a JSON object", fname);
 
   SafetensorsFile out;
@@ -92,8 +95,10 @@ SafetensorsFile parse_safetensors(const ByteSource& src, int file_index) {
     const auto dt = v.find("dtype");
     const auto sh = v.find("shape");
     const auto off = v.find("data_offsets");
-    if (dt == v.end() || !dt->is_string()) fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': missing or non-string dtype", fname, tn);
-    if (sh == v.end() || !sh->is_array()) fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': missing or non-array shape", fname, tn);
+    if (dt == v.end() || !dt->is_string())
+      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': missing or non-string dtype", fname, tn);
+    if (sh == v.end() || !sh->is_array())
+      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': missing or non-array shape", fname, tn);
     if (off == v.end() || !off->is_array() || off->size() != 2)
       fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': data_offsets must be [begin, end]", fname, tn);
     const std::string dts = dt->get<std::string>();
@@ -125,8 +130,9 @@ SafetensorsFile parse_safetensors(const ByteSource& src, int file_index) {
       if (!x.is_number_unsigned())
         fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': data_offsets must be non-negative integers", fname, tn);
     const uint64_t b = (*off)[0].get<uint64_t>(), e = (*off)[1].get<uint64_t>();
-    if (e < b) fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': data_offsets end %llu is before begin %llu", fname, tn,
-                    static_cast<unsigned long long>(e), static_cast<unsigned long long>(b));
+    if (e < b)
+      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': data_offsets end %llu is before begin %llu", fname, tn,
+           static_cast<unsigned long long>(e), static_cast<unsigned long long>(b));
     if (e - b != bytes)
       fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': shape and dtype give %llu bytes but data_offsets span %llu", fname, tn,
            static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(e - b));
@@ -143,9 +149,7 @@ SafetensorsFile parse_safetensors(const ByteSource& src, int file_index) {
   // where the previous ended, and the last one ends at the end of the file.
   std::vector<size_t> order(ranges.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return ranges[a] < ranges[b];
-  });
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a] < ranges[b]; });
   uint64_t at = 0;
   for (size_t i : order) {
     const char* tn = out.tensors[i].name.c_str();

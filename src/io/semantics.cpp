@@ -12,8 +12,8 @@ namespace {
 
 // How an architecture picks its experts before the top-k.
 enum class Grouping {
-  Greedy,   // plain top-k unless the file's topk_method says otherwise
-  NoAux,    // DeepSeek-V3: sigmoid scores + score-correction bias, grouped top-k
+  Greedy,  // plain top-k unless the file's topk_method says otherwise
+  NoAux,   // DeepSeek-V3: sigmoid scores + score-correction bias, grouped top-k
 };
 
 // What an architecture's own MoE block does when its configuration omits a
@@ -128,17 +128,17 @@ Semantics hf_semantics(const std::map<std::string, double>& nums, const std::map
   if (!a) {
     // Every semantic key must be stated; name all that are not.
     std::vector<std::string> missing;
-    for (const char* k : {"num_experts_per_tok", "hidden_act", "scoring_func", "norm_topk_prob", "routed_scaling_factor"})
+    for (const char* k :
+         {"num_experts_per_tok", "hidden_act", "scoring_func", "norm_topk_prob", "routed_scaling_factor"})
       if (!str(k) && !num(k)) missing.push_back(k);
     const double* ng = num("n_group");
     if (ng && *ng > 1 && !str("topk_method")) missing.push_back("topk_method");
     if (ng && *ng > 1 && !num("topk_group")) missing.push_back("topk_group");
     if (!missing.empty()) {
-      const std::string what = !has_config ? std::string("has no config.json beside it")
-                               : s.arch.empty()
-                                   ? std::string("config.json names no model_type")
-                                   : "config.json's model_type '" + s.arch + "' is not one ep_moe knows (" +
-                                         known_names(kHfArchs) + ")";
+      const std::string what = !has_config      ? std::string("has no config.json beside it")
+                               : s.arch.empty() ? std::string("config.json names no model_type")
+                                                : "config.json's model_type '" + s.arch +
+                                                      "' is not one ep_moe knows (" + known_names(kHfArchs) + ")";
       fail(EP_MOE_ERR_UNSUPPORTED,
            "%s %s, and it does not state %s: the MoE block's routing cannot be derived; add %s to config.json, or "
            "fill ep_moe_layer_config_t yourself",
@@ -167,7 +167,9 @@ Semantics hf_semantics(const std::map<std::string, double>& nums, const std::map
   if (const std::string* sf = str("scoring_func")) {
     if (*sf == "softmax") s.scoring = EP_MOE_SCORING_SOFTMAX;
     else if (*sf == "sigmoid") s.scoring = EP_MOE_SCORING_SIGMOID;
-    else fail(EP_MOE_ERR_UNSUPPORTED, "%s: scoring_func '%s' is not supported (softmax, sigmoid)", where.c_str(), sf->c_str());
+    else
+      fail(EP_MOE_ERR_UNSUPPORTED, "%s: scoring_func '%s' is not supported (softmax, sigmoid)", where.c_str(),
+           sf->c_str());
   }
   if (a->activation >= 0) {
     s.activation = a->activation;
@@ -178,8 +180,8 @@ Semantics hf_semantics(const std::map<std::string, double>& nums, const std::map
              where.c_str(), *lim);
   } else if (const std::string* act = str("hidden_act")) {
     if (!activation_of(*act, &s.activation))
-      fail(EP_MOE_ERR_UNSUPPORTED, "%s: hidden_act '%s' is not supported (silu, gelu, gelu_pytorch_tanh)", where.c_str(),
-           act->c_str());
+      fail(EP_MOE_ERR_UNSUPPORTED, "%s: hidden_act '%s' is not supported (silu, gelu, gelu_pytorch_tanh)",
+           where.c_str(), act->c_str());
   }
   const std::string* tm = str("topk_method");
   // Without the key: the architecture's method; for one the table does not
@@ -232,10 +234,15 @@ Semantics gguf_semantics(const GgufFile& g, const std::string& arch, bool has_sc
     switch (v->as_int()) {
       case 1: s.scoring = EP_MOE_SCORING_SOFTMAX; break;
       case 2: s.scoring = EP_MOE_SCORING_SIGMOID; break;
-      case 3: s.scoring = EP_MOE_SCORING_SOFTMAX; s.renormalize = 1; break;
+      case 3:
+        s.scoring = EP_MOE_SCORING_SOFTMAX;
+        s.renormalize = 1;
+        break;
       default:
-        fail(EP_MOE_ERR_UNSUPPORTED, "%s: %s.expert_gating_func %lld is not supported (1 softmax, 2 sigmoid, 3 "
-             "softmax over the chosen)", where.c_str(), arch.c_str(), static_cast<long long>(v->as_int()));
+        fail(EP_MOE_ERR_UNSUPPORTED,
+             "%s: %s.expert_gating_func %lld is not supported (1 softmax, 2 sigmoid, 3 "
+             "softmax over the chosen)",
+             where.c_str(), arch.c_str(), static_cast<long long>(v->as_int()));
     }
   }
   const GgufValue* gc = find("expert_group_count");

@@ -14,12 +14,12 @@ enum class Elem : int { F32, F16, BF16, Q8_0, Other };
 
 struct TensorInfo {
   std::string name;
-  std::string type_name;      // "F32", "BF16", "Q8_0", "I64", ...
+  std::string type_name;  // "F32", "BF16", "Q8_0", "I64", ...
   Elem elem = Elem::Other;
-  std::vector<int64_t> shape; // row-major, outermost first (GGUF dims reversed)
-  uint64_t offset = 0;        // absolute byte offset in its file
+  std::vector<int64_t> shape;  // row-major, outermost first (GGUF dims reversed)
+  uint64_t offset = 0;         // absolute byte offset in its file
   uint64_t bytes = 0;
-  int file = 0;               // index into the checkpoint's files
+  int file = 0;  // index into the checkpoint's files
   // Its encoding's blocks (1 element for plain types; 32 and 34 bytes for
   // Q8_0, ...), known for every type the parsers accept, loadable or not.
   uint64_t block = 1, block_bytes = 0;

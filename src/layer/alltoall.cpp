@@ -44,7 +44,9 @@ void Layer::build_a2a_choice() {
     if (local_ok) {
       if (per_rank[static_cast<size_t>(me)] > 0) a2a_local_[static_cast<size_t>(e)] = first[static_cast<size_t>(me)];
       for (int32_t r = 0; r < R; ++r)
-        for (int64_t j = 0; per_rank[static_cast<size_t>(r)] > 0 && j < static_cast<int64_t>(per_rank[static_cast<size_t>(r)]) * R - n; ++j)
+        for (int64_t j = 0;
+             per_rank[static_cast<size_t>(r)] > 0 && j < static_cast<int64_t>(per_rank[static_cast<size_t>(r)]) * R - n;
+             ++j)
           a2a_table_.push_back(first[static_cast<size_t>(r)]);
     }
     a2a_begin_[static_cast<size_t>(e) + 1] = static_cast<int32_t>(a2a_table_.size());
@@ -77,7 +79,8 @@ void Layer::plan_sends(int64_t T) {
       }
     }
   send_off_[0] = 0;
-  for (int32_t d = 0; d < ep; ++d) send_off_[static_cast<size_t>(d) + 1] = send_off_[static_cast<size_t>(d)] + send_count_[static_cast<size_t>(d)];
+  for (int32_t d = 0; d < ep; ++d)
+    send_off_[static_cast<size_t>(d) + 1] = send_off_[static_cast<size_t>(d)] + send_count_[static_cast<size_t>(d)];
   std::vector<int64_t>& cur = cursor64_;
   for (int32_t d = 0; d < ep; ++d) cur[static_cast<size_t>(d)] = send_off_[static_cast<size_t>(d)];
   std::fill(stamp_.begin(), stamp_.end(), -1);
@@ -94,7 +97,8 @@ int64_t Layer::a2a_counts(size_t per_row, bool outbound) {
   const int32_t n = map_.ep_size(), me = map_.ep_rank();
   int64_t R = 0;
   for (int32_t p = 0; p < n; ++p) {
-    const int64_t c = count_matrix_[static_cast<size_t>(p) * (static_cast<size_t>(n) + 1) + 1 + static_cast<size_t>(me)];
+    const int64_t c =
+        count_matrix_[static_cast<size_t>(p) * (static_cast<size_t>(n) + 1) + 1 + static_cast<size_t>(me)];
     recv_count_[static_cast<size_t>(p)] = static_cast<size_t>(c);
     R += c;
   }
@@ -134,7 +138,10 @@ int32_t Layer::cheaper_mode(const ep_moe_forward_args_t& a, Gather gather, int64
   const int32_t n = map_.ep_size();
   const double es = static_cast<double>(dtype_size(static_cast<ep_moe_dtype_t>(cfg_.act_dtype)));
   const double H = cfg_.hidden_size, row = static_cast<double>(row_bytes_);
-  auto M = [&](int32_t p, int32_t c) { return static_cast<double>(count_matrix_[static_cast<size_t>(p) * (static_cast<size_t>(n) + 1) + static_cast<size_t>(c)]); };
+  auto M = [&](int32_t p, int32_t c) {
+    return static_cast<double>(
+        count_matrix_[static_cast<size_t>(p) * (static_cast<size_t>(n) + 1) + static_cast<size_t>(c)]);
+  };
   double a2a = 0, tokens = 0;
   for (int32_t p = 0; p < n; ++p) {
     tokens += M(p, 0);
@@ -154,8 +161,8 @@ int32_t Layer::cheaper_mode(const ep_moe_forward_args_t& a, Gather gather, int64
   last_bytes_alltoall_ = a2a;
   last_bytes_allgather_ = ag;
   if (mode != last_auto_choice_)
-    log(EP_MOE_LOG_INFO, "[EP rank %d/%d] dispatch %s: all-to-all moves %.0f bytes, all-gather %.0f", map_.ep_rank(),
-        n, mode == EP_MOE_DISPATCH_ALLTOALL ? "all-to-all" : "all-gather", a2a, ag);
+    log(EP_MOE_LOG_INFO, "[EP rank %d/%d] dispatch %s: all-to-all moves %.0f bytes, all-gather %.0f", map_.ep_rank(), n,
+        mode == EP_MOE_DISPATCH_ALLTOALL ? "all-to-all" : "all-gather", a2a, ag);
   last_auto_choice_ = mode;
   (void)a;
   return mode;
@@ -181,14 +188,15 @@ void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   pool_->parallel_ranges(static_cast<size_t>(rows_out), 16, [&](size_t b0, size_t b1, int tid) {
     int32_t* row_ids = row_ids_.data() + static_cast<size_t>(tid) * static_cast<size_t>(K);
     const auto j0 = static_cast<int64_t>(b0), j1 = static_cast<int64_t>(b1);
-    int32_t d = static_cast<int32_t>(std::upper_bound(send_off_.begin(), send_off_.begin() + n + 1, j0) - send_off_.begin()) - 1;
+    int32_t d =
+        static_cast<int32_t>(std::upper_bound(send_off_.begin(), send_off_.begin() + n + 1, j0) - send_off_.begin()) -
+        1;
     for (int64_t j = j0; j < j1; ++j) {
       while (j >= send_off_[static_cast<size_t>(d) + 1]) ++d;
       const int64_t t = send_tok_[static_cast<size_t>(j)];
-      for (int64_t k = 0; k < K; ++k)
-        row_ids[k] = dest_[static_cast<size_t>(t * K + k)] == d ? ids[t * K + k] : -1;
-      pack_row(send + static_cast<size_t>(j) * row_bytes_, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es),
-               row_ids, w + t * K);
+      for (int64_t k = 0; k < K; ++k) row_ids[k] = dest_[static_cast<size_t>(t * K + k)] == d ? ids[t * K + k] : -1;
+      pack_row(send + static_cast<size_t>(j) * row_bytes_,
+               static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), row_ids, w + t * K);
     }
   });
   ph.permute_bytes += rows_out * static_cast<int64_t>(row_bytes_);

@@ -44,7 +44,8 @@ bool float_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % alig
 // Whether two regions of `bytes` bytes share any byte.
 // Tensors of one routed expert (addressed by global expert id).
 bool routed_weight(ep_moe_weight_t w) {
-  return w <= EP_MOE_WEIGHT_EXPERT_GATE_UP || (w >= EP_MOE_WEIGHT_EXPERT_GATE_BIAS && w <= EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS);
+  return w <= EP_MOE_WEIGHT_EXPERT_GATE_UP ||
+         (w >= EP_MOE_WEIGHT_EXPERT_GATE_BIAS && w <= EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS);
 }
 
 bool overlap(const void* a, const void* b, size_t bytes) {
@@ -116,8 +117,8 @@ void validate(const ep_moe_layer_config_t& c, const ExpertMap& map, const Comm* 
                    "shared_intermediate_size must be in [0, %d], got %d", kMaxInter, c.shared_intermediate_size);
   EP_MOE_CHECK_ARG(!c.shared_expert_gate || c.shared_intermediate_size > 0,
                    "shared_expert_gate needs a shared expert (shared_intermediate_size > 0)");
-  EP_MOE_CHECK_ARG(c.max_tokens >= 1 && c.max_tokens <= kMaxTokens, "max_tokens must be in [1, %d], got %d",
-                   kMaxTokens, c.max_tokens);
+  EP_MOE_CHECK_ARG(c.max_tokens >= 1 && c.max_tokens <= kMaxTokens, "max_tokens must be in [1, %d], got %d", kMaxTokens,
+                   c.max_tokens);
   EP_MOE_CHECK_ARG(c.num_threads >= 0 && c.num_threads <= kMaxThreads, "num_threads must be in [0, %d], got %d",
                    kMaxThreads, c.num_threads);
   EP_MOE_CHECK_ARG(c.skip_mode == EP_MOE_SKIP_TOKENS || c.skip_mode == EP_MOE_SKIP_WEIGHT_ZERO,
@@ -287,7 +288,8 @@ void Layer::setup_cpu(int64_t max_rows, int64_t send_rows, int64_t fanout) {
 }
 
 void Layer::set_gate_up_part(Expert& x, int half, const Source& src, int32_t inter, int32_t k) {
-  if (x.gate_up.empty()) cpu::init_gate_up(x.gate_up, inter, k, kern_.nr, static_cast<ep_moe_dtype_t>(cfg_.weight_dtype));
+  if (x.gate_up.empty())
+    cpu::init_gate_up(x.gate_up, inter, k, kern_.nr, static_cast<ep_moe_dtype_t>(cfg_.weight_dtype));
   cpu::pack_gate_up_half(x.gate_up, src, half, inter);
   (half == 0 ? x.has_gate : x.has_up) = true;
 }
@@ -296,21 +298,60 @@ void Layer::expected_shape(ep_moe_weight_t which, int64_t* rows, int64_t* cols) 
   const int32_t H = cfg_.hidden_size, I = cfg_.intermediate_size, Is = cfg_.shared_intermediate_size;
   switch (which) {
     case EP_MOE_WEIGHT_EXPERT_GATE:
-    case EP_MOE_WEIGHT_EXPERT_UP: *rows = I; *cols = H; return;
-    case EP_MOE_WEIGHT_EXPERT_DOWN: *rows = H; *cols = I; return;
-    case EP_MOE_WEIGHT_EXPERT_GATE_UP: *rows = 2 * static_cast<int64_t>(I); *cols = H; return;
+    case EP_MOE_WEIGHT_EXPERT_UP:
+      *rows = I;
+      *cols = H;
+      return;
+    case EP_MOE_WEIGHT_EXPERT_DOWN:
+      *rows = H;
+      *cols = I;
+      return;
+    case EP_MOE_WEIGHT_EXPERT_GATE_UP:
+      *rows = 2 * static_cast<int64_t>(I);
+      *cols = H;
+      return;
     case EP_MOE_WEIGHT_SHARED_GATE:
-    case EP_MOE_WEIGHT_SHARED_UP: *rows = Is; *cols = H; return;
-    case EP_MOE_WEIGHT_SHARED_DOWN: *rows = H; *cols = Is; return;
-    case EP_MOE_WEIGHT_SHARED_GATE_UP: *rows = 2 * static_cast<int64_t>(Is); *cols = H; return;
-    case EP_MOE_WEIGHT_SHARED_EXPERT_GATE: *rows = 1; *cols = H; return;
-    case EP_MOE_WEIGHT_SCORE_BIAS: *rows = 1; *cols = cfg_.num_experts; return;
-    case EP_MOE_WEIGHT_ROUTER: *rows = cfg_.num_experts; *cols = H; return;
+    case EP_MOE_WEIGHT_SHARED_UP:
+      *rows = Is;
+      *cols = H;
+      return;
+    case EP_MOE_WEIGHT_SHARED_DOWN:
+      *rows = H;
+      *cols = Is;
+      return;
+    case EP_MOE_WEIGHT_SHARED_GATE_UP:
+      *rows = 2 * static_cast<int64_t>(Is);
+      *cols = H;
+      return;
+    case EP_MOE_WEIGHT_SHARED_EXPERT_GATE:
+      *rows = 1;
+      *cols = H;
+      return;
+    case EP_MOE_WEIGHT_SCORE_BIAS:
+      *rows = 1;
+      *cols = cfg_.num_experts;
+      return;
+    case EP_MOE_WEIGHT_ROUTER:
+      *rows = cfg_.num_experts;
+      *cols = H;
+      return;
     case EP_MOE_WEIGHT_EXPERT_GATE_BIAS:
-    case EP_MOE_WEIGHT_EXPERT_UP_BIAS: *rows = 1; *cols = I; return;
-    case EP_MOE_WEIGHT_EXPERT_DOWN_BIAS: *rows = 1; *cols = H; return;
-    case EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS: *rows = 1; *cols = 2 * static_cast<int64_t>(I); return;
-    case EP_MOE_WEIGHT_ROUTER_BIAS: *rows = 1; *cols = cfg_.num_experts; return;
+    case EP_MOE_WEIGHT_EXPERT_UP_BIAS:
+      *rows = 1;
+      *cols = I;
+      return;
+    case EP_MOE_WEIGHT_EXPERT_DOWN_BIAS:
+      *rows = 1;
+      *cols = H;
+      return;
+    case EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS:
+      *rows = 1;
+      *cols = 2 * static_cast<int64_t>(I);
+      return;
+    case EP_MOE_WEIGHT_ROUTER_BIAS:
+      *rows = 1;
+      *cols = cfg_.num_experts;
+      return;
     default: break;
   }
   fail(EP_MOE_ERR_INVALID_ARGUMENT, "which %d is not an ep_moe_weight_t value", static_cast<int>(which));
@@ -463,8 +504,8 @@ bool Layer::store(ep_moe_weight_t which, int32_t expert, Source src, bool shard_
   }
   if (dev_)
     dev_->upload(which == EP_MOE_WEIGHT_SCORE_BIAS ? cuda::Part::Bias : cuda::Part::SharedGate, 0, 0,
-                 Source{v.data(), EP_MOE_DTYPE_F32, static_cast<int64_t>(v.size())}, 1,
-                 static_cast<int64_t>(v.size()), false);
+                 Source{v.data(), EP_MOE_DTYPE_F32, static_cast<int64_t>(v.size())}, 1, static_cast<int64_t>(v.size()),
+                 false);
   dst = std::move(v);
   (which == EP_MOE_WEIGHT_SCORE_BIAS ? has_bias_ : has_shared_gate_) = true;
   if (which == EP_MOE_WEIGHT_SCORE_BIAS) routing_.bias = bias_.data();
@@ -488,14 +529,17 @@ std::string Layer::missing_weight() const {
     const Expert& x = experts_[l];
     const char* what = !x.has_gate ? "gate_proj" : !x.has_up ? "up_proj" : !x.has_down ? "down_proj" : nullptr;
     if (!what && expert_bias_)
-      what = x.gate_bias.empty() ? "gate_proj bias (other experts have biases)"
-             : x.up_bias.empty() ? "up_proj bias (other experts have biases)"
+      what = x.gate_bias.empty()   ? "gate_proj bias (other experts have biases)"
+             : x.up_bias.empty()   ? "up_proj bias (other experts have biases)"
              : x.down_bias.empty() ? "down_proj bias (other experts have biases)"
                                    : nullptr;
     if (what) return format("expert %d (local %zu) has no %s", l2g[l], l, what);
   }
   if (shared_count_ > 0) {
-    const char* what = !shared_.has_gate ? "gate_proj" : !shared_.has_up ? "up_proj" : !shared_.has_down ? "down_proj" : nullptr;
+    const char* what = !shared_.has_gate   ? "gate_proj"
+                       : !shared_.has_up   ? "up_proj"
+                       : !shared_.has_down ? "down_proj"
+                                           : nullptr;
     if (what) return format("the shared expert has no %s", what);
   }
   if (cfg_.shared_expert_gate && !has_shared_gate_) return "the shared expert gate weight is not set";
@@ -515,7 +559,7 @@ void Layer::compute_logits(const float* x, int64_t T, float* logits) {
     for (int i = 0; i < m; ++i) a[i] = x + (t0 + i) * H;
     for (int32_t p = 0; p < router_.panels(); ++p) {
       kern_.gemm[EP_MOE_DTYPE_F32](m, a, static_cast<int>(H), router_.panel(p), c, nr,
-                                    p + 1 < router_.panels() ? router_.panel(p + 1) : nullptr);
+                                   p + 1 < router_.panels() ? router_.panel(p + 1) : nullptr);
       const int64_t col0 = static_cast<int64_t>(p) * nr;
       const int64_t n = std::min<int64_t>(nr, E - col0);
       const float* rb = router_bias_.empty() ? nullptr : router_bias_.data() + col0;
@@ -574,13 +618,12 @@ void Layer::validate_forward(const ep_moe_forward_args_t& a, int64_t* dp_offset,
   *dp_offset = 0;
   *dp_padded = 0;
   if (dp_size_ > 1) {
-    EP_MOE_CHECK_ARG(a.dp_token_counts != nullptr, "dp_token_counts is NULL under DP attention (dp_size %d)",
-                     dp_size_);
+    EP_MOE_CHECK_ARG(a.dp_token_counts != nullptr, "dp_token_counts is NULL under DP attention (dp_size %d)", dp_size_);
     int64_t mx = 0;
     for (int i = 0; i < dp_size_; ++i) {
       const int32_t n = a.dp_token_counts[i];
-      EP_MOE_CHECK_ARG(n >= 0 && n <= cfg_.max_tokens, "dp_token_counts[%d] = %d is outside [0, max_tokens=%d]", i,
-                       n, cfg_.max_tokens);
+      EP_MOE_CHECK_ARG(n >= 0 && n <= cfg_.max_tokens, "dp_token_counts[%d] = %d is outside [0, max_tokens=%d]", i, n,
+                       cfg_.max_tokens);
       mx = std::max<int64_t>(mx, n);
       if (i < dp_rank_) *dp_offset += n;
     }
@@ -597,13 +640,12 @@ void Layer::validate_forward(const ep_moe_forward_args_t& a, int64_t* dp_offset,
       *gather = Gather::Compact;
     }
   } else if (a.dp_token_counts) {
-    EP_MOE_CHECK_ARG(a.dp_token_counts[0] == T, "dp_token_counts[0] = %d but num_tokens is %lld",
-                     a.dp_token_counts[0], static_cast<long long>(T));
+    EP_MOE_CHECK_ARG(a.dp_token_counts[0] == T, "dp_token_counts[0] = %d but num_tokens is %lld", a.dp_token_counts[0],
+                     static_cast<long long>(T));
   }
   const std::string missing = missing_weight();
   if (!missing.empty()) fail(EP_MOE_ERR_STATE, "weights incomplete: %s", missing.c_str());
 }
-
 
 // Tokens are routed independently, in blocks spread over the pool: routing
 // is ~1 µs per token at qwen3's 128 experts (~2 µs at DeepSeek-V3's 256,
@@ -828,8 +870,8 @@ void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int6
     char* send = send_rows_.data<char>();
     for (int64_t t = 0; t < send_n; ++t) {
       if (t < T) {
-        pack_row(send + static_cast<size_t>(t) * row_bytes_, static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es),
-                 ids + t * K, w + t * K);
+        pack_row(send + static_cast<size_t>(t) * row_bytes_,
+                 static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), ids + t * K, w + t * K);
       } else {  // padding row: never computed
         char* row = send + static_cast<size_t>(t) * row_bytes_;
         std::memset(row, 0, row_bytes_);
@@ -1026,7 +1068,8 @@ void Layer::expert_load(int64_t* out, bool across_ranks, bool reset) {
 int64_t Layer::attr(ep_moe_layer_attr_t a) const {
   if (dev_) {
     switch (a) {
-      case EP_MOE_LAYER_ATTR_WEIGHT_BYTES: return dev_->weight_bytes() + (has_router_ ? int64_t{cfg_.num_experts} * cfg_.hidden_size * 4 : 0);
+      case EP_MOE_LAYER_ATTR_WEIGHT_BYTES:
+        return dev_->weight_bytes() + (has_router_ ? int64_t{cfg_.num_experts} * cfg_.hidden_size * 4 : 0);
       case EP_MOE_LAYER_ATTR_LAST_LOCAL_PAIRS: return dev_->stats().local_pairs;
       case EP_MOE_LAYER_ATTR_LAST_SKIPPED_PAIRS: return dev_->stats().skipped;
       case EP_MOE_LAYER_ATTR_LAST_ACTIVE_EXPERTS: return dev_->stats().active;

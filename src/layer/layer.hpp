@@ -24,7 +24,6 @@ namespace ep_moe {
 
 const char* weight_name(ep_moe_weight_t w);
 
-
 class Layer {
  public:
   // Validates the config against the map and the communicators (throws).
@@ -87,7 +86,8 @@ class Layer {
   // Forward steps (layer.cpp). `stages` is the step's list of collectives.
   void route_tokens(const ep_moe_forward_args_t& a);
   void route_all(const void* logits, ep_moe_dtype_t dtype, int64_t T);  // route() over the pool
-  void forward_allgather(const ep_moe_forward_args_t& a, void* stages, int64_t dp_offset, int64_t padded, Gather gather);
+  void forward_allgather(const ep_moe_forward_args_t& a, void* stages, int64_t dp_offset, int64_t padded,
+                         Gather gather);
   void forward_alltoall(const ep_moe_forward_args_t& a, void* stages);
   void plan_sends(int64_t tokens);
   void exchange_counts(Comm* ep, const ep_moe_forward_args_t& a);
@@ -107,7 +107,7 @@ class Layer {
                       int64_t ld16 = 0);
   void record(int64_t tokens, int64_t local_pairs, int64_t skipped);
   void pack_row(char* row, const char* hidden, const int32_t* ids, const float* w) const;
-  void unpack_ids(int64_t n);             // recv_rows_[0, n) -> ids_, weights_ (the rows stay)
+  void unpack_ids(int64_t n);  // recv_rows_[0, n) -> ids_, weights_ (the rows stay)
   // The same, and the rows widened into x (on the pool) unless the experts
   // read them in place (direct_bf16_); returns the bytes written.
   int64_t unpack_rows(int64_t n, float* x);
@@ -191,10 +191,10 @@ class Layer {
   std::vector<Expert> experts_;  // one per local routed slot
   Expert shared_;
   int32_t shared_begin_ = 0, shared_count_ = 0;  // this rank's shard of the shared intermediate
-  std::vector<float> shared_gate_;  // [H] when cfg.shared_expert_gate
+  std::vector<float> shared_gate_;               // [H] when cfg.shared_expert_gate
   bool has_shared_gate_ = false;
-  std::vector<float> bias_;         // [E] when cfg.use_score_bias
-  cpu::PackedWeight router_;        // [E, H] f32, when given
+  std::vector<float> bias_;   // [E] when cfg.use_score_bias
+  cpu::PackedWeight router_;  // [E, H] f32, when given
   bool has_router_ = false;
   bool has_bias_ = false;
   std::vector<float> router_bias_;  // [E], added to the computed logits, when given

@@ -17,7 +17,7 @@
 namespace ep_moe {
 
 namespace {
-constexpr int32_t kMaxDeviceTopK = 64;      // per-token scratch of the routing and combine kernels
+constexpr int32_t kMaxDeviceTopK = 64;       // per-token scratch of the routing and combine kernels
 constexpr int32_t kMaxDeviceExperts = 4096;  // the routing kernel keeps 2 E scores in shared memory
 }  // namespace
 
@@ -28,7 +28,8 @@ void Layer::setup_device(int64_t max_rows, int64_t send_rows, int64_t fanout) {
   if (c.num_experts > kMaxDeviceExperts)
     fail(EP_MOE_ERR_UNSUPPORTED, "CUDA layers support up to %d experts, got %d", kMaxDeviceExperts, c.num_experts);
   if (c.activation == EP_MOE_ACT_SWIGLU_OAI)
-    fail(EP_MOE_ERR_UNSUPPORTED, "CUDA layers have no clamped SwiGLU (EP_MOE_ACT_SWIGLU_OAI, GPT-OSS); use a CPU layer");
+    fail(EP_MOE_ERR_UNSUPPORTED,
+         "CUDA layers have no clamped SwiGLU (EP_MOE_ACT_SWIGLU_OAI, GPT-OSS); use a CPU layer");
   pool_ = std::make_unique<cpu::ThreadPool>(1);
 
   // The all-to-all plan's upload (device_alltoall) reuses these.
@@ -90,11 +91,12 @@ void Layer::setup_device(int64_t max_rows, int64_t send_rows, int64_t fanout) {
       "dp %d, collectives %s",
       map_.ep_rank(), map_.ep_size(), c.device, c.hidden_size, c.intermediate_size, c.num_experts, c.top_k,
       map_.num_local_routed(), shared_count_, c.shared_intermediate_size, dp_size_,
-      host_comm ? "staged through pinned host memory" : ep_ ? "on device buffers" : "none");
+      host_comm ? "staged through pinned host memory"
+      : ep_     ? "on device buffers"
+                : "none");
 }
 
-void Layer::store_device(ep_moe_weight_t which, int32_t expert, Source src, bool shard_relative,
-                         bool on_device) {
+void Layer::store_device(ep_moe_weight_t which, int32_t expert, Source src, bool shard_relative, bool on_device) {
   const int32_t H = cfg_.hidden_size, I = cfg_.intermediate_size, Is = cfg_.shared_intermediate_size;
   const int32_t S = shared_count_;
   using cuda::Part;
@@ -237,7 +239,8 @@ void Layer::choice_to_host(const ep_moe_forward_args_t& a, bool capturing) {
   if (T == 0) return;
   if (!a.topk_ids) dev_->check_route(a.stream);  // bad logits, before their ids are used
   dev_->copy(ids_.data(), dev_->buffer(cuda::Buf::Ids), static_cast<size_t>(T * K) * 4, a.stream);
-  if (a.topk_ids) dev_->copy(weights_.data(), dev_->buffer(cuda::Buf::Weights), static_cast<size_t>(T * K) * 4, a.stream);
+  if (a.topk_ids)
+    dev_->copy(weights_.data(), dev_->buffer(cuda::Buf::Weights), static_cast<size_t>(T * K) * 4, a.stream);
   dev_->sync(a.stream);
   if (a.topk_ids) check_topk(ids_.data(), weights_.data(), T, cfg_.top_k, cfg_.num_experts);
 }
@@ -310,19 +313,20 @@ void Layer::device_allgather(const ep_moe_forward_args_t& a, void* stages, int64
 
   // ONE reduction of (routed + shared) partials, then this rank's rows.
   if (!ep_) {
-    if (dp_size_ > 1) dev_->copy(a.out, static_cast<const char*>(rows.out) + dp_offset * H * static_cast<int64_t>(es),
-                                 static_cast<size_t>(T * H) * es, a.stream);
+    if (dp_size_ > 1)
+      dev_->copy(a.out, static_cast<const char*>(rows.out) + dp_offset * H * static_cast<int64_t>(es),
+                 static_cast<size_t>(T * H) * es, a.stream);
     return;
   }
   Comm* ep = st.enter();
   if (dp_size_ > 1 && gather == Gather::Padded && dp_is_ep_) {
     void* own = dev_->buffer(cuda::Buf::Own);
-    dev_collective(ep, CollectiveOp::ReduceScatter, own, rows.out, static_cast<size_t>(padded * H), nullptr, nullptr, adt,
-                   a.stream, capturing);
+    dev_collective(ep, CollectiveOp::ReduceScatter, own, rows.out, static_cast<size_t>(padded * H), nullptr, nullptr,
+                   adt, a.stream, capturing);
     dev_->copy(a.out, own, static_cast<size_t>(T * H) * es, a.stream);
   } else {
-    dev_collective(ep, CollectiveOp::AllReduce, rows.out, rows.out, static_cast<size_t>(rows.n * H), nullptr, nullptr, adt,
-                   a.stream, capturing);
+    dev_collective(ep, CollectiveOp::AllReduce, rows.out, rows.out, static_cast<size_t>(rows.n * H), nullptr, nullptr,
+                   adt, a.stream, capturing);
     if (dp_size_ > 1)
       dev_->copy(a.out, static_cast<const char*>(rows.out) + dp_offset * H * static_cast<int64_t>(es),
                  static_cast<size_t>(T * H) * es, a.stream);
@@ -371,8 +375,8 @@ void Layer::device_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   dev_->pack_rows(send, rows_out, rows_out, a.hidden, ids_d, w_d, idx_d + at_tok, idx_d + at_dest, idx_d + at_rd,
                   a.stream);
   const int64_t R = a2a_counts(words, true);
-  dev_collective(st.enter(), CollectiveOp::AllToAllV, recv, send, 0, counts_.data(), recv_words_.data(), EP_MOE_DTYPE_I32,
-                 a.stream, false);
+  dev_collective(st.enter(), CollectiveOp::AllToAllV, recv, send, 0, counts_.data(), recv_words_.data(),
+                 EP_MOE_DTYPE_I32, a.stream, false);
 
   // 2. Experts on the rows received; partial sums back in the same order.
   cuda::DeviceRows rows;
@@ -388,8 +392,8 @@ void Layer::device_alltoall(const ep_moe_forward_args_t& a, void* stages) {
   last_tokens_ = R;
   void* ret = dev_->buffer(cuda::Buf::RetRecv);
   a2a_counts(static_cast<size_t>(H), false);
-  dev_collective(st.enter(), CollectiveOp::AllToAllV, ret, rows.out, 0, counts_.data(), recv_words_.data(), adt, a.stream,
-                 false);
+  dev_collective(st.enter(), CollectiveOp::AllToAllV, ret, rows.out, 0, counts_.data(), recv_words_.data(), adt,
+                 a.stream, false);
 
   // 3. Own tokens: the shared expert (whole, replicated) plus the returned
   //    rows, in the order they were sent.

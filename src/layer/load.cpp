@@ -107,8 +107,8 @@ class Reader {
       if (nc != s.cols) {  // narrow the dequantised rows
         std::vector<uint8_t> narrow(static_cast<size_t>(nr * nc) * 4);
         for (int64_t r = 0; r < nr; ++r)
-          std::memcpy(narrow.data() + static_cast<size_t>(r * nc) * 4, out.buf.data() + static_cast<size_t>(r * row_elems + c0) * 4,
-                      static_cast<size_t>(nc) * 4);
+          std::memcpy(narrow.data() + static_cast<size_t>(r * nc) * 4,
+                      out.buf.data() + static_cast<size_t>(r * row_elems + c0) * 4, static_cast<size_t>(nc) * 4);
         out.buf.swap(narrow);
         out.cols = nc;
       }
@@ -126,7 +126,8 @@ class Reader {
   }
 
  private:
-  void fetch(const io::ByteSource& f, const io::TensorInfo& t, uint64_t offset, int64_t count, std::vector<uint8_t>* dst) {
+  void fetch(const io::ByteSource& f, const io::TensorInfo& t, uint64_t offset, int64_t count,
+             std::vector<uint8_t>* dst) {
     const uint64_t n = t.bytes_of(static_cast<uint64_t>(count));
     if (offset < t.offset || offset + n > t.offset + t.bytes)
       fail(EP_MOE_ERR_INTERNAL, "read outside tensor '%s'", t.name.c_str());
@@ -183,8 +184,8 @@ uint64_t Layer::load_parts(const io::Checkpoint& ck, int32_t L, const LoadParts&
     }
   }
   if (!todo.empty())
-    log(EP_MOE_LOG_INFO, "[EP rank %d/%d] loading layer %d from %s: %zu experts, %llu bytes of expert weights", map_.ep_rank(),
-        map_.ep_size(), L, fname, todo.size(), static_cast<unsigned long long>(expert_total));
+    log(EP_MOE_LOG_INFO, "[EP rank %d/%d] loading layer %d from %s: %zu experts, %llu bytes of expert weights",
+        map_.ep_rank(), map_.ep_size(), L, fname, todo.size(), static_cast<unsigned long long>(expert_total));
   auto last_report = std::chrono::steady_clock::now();
   auto need = [&](ep_moe_weight_t which, int32_t e, io::Slice* sl) {
     if (!ck.locate(L, which, e, sl))
@@ -238,7 +239,8 @@ uint64_t Layer::load_parts(const io::Checkpoint& ck, int32_t L, const LoadParts&
   }
 
   io::Slice sl;
-  if (parts.others && ck.locate(L, EP_MOE_WEIGHT_ROUTER, -1, &sl)) put(EP_MOE_WEIGHT_ROUTER, -1, rd.read(sl, 0, sl.rows, 0, sl.cols), false);
+  if (parts.others && ck.locate(L, EP_MOE_WEIGHT_ROUTER, -1, &sl))
+    put(EP_MOE_WEIGHT_ROUTER, -1, rd.read(sl, 0, sl.rows, 0, sl.cols), false);
   if (parts.others && ck.locate(L, EP_MOE_WEIGHT_ROUTER_BIAS, -1, &sl))
     put(EP_MOE_WEIGHT_ROUTER_BIAS, -1, rd.read(sl, 0, 1, 0, sl.cols), false);
   if (parts.others && cfg_.use_score_bias) {

@@ -44,8 +44,8 @@ uint64_t hash_map(const ExpertMap& m) {
 }
 
 uint64_t hash_config(const ep_moe_layer_config_t& c) {
-  const int32_t v[8] = {c.hidden_size,     c.intermediate_size, c.num_experts, c.shared_intermediate_size,
-                        c.weight_dtype,    c.dispatch_mode,     c.top_k,       c.shared_expert_gate};
+  const int32_t v[8] = {c.hidden_size,  c.intermediate_size, c.num_experts, c.shared_intermediate_size,
+                        c.weight_dtype, c.dispatch_mode,     c.top_k,       c.shared_expert_gate};
   return fnv1a(kFnvBasis, v, sizeof v);
 }
 
@@ -158,8 +158,8 @@ class Replacement {
     E_ = o_.cfg_.num_experts;
     I_ = o_.cfg_.intermediate_size;
     Is_ = o_.cfg_.shared_intermediate_size;
-    unit_bytes_ = 3 * static_cast<size_t>(o_.cfg_.hidden_size) *
-                  dtype_size(static_cast<ep_moe_dtype_t>(o_.cfg_.weight_dtype));
+    unit_bytes_ =
+        3 * static_cast<size_t>(o_.cfg_.hidden_size) * dtype_size(static_cast<ep_moe_dtype_t>(o_.cfg_.weight_dtype));
     n_ = comm ? comm->size() : 1;
     me_ = comm ? comm->rank() : 0;
     words_ = (static_cast<size_t>(E_) + 63) / 64;

@@ -49,9 +49,12 @@ struct Fixture {
     REQUIRE(ep_moe_layer_create(&layer, &lc, map1, comm, nullptr) == EP_MOE_OK);
     std::vector<float> w(16 * 8, 0.01f);
     for (int e = 0; e < 8; ++e) {
-      REQUIRE(ep_moe_layer_set_weight(nullptr, layer, EP_MOE_WEIGHT_EXPERT_GATE, e, w.data(), EP_MOE_DTYPE_F32, 8, 16) == EP_MOE_OK);
-      REQUIRE(ep_moe_layer_set_weight(nullptr, layer, EP_MOE_WEIGHT_EXPERT_UP, e, w.data(), EP_MOE_DTYPE_F32, 8, 16) == EP_MOE_OK);
-      REQUIRE(ep_moe_layer_set_weight(nullptr, layer, EP_MOE_WEIGHT_EXPERT_DOWN, e, w.data(), EP_MOE_DTYPE_F32, 16, 8) == EP_MOE_OK);
+      REQUIRE(ep_moe_layer_set_weight(nullptr, layer, EP_MOE_WEIGHT_EXPERT_GATE, e, w.data(), EP_MOE_DTYPE_F32, 8,
+                                      16) == EP_MOE_OK);
+      REQUIRE(ep_moe_layer_set_weight(nullptr, layer, EP_MOE_WEIGHT_EXPERT_UP, e, w.data(), EP_MOE_DTYPE_F32, 8, 16) ==
+              EP_MOE_OK);
+      REQUIRE(ep_moe_layer_set_weight(nullptr, layer, EP_MOE_WEIGHT_EXPERT_DOWN, e, w.data(), EP_MOE_DTYPE_F32, 16,
+                                      8) == EP_MOE_OK);
     }
     REQUIRE(ep_moe_checkpoint_open(&ck, ck_path().c_str(), nullptr) == EP_MOE_OK);
     ck_layer = 1;
@@ -172,7 +175,10 @@ std::map<std::string, Row>& table() {
 struct Add {
   Add(const char* name, Row r) { table()[name] = std::move(r); }
 };
-#define ROW(name) static void row_##name(Fixture& f); static Add add_##name(#name, row_##name); static void row_##name(Fixture& f)
+#define ROW(name)                           \
+  static void row_##name(Fixture& f);       \
+  static Add add_##name(#name, row_##name); \
+  static void row_##name(Fixture& f)
 
 // ---- base ------------------------------------------------------------------
 
@@ -324,8 +330,8 @@ ROW(ep_moe_mask_and_remap) {
   std::vector<int32_t> ids = {0, 5}, out_ids(2, -77);
   std::vector<float> w = {0.5f, 0.5f}, out_w(2, -77.0f);
   std::vector<uint8_t> mask(2, 0xAB);
-  BAD(ep_moe_mask_and_remap(out_ids.data(), out_w.data(), mask.data(), nullptr, ids.data(), w.data(), EP_MOE_DTYPE_F32, 1, 2,
-                            EP_MOE_REMAP_SPREAD),
+  BAD(ep_moe_mask_and_remap(out_ids.data(), out_w.data(), mask.data(), nullptr, ids.data(), w.data(), EP_MOE_DTYPE_F32,
+                            1, 2, EP_MOE_REMAP_SPREAD),
       HANDLE);
   BAD(ep_moe_mask_and_remap(out_ids.data(), out_w.data(), mask.data(), f.map, nullptr, w.data(), EP_MOE_DTYPE_F32, 1, 2,
                             EP_MOE_REMAP_SPREAD),
@@ -333,18 +339,18 @@ ROW(ep_moe_mask_and_remap) {
   BAD(ep_moe_mask_and_remap(out_ids.data(), out_w.data(), mask.data(), f.map, ids.data(), w.data(),
                             static_cast<ep_moe_dtype_t>(kBadEnum), 1, 2, EP_MOE_REMAP_SPREAD),
       ARG);
-  BAD(ep_moe_mask_and_remap(out_ids.data(), out_w.data(), mask.data(), f.map, ids.data(), w.data(), EP_MOE_DTYPE_F32, -1, 2,
-                            EP_MOE_REMAP_SPREAD),
+  BAD(ep_moe_mask_and_remap(out_ids.data(), out_w.data(), mask.data(), f.map, ids.data(), w.data(), EP_MOE_DTYPE_F32,
+                            -1, 2, EP_MOE_REMAP_SPREAD),
       ARG);
-  BAD(ep_moe_mask_and_remap(out_ids.data(), out_w.data(), mask.data(), f.map, ids.data(), w.data(), EP_MOE_DTYPE_F32, 1, 0,
-                            EP_MOE_REMAP_SPREAD),
+  BAD(ep_moe_mask_and_remap(out_ids.data(), out_w.data(), mask.data(), f.map, ids.data(), w.data(), EP_MOE_DTYPE_F32, 1,
+                            0, EP_MOE_REMAP_SPREAD),
       ARG);
-  BAD(ep_moe_mask_and_remap(out_ids.data(), out_w.data(), mask.data(), f.map, ids.data(), w.data(), EP_MOE_DTYPE_F32, 1, 2,
-                            static_cast<ep_moe_remap_mode_t>(kBadEnum)),
+  BAD(ep_moe_mask_and_remap(out_ids.data(), out_w.data(), mask.data(), f.map, ids.data(), w.data(), EP_MOE_DTYPE_F32, 1,
+                            2, static_cast<ep_moe_remap_mode_t>(kBadEnum)),
       ARG);
   ids[1] = 99;  // not an expert
-  BAD(ep_moe_mask_and_remap(out_ids.data(), out_w.data(), mask.data(), f.map, ids.data(), w.data(), EP_MOE_DTYPE_F32, 1, 2,
-                            EP_MOE_REMAP_SPREAD),
+  BAD(ep_moe_mask_and_remap(out_ids.data(), out_w.data(), mask.data(), f.map, ids.data(), w.data(), EP_MOE_DTYPE_F32, 1,
+                            2, EP_MOE_REMAP_SPREAD),
       ARG);
   CHECK(out_ids == std::vector<int32_t>{-77, -77});
   CHECK(mask[0] == 0xAB);
@@ -376,7 +382,8 @@ ROW(ep_moe_comm_create_mpi) {
   const ep_moe_status_t s = ep_moe_comm_create_mpi(&out, nullptr, 8, nullptr);
   CHECK((s == ARG || s == EP_MOE_ERR_UNSUPPORTED));
   CHECK(std::strlen(ep_moe_last_error()) > 0);
-  BAD(ep_moe_comm_create_mpi(nullptr, &out, sizeof out, nullptr), ep_moe_has_feature(EP_MOE_FEATURE_MPI) ? ARG : EP_MOE_ERR_UNSUPPORTED);
+  BAD(ep_moe_comm_create_mpi(nullptr, &out, sizeof out, nullptr),
+      ep_moe_has_feature(EP_MOE_FEATURE_MPI) ? ARG : EP_MOE_ERR_UNSUPPORTED);
   CHECK(out == reinterpret_cast<ep_moe_comm_t*>(0x1));
 }
 ROW(ep_moe_comm_create_nccl) {
@@ -604,10 +611,11 @@ ROW(ep_moe_layer_last_error) {
 ROW(ep_moe_layer_set_weight) {
   std::vector<float> w(16 * 8, 0.01f);
   int32_t stored = -77;
-  BAD(ep_moe_layer_set_weight(&stored, nullptr, EP_MOE_WEIGHT_EXPERT_GATE, 0, w.data(), EP_MOE_DTYPE_F32, 8, 16), HANDLE);
+  BAD(ep_moe_layer_set_weight(&stored, nullptr, EP_MOE_WEIGHT_EXPERT_GATE, 0, w.data(), EP_MOE_DTYPE_F32, 8, 16),
+      HANDLE);
   BAD(ep_moe_layer_set_weight(&stored, f.layer, EP_MOE_WEIGHT_EXPERT_GATE, 0, nullptr, EP_MOE_DTYPE_F32, 8, 16), ARG);
-  BAD(ep_moe_layer_set_weight(&stored, f.layer, static_cast<ep_moe_weight_t>(kBadEnum), 0, w.data(), EP_MOE_DTYPE_F32, 8,
-                              16),
+  BAD(ep_moe_layer_set_weight(&stored, f.layer, static_cast<ep_moe_weight_t>(kBadEnum), 0, w.data(), EP_MOE_DTYPE_F32,
+                              8, 16),
       ARG);
   BAD(ep_moe_layer_set_weight(&stored, f.layer, EP_MOE_WEIGHT_EXPERT_GATE, 8, w.data(), EP_MOE_DTYPE_F32, 8, 16), ARG);
   BAD(ep_moe_layer_set_weight(&stored, f.layer, EP_MOE_WEIGHT_EXPERT_GATE, -1, w.data(), EP_MOE_DTYPE_F32, 8, 16), ARG);

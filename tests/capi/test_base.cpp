@@ -10,8 +10,8 @@
 
 TEST_CASE("version macros and run-time version agree", "[base]") {
   CHECK(ep_moe_version() == EP_MOE_VERSION_NUMBER);
-  const std::string expect = std::to_string(EP_MOE_VERSION_MAJOR) + "." + std::to_string(EP_MOE_VERSION_MINOR) +
-                             "." + std::to_string(EP_MOE_VERSION_PATCH);
+  const std::string expect = std::to_string(EP_MOE_VERSION_MAJOR) + "." + std::to_string(EP_MOE_VERSION_MINOR) + "." +
+                             std::to_string(EP_MOE_VERSION_PATCH);
   CHECK(expect == ep_moe_version_string());
 }
 

@@ -19,7 +19,7 @@ using Clock = std::chrono::steady_clock;
 struct Host {
   ep_moe_comm_t* local = nullptr;  // the host's own transport
   bool async = true;
-  bool fail_test = false;          // test() reports an error
+  bool fail_test = false;  // test() reports an error
   std::atomic<int> started{0}, cancelled{0};
 };
 
@@ -132,11 +132,11 @@ TEST_CASE("callbacks: collectives through the host's asynchronous and synchronou
       std::vector<ep_moe_status_t> st(3);
       harness::run_ranks(3, [&](int r) {
         std::vector<uint16_t> in(1001);
-        for (size_t i = 0; i < in.size(); ++i) in[i] = ref::to_bf16(static_cast<float>(r + 1) * 0.5f + static_cast<float>(i % 7));
+        for (size_t i = 0; i < in.size(); ++i)
+          in[i] = ref::to_bf16(static_cast<float>(r + 1) * 0.5f + static_cast<float>(i % 7));
         out[static_cast<size_t>(r)].assign(in.size(), 0);
-        st[static_cast<size_t>(r)] =
-            ep_moe_comm_all_reduce(out[static_cast<size_t>(r)].data(), in.data(), in.size(), EP_MOE_DTYPE_BF16,
-                                   g.cb[static_cast<size_t>(r)], nullptr);
+        st[static_cast<size_t>(r)] = ep_moe_comm_all_reduce(out[static_cast<size_t>(r)].data(), in.data(), in.size(),
+                                                            EP_MOE_DTYPE_BF16, g.cb[static_cast<size_t>(r)], nullptr);
       });
       for (int r = 0; r < 3; ++r) {
         REQUIRE(st[static_cast<size_t>(r)] == EP_MOE_OK);
@@ -144,14 +144,14 @@ TEST_CASE("callbacks: collectives through the host's asynchronous and synchronou
       }
       for (size_t i = 0; i < out[0].size(); ++i) {
         float acc = 0;
-        for (int r = 0; r < 3; ++r) acc += ref::from_bf16(ref::to_bf16(static_cast<float>(r + 1) * 0.5f + static_cast<float>(i % 7)));
+        for (int r = 0; r < 3; ++r)
+          acc += ref::from_bf16(ref::to_bf16(static_cast<float>(r + 1) * 0.5f + static_cast<float>(i % 7)));
         REQUIRE(out[0][i] == ref::to_bf16(acc));
       }
       // A split is not something callbacks can do.
       ep_moe_comm_t* sub = nullptr;
-      harness::run_ranks(3, [&](int r) {
-        st[static_cast<size_t>(r)] = ep_moe_comm_split(&sub, g.cb[static_cast<size_t>(r)], 0, 0);
-      });
+      harness::run_ranks(
+          3, [&](int r) { st[static_cast<size_t>(r)] = ep_moe_comm_split(&sub, g.cb[static_cast<size_t>(r)], 0, 0); });
       for (auto s : st) CHECK(s == EP_MOE_ERR_UNSUPPORTED);
     }
   }
@@ -205,7 +205,7 @@ TEST_CASE("callbacks: a peer that stops responding makes the others time out, wi
   int32_t peer = 7;
   REQUIRE(ep_moe_comm_get_async_error(&ae, &peer, g.cb[0]) == EP_MOE_OK);
   CHECK(ae == st[0]);
-  CHECK(peer == -1);  // the host cannot say who
+  CHECK(peer == -1);                                         // the host cannot say who
   CHECK(ep_moe_comm_barrier(g.cb[0]) == EP_MOE_ERR_REMOTE);  // broken for good
 }
 
@@ -225,7 +225,8 @@ TEST_CASE("callbacks: abort during a blocked call, a failing host, and bad table
     Group g(2, true, false);
     g.hosts[0]->fail_test = true;
     std::vector<ep_moe_status_t> st(2);
-    harness::run_ranks(2, [&](int r) { st[static_cast<size_t>(r)] = ep_moe_comm_barrier(g.cb[static_cast<size_t>(r)]); });
+    harness::run_ranks(2,
+                       [&](int r) { st[static_cast<size_t>(r)] = ep_moe_comm_barrier(g.cb[static_cast<size_t>(r)]); });
     CHECK(st[0] == EP_MOE_ERR_REMOTE);
     CHECK(std::string(ep_moe_comm_last_error(g.cb[0])).find("the host's all_gather failed") != std::string::npos);
   }

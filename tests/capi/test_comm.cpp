@@ -122,15 +122,16 @@ std::vector<uint8_t> expected_sum(int n, size_t count, ep_moe_dtype_t t, size_t 
       continue;
     }
     float acc = 0.0f;
-    for (int r = 0; r < n; ++r) acc += ref::decode(&ins[static_cast<size_t>(r)][i * esize(t)], 1, static_cast<int>(t))[0];
+    for (int r = 0; r < n; ++r)
+      acc += ref::decode(&ins[static_cast<size_t>(r)][i * esize(t)], 1, static_cast<int>(t))[0];
     const auto enc = ref::encode({acc}, static_cast<int>(t));
     std::memcpy(&out[i * esize(t)], enc.data(), enc.size());
   }
   return out;
 }
 
-const ep_moe_dtype_t kAll[] = {EP_MOE_DTYPE_F32, EP_MOE_DTYPE_BF16, EP_MOE_DTYPE_F16, EP_MOE_DTYPE_I32,
-                               EP_MOE_DTYPE_I64, EP_MOE_DTYPE_U8};
+const ep_moe_dtype_t kAll[] = {EP_MOE_DTYPE_F32, EP_MOE_DTYPE_BF16, EP_MOE_DTYPE_F16,
+                               EP_MOE_DTYPE_I32, EP_MOE_DTYPE_I64,  EP_MOE_DTYPE_U8};
 
 }  // namespace
 
@@ -179,7 +180,8 @@ TEST_CASE("reduce_scatter, all_gather, all_gather_v, all_to_all_v and barrier", 
       run_ranks(n, [&](int r) {
         auto in = make_buf(r, count * static_cast<size_t>(n), t);
         rs[static_cast<size_t>(r)].assign(count * es, 0);
-        if (ep_moe_comm_reduce_scatter(rs[static_cast<size_t>(r)].data(), in.data(), count, t, g[r], nullptr) != EP_MOE_OK)
+        if (ep_moe_comm_reduce_scatter(rs[static_cast<size_t>(r)].data(), in.data(), count, t, g[r], nullptr) !=
+            EP_MOE_OK)
           rs[static_cast<size_t>(r)].clear();
       });
       for (int r = 0; r < n; ++r)
@@ -222,7 +224,8 @@ TEST_CASE("reduce_scatter, all_gather, all_gather_v, all_to_all_v and barrier", 
       run_ranks(n, [&](int r) {
         std::vector<uint8_t> in;
         for (int q = 0; q < n; ++q) {
-          const auto b = make_buf(r, send[static_cast<size_t>(r)][static_cast<size_t>(q)], t, static_cast<size_t>(q) * 100);
+          const auto b =
+              make_buf(r, send[static_cast<size_t>(r)][static_cast<size_t>(q)], t, static_cast<size_t>(q) * 100);
           in.insert(in.end(), b.begin(), b.end());
         }
         std::vector<size_t> recv_counts(static_cast<size_t>(n));
@@ -249,7 +252,8 @@ TEST_CASE("ranks that disagree get INVALID_ARGUMENT everywhere, and the group st
   std::vector<std::string> msg(3);
   run_ranks(3, [&](int r) {
     std::vector<float> buf(10, 1.0f);
-    st[static_cast<size_t>(r)] = ep_moe_comm_all_reduce(buf.data(), buf.data(), r == 1 ? 9 : 10, EP_MOE_DTYPE_F32, g[r], nullptr);
+    st[static_cast<size_t>(r)] =
+        ep_moe_comm_all_reduce(buf.data(), buf.data(), r == 1 ? 9 : 10, EP_MOE_DTYPE_F32, g[r], nullptr);
     msg[static_cast<size_t>(r)] = ep_moe_comm_last_error(g[r]);
   });
   for (int r = 0; r < 3; ++r) {
@@ -259,16 +263,17 @@ TEST_CASE("ranks that disagree get INVALID_ARGUMENT everywhere, and the group st
   // Different collectives on different ranks.
   run_ranks(3, [&](int r) {
     std::vector<float> buf(4, 1.0f);
-    st[static_cast<size_t>(r)] = r == 0 ? ep_moe_comm_barrier(g[r])
-                                        : ep_moe_comm_all_reduce(buf.data(), buf.data(), 4, EP_MOE_DTYPE_F32, g[r], nullptr);
+    st[static_cast<size_t>(r)] =
+        r == 0 ? ep_moe_comm_barrier(g[r])
+               : ep_moe_comm_all_reduce(buf.data(), buf.data(), 4, EP_MOE_DTYPE_F32, g[r], nullptr);
   });
   for (auto s : st) CHECK(s == EP_MOE_ERR_INVALID_ARGUMENT);
   // One rank passes NULL: it gets INVALID_ARGUMENT, the others REMOTE, nobody waits.
   const auto t0 = Clock::now();
   run_ranks(3, [&](int r) {
     std::vector<float> buf(4, 1.0f);
-    st[static_cast<size_t>(r)] = ep_moe_comm_all_reduce(r == 2 ? nullptr : buf.data(), buf.data(), 4,
-                                                        EP_MOE_DTYPE_F32, g[r], nullptr);
+    st[static_cast<size_t>(r)] =
+        ep_moe_comm_all_reduce(r == 2 ? nullptr : buf.data(), buf.data(), 4, EP_MOE_DTYPE_F32, g[r], nullptr);
     msg[static_cast<size_t>(r)] = ep_moe_last_error();
   });
   CHECK(Clock::now() - t0 < std::chrono::seconds(2));
@@ -382,11 +387,13 @@ TEST_CASE("communicator argument checks", "[comm][errors]") {
   CHECK(ep_moe_comm_set_timeout(h[0], -5) == EP_MOE_ERR_INVALID_ARGUMENT);
   CHECK(ep_moe_comm_set_timeout(h[0], 1000) == EP_MOE_OK);
   float x = 1.0f;
-  CHECK(ep_moe_comm_all_reduce(&x, &x, 1, static_cast<ep_moe_dtype_t>(42), h[0], nullptr) == EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(ep_moe_comm_all_reduce(&x, &x, 1, static_cast<ep_moe_dtype_t>(42), h[0], nullptr) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);
   CHECK(std::string(ep_moe_comm_last_error(h[0])).find("dtype 42") != std::string::npos);
   CHECK(ep_moe_comm_all_gather_v(&x, &x, nullptr, EP_MOE_DTYPE_F32, h[0], nullptr) == EP_MOE_ERR_INVALID_ARGUMENT);
   const size_t one = 1;
-  CHECK(ep_moe_comm_all_to_all_v(&x, &one, nullptr, &one, EP_MOE_DTYPE_F32, h[0], nullptr) == EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(ep_moe_comm_all_to_all_v(&x, &one, nullptr, &one, EP_MOE_DTYPE_F32, h[0], nullptr) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);
   // NULL buffers are fine with a zero count.
   CHECK(ep_moe_comm_all_reduce(nullptr, nullptr, 0, EP_MOE_DTYPE_F32, h[0], nullptr) == EP_MOE_OK);
   // Still usable after the failures.

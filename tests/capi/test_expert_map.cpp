@@ -161,10 +161,8 @@ TEST_CASE("hand-worked seed cases: E=10 over 4 ranks", "[map]") {
     const MapPtr rm = make_map(map_config(4, r, 10, EP_MOE_PLACEMENT_ROUND_ROBIN, 0, 2));
     const auto x = table(rm, EP_MOE_MAP_TABLE_LOCAL_TO_GLOBAL);
     CHECK(std::vector<int>(x.begin(), x.end()) == rr[static_cast<size_t>(r)]);
-    CHECK(table(rm, EP_MOE_MAP_TABLE_GLOBAL_TO_PHYSICAL) ==
-          std::vector<int32_t>({0, 3, 6, 8, 1, 4, 7, 9, 2, 5}));
-    CHECK(table(rm, EP_MOE_MAP_TABLE_PHYSICAL_TO_GLOBAL) ==
-          std::vector<int32_t>({0, 4, 8, 1, 5, 9, 2, 6, 3, 7}));
+    CHECK(table(rm, EP_MOE_MAP_TABLE_GLOBAL_TO_PHYSICAL) == std::vector<int32_t>({0, 3, 6, 8, 1, 4, 7, 9, 2, 5}));
+    CHECK(table(rm, EP_MOE_MAP_TABLE_PHYSICAL_TO_GLOBAL) == std::vector<int32_t>({0, 4, 8, 1, 5, 9, 2, 6, 3, 7}));
   }
   CHECK(describe(make_map(map_config(4, 1, 10, EP_MOE_PLACEMENT_ROUND_ROBIN, 0, 2))) == "0->1, 1->5, 2->9");
   CHECK(describe(make_map(map_config(4, 2, 10))) == "0->6, 1->7");
@@ -413,14 +411,14 @@ TEST_CASE("mask_and_remap matches the seed for linear placement", "[remap]") {
         CHECK(ow == sw);
         CHECK(omask == smask);
         // -1 mode: only non-local ids differ.
-        REQUIRE(ep_moe_mask_and_remap(oid.data(), ow.data(), nullptr, m.get(), ids.data(), w.data(),
-                                      EP_MOE_DTYPE_F32, T, K, EP_MOE_REMAP_MINUS_ONE) == EP_MOE_OK);
+        REQUIRE(ep_moe_mask_and_remap(oid.data(), ow.data(), nullptr, m.get(), ids.data(), w.data(), EP_MOE_DTYPE_F32,
+                                      T, K, EP_MOE_REMAP_MINUS_ONE) == EP_MOE_OK);
         for (size_t i = 0; i < ids.size(); ++i) CHECK(oid[i] == (smask[i] ? sid[i] : -1));
         // In place.
         std::vector<int32_t> iid = ids;
         std::vector<float> iw = w;
-        REQUIRE(ep_moe_mask_and_remap(iid.data(), iw.data(), nullptr, m.get(), iid.data(), iw.data(),
-                                      EP_MOE_DTYPE_F32, T, K, EP_MOE_REMAP_SPREAD) == EP_MOE_OK);
+        REQUIRE(ep_moe_mask_and_remap(iid.data(), iw.data(), nullptr, m.get(), iid.data(), iw.data(), EP_MOE_DTYPE_F32,
+                                      T, K, EP_MOE_REMAP_SPREAD) == EP_MOE_OK);
         CHECK(iid == sid);
         CHECK(iw == sw);
       }
@@ -505,11 +503,16 @@ TEST_CASE("bad map configs return INVALID_ARGUMENT naming the field", "[map][err
     const char* field;
   };
   const Case cases[] = {
-      {0, 0, 8, 0, 0, 0, "ep_size"},       {-3, 0, 8, 0, 0, 0, "ep_size"},
-      {4, 4, 8, 0, 0, 0, "ep_rank"},       {4, -1, 8, 0, 0, 0, "ep_rank"},
-      {4, 0, 0, 0, 0, 0, "global_num_experts"}, {4, 0, -8, 0, 0, 0, "global_num_experts"},
-      {4, 0, 8, 7, 0, 0, "placement"},     {4, 0, 8, -1, 0, 0, "placement"},
-      {4, 0, 8, 0, -1, 0, "num_fused_shared_experts"}, {4, 0, 8, 0, 0, -2, "num_redundant_experts"},
+      {0, 0, 8, 0, 0, 0, "ep_size"},
+      {-3, 0, 8, 0, 0, 0, "ep_size"},
+      {4, 4, 8, 0, 0, 0, "ep_rank"},
+      {4, -1, 8, 0, 0, 0, "ep_rank"},
+      {4, 0, 0, 0, 0, 0, "global_num_experts"},
+      {4, 0, -8, 0, 0, 0, "global_num_experts"},
+      {4, 0, 8, 7, 0, 0, "placement"},
+      {4, 0, 8, -1, 0, 0, "placement"},
+      {4, 0, 8, 0, -1, 0, "num_fused_shared_experts"},
+      {4, 0, 8, 0, 0, -2, "num_redundant_experts"},
       {4, 0, 1 << 30, 0, 0, 0, "global_num_experts"},
   };
   for (const auto& k : cases) {
@@ -565,7 +568,8 @@ TEST_CASE("queries reject NULL, destroyed and out-of-range arguments and leave o
   CHECK(ep_moe_expert_map_local_to_global(&v, m.get(), 5) == EP_MOE_ERR_INVALID_ARGUMENT);
   CHECK(ep_moe_expert_map_is_local(&v, m.get(), 100) == EP_MOE_ERR_INVALID_ARGUMENT);
   CHECK(ep_moe_expert_map_is_local(nullptr, m.get(), 1) == EP_MOE_ERR_INVALID_ARGUMENT);
-  CHECK(ep_moe_expert_map_table_length(&n, m.get(), static_cast<ep_moe_map_table_t>(77)) == EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(ep_moe_expert_map_table_length(&n, m.get(), static_cast<ep_moe_map_table_t>(77)) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);
   CHECK(ep_moe_expert_map_table_length(nullptr, m.get(), EP_MOE_MAP_TABLE_EXPERT_MAP) == EP_MOE_ERR_INVALID_ARGUMENT);
   CHECK(v == 42);
   CHECK(n == 42);

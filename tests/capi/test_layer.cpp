@@ -110,11 +110,13 @@ TEST_CASE("layer config errors name the field", "[layer][errors]") {
       {"router_dtype", [](ep_moe_layer_config_t& c) { c.router_dtype = -1; }},
       {"scoring", [](ep_moe_layer_config_t& c) { c.scoring = 2; }},
       {"num_expert_group", [](ep_moe_layer_config_t& c) { c.num_expert_group = 3; }},
-      {"topk_group", [](ep_moe_layer_config_t& c) {
+      {"topk_group",
+       [](ep_moe_layer_config_t& c) {
          c.num_expert_group = 2;
          c.topk_group = 3;
        }},
-      {"top_k", [](ep_moe_layer_config_t& c) {
+      {"top_k",
+       [](ep_moe_layer_config_t& c) {
          c.num_expert_group = 4;
          c.topk_group = 1;
        }},
@@ -186,11 +188,10 @@ TEST_CASE("CPU_ISA names the kernels in use; EP_MOE_CPU_ISA picks them, never ab
   int64_t hw = 0;
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma"))
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("fma"))
     hw = __builtin_cpu_supports("avx512bf16") ? 3 : 2;
-  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    hw = 1;
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) hw = 1;
 #endif
   const char* before = std::getenv("EP_MOE_CPU_ISA");
   const std::string saved = before ? before : "";
@@ -229,9 +230,11 @@ TEST_CASE("set_weight checks shapes, ids, dtypes and the configuration", "[layer
   REQUIRE(ep_moe_layer_create(&l, &c, m.m, nullptr, nullptr) == EP_MOE_OK);
   std::vector<float> buf(16 * 16, 0.5f);
   int32_t stored = 7;
-  CHECK(ep_moe_layer_set_weight(&stored, l, EP_MOE_WEIGHT_EXPERT_GATE, 2, buf.data(), EP_MOE_DTYPE_F32, 8, 16) == EP_MOE_OK);
+  CHECK(ep_moe_layer_set_weight(&stored, l, EP_MOE_WEIGHT_EXPERT_GATE, 2, buf.data(), EP_MOE_DTYPE_F32, 8, 16) ==
+        EP_MOE_OK);
   CHECK(stored == 1);
-  CHECK(ep_moe_layer_set_weight(&stored, l, EP_MOE_WEIGHT_EXPERT_GATE, 0, buf.data(), EP_MOE_DTYPE_F32, 8, 16) == EP_MOE_OK);
+  CHECK(ep_moe_layer_set_weight(&stored, l, EP_MOE_WEIGHT_EXPERT_GATE, 0, buf.data(), EP_MOE_DTYPE_F32, 8, 16) ==
+        EP_MOE_OK);
   CHECK(stored == 0);  // expert 0 lives on rank 0: skipped, and the call says so
   stored = 7;
   CHECK(ep_moe_layer_set_weight(&stored, l, EP_MOE_WEIGHT_EXPERT_GATE, 2, buf.data(), EP_MOE_DTYPE_F32, 16, 8) ==
@@ -346,7 +349,9 @@ TEST_CASE("bad forward input: clear status, nothing written, the layer stays usa
     ref::route(r.c.spec, logits.data() + t * E, r.w, rid, rw, 0.0);
     std::vector<double> y(static_cast<size_t>(H));
     ref::moe_token(r.c.spec, r.w, hid.data() + t * H, rid, rw, y.data());
-    for (int i = 0; i < H; ++i) CHECK(std::fabs(out[static_cast<size_t>(t * H + i)] - y[static_cast<size_t>(i)]) <= 1e-4 * (1 + std::fabs(y[static_cast<size_t>(i)])));
+    for (int i = 0; i < H; ++i)
+      CHECK(std::fabs(out[static_cast<size_t>(t * H + i)] - y[static_cast<size_t>(i)]) <=
+            1e-4 * (1 + std::fabs(y[static_cast<size_t>(i)])));
   }
   (void)K;
 }
@@ -378,7 +383,9 @@ TEST_CASE("one rank's bad input: it gets the error, the others REMOTE at once, n
       MapHolder m(4, r, 8);
       const auto lc = harness::layer_config(c);
       ep_moe_layer_t* l = nullptr;
-      if (ep_moe_layer_create(&l, &lc, m.m, world[static_cast<size_t>(r)], dp > 1 ? world[static_cast<size_t>(r)] : nullptr) != EP_MOE_OK) return;
+      if (ep_moe_layer_create(&l, &lc, m.m, world[static_cast<size_t>(r)],
+                              dp > 1 ? world[static_cast<size_t>(r)] : nullptr) != EP_MOE_OK)
+        return;
       int stored = 0;
       harness::load_weights(l, c, w, &stored);
       std::vector<float> logits = in.logits[0];
@@ -465,8 +472,7 @@ TEST_CASE("a rank that never calls forward: the others time out; abort ends a bl
   }
 }
 
-TEST_CASE("without ep_comm the layer returns this rank's partial sum for the caller to reduce",
-          "[layer][partial]") {
+TEST_CASE("without ep_comm the layer returns this rank's partial sum for the caller to reduce", "[layer][partial]") {
   std::mt19937 rng(test_seed() + 14);
   harness::Case c;
   c.spec.H = 24;
@@ -673,8 +679,8 @@ TEST_CASE("expert and router biases: shapes, values, completeness, and the logit
   CHECK(std::string(ep_moe_last_error()).find("expert gate_proj bias must be [1, 8]") != std::string::npos);
   CHECK(ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_EXPERT_DOWN_BIAS, 0, buf.data(), EP_MOE_DTYPE_F32, 1, 8) ==
         EP_MOE_ERR_INVALID_ARGUMENT);
-  CHECK(ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS, 4, buf.data(), EP_MOE_DTYPE_F32, 1, 16) ==
-        EP_MOE_ERR_INVALID_ARGUMENT);  // expert 4 of 4
+  CHECK(ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS, 4, buf.data(), EP_MOE_DTYPE_F32, 1,
+                                16) == EP_MOE_ERR_INVALID_ARGUMENT);  // expert 4 of 4
   CHECK(ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_ROUTER_BIAS, -1, buf.data(), EP_MOE_DTYPE_F32, 1, 5) ==
         EP_MOE_ERR_INVALID_ARGUMENT);
   // A value that is not finite: refused, nothing stored (the layer has no biases yet).
@@ -691,8 +697,8 @@ TEST_CASE("expert and router biases: shapes, values, completeness, and the logit
   int64_t ready = -1;
   REQUIRE(ep_moe_layer_get_attr(&ready, l, EP_MOE_LAYER_ATTR_READY) == EP_MOE_OK);
   CHECK(ready == 1);  // no bias given at all: a layer without biases
-  CHECK(ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS, 2, buf.data(), EP_MOE_DTYPE_F32, 1, 16) ==
-        EP_MOE_OK);
+  CHECK(ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS, 2, buf.data(), EP_MOE_DTYPE_F32, 1,
+                                16) == EP_MOE_OK);
   REQUIRE(ep_moe_layer_get_attr(&ready, l, EP_MOE_LAYER_ATTR_READY) == EP_MOE_OK);
   CHECK(ready == 0);
   std::vector<float> x(16 * 8), logits(4 * 8), out(16 * 8);
@@ -732,7 +738,8 @@ TEST_CASE("expert and router biases: shapes, values, completeness, and the logit
   for (int t = 0; t < 8; ++t)
     for (int e = 0; e < 4; ++e) {
       double s = rbias[static_cast<size_t>(e)];
-      for (int i = 0; i < 16; ++i) s += static_cast<double>(router[static_cast<size_t>(e * 16 + i)]) * x[static_cast<size_t>(t * 16 + i)];
+      for (int i = 0; i < 16; ++i)
+        s += static_cast<double>(router[static_cast<size_t>(e * 16 + i)]) * x[static_cast<size_t>(t * 16 + i)];
       computed[static_cast<size_t>(t * 4 + e)] = static_cast<float>(s);
     }
   a.router_logits = nullptr;

@@ -7,11 +7,11 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CU(call)                                                                                              \
-  do {                                                                                                        \
-    cudaError_t e_ = (call);                                                                                  \
-    if (e_ != cudaSuccess) {                                                                                  \
+#define CU(call)                                                                                               \
+  do {                                                                                                         \
+    cudaError_t e_ = (call);                                                                                   \
+    if (e_ != cudaSuccess) {                                                                                   \
       std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #call); \
-      std::exit(1);                                                                                           \
-    }                                                                                                         \
+      std::exit(1);                                                                                            \
+    }                                                                                                          \
   } while (0)

@@ -103,17 +103,17 @@ struct Spec {
   int groups = 0, topk_group = 0;
   bool use_bias = false;
   double scale = 1.0;
-  int Is = 0;             // shared expert intermediate (0 = none)
+  int Is = 0;  // shared expert intermediate (0 = none)
   bool shared_gate = false;
   bool expert_bias = false;  // routed experts have gate, up and down biases (GPT-OSS)
 };
 
 // Weights as the layer stores them (already rounded to the weight dtype).
 struct Weights {
-  std::vector<std::vector<float>> gate, up, down;  // per expert: [I,H], [I,H], [H,I]
-  std::vector<float> s_gate, s_up, s_down;        // [Is,H], [Is,H], [H,Is]
-  std::vector<float> s_gate_w;                     // [H]
-  std::vector<float> bias;                         // [E]
+  std::vector<std::vector<float>> gate, up, down;        // per expert: [I,H], [I,H], [H,I]
+  std::vector<float> s_gate, s_up, s_down;               // [Is,H], [Is,H], [H,Is]
+  std::vector<float> s_gate_w;                           // [H]
+  std::vector<float> bias;                               // [E]
   std::vector<std::vector<float>> gate_b, up_b, down_b;  // per expert: [I], [I], [H] (expert_bias)
 };
 
@@ -177,7 +177,8 @@ inline double act_fn(int act, double g, double u) {
 inline std::vector<int> top(const std::vector<double>& v, int k) {
   std::vector<int> idx(v.size());
   std::iota(idx.begin(), idx.end(), 0);
-  std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return v[static_cast<size_t>(a)] > v[static_cast<size_t>(b)]; });
+  std::stable_sort(idx.begin(), idx.end(),
+                   [&](int a, int b) { return v[static_cast<size_t>(a)] > v[static_cast<size_t>(b)]; });
   idx.resize(static_cast<size_t>(k));
   return idx;
 }
@@ -211,7 +212,8 @@ inline bool route(const Spec& s, const float* logits, const Weights& w, std::vec
     if (s.topk_group < s.groups) {
       std::vector<double> sorted = gs;
       std::sort(sorted.rbegin(), sorted.rend());
-      if (sorted[static_cast<size_t>(s.topk_group - 1)] - sorted[static_cast<size_t>(s.topk_group)] < margin) clear = false;
+      if (sorted[static_cast<size_t>(s.topk_group - 1)] - sorted[static_cast<size_t>(s.topk_group)] < margin)
+        clear = false;
     }
     std::vector<char> keep(static_cast<size_t>(s.groups), 0);
     for (int g : kept) keep[static_cast<size_t>(g)] = 1;
@@ -227,7 +229,8 @@ inline bool route(const Spec& s, const float* logits, const Weights& w, std::vec
   }
   weights.resize(static_cast<size_t>(s.K));
   double sum = 0;
-  for (int k = 0; k < s.K; ++k) sum += weights[static_cast<size_t>(k)] = sc[static_cast<size_t>(ids[static_cast<size_t>(k)])];
+  for (int k = 0; k < s.K; ++k)
+    sum += weights[static_cast<size_t>(k)] = sc[static_cast<size_t>(ids[static_cast<size_t>(k)])];
   for (auto& x : weights) {
     if (s.renormalize) x /= sum;
     x *= s.scale;
@@ -253,7 +256,8 @@ inline void moe_token(const Spec& s, const Weights& w, const float* x, const std
     }
     for (int i = 0; i < s.H; ++i) {
       double acc = db ? db[i] : 0.0;
-      for (int j = 0; j < inter; ++j) acc += static_cast<double>(d[static_cast<size_t>(i) * inter + j]) * h[static_cast<size_t>(j)];
+      for (int j = 0; j < inter; ++j)
+        acc += static_cast<double>(d[static_cast<size_t>(i) * inter + j]) * h[static_cast<size_t>(j)];
       y[i] += scale * acc;
     }
   };

@@ -47,7 +47,7 @@ struct Case {
   int ep = 1;
   int redundant = 0;  // redundant expert slots (replicas)
   std::vector<int> tokens;
-  int mode = 0;      // 0 router logits, 1 given top-k, 2 the layer's own router
+  int mode = 0;  // 0 router logits, 1 given top-k, 2 the layer's own router
   int skip_mode = EP_MOE_SKIP_TOKENS;
   int sync_free = 16;
   bool device_weights = false;  // weights given as device buffers of the weight dtype
@@ -163,8 +163,8 @@ bool set_weights(ep_moe_layer_t* l, const Case& c, const ref::Weights& w, const 
     ok = ok && put(EP_MOE_WEIGHT_EXPERT_DOWN, e, w.down[static_cast<size_t>(e)], s.H, s.I);
   }
   if (ok && s.Is > 0)
-    ok = put(EP_MOE_WEIGHT_SHARED_GATE, -1, w.s_gate, s.Is, s.H) && put(EP_MOE_WEIGHT_SHARED_UP, -1, w.s_up, s.Is, s.H) &&
-         put(EP_MOE_WEIGHT_SHARED_DOWN, -1, w.s_down, s.H, s.Is);
+    ok = put(EP_MOE_WEIGHT_SHARED_GATE, -1, w.s_gate, s.Is, s.H) &&
+         put(EP_MOE_WEIGHT_SHARED_UP, -1, w.s_up, s.Is, s.H) && put(EP_MOE_WEIGHT_SHARED_DOWN, -1, w.s_down, s.H, s.Is);
   if (ok && s.shared_gate)
     ok = ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_SHARED_EXPERT_GATE, -1, w.s_gate_w.data(), EP_MOE_DTYPE_F32,
                                  1, s.H) == EP_MOE_OK;
@@ -511,7 +511,8 @@ void group_case(const GroupCase& g, std::mt19937& rng) {
     std::vector<int32_t> counts(g.tokens.begin(), g.tokens.end()), decode(static_cast<size_t>(n), g.decode ? 1 : 0);
     std::vector<std::string> errors(static_cast<size_t>(n));
     std::vector<double> errs(static_cast<size_t>(n), 0.0);
-    std::vector<std::vector<int64_t>> loads(static_cast<size_t>(n), std::vector<int64_t>(static_cast<size_t>(c.s.E), -1));
+    std::vector<std::vector<int64_t>> loads(static_cast<size_t>(n),
+                                            std::vector<int64_t>(static_cast<size_t>(c.s.E), -1));
     std::vector<std::thread> th;
     for (int r = 0; r < n; ++r)
       th.emplace_back([&, r] {
@@ -545,10 +546,10 @@ void group_case(const GroupCase& g, std::mt19937& rng) {
     const double tol = tolerance(c.adt, c.wdt);
     for (int r = 0; r < n; ++r) {
       char buf[320];
-      std::snprintf(buf, sizeof buf, "%s rank %d T=%d: rel err %.3g (tol %.0e)%s%s", c.name.c_str(), r,
-                    g.tokens[static_cast<size_t>(r)], errs[static_cast<size_t>(r)], tol,
-                    errors[static_cast<size_t>(r)].empty() ? "" : " forward failed: ",
-                    errors[static_cast<size_t>(r)].c_str());
+      std::snprintf(
+          buf, sizeof buf, "%s rank %d T=%d: rel err %.3g (tol %.0e)%s%s", c.name.c_str(), r,
+          g.tokens[static_cast<size_t>(r)], errs[static_cast<size_t>(r)], tol,
+          errors[static_cast<size_t>(r)].empty() ? "" : " forward failed: ", errors[static_cast<size_t>(r)].c_str());
       std::printf("  %s\n", buf);
       expect(errors[static_cast<size_t>(r)].empty() && errs[static_cast<size_t>(r)] <= tol, buf);
     }
@@ -650,8 +651,8 @@ std::vector<GroupCase> group_cases() {
 // layer's own loaded router routes.
 void loader_case(std::mt19937& rng) {
   using writers::Scheme;
-  const std::pair<Scheme, const char*> files[] = {{Scheme::Qwen, "BF16"}, {Scheme::FusedTransposed, "F16"},
-                                                 {Scheme::Gguf, "Q8_0"}};
+  const std::pair<Scheme, const char*> files[] = {
+      {Scheme::Qwen, "BF16"}, {Scheme::FusedTransposed, "F16"}, {Scheme::Gguf, "Q8_0"}};
   for (const auto& f : files) {
     writers::Model m;
     m.spec.H = 64;
@@ -886,7 +887,8 @@ void error_cases(std::mt19937& rng) {
     nan.logits[static_cast<size_t>(7) * c.s.E + 3] = NAN;
     DeviceStep d;
     fill_step(d, c, nan, T, out.p, nullptr);
-    expect(ep_moe_layer_forward(rl.layer, &d.args) == EP_MOE_ERR_INVALID_ARGUMENT, "NaN logits are an INVALID_ARGUMENT");
+    expect(ep_moe_layer_forward(rl.layer, &d.args) == EP_MOE_ERR_INVALID_ARGUMENT,
+           "NaN logits are an INVALID_ARGUMENT");
     expect(std::string(ep_moe_layer_last_error(rl.layer)).find("token 7") != std::string::npos,
            std::string("the message names the token: ") + ep_moe_layer_last_error(rl.layer));
   }
@@ -917,8 +919,8 @@ void error_cases(std::mt19937& rng) {
       CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
       const ep_moe_status_t rc = ep_moe_layer_forward(one.layer, &d.args);
       const cudaError_t ec = cudaStreamEndCapture(s, &graph);
-      expect(rc == EP_MOE_ERR_UNSUPPORTED, std::string("capturing a host-staged collective is UNSUPPORTED: ") +
-                                               ep_moe_layer_last_error(one.layer));
+      expect(rc == EP_MOE_ERR_UNSUPPORTED,
+             std::string("capturing a host-staged collective is UNSUPPORTED: ") + ep_moe_layer_last_error(one.layer));
       if (ec == cudaSuccess && graph) cudaGraphDestroy(graph);
       (void)cudaGetLastError();
       expect(ep_moe_layer_forward(one.layer, &d.args) == EP_MOE_OK,

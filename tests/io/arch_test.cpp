@@ -63,7 +63,8 @@ double run(const Case& c, ep_moe_checkpoint_t* ck, const ep_moe_layer_config_t& 
     begin[static_cast<size_t>(r) + 1] = r + 1 == ep ? T : begin[static_cast<size_t>(r)] + T * w / weight_sum;
   }
   std::vector<int32_t> counts(static_cast<size_t>(ep));
-  for (int r = 0; r < ep; ++r) counts[static_cast<size_t>(r)] = begin[static_cast<size_t>(r) + 1] - begin[static_cast<size_t>(r)];
+  for (int r = 0; r < ep; ++r)
+    counts[static_cast<size_t>(r)] = begin[static_cast<size_t>(r) + 1] - begin[static_cast<size_t>(r)];
   std::vector<ep_moe_comm_t*> comms(static_cast<size_t>(ep));
   if (ep_moe_comm_create_local(comms.data(), ep, nullptr) != EP_MOE_OK) {
     failf(c, std::string("comm: ") + ep_moe_last_error());
@@ -84,14 +85,17 @@ double run(const Case& c, ep_moe_checkpoint_t* ck, const ep_moe_layer_config_t& 
       ep_moe_layer_config_t lc = base;
       lc.max_tokens = std::max(1, T);
       int64_t has_router = 0;
-      if (ep_moe_expert_map_config_from_layer(&mc, &lc) != EP_MOE_OK) e = std::string("map config: ") + ep_moe_last_error();
+      if (ep_moe_expert_map_config_from_layer(&mc, &lc) != EP_MOE_OK)
+        e = std::string("map config: ") + ep_moe_last_error();
       mc.ep_size = ep;
       mc.ep_rank = r;
       if (e.empty() && ep_moe_expert_map_create(&map, &mc) != EP_MOE_OK) e = std::string("map: ") + ep_moe_last_error();
       if (e.empty() && ep_moe_layer_create(&layer, &lc, map, comm, dp ? comm : nullptr) != EP_MOE_OK)
         e = std::string("create: ") + ep_moe_last_error();
-      if (e.empty() && ep_moe_layer_load(layer, ck, c.layer) != EP_MOE_OK) e = std::string("load: ") + ep_moe_last_error();
-      if (e.empty() && (ep_moe_layer_get_attr(&has_router, layer, EP_MOE_LAYER_ATTR_HAS_ROUTER) != EP_MOE_OK || has_router != 1))
+      if (e.empty() && ep_moe_layer_load(layer, ck, c.layer) != EP_MOE_OK)
+        e = std::string("load: ") + ep_moe_last_error();
+      if (e.empty() &&
+          (ep_moe_layer_get_attr(&has_router, layer, EP_MOE_LAYER_ATTR_HAS_ROUTER) != EP_MOE_OK || has_router != 1))
         e = "EP_MOE_LAYER_ATTR_HAS_ROUTER is not 1 after loading a checkpoint with a router";
       std::vector<float> out(static_cast<size_t>(std::max(1, t1 - t0) * H), 0.0f);
       if (e.empty()) {
@@ -132,7 +136,8 @@ double run(const Case& c, ep_moe_checkpoint_t* ck, const ep_moe_layer_config_t& 
 
 // Applies one named mutation; false when it would change nothing.
 bool mutate(ep_moe_layer_config_t* lc, const std::string& m) {
-  if (m == "scoring") lc->scoring = lc->scoring == EP_MOE_SCORING_SIGMOID ? EP_MOE_SCORING_SOFTMAX : EP_MOE_SCORING_SIGMOID;
+  if (m == "scoring")
+    lc->scoring = lc->scoring == EP_MOE_SCORING_SIGMOID ? EP_MOE_SCORING_SOFTMAX : EP_MOE_SCORING_SIGMOID;
   else if (m == "renormalize") lc->renormalize = !lc->renormalize;
   else if (m == "activation") lc->activation = lc->activation == EP_MOE_ACT_SILU ? EP_MOE_ACT_GELU : EP_MOE_ACT_SILU;
   else if (m == "scale") lc->routed_scaling_factor = lc->routed_scaling_factor != 1.0f ? 1.0f : 2.0f;
@@ -227,7 +232,8 @@ void check_refused(const Case& c, const std::string& dir) {
     ep_moe_expert_map_config_from_layer(&mc, &lc);
     ep_moe_expert_map_t* map = nullptr;
     ep_moe_layer_t* layer = nullptr;
-    if (ep_moe_expert_map_create(&map, &mc) != EP_MOE_OK || ep_moe_layer_create(&layer, &lc, map, nullptr, nullptr) != EP_MOE_OK)
+    if (ep_moe_expert_map_create(&map, &mc) != EP_MOE_OK ||
+        ep_moe_layer_create(&layer, &lc, map, nullptr, nullptr) != EP_MOE_OK)
       failf(c, std::string("create: ") + ep_moe_last_error());
     else if (int64_t r = -1; ep_moe_layer_get_attr(&r, layer, EP_MOE_LAYER_ATTR_HAS_ROUTER) != EP_MOE_OK || r != 0)
       failf(c, "EP_MOE_LAYER_ATTR_HAS_ROUTER is not 0 before any router is set");

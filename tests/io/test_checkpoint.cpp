@@ -208,7 +208,7 @@ TEST_CASE("every naming scheme and element type loads at several EP sizes and ma
     bool shared, shared_gate, sigmoid_bias_groups;
   };
   const C cases[] = {
-      {Scheme::Qwen, "BF16", true, true, false},    {Scheme::Qwen, "F32", false, false, false},
+      {Scheme::Qwen, "BF16", true, true, false},     {Scheme::Qwen, "F32", false, false, false},
       {Scheme::Mixtral, "F16", false, false, false}, {Scheme::DeepSeek, "F32", true, false, true},
       {Scheme::Fused, "BF16", true, false, false},   {Scheme::FusedTransposed, "F32", false, false, false},
       {Scheme::Gguf, "Q8_0", true, true, false},     {Scheme::Gguf, "BF16", false, false, true},
@@ -241,8 +241,8 @@ TEST_CASE("every naming scheme and element type loads at several EP sizes and ma
       const bool gguf = c.scheme == Scheme::Gguf || c.scheme == Scheme::GgufFused;
       CHECK(v == (gguf ? 1 : 0));
       REQUIRE(ep_moe_checkpoint_get_attr(&v, ck.c, EP_MOE_CHECKPOINT_ATTR_NAMING) == EP_MOE_OK);
-      const int naming[] = {EP_MOE_NAMING_HF, EP_MOE_NAMING_MIXTRAL, EP_MOE_NAMING_HF, EP_MOE_NAMING_HF_FUSED,
-                            EP_MOE_NAMING_HF_FUSED, EP_MOE_NAMING_GGUF, EP_MOE_NAMING_GGUF, EP_MOE_NAMING_HF_FUSED};
+      const int naming[] = {EP_MOE_NAMING_HF,       EP_MOE_NAMING_MIXTRAL, EP_MOE_NAMING_HF,   EP_MOE_NAMING_HF_FUSED,
+                            EP_MOE_NAMING_HF_FUSED, EP_MOE_NAMING_GGUF,    EP_MOE_NAMING_GGUF, EP_MOE_NAMING_HF_FUSED};
       CHECK(v == naming[static_cast<int>(c.scheme)]);
       REQUIRE(ep_moe_checkpoint_get_attr(&v, ck.c, EP_MOE_CHECKPOINT_ATTR_NUM_MOE_LAYERS) == EP_MOE_OK);
       CHECK(v == 1);
@@ -410,9 +410,10 @@ TEST_CASE("block-quantized experts the loader cannot read: true sizes, refused a
   m.spec.K = 2;
   m.layer = 1;
   std::vector<float> router(static_cast<size_t>(E * H), 0.5f);
-  const std::vector<writers::Tensor> ts = {
-      {"blk.1.ffn_gate_inp.weight", "F32", {E, H}, writers::encode(router, "F32")},
-      q("ffn_gate_exps.weight", {E, I, H}), q("ffn_up_exps.weight", {E, I, H}), q("ffn_down_exps.weight", {E, H, I})};
+  const std::vector<writers::Tensor> ts = {{"blk.1.ffn_gate_inp.weight", "F32", {E, H}, writers::encode(router, "F32")},
+                                           q("ffn_gate_exps.weight", {E, I, H}),
+                                           q("ffn_up_exps.weight", {E, I, H}),
+                                           q("ffn_down_exps.weight", {E, H, I})};
   const std::string dir = writers::temp_dir("q4");
   writers::write_file(dir + "/model.gguf", writers::gguf_bytes(ts, writers::gguf_meta(m)));
   CkHolder ck(dir + "/model.gguf");
@@ -488,7 +489,8 @@ TEST_CASE("loading refuses what does not fit, and says why", "[checkpoint][error
   ep_moe_layer_config_init(&lc);
   // What the loader cannot read is said when the layer config is derived.
   CHECK(ep_moe_checkpoint_layer_config(&lc, ck2.c, 1) == EP_MOE_ERR_UNSUPPORTED);
-  CHECK(std::string(ep_moe_checkpoint_last_error(ck2.c)).find("experts.0.gate_proj.weight' is F64") != std::string::npos);
+  CHECK(std::string(ep_moe_checkpoint_last_error(ck2.c)).find("experts.0.gate_proj.weight' is F64") !=
+        std::string::npos);
   CHECK(lc.hidden_size == 0);
   lc.hidden_size = 4;
   lc.intermediate_size = 2;

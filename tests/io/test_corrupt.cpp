@@ -78,12 +78,14 @@ TEST_CASE("corrupt safetensors files are rejected with FORMAT naming the file an
        EP_MOE_ERR_FORMAT, "past the data"},
       {"gap", st_raw(one(R"({"dtype":"F32","shape":[2,2],"data_offsets":[8,24]})"), 24), EP_MOE_ERR_FORMAT, "gap of 8"},
       {"overlap",
-       st_raw(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
-              24),
+       st_raw(
+           R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
+           24),
        EP_MOE_ERR_FORMAT, "overlaps"},
       {"duplicate name",
-       st_raw(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-              8),
+       st_raw(
+           R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+           8),
        EP_MOE_ERR_FORMAT, "'a' appears twice"},
       {"trailing bytes", st_raw(good, 20), EP_MOE_ERR_FORMAT, "4 trailing bytes"},
       {"data_offsets arity", st_raw(one(R"({"dtype":"F32","shape":[2,2],"data_offsets":[0]})"), 16), EP_MOE_ERR_FORMAT,
@@ -96,12 +98,12 @@ TEST_CASE("corrupt safetensors files are rejected with FORMAT naming the file an
   };
   // Messages that concern one tensor name it.
   for (auto& x : f)
-    if (std::string(x.needle).find("dtype") != std::string::npos || std::string(x.name) == "size mismatch")
-      CHECK(true);
+    if (std::string(x.needle).find("dtype") != std::string::npos || std::string(x.name) == "size mismatch") CHECK(true);
   check_faults(f, ".safetensors");
   // And the tensor name is in the per-tensor messages.
   const std::string dir = writers::temp_dir("corrupt2");
-  writers::write_file(dir + "/t.safetensors", st_raw(one(R"({"dtype":"F32","shape":[2,3],"data_offsets":[0,16]})"), 16));
+  writers::write_file(dir + "/t.safetensors",
+                      st_raw(one(R"({"dtype":"F32","shape":[2,3],"data_offsets":[0,16]})"), 16));
   ep_moe_checkpoint_t* c = nullptr;
   CHECK(ep_moe_checkpoint_open(&c, (dir + "/t.safetensors").c_str(), nullptr) == EP_MOE_ERR_FORMAT);
   CHECK(std::string(ep_moe_last_error()).find("model.layers.0.mlp.experts.0.gate_proj.weight") != std::string::npos);
@@ -192,19 +194,22 @@ TEST_CASE("corrupt GGUF files are rejected with FORMAT naming the file and tenso
   }
   f.push_back({"duplicate key", G(0x46554747u, 3, 0, 2).kv_u32("a", 1).kv_u32("a", 2).data(64).b, EP_MOE_ERR_FORMAT,
                "'a' appears twice"});
-  f.push_back({"alignment not a power of two",
-               G(0x46554747u, 3, 0, 1).kv_u32("general.alignment", 24).data(64).b, EP_MOE_ERR_FORMAT, "power of two"});
-  f.push_back({"bad tensor type", G(0x46554747u, 3, 1, 0).tensor("blk.0.ffn_gate_exps.weight", {32, 2}, 99, 0).pad().data(256).b,
+  f.push_back({"alignment not a power of two", G(0x46554747u, 3, 0, 1).kv_u32("general.alignment", 24).data(64).b,
+               EP_MOE_ERR_FORMAT, "power of two"});
+  f.push_back({"bad tensor type",
+               G(0x46554747u, 3, 1, 0).tensor("blk.0.ffn_gate_exps.weight", {32, 2}, 99, 0).pad().data(256).b,
                EP_MOE_ERR_FORMAT, "blk.0.ffn_gate_exps.weight': ggml type 99"});
-  f.push_back({"n_dims 5", G(0x46554747u, 3, 1, 0).tensor("blk.0.ffn_up_exps.weight", {2, 2, 2, 2, 2}, 0, 0).pad().data(256).b,
+  f.push_back({"n_dims 5",
+               G(0x46554747u, 3, 1, 0).tensor("blk.0.ffn_up_exps.weight", {2, 2, 2, 2, 2}, 0, 0).pad().data(256).b,
                EP_MOE_ERR_FORMAT, "blk.0.ffn_up_exps.weight': 5 dimensions"});
-  f.push_back({"misaligned offset", G(0x46554747u, 3, 1, 0).tensor("t.weight", {4}, 0, 3).pad().data(64).b, EP_MOE_ERR_FORMAT,
-               "'t.weight': offset 3 is not a multiple"});
+  f.push_back({"misaligned offset", G(0x46554747u, 3, 1, 0).tensor("t.weight", {4}, 0, 3).pad().data(64).b,
+               EP_MOE_ERR_FORMAT, "'t.weight': offset 3 is not a multiple"});
   f.push_back({"out-of-file offset", G(0x46554747u, 3, 1, 0).tensor("t.weight", {4}, 0, 1ull << 40).pad().data(64).b,
                EP_MOE_ERR_FORMAT, "'t.weight': data"});
   f.push_back({"truncated data", G(0x46554747u, 3, 1, 0).tensor("t.weight", {64, 64}, 0, 0).pad().data(100).b,
                EP_MOE_ERR_FORMAT, "'t.weight': data"});
-  f.push_back({"size overflow", G(0x46554747u, 3, 1, 0).tensor("t.weight", {1ull << 40, 1ull << 40}, 0, 0).pad().data(64).b,
+  f.push_back({"size overflow",
+               G(0x46554747u, 3, 1, 0).tensor("t.weight", {1ull << 40, 1ull << 40}, 0, 0).pad().data(64).b,
                EP_MOE_ERR_FORMAT, "'t.weight'"});
   f.push_back({"partial Q8_0 block", G(0x46554747u, 3, 1, 0).tensor("q.weight", {33, 2}, 8, 0).pad().data(256).b,
                EP_MOE_ERR_FORMAT, "'q.weight': row of 33 elements"});
@@ -222,7 +227,7 @@ TEST_CASE("corrupt GGUF files are rejected with FORMAT naming the file and tenso
   {
     G g(0x46554747u, 3, 0, 1);
     put_str(g.b, "nested");
-    put_u32(g.b, 9);  // an array ...
+    put_u32(g.b, 9);                // an array ...
     for (int d = 0; d < 12; ++d) {  // ... of arrays, 12 deep, one element each
       put_u32(g.b, 9);
       put_u64(g.b, 1);

@@ -22,8 +22,8 @@ namespace writers {
 
 struct Tensor {
   std::string name;
-  std::string dtype;            // safetensors dtype name, or "Q8_0" for GGUF
-  std::vector<int64_t> shape;   // outermost first
+  std::string dtype;           // safetensors dtype name, or "Q8_0" for GGUF
+  std::vector<int64_t> shape;  // outermost first
   std::vector<uint8_t> data;
 };
 
@@ -126,8 +126,14 @@ inline std::vector<uint8_t> gguf_bytes(const std::vector<Tensor>& ts, const std:
     put_str(b, kv.key);
     put_u32(b, kv.type);
     switch (kv.type) {
-      case 4: case 5: put_u32(b, static_cast<uint32_t>(kv.u)); break;
-      case 6: { uint32_t x; std::memcpy(&x, &kv.f, 4); put_u32(b, x); break; }
+      case 4:
+      case 5: put_u32(b, static_cast<uint32_t>(kv.u)); break;
+      case 6: {
+        uint32_t x;
+        std::memcpy(&x, &kv.f, 4);
+        put_u32(b, x);
+        break;
+      }
       case 7: b.push_back(static_cast<uint8_t>(kv.u)); break;
       case 8: put_str(b, kv.s); break;
       default: break;
@@ -196,10 +202,10 @@ enum class Scheme { Qwen, Mixtral, DeepSeek, Fused, FusedTransposed, Gguf, GgufF
 
 struct Model {
   ref::Spec spec;
-  ref::Weights w;          // as stored (rounded / dequantised)
+  ref::Weights w;             // as stored (rounded / dequantised)
   std::vector<float> router;  // [E, H]
-  std::string dtype;       // element type of the expert tensors
-  int layer = 0;           // index of the MoE layer written (others are dense)
+  std::string dtype;          // element type of the expert tensors
+  int layer = 0;              // index of the MoE layer written (others are dense)
 };
 
 // Rounds (or quantises) a weight to the file's dtype and returns its bytes.
@@ -257,8 +263,10 @@ inline std::vector<Tensor> moe_tensors(Model& m, Scheme scheme, std::mt19937& rn
       }
       add(b + "ffn_gate_up_exps.weight", gu, {s.E, 2 * s.I, s.H}, dt);
       for (int e = 0; e < s.E; ++e) {
-        std::copy(gu.begin() + static_cast<long>(2 * e * gi), gu.begin() + static_cast<long>((2 * e + 1) * gi), g.begin() + static_cast<long>(e * gi));
-        std::copy(gu.begin() + static_cast<long>((2 * e + 1) * gi), gu.begin() + static_cast<long>((2 * e + 2) * gi), u.begin() + static_cast<long>(e * gi));
+        std::copy(gu.begin() + static_cast<long>(2 * e * gi), gu.begin() + static_cast<long>((2 * e + 1) * gi),
+                  g.begin() + static_cast<long>(e * gi));
+        std::copy(gu.begin() + static_cast<long>((2 * e + 1) * gi), gu.begin() + static_cast<long>((2 * e + 2) * gi),
+                  u.begin() + static_cast<long>(e * gi));
       }
     } else {
       add(b + "ffn_gate_exps.weight", g, {s.E, s.I, s.H}, dt);
@@ -266,9 +274,12 @@ inline std::vector<Tensor> moe_tensors(Model& m, Scheme scheme, std::mt19937& rn
     }
     add(b + "ffn_down_exps.weight", d, {s.E, s.H, s.I}, dt);
     for (int e = 0; e < s.E; ++e) {  // write back the stored values
-      std::copy(g.begin() + static_cast<long>(e * gi), g.begin() + static_cast<long>((e + 1) * gi), m.w.gate[static_cast<size_t>(e)].begin());
-      std::copy(u.begin() + static_cast<long>(e * gi), u.begin() + static_cast<long>((e + 1) * gi), m.w.up[static_cast<size_t>(e)].begin());
-      std::copy(d.begin() + static_cast<long>(e * di), d.begin() + static_cast<long>((e + 1) * di), m.w.down[static_cast<size_t>(e)].begin());
+      std::copy(g.begin() + static_cast<long>(e * gi), g.begin() + static_cast<long>((e + 1) * gi),
+                m.w.gate[static_cast<size_t>(e)].begin());
+      std::copy(u.begin() + static_cast<long>(e * gi), u.begin() + static_cast<long>((e + 1) * gi),
+                m.w.up[static_cast<size_t>(e)].begin());
+      std::copy(d.begin() + static_cast<long>(e * di), d.begin() + static_cast<long>((e + 1) * di),
+                m.w.down[static_cast<size_t>(e)].begin());
     }
     if (s.Is > 0) {
       add(b + "ffn_gate_shexp.weight", m.w.s_gate, {s.Is, s.H}, dt);
@@ -306,8 +317,10 @@ inline std::vector<Tensor> moe_tensors(Model& m, Scheme scheme, std::mt19937& rn
         if (tr) y = transpose(y, s.H, s.I);
         d.insert(d.end(), y.begin(), y.end());
       }
-      add(lp + "mlp.experts.gate_up_proj", gu, tr ? std::vector<int64_t>{s.E, s.H, 2 * s.I} : std::vector<int64_t>{s.E, 2 * s.I, s.H}, dt);
-      add(lp + "mlp.experts.down_proj", d, tr ? std::vector<int64_t>{s.E, s.I, s.H} : std::vector<int64_t>{s.E, s.H, s.I}, dt);
+      add(lp + "mlp.experts.gate_up_proj", gu,
+          tr ? std::vector<int64_t>{s.E, s.H, 2 * s.I} : std::vector<int64_t>{s.E, 2 * s.I, s.H}, dt);
+      add(lp + "mlp.experts.down_proj", d,
+          tr ? std::vector<int64_t>{s.E, s.I, s.H} : std::vector<int64_t>{s.E, s.H, s.I}, dt);
       // Stored values back into m.w (the transposition is exact).
       const size_t gi = static_cast<size_t>(2 * s.I) * s.H, di = static_cast<size_t>(s.H) * s.I;
       for (int e = 0; e < s.E; ++e) {
@@ -331,9 +344,12 @@ inline std::vector<Tensor> moe_tensors(Model& m, Scheme scheme, std::mt19937& rn
       add(lp + "mlp.experts.down_proj", d, {s.E, s.H, s.I}, dt);
       const size_t gi = static_cast<size_t>(s.I) * s.H;
       for (int e = 0; e < s.E; ++e) {
-        std::copy(g.begin() + static_cast<long>(e * gi), g.begin() + static_cast<long>((e + 1) * gi), m.w.gate[static_cast<size_t>(e)].begin());
-        std::copy(u.begin() + static_cast<long>(e * gi), u.begin() + static_cast<long>((e + 1) * gi), m.w.up[static_cast<size_t>(e)].begin());
-        std::copy(d.begin() + static_cast<long>(e * gi), d.begin() + static_cast<long>((e + 1) * gi), m.w.down[static_cast<size_t>(e)].begin());
+        std::copy(g.begin() + static_cast<long>(e * gi), g.begin() + static_cast<long>((e + 1) * gi),
+                  m.w.gate[static_cast<size_t>(e)].begin());
+        std::copy(u.begin() + static_cast<long>(e * gi), u.begin() + static_cast<long>((e + 1) * gi),
+                  m.w.up[static_cast<size_t>(e)].begin());
+        std::copy(d.begin() + static_cast<long>(e * gi), d.begin() + static_cast<long>((e + 1) * gi),
+                  m.w.down[static_cast<size_t>(e)].begin());
       }
     } else {
       for (int e = 0; e < s.E; ++e) {
@@ -359,14 +375,20 @@ inline std::vector<Tensor> moe_tensors(Model& m, Scheme scheme, std::mt19937& rn
 inline std::string hf_config(const Model& m, Scheme scheme) {
   const ref::Spec& s = m.spec;
   std::string c = "{\"hidden_size\": " + std::to_string(s.H) + ", \"num_experts_per_tok\": " + std::to_string(s.K) +
-                  ", \"num_hidden_layers\": " + std::to_string(m.layer + 2) + ", \"norm_topk_prob\": " +
-                  (s.renormalize ? "true" : "false") + ", \"hidden_act\": \"" +
-                  (s.act == ref::GELU ? "gelu" : s.act == ref::GELU_TANH ? "gelu_pytorch_tanh" : "silu") + "\"";
-  if (scheme == Scheme::Mixtral) c += ", \"intermediate_size\": " + std::to_string(s.I) + ", \"num_local_experts\": " + std::to_string(s.E);
+                  ", \"num_hidden_layers\": " + std::to_string(m.layer + 2) +
+                  ", \"norm_topk_prob\": " + (s.renormalize ? "true" : "false") + ", \"hidden_act\": \"" +
+                  (s.act == ref::GELU        ? "gelu"
+                   : s.act == ref::GELU_TANH ? "gelu_pytorch_tanh"
+                                             : "silu") +
+                  "\"";
+  if (scheme == Scheme::Mixtral)
+    c += ", \"intermediate_size\": " + std::to_string(s.I) + ", \"num_local_experts\": " + std::to_string(s.E);
   else c += ", \"moe_intermediate_size\": " + std::to_string(s.I) + ", \"num_experts\": " + std::to_string(s.E);
   // No model_type: ep_moe then needs every semantic key stated.
   c += std::string(", \"scoring_func\": \"") + (s.sigmoid ? "sigmoid" : "softmax") + "\"";
-  if (s.groups > 0) c += ", \"n_group\": " + std::to_string(s.groups) + ", \"topk_group\": " + std::to_string(s.topk_group) + ", \"topk_method\": \"noaux_tc\"";
+  if (s.groups > 0)
+    c += ", \"n_group\": " + std::to_string(s.groups) + ", \"topk_group\": " + std::to_string(s.topk_group) +
+         ", \"topk_method\": \"noaux_tc\"";
   c += ", \"routed_scaling_factor\": " + std::to_string(s.scale);
   c += "}";
   if (scheme == Scheme::FusedTransposed) c = "{\"text_config\": " + c + "}";

@@ -44,11 +44,13 @@ void collectives(ep_moe_comm_t* c) {
   // bf16 all-reduce: ep_moe's own reduction, f32 in rank order, one rounding.
   const size_t n = 1003;
   std::vector<uint16_t> in(n), out(n);
-  for (size_t i = 0; i < n; ++i) in[i] = ref::to_bf16(0.25f * static_cast<float>(g_rank + 1) + static_cast<float>(i % 5));
+  for (size_t i = 0; i < n; ++i)
+    in[i] = ref::to_bf16(0.25f * static_cast<float>(g_rank + 1) + static_cast<float>(i % 5));
   expect(ep_moe_comm_all_reduce(out.data(), in.data(), n, EP_MOE_DTYPE_BF16, c, nullptr) == EP_MOE_OK, "all_reduce");
   for (size_t i = 0; i < n; ++i) {
     float acc = 0;
-    for (int r = 0; r < g_size; ++r) acc += ref::from_bf16(ref::to_bf16(0.25f * static_cast<float>(r + 1) + static_cast<float>(i % 5)));
+    for (int r = 0; r < g_size; ++r)
+      acc += ref::from_bf16(ref::to_bf16(0.25f * static_cast<float>(r + 1) + static_cast<float>(i % 5)));
     if (out[i] != ref::to_bf16(acc)) {
       expect(false, "all_reduce value at " + std::to_string(i));
       break;
@@ -60,11 +62,14 @@ void collectives(ep_moe_comm_t* c) {
   for (int q = 0; q < g_size; ++q) {
     sc[static_cast<size_t>(q)] = static_cast<size_t>(g_rank + q + 1);
     rc[static_cast<size_t>(q)] = static_cast<size_t>(q + g_rank + 1);
-    for (size_t k = 0; k < sc[static_cast<size_t>(q)]; ++k) send.push_back(g_rank * 1000 + q * 10 + static_cast<int64_t>(k));
-    for (size_t k = 0; k < rc[static_cast<size_t>(q)]; ++k) want.push_back(q * 1000 + g_rank * 10 + static_cast<int64_t>(k));
+    for (size_t k = 0; k < sc[static_cast<size_t>(q)]; ++k)
+      send.push_back(g_rank * 1000 + q * 10 + static_cast<int64_t>(k));
+    for (size_t k = 0; k < rc[static_cast<size_t>(q)]; ++k)
+      want.push_back(q * 1000 + g_rank * 10 + static_cast<int64_t>(k));
   }
   recv.assign(want.size(), -1);
-  expect(ep_moe_comm_all_to_all_v(recv.data(), rc.data(), send.data(), sc.data(), EP_MOE_DTYPE_I64, c, nullptr) == EP_MOE_OK,
+  expect(ep_moe_comm_all_to_all_v(recv.data(), rc.data(), send.data(), sc.data(), EP_MOE_DTYPE_I64, c, nullptr) ==
+             EP_MOE_OK,
          "all_to_all_v");
   expect(recv == want, "all_to_all_v values");
   // A split into even and odd ranks.
@@ -90,8 +95,7 @@ void collectives(ep_moe_comm_t* c) {
 
 struct Case {
   ref::Spec spec;
-  int dp = 1, dispatch = EP_MOE_DISPATCH_ALLGATHER, placement = EP_MOE_PLACEMENT_LINEAR, wdt = ref::F32,
-      adt = ref::F32;
+  int dp = 1, dispatch = EP_MOE_DISPATCH_ALLGATHER, placement = EP_MOE_PLACEMENT_LINEAR, wdt = ref::F32, adt = ref::F32;
   bool given_topk = false, decode = false;
   bool replace = false;  // then rebalance on the step's load, re-place live, and check again
 };
@@ -104,7 +108,8 @@ void run_case(ep_moe_comm_t* c, const Case& k, uint32_t seed, int idx) {
   std::uniform_real_distribution<float> ud(0.05f, 1.0f);
   const int replicas = k.dp;
   std::vector<int32_t> counts(static_cast<size_t>(replicas));
-  for (int d = 0; d < replicas; ++d) counts[static_cast<size_t>(d)] = static_cast<int32_t>((d * 5 + idx * 3) % 7);  // zeros too
+  for (int d = 0; d < replicas; ++d)
+    counts[static_cast<size_t>(d)] = static_cast<int32_t>((d * 5 + idx * 3) % 7);  // zeros too
   if (replicas == 1) counts[0] = 3 + idx % 4;
   std::vector<std::vector<float>> hid(static_cast<size_t>(replicas)), lg(static_cast<size_t>(replicas)),
       tw(static_cast<size_t>(replicas));
@@ -177,8 +182,8 @@ void run_case(ep_moe_comm_t* c, const Case& k, uint32_t seed, int idx) {
   ep_moe_expert_map_destroy(map);
   auto put = [&](ep_moe_weight_t which, int e, const std::vector<float>& v, int rows, int cols) {
     const auto b = ref::encode(v, k.wdt);
-    expect(ep_moe_layer_set_weight(nullptr, layer, which, e, b.data(), static_cast<ep_moe_dtype_t>(k.wdt), rows, cols) ==
-               EP_MOE_OK,
+    expect(ep_moe_layer_set_weight(nullptr, layer, which, e, b.data(), static_cast<ep_moe_dtype_t>(k.wdt), rows,
+                                   cols) == EP_MOE_OK,
            tag + ": set_weight");
   };
   for (int e = 0; e < s.E; ++e) {
@@ -211,17 +216,19 @@ void run_case(ep_moe_comm_t* c, const Case& k, uint32_t seed, int idx) {
     a.dp_is_decode = decode.data();
   }
   auto run = [&](const std::string& when) {
-  const ep_moe_status_t st = ep_moe_layer_forward(layer, &a);
-  expect(st == EP_MOE_OK, tag + when + ": forward: " + ep_moe_layer_last_error(layer));
-  if (st == EP_MOE_OK) {
-    const auto got = ref::decode(out.data(), static_cast<size_t>(T * s.H), k.adt);
-    const auto& want = expect_out[static_cast<size_t>(replica)];
-    double scale = 1e-6, err = 0;
-    for (double v : want) scale = std::max(scale, std::fabs(v));
-    for (size_t i = 0; i < want.size(); ++i) err = std::max(err, std::fabs(got[i] - want[i]));
-    const double tol = (k.adt == ref::BF16 || k.wdt == ref::BF16) ? 1e-2 : (k.adt == ref::F16 || k.wdt == ref::F16) ? 5e-3 : 1e-4;
-    expect(err / scale <= tol, tag + when + ": error " + std::to_string(err / scale));
-  }
+    const ep_moe_status_t st = ep_moe_layer_forward(layer, &a);
+    expect(st == EP_MOE_OK, tag + when + ": forward: " + ep_moe_layer_last_error(layer));
+    if (st == EP_MOE_OK) {
+      const auto got = ref::decode(out.data(), static_cast<size_t>(T * s.H), k.adt);
+      const auto& want = expect_out[static_cast<size_t>(replica)];
+      double scale = 1e-6, err = 0;
+      for (double v : want) scale = std::max(scale, std::fabs(v));
+      for (size_t i = 0; i < want.size(); ++i) err = std::max(err, std::fabs(got[i] - want[i]));
+      const double tol = (k.adt == ref::BF16 || k.wdt == ref::BF16) ? 1e-2
+                         : (k.adt == ref::F16 || k.wdt == ref::F16) ? 5e-3
+                                                                    : 1e-4;
+      expect(err / scale <= tol, tag + when + ": error " + std::to_string(err / scale));
+    }
   };
   run("");
   if (k.replace) {

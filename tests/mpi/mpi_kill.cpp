@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
     if (rank == 1 && step == 3) raise(SIGKILL);
     const ep_moe_status_t s = ep_moe_layer_forward(layer, &a);
     if (s != EP_MOE_OK) {
-      std::fprintf(stderr, "[rank %d] step %d: %s: %s\n", rank, step, ep_moe_status_string(s), ep_moe_layer_last_error(layer));
+      std::fprintf(stderr, "[rank %d] step %d: %s: %s\n", rank, step, ep_moe_status_string(s),
+                   ep_moe_layer_last_error(layer));
       return 3;  // no MPI_Finalize: a peer is gone
     }
   }

@@ -29,8 +29,8 @@ struct Case {
   int ep = 1, dp = 1;
   bool dp_same_handle = true;  // dp == ep: pass the EP handle (reduce-scatter) or a split copy
   int placement = EP_MOE_PLACEMENT_LINEAR;
-  int redundant = 0;                   // linear placement: redundant slots
-  std::vector<int32_t> custom_slots;   // custom placement table (placement CUSTOM)
+  int redundant = 0;                  // linear placement: redundant slots
+  std::vector<int32_t> custom_slots;  // custom placement table (placement CUSTOM)
   int wdt = ref::F32, adt = ref::F32;
   bool given_topk = false;
   bool fused_gate_up = false;
@@ -38,22 +38,23 @@ struct Case {
   int dispatch = EP_MOE_DISPATCH_ALLGATHER;
   int threads = 0;
   int max_tokens = 16;
-  std::vector<int> tokens;     // per DP replica
-  bool all_decode = false;     // dp_is_decode all set (compact gather unless graph/prefill)
+  std::vector<int> tokens;  // per DP replica
+  bool all_decode = false;  // dp_is_decode all set (compact gather unless graph/prefill)
   bool is_prefill = false, is_graph = false;
-  int forwards = 1;            // forward calls on the same layers (fresh inputs each)
+  int forwards = 1;  // forward calls on the same layers (fresh inputs each)
   // Makes the EP world's handles (default: in-process ranks) and a cleanup.
   std::function<void(int, std::vector<ep_moe_comm_t*>*, std::function<void()>*)> make_comms;
 
   std::string describe() const {
     std::ostringstream o;
     o << "ep=" << ep << " dp=" << dp << (dp > 1 && dp == ep ? (dp_same_handle ? "(same)" : "(split)") : "")
-      << " place=" << placement << " redundant=" << redundant << " custom=" << custom_slots.size() << " H=" << spec.H << " I=" << spec.I << " E=" << spec.E << " K=" << spec.K
-      << " act=" << spec.act << " wdt=" << wdt << " adt=" << adt << " sigmoid=" << spec.sigmoid
-      << " groups=" << spec.groups << "/" << spec.topk_group << " bias=" << spec.use_bias << " Is=" << spec.Is
-      << " sgate=" << spec.shared_gate << " ebias=" << spec.expert_bias << " topk_given=" << given_topk << " fused=" << fused_gate_up
-      << " skip=" << skip_mode << " dispatch=" << dispatch << " decode=" << all_decode << " prefill=" << is_prefill << " graph=" << is_graph
-      << " tokens=[";
+      << " place=" << placement << " redundant=" << redundant << " custom=" << custom_slots.size() << " H=" << spec.H
+      << " I=" << spec.I << " E=" << spec.E << " K=" << spec.K << " act=" << spec.act << " wdt=" << wdt
+      << " adt=" << adt << " sigmoid=" << spec.sigmoid << " groups=" << spec.groups << "/" << spec.topk_group
+      << " bias=" << spec.use_bias << " Is=" << spec.Is << " sgate=" << spec.shared_gate
+      << " ebias=" << spec.expert_bias << " topk_given=" << given_topk << " fused=" << fused_gate_up
+      << " skip=" << skip_mode << " dispatch=" << dispatch << " decode=" << all_decode << " prefill=" << is_prefill
+      << " graph=" << is_graph << " tokens=[";
     for (size_t i = 0; i < tokens.size(); ++i) o << (i ? "," : "") << tokens[i];
     o << "]";
     return o.str();
@@ -69,7 +70,7 @@ inline double tolerance(int adt, int wdt) {
 struct Inputs {
   std::vector<std::vector<float>> hidden, logits, topk_w;  // per replica (rounded to their dtypes)
   std::vector<std::vector<int32_t>> topk_ids;
-  std::vector<std::vector<double>> expect;                 // per replica [T, H]
+  std::vector<std::vector<double>> expect;  // per replica [T, H]
 };
 
 // Draws inputs with no near-ties in routing, and their reference outputs.
@@ -104,7 +105,8 @@ inline Inputs make_inputs(const Case& c, const ref::Weights& w, std::mt19937& rn
           for (int e = 0; e < s.E; ++e) l[e] = 2.0f * n(rng);
         } while (!ref::route(s, l, w, ids, wts));
       }
-      ref::moe_token(s, w, hid.data() + static_cast<size_t>(t) * s.H, ids, wts, exp.data() + static_cast<size_t>(t) * s.H);
+      ref::moe_token(s, w, hid.data() + static_cast<size_t>(t) * s.H, ids, wts,
+                     exp.data() + static_cast<size_t>(t) * s.H);
     }
     in.hidden.push_back(std::move(hid));
     in.logits.push_back(std::move(lg));
@@ -182,9 +184,8 @@ inline std::string load_weights(ep_moe_layer_t* layer, const Case& c, const ref:
                                    EP_MOE_DTYPE_F32, 1, s.H) == EP_MOE_OK;
     if (!ok) return ep_moe_layer_last_error(layer);
   }
-  if (s.use_bias &&
-      ep_moe_layer_set_weight(nullptr, layer, EP_MOE_WEIGHT_SCORE_BIAS, -1, w.bias.data(), EP_MOE_DTYPE_F32, 1,
-                              s.E) != EP_MOE_OK)
+  if (s.use_bias && ep_moe_layer_set_weight(nullptr, layer, EP_MOE_WEIGHT_SCORE_BIAS, -1, w.bias.data(),
+                                            EP_MOE_DTYPE_F32, 1, s.E) != EP_MOE_OK)
     return ep_moe_layer_last_error(layer);
   return "";
 }
@@ -353,7 +354,8 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
         res.error = ep_moe_layer_last_error(layer);
         break;
       }
-      outs[static_cast<size_t>(f)][static_cast<size_t>(r)] = ref::decode(out.data(), static_cast<size_t>(T) * c.spec.H, c.adt);
+      outs[static_cast<size_t>(f)][static_cast<size_t>(r)] =
+          ref::decode(out.data(), static_cast<size_t>(T) * c.spec.H, c.adt);
       if (out.back() != 0xAB) res.error = "forward wrote past the output";
     }
     ep_moe_layer_get_attr(&res.local_pairs, layer, EP_MOE_LAYER_ATTR_LAST_LOCAL_PAIRS);
@@ -395,8 +397,7 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
     const bool direct = c.adt == ref::BF16 && c.wdt == ref::BF16 && x.cpu_isa == 3;
     // f32 rows in the all-gather flow without DP are read where they are
     // too (Layer::f32_rows): nothing to widen.
-    const bool in_place =
-        direct || (c.adt == ref::F32 && x.dispatch == EP_MOE_DISPATCH_ALLGATHER && c.dp == 1);
+    const bool in_place = direct || (c.adt == ref::F32 && x.dispatch == EP_MOE_DISPATCH_ALLGATHER && c.dp == 1);
     if (in_place) {
       CHECK(x.permute_bytes >= 0);
     } else {
@@ -421,8 +422,8 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
       const double err = re.err, scale = re.scale;
       const size_t worst = re.worst;
       if (worst_err) *worst_err = std::max(*worst_err, err);
-      INFO("forward " << f << " rank " << r << " max error " << err << " (relative to max |ref| " << scale
-                      << ") at " << worst << ": got " << (got.empty() ? 0.0 : got[worst]) << " expected "
+      INFO("forward " << f << " rank " << r << " max error " << err << " (relative to max |ref| " << scale << ") at "
+                      << worst << ": got " << (got.empty() ? 0.0 : got[worst]) << " expected "
                       << (exp.empty() ? 0.0 : exp[worst]));
       CHECK(err <= tol);
     }

@@ -23,7 +23,7 @@ std::mt19937& rng() {
 // replace, forward...). Each phase runs one thread per rank.
 
 struct World {
-  harness::Case c;   // spec, dtypes, dispatch, max_tokens
+  harness::Case c;        // spec, dtypes, dispatch, max_tokens
   bool dp_is_ep = false;  // every rank its own DP replica (dp_comm = the EP handle)
   ref::Weights w;
   std::vector<ep_moe_comm_t*> comms;  // the current EP group's handles
@@ -152,7 +152,8 @@ std::vector<ep_moe_status_t> replace(World& W, const std::vector<int32_t>& custo
     ep_moe_expert_map_t* m = maps[static_cast<size_t>(r)];
     ep_moe_comm_t* c = new_comms.empty() ? nullptr : new_comms[static_cast<size_t>(r)];
     st[static_cast<size_t>(r)] = ep_moe_layer_replace(W.layers[static_cast<size_t>(r)], m, c, ck, layer_index);
-    if (st[static_cast<size_t>(r)] != EP_MOE_OK) msg[static_cast<size_t>(r)] = ep_moe_layer_last_error(W.layers[static_cast<size_t>(r)]);
+    if (st[static_cast<size_t>(r)] != EP_MOE_OK)
+      msg[static_cast<size_t>(r)] = ep_moe_layer_last_error(W.layers[static_cast<size_t>(r)]);
     ep_moe_expert_map_destroy(m);
   });
   if (messages) *messages = msg;
@@ -222,7 +223,8 @@ double imbalance(const std::vector<double>& load, const std::vector<int32_t>& sl
   for (int32_t e : slots) ++reps[static_cast<size_t>(e)];
   std::vector<double> rl(static_cast<size_t>(ranks), 0.0);
   const size_t per = slots.size() / static_cast<size_t>(ranks);
-  for (size_t s = 0; s < slots.size(); ++s) rl[s / per] += load[static_cast<size_t>(slots[s])] / reps[static_cast<size_t>(slots[s])];
+  for (size_t s = 0; s < slots.size(); ++s)
+    rl[s / per] += load[static_cast<size_t>(slots[s])] / reps[static_cast<size_t>(slots[s])];
   const double mean = std::accumulate(rl.begin(), rl.end(), 0.0) / ranks;
   return *std::max_element(rl.begin(), rl.end()) / mean;
 }
@@ -275,7 +277,8 @@ TEST_CASE("rebalance: every expert placed, replicas to the hot ones, balanced an
     const double mine = imbalance(load, slots, ranks);
     CHECK(std::fabs(imb - mine) < 1e-12);
     double heaviest = 0, total = std::accumulate(load.begin(), load.end(), 0.0);
-    for (int e = 0; e < E; ++e) heaviest = std::max(heaviest, load[static_cast<size_t>(e)] / reps[static_cast<size_t>(e)]);
+    for (int e = 0; e < E; ++e)
+      heaviest = std::max(heaviest, load[static_cast<size_t>(e)] / reps[static_cast<size_t>(e)]);
     CHECK(mine <= 1.0 + heaviest / (total / ranks) + 1e-9);
     // No swap of two replicas between the heaviest rank and another makes
     // the heaviest lighter (the packing's swap refinement ran to its end).
@@ -310,7 +313,8 @@ TEST_CASE("rebalance: hierarchical keeps each expert group on one node", "[eplb]
   auto load = zipf(E, 1.0, rng());
   const auto slots = rebalance(load, P, ranks, rpn, groups);
   std::map<int, std::set<int>> nodes_of_group;
-  for (int s = 0; s < P; ++s) nodes_of_group[slots[static_cast<size_t>(s)] / (E / groups)].insert(s / (P / ranks) / rpn);
+  for (int s = 0; s < P; ++s)
+    nodes_of_group[slots[static_cast<size_t>(s)] / (E / groups)].insert(s / (P / ranks) / rpn);
   REQUIRE(nodes_of_group.size() == static_cast<size_t>(groups));
   for (const auto& g : nodes_of_group) CHECK(g.second.size() == 1);
   // Groups that do not split over the nodes: global placement, still valid.
@@ -383,7 +387,8 @@ TEST_CASE("rebalance: bad parameters are rejected with a message", "[eplb][rebal
   rc.num_ranks = 4;
   std::vector<double> load(8, 1.0);
   std::vector<int32_t> out(16);
-  CHECK(ep_moe_rebalance(out.data(), out.size(), nullptr, load.data(), load.size(), &rc) == EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(ep_moe_rebalance(out.data(), out.size(), nullptr, load.data(), load.size(), &rc) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);
   CHECK(std::string(ep_moe_last_error()).find("multiple") != std::string::npos);
   rc.num_slots = 12;
   CHECK(ep_moe_rebalance(out.data(), out.size(), nullptr, load.data(), load.size(), &rc) == EP_MOE_OK);
@@ -427,7 +432,8 @@ TEST_CASE("expert load: every routed pair counted once over the group, in every 
       W.c.skip_mode = m.skip;
       INFO("dispatch " << m.dispatch << " dp=ep " << m.dp_is_ep << " skip " << m.skip << " ep " << ep);
       if (ep == 1 && m.dispatch != EP_MOE_DISPATCH_ALLGATHER) continue;
-      create(W, ep, ep == 4 ? std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0, 5, 0, 9} : std::vector<int32_t>{});
+      create(W, ep,
+             ep == 4 ? std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0, 5, 0, 9} : std::vector<int32_t>{});
       std::vector<int64_t> expect(static_cast<size_t>(W.c.spec.E), 0);
       const int steps = 3;
       for (int f = 0; f < steps; ++f) {
@@ -447,7 +453,8 @@ TEST_CASE("expert load: every routed pair counted once over the group, in every 
       std::vector<int64_t> sum(static_cast<size_t>(W.c.spec.E), 0);
       for (int r = 0; r < ep; ++r) {
         CHECK(total[static_cast<size_t>(r)] == expect);
-        for (int e = 0; e < W.c.spec.E; ++e) sum[static_cast<size_t>(e)] += local[static_cast<size_t>(r)][static_cast<size_t>(e)];
+        for (int e = 0; e < W.c.spec.E; ++e)
+          sum[static_cast<size_t>(e)] += local[static_cast<size_t>(r)][static_cast<size_t>(e)];
       }
       CHECK(sum == expect);
       // Reset: a new window.
@@ -478,8 +485,9 @@ TEST_CASE("replace: a rebalanced placement gives the same output, in every dispa
     bool dp_is_ep;
     int wdt;
   };
-  for (const Mode m : {Mode{EP_MOE_DISPATCH_ALLGATHER, false, ref::BF16}, Mode{EP_MOE_DISPATCH_ALLGATHER, true, ref::F32},
-                       Mode{EP_MOE_DISPATCH_ALLTOALL, true, ref::F16}, Mode{EP_MOE_DISPATCH_AUTO, true, ref::F32}}) {
+  for (const Mode m :
+       {Mode{EP_MOE_DISPATCH_ALLGATHER, false, ref::BF16}, Mode{EP_MOE_DISPATCH_ALLGATHER, true, ref::F32},
+        Mode{EP_MOE_DISPATCH_ALLTOALL, true, ref::F16}, Mode{EP_MOE_DISPATCH_AUTO, true, ref::F32}}) {
     for (int ep : {2, 3, 4}) {
       INFO("dispatch " << m.dispatch << " dp=ep " << m.dp_is_ep << " ep " << ep);
       World W = small_world(m.dispatch, m.dp_is_ep, 8, m.wdt);
@@ -652,7 +660,8 @@ TEST_CASE("elastic: a lost shard comes from the checkpoint, only what is missing
   const double expert_bytes = 3.0 * m.spec.H * m.spec.I * 4;
   CHECK(attr(W.layers[0], EP_MOE_LAYER_ATTR_REPLACE_BYTES_READ) == 0);
   CHECK(attr(W.layers[1], EP_MOE_LAYER_ATTR_REPLACE_BYTES_READ) == 0);
-  CHECK(attr(W.layers[2], EP_MOE_LAYER_ATTR_REPLACE_BYTES_READ) == static_cast<int64_t>(2 * expert_bytes + 3.0 * 4 * m.spec.H * 4));
+  CHECK(attr(W.layers[2], EP_MOE_LAYER_ATTR_REPLACE_BYTES_READ) ==
+        static_cast<int64_t>(2 * expert_bytes + 3.0 * 4 * m.spec.H * 4));
   for (int i = 0; i < 2; ++i) forward(W, draw(W, 3));
   ep_moe_checkpoint_close(ck);
 }
@@ -691,9 +700,8 @@ TEST_CASE("replace: a failure on one rank fails every rank and changes nothing",
   std::vector<std::string> msg;
 
   // Rank 1 passes a map of another placement.
-  auto st = replace(W, {}, 3, {}, nullptr, 0, &msg, [&](int r) {
-    return make_map(3, r, 12, r == 1 ? std::vector<int32_t>{} : table);
-  });
+  auto st = replace(W, {}, 3, {}, nullptr, 0, &msg,
+                    [&](int r) { return make_map(3, r, 12, r == 1 ? std::vector<int32_t>{} : table); });
   for (int r = 0; r < 3; ++r) {
     CHECK(st[static_cast<size_t>(r)] == EP_MOE_ERR_INVALID_ARGUMENT);
     CHECK(msg[static_cast<size_t>(r)].find("placement") != std::string::npos);

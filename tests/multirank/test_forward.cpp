@@ -51,8 +51,8 @@ TEST_CASE("forward matches the dense reference across EP, DP, placement and dtyp
         }
         c.spec.Is = variant % 2 ? 20 + variant : 0;
         c.spec.shared_gate = c.spec.Is > 0 && variant % 4 == 1;
-        const int dts[][2] = {{ref::F32, ref::F32}, {ref::BF16, ref::BF16}, {ref::F16, ref::F16},
-                              {ref::BF16, ref::F32}, {ref::F32, ref::BF16}, {ref::F16, ref::BF16}};
+        const int dts[][2] = {{ref::F32, ref::F32},  {ref::BF16, ref::BF16}, {ref::F16, ref::F16},
+                              {ref::BF16, ref::F32}, {ref::F32, ref::BF16},  {ref::F16, ref::BF16}};
         c.wdt = dts[variant % 6][0];
         c.adt = dts[variant % 6][1];
         c.given_topk = variant % 5 == 2;
@@ -75,7 +75,7 @@ TEST_CASE("routing variants: sigmoid, bias, grouped top-k, no renormalisation, s
     int groups, topk_group;
     double scale;
   };
-  const R rs[] = {{true, true, true, 4, 2, 2.5},    // DeepSeek-V3 style
+  const R rs[] = {{true, true, true, 4, 2, 2.5},     // DeepSeek-V3 style
                   {false, false, false, 0, 0, 1.0},  // no renormalisation
                   {false, false, true, 4, 1, 1.0},   // DeepSeek-V2 style group max
                   {true, false, true, 0, 0, 0.5},
@@ -101,8 +101,7 @@ TEST_CASE("routing variants: sigmoid, bias, grouped top-k, no renormalisation, s
   }
 }
 
-TEST_CASE("DP gather modes follow seed 001: padded for prefill/graph/mixed, compact when all decode",
-          "[forward][dp]") {
+TEST_CASE("DP gather modes follow seed 001: padded for prefill/graph/mixed, compact when all decode", "[forward][dp]") {
   struct M {
     bool decode, prefill, graph;
     int expect_gather;  // 1 padded, 2 compact
@@ -182,8 +181,7 @@ TEST_CASE("zero tokens on every rank, and at max_tokens", "[forward][edge]") {
   }
 }
 
-TEST_CASE("token skip computes each pair exactly once; weight-0 computes every pair on every rank",
-          "[forward][skip]") {
+TEST_CASE("token skip computes each pair exactly once; weight-0 computes every pair on every rank", "[forward][skip]") {
   for (int mode : {EP_MOE_SKIP_TOKENS, EP_MOE_SKIP_WEIGHT_ZERO}) {
     Case c;
     c.ep = 4;
@@ -264,8 +262,10 @@ TEST_CASE("kernels: every CPU ISA path and several threads agree with the refere
   unsetenv("EP_MOE_CPU_ISA");
 }
 
-TEST_CASE("experts with more rows than one kernel call (a prefill batch) match the reference, the same bits on 1 and 3 threads",
-          "[forward][prefill]") {
+TEST_CASE(
+    "experts with more rows than one kernel call (a prefill batch) match the reference, the same bits on 1 and 3 "
+    "threads",
+    "[forward][prefill]") {
   // ~100 rows a routed expert and 200 for the shared one: the expert path
   // cuts them into calls of 64 rows (the last one 8), and the down
   // projection of such a segment over a claim of small panels goes row

@@ -131,12 +131,14 @@ int main(int argc, char** argv) {
     ep_moe_layer_t* l = layers[static_cast<size_t>(r)];
     bool ok = true;
     for (int e = 0; e < spec.E; ++e) {
-      ok = ok && ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_EXPERT_GATE, e, w.gate[static_cast<size_t>(e)].data(),
-                                         EP_MOE_DTYPE_F32, spec.I, spec.H) == EP_MOE_OK;
+      ok =
+          ok && ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_EXPERT_GATE, e, w.gate[static_cast<size_t>(e)].data(),
+                                        EP_MOE_DTYPE_F32, spec.I, spec.H) == EP_MOE_OK;
       ok = ok && ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_EXPERT_UP, e, w.up[static_cast<size_t>(e)].data(),
                                          EP_MOE_DTYPE_F32, spec.I, spec.H) == EP_MOE_OK;
-      ok = ok && ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_EXPERT_DOWN, e, w.down[static_cast<size_t>(e)].data(),
-                                         EP_MOE_DTYPE_F32, spec.H, spec.I) == EP_MOE_OK;
+      ok =
+          ok && ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_EXPERT_DOWN, e, w.down[static_cast<size_t>(e)].data(),
+                                        EP_MOE_DTYPE_F32, spec.H, spec.I) == EP_MOE_OK;
     }
     ok = ok && ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_SHARED_GATE, -1, w.s_gate.data(), EP_MOE_DTYPE_F32,
                                        spec.Is, spec.H) == EP_MOE_OK;
@@ -174,7 +176,8 @@ int main(int argc, char** argv) {
         a.out = out.data();
         a.dp_token_counts = cur.counts.data();
         if (ep_moe_layer_forward(layers[static_cast<size_t>(r)], &a) != EP_MOE_OK) {
-          if (errors[static_cast<size_t>(r)].empty()) errors[static_cast<size_t>(r)] = ep_moe_layer_last_error(layers[static_cast<size_t>(r)]);
+          if (errors[static_cast<size_t>(r)].empty())
+            errors[static_cast<size_t>(r)] = ep_moe_layer_last_error(layers[static_cast<size_t>(r)]);
         } else {
           const auto& exp = cur.expect[static_cast<size_t>(r)];
           double err = 0, scale = 1e-6;
@@ -222,7 +225,8 @@ int main(int argc, char** argv) {
           cur.weights[static_cast<size_t>(r)].push_back(v);
           wts.push_back(v);
         }
-        ref::moe_token(spec, w, h.data() + static_cast<size_t>(t) * spec.H, ids, wts, e.data() + static_cast<size_t>(t) * spec.H);
+        ref::moe_token(spec, w, h.data() + static_cast<size_t>(t) * spec.H, ids, wts,
+                       e.data() + static_cast<size_t>(t) * spec.H);
       }
     }
     start.wait();
@@ -267,9 +271,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "open file descriptors: %d before, %d after\n", fds0, fds1);
     ++failures;
   }
-  std::printf("soak_forward: %ld steps in %.1f s (%.0f steps/s), max rel error %.2g, RSS %ld -> %ld KiB (%+ld after "
-              "step %ld), fds %d -> %d: %s\n",
-              steps, secs, steps / secs, worst_all, rss_warm, rss_end, growth, warm, fds0, fds1,
-              failures ? "FAIL" : "PASS");
+  std::printf(
+      "soak_forward: %ld steps in %.1f s (%.0f steps/s), max rel error %.2g, RSS %ld -> %ld KiB (%+ld after "
+      "step %ld), fds %d -> %d: %s\n",
+      steps, secs, steps / secs, worst_all, rss_warm, rss_end, growth, warm, fds0, fds1, failures ? "FAIL" : "PASS");
   return failures ? 1 : 0;
 }

@@ -54,8 +54,12 @@ void* operator new[](size_t n) {
   if (should_fail()) throw std::bad_alloc();
   return checked(std::malloc(n ? n : 1));
 }
-void* operator new(size_t n, const std::nothrow_t&) noexcept { return should_fail() ? nullptr : std::malloc(n ? n : 1); }
-void* operator new[](size_t n, const std::nothrow_t&) noexcept { return should_fail() ? nullptr : std::malloc(n ? n : 1); }
+void* operator new(size_t n, const std::nothrow_t&) noexcept {
+  return should_fail() ? nullptr : std::malloc(n ? n : 1);
+}
+void* operator new[](size_t n, const std::nothrow_t&) noexcept {
+  return should_fail() ? nullptr : std::malloc(n ? n : 1);
+}
 void* operator new(size_t n, std::align_val_t a) {
   if (should_fail()) throw std::bad_alloc();
   return checked(aligned(n, static_cast<size_t>(a)));
@@ -235,14 +239,15 @@ long allocations_in_forwards(const harness::Case& c, int warm, int counted, bool
       ep_moe_layer_t* layer = nullptr;
       const ep_moe_layer_config_t lc = harness::layer_config(c);
       int stored = 0;
-      if (ep_moe_expert_map_create(&map, &mc) != EP_MOE_OK || ep_moe_layer_create(&layer, &lc, map, ep, dp) != EP_MOE_OK)
+      if (ep_moe_expert_map_create(&map, &mc) != EP_MOE_OK ||
+          ep_moe_layer_create(&layer, &lc, map, ep, dp) != EP_MOE_OK)
         err = ep_moe_last_error();
       if (err.empty()) err = harness::load_weights(layer, c, w, &stored);
       std::vector<float> router(static_cast<size_t>(c.spec.E) * c.spec.H);
       for (size_t i = 0; i < router.size(); ++i) router[i] = 0.05f * static_cast<float>((i * 7919) % 23) - 0.5f;
       if (err.empty() && own_router &&
-          ep_moe_layer_set_weight(nullptr, layer, EP_MOE_WEIGHT_ROUTER, -1, router.data(), EP_MOE_DTYPE_F32,
-                                  c.spec.E, c.spec.H) != EP_MOE_OK)
+          ep_moe_layer_set_weight(nullptr, layer, EP_MOE_WEIGHT_ROUTER, -1, router.data(), EP_MOE_DTYPE_F32, c.spec.E,
+                                  c.spec.H) != EP_MOE_OK)
         err = ep_moe_layer_last_error(layer);
       ep_moe_expert_map_destroy(map);
       const int replica = c.dp > 1 ? r / attn_tp : 0;
@@ -300,8 +305,7 @@ ep_moe_status_t sync_all_gather_v(void** req, void* out, const void* in, const s
   *req = nullptr;
   return ep_moe_comm_all_gather_v(out, in, bytes, EP_MOE_DTYPE_U8, sync_local(ud), nullptr);
 }
-ep_moe_status_t sync_all_to_all_v(void** req, void* out, const size_t* ob, const void* in, const size_t* ib,
-                                  void* ud) {
+ep_moe_status_t sync_all_to_all_v(void** req, void* out, const size_t* ob, const void* in, const size_t* ib, void* ud) {
   *req = nullptr;
   return ep_moe_comm_all_to_all_v(out, ob, in, ib, EP_MOE_DTYPE_U8, sync_local(ud), nullptr);
 }
@@ -349,22 +353,51 @@ TEST_CASE("forwards after the first allocate nothing, in every CPU flow", "[faul
     int ep, dp, dispatch, wdt, adt, Is;
     bool given, grouped;
     std::vector<int> tokens;
-    bool callbacks = false;  // over the callbacks backend (its own reductions) instead of the in-process one
+    bool callbacks = false;   // over the callbacks backend (its own reductions) instead of the in-process one
     bool own_router = false;  // the layer's own router computes the logits
   };
   const std::vector<Flow> flows = {
       {"one rank, f32", 1, 1, EP_MOE_DISPATCH_ALLGATHER, ref::F32, ref::F32, 32, false, false, {19}},
       {"one rank, bf16, grouped top-k", 1, 1, EP_MOE_DISPATCH_ALLGATHER, ref::BF16, ref::BF16, 0, false, true, {24}},
-      {"all-gather, bf16, shared expert", 2, 1, EP_MOE_DISPATCH_ALLGATHER, ref::BF16, ref::BF16, 32, false, false, {13}},
+      {"all-gather, bf16, shared expert",
+       2,
+       1,
+       EP_MOE_DISPATCH_ALLGATHER,
+       ref::BF16,
+       ref::BF16,
+       32,
+       false,
+       false,
+       {13}},
       {"all-to-all, f16 weights, given top-k", 2, 1, EP_MOE_DISPATCH_ALLTOALL, ref::F16, ref::F32, 0, true, false, {7}},
       {"all-to-all, bf16, shared expert", 3, 1, EP_MOE_DISPATCH_ALLTOALL, ref::BF16, ref::BF16, 32, false, true, {11}},
       {"auto dispatch, f32", 2, 1, EP_MOE_DISPATCH_AUTO, ref::F32, ref::F32, 0, false, false, {5}},
-      {"DP attention, a zero-token replica", 2, 2, EP_MOE_DISPATCH_ALLGATHER, ref::F32, ref::F32, 32, false, false, {9, 0}},
+      {"DP attention, a zero-token replica",
+       2,
+       2,
+       EP_MOE_DISPATCH_ALLGATHER,
+       ref::F32,
+       ref::F32,
+       32,
+       false,
+       false,
+       {9, 0}},
       {"DP attention, bf16", 2, 2, EP_MOE_DISPATCH_ALLGATHER, ref::BF16, ref::BF16, 0, false, false, {3, 12}},
       {"callbacks, all-gather", 3, 1, EP_MOE_DISPATCH_ALLGATHER, ref::BF16, ref::BF16, 32, false, false, {10}, true},
       {"callbacks, all-to-all", 2, 1, EP_MOE_DISPATCH_ALLTOALL, ref::F32, ref::F32, 32, false, false, {6}, true},
       {"callbacks, DP attention", 2, 2, EP_MOE_DISPATCH_ALLGATHER, ref::F32, ref::F32, 0, false, false, {4, 7}, true},
-      {"the layer's own router, bf16", 2, 1, EP_MOE_DISPATCH_ALLTOALL, ref::BF16, ref::BF16, 32, false, false, {21}, false, true},
+      {"the layer's own router, bf16",
+       2,
+       1,
+       EP_MOE_DISPATCH_ALLTOALL,
+       ref::BF16,
+       ref::BF16,
+       32,
+       false,
+       false,
+       {21},
+       false,
+       true},
   };
   for (const Flow& f : flows) {
     harness::Case c = base;

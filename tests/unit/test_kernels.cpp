@@ -106,11 +106,13 @@ TEST_CASE("gemm kernels match a double product for every ISA, dtype and shape", 
             std::vector<char> buf(static_cast<size_t>(std::max(n, k)) * es);
             for (int r = 0; r < n; ++r) {
               cpu::unpack_row(pw, r, buf.data());
-              for (int c = 0; c < k; ++c) REQUIRE(value(buf.data(), dt, static_cast<size_t>(c)) == wf[static_cast<size_t>(r) * k + c]);
+              for (int c = 0; c < k; ++c)
+                REQUIRE(value(buf.data(), dt, static_cast<size_t>(c)) == wf[static_cast<size_t>(r) * k + c]);
             }
             for (int c = 0; c < k; ++c) {
               cpu::unpack_col(pw, c, buf.data());
-              for (int r = 0; r < n; ++r) REQUIRE(value(buf.data(), dt, static_cast<size_t>(r)) == wf[static_cast<size_t>(r) * k + c]);
+              for (int r = 0; r < n; ++r)
+                REQUIRE(value(buf.data(), dt, static_cast<size_t>(r)) == wf[static_cast<size_t>(r) * k + c]);
             }
 
             for (int m : {1, kern.mr - 1, kern.mr, kern.mr + 1, 12, 13, 3 * kern.mr + 2}) {  // 12: the pair-dot tile
@@ -206,7 +208,8 @@ TEST_CASE("gemm over panels large enough for k blocks: a double product's value,
           for (int j = 0; j < n; ++j) {
             double ref = 0, mag = 0;
             for (int kk = 0; kk < k; ++kk) {
-              const double t = static_cast<double>(a[static_cast<size_t>(i) * k + kk]) * wf[static_cast<size_t>(j) * k + kk];
+              const double t =
+                  static_cast<double>(a[static_cast<size_t>(i) * k + kk]) * wf[static_cast<size_t>(j) * k + kk];
               ref += t;
               mag += std::fabs(t);
             }
@@ -219,8 +222,7 @@ TEST_CASE("gemm over panels large enough for k blocks: a double product's value,
   }
 }
 
-TEST_CASE("gemv (one row) and gemm_run (up to run_rows) give gemm's bits over every run of panels",
-          "[unit][kernels]") {
+TEST_CASE("gemv (one row) and gemm_run (up to run_rows) give gemm's bits over every run of panels", "[unit][kernels]") {
   std::mt19937 rng(Catch::rngSeed() + 13u);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   int checked = 0;
@@ -257,7 +259,9 @@ TEST_CASE("gemv (one row) and gemm_run (up to run_rows) give gemm's bits over ev
               for (int np = 1; p + np <= P; ++np)
                 for (int nk = 0; nk < 3; ++nk) {
                   // next: the panel that follows, none, or one elsewhere.
-                  const void* next = nk == 0 ? (p + np < P ? pw.panel(p + np) : nullptr) : nk == 1 ? nullptr : other.panel(0);
+                  const void* next = nk == 0   ? (p + np < P ? pw.panel(p + np) : nullptr)
+                                     : nk == 1 ? nullptr
+                                               : other.panel(0);
                   INFO("isa " << cpu::isa_name(isa) << " dtype " << dt << (dot ? " bf16 dot" : "") << " rows " << m
                               << " k " << k << " panels " << p << ".." << p + np << " next " << nk);
                   // Row i at got[i * ldc]: np panels' columns, then one spare
@@ -273,7 +277,8 @@ TEST_CASE("gemv (one row) and gemm_run (up to run_rows) give gemm's bits over ev
                     else kern.gemm[dt](m, rows.data(), k, pw.panel(p + j), want.data(), kern.nr, nullptr);
                     for (int i = 0; i < m; ++i)
                       REQUIRE(std::memcmp(got.data() + static_cast<size_t>(i) * ldc + static_cast<size_t>(j) * kern.nr,
-                                          want.data() + static_cast<size_t>(i) * kern.nr, kern.nr * sizeof(float)) == 0);
+                                          want.data() + static_cast<size_t>(i) * kern.nr,
+                                          kern.nr * sizeof(float)) == 0);
                   }
                   for (int i = 0; i < m; ++i)
                     for (int c = np * kern.nr; c < ldc; ++c) REQUIRE(got[static_cast<size_t>(i) * ldc + c] == -777.0f);
@@ -322,10 +327,10 @@ TEST_CASE("row conversions match the scalar ones bit for bit at every ISA level"
   std::uniform_int_distribution<uint32_t> bits;
   for (int i = 0; i < 4000; ++i) {
     uint32_t u = bits(rng);
-    if (i % 7 == 0) u = (u & 0xffff0000u) | 0x8000u;  // exact bf16 tie
-    if (i % 11 == 0) u &= 0x807fffffu;                 // denormal or zero
+    if (i % 7 == 0) u = (u & 0xffff0000u) | 0x8000u;                                             // exact bf16 tie
+    if (i % 11 == 0) u &= 0x807fffffu;                                                           // denormal or zero
     if (i % 13 == 0) u = 0x7f800000u | (u & 0x80000000u) | (i % 2 ? (u & 0x7fffffu) | 1u : 0u);  // inf / NaN
-    if (i % 17 == 0) u = 0x7f7fffffu;                   // rounds to infinity in bf16
+    if (i % 17 == 0) u = 0x7f7fffffu;  // rounds to infinity in bf16
     float f;
     std::memcpy(&f, &u, 4);
     src.push_back(f);
@@ -335,7 +340,8 @@ TEST_CASE("row conversions match the scalar ones bit for bit at every ISA level"
   for (cpu::Isa isa : isas_here()) {
     const cpu::Kernels& k = cpu::kernels_for(isa);
     INFO("isa " << cpu::isa_name(isa));
-    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{15}, int64_t{16}, int64_t{24}, int64_t{33}, static_cast<int64_t>(src.size())}) {
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{15}, int64_t{16}, int64_t{24}, int64_t{33},
+                      static_cast<int64_t>(src.size())}) {
       std::vector<uint16_t> got(static_cast<size_t>(n) + 1, 0xBEEF);
       k.to_bf16(src.data(), got.data(), n);
       for (int64_t i = 0; i < n; ++i) REQUIRE(got[static_cast<size_t>(i)] == f32_to_bf16(src[static_cast<size_t>(i)]));
@@ -385,7 +391,8 @@ TEST_CASE("silu_mul and scatter_add epilogues match double math at every ISA lev
       k.silu_mul(g.data(), u.data(), out.data(), n);
       for (int i = 0; i < n; ++i) {
         const double gi = g[static_cast<size_t>(i)], want = gi / (1.0 + std::exp(-gi)) * u[static_cast<size_t>(i)];
-        INFO("g " << gi << " u " << u[static_cast<size_t>(i)] << " got " << out[static_cast<size_t>(i)] << " want " << want);
+        INFO("g " << gi << " u " << u[static_cast<size_t>(i)] << " got " << out[static_cast<size_t>(i)] << " want "
+                  << want);
         REQUIRE(std::fabs(out[static_cast<size_t>(i)] - want) <= 1e-6 * std::fabs(want) + 1e-30);
       }
       REQUIRE(out[static_cast<size_t>(n)] == -5.0f);
@@ -426,8 +433,9 @@ TEST_CASE("silu_mul and scatter_add epilogues match double math at every ISA lev
   }
 }
 
-TEST_CASE("sum_rows adds its rows in order, bit for bit, at every ISA level, and narrows the sums as to_bf16 / to_f16 do",
-          "[unit][kernels]") {
+TEST_CASE(
+    "sum_rows adds its rows in order, bit for bit, at every ISA level, and narrows the sums as to_bf16 / to_f16 do",
+    "[unit][kernels]") {
   std::mt19937 rng(Catch::rngSeed() + 15u);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::uniform_int_distribution<int> ex(-12, 12);
@@ -461,11 +469,13 @@ TEST_CASE("sum_rows adds its rows in order, bit for bit, at every ISA level, and
       for (cpu::Isa isa : isas_here()) {
         const cpu::Kernels& k = cpu::kernels_for(isa);
         for (bool with_init : {false, true}) {
-          for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{64}, int64_t{65}, int64_t{200}, width - col0}) {
+          for (int64_t n :
+               {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{64}, int64_t{65}, int64_t{200}, width - col0}) {
             INFO("isa " << cpu::isa_name(isa) << " dtype " << dt << " rows " << nrows << " init " << with_init << " n "
                         << n);
             std::vector<float> got(static_cast<size_t>(n) + 1, -9.0f);
-            k.sum_rows(got.data(), EP_MOE_DTYPE_F32, with_init ? init.data() : nullptr, rows.data(), nrows, dt, col0, n);
+            k.sum_rows(got.data(), EP_MOE_DTYPE_F32, with_init ? init.data() : nullptr, rows.data(), nrows, dt, col0,
+                       n);
             for (int64_t j = 0; j < n; ++j) {
               const auto c = static_cast<size_t>(col0 + j);
               int q = 0;

@@ -17,7 +17,8 @@ namespace {
 std::vector<int32_t> naive_top(const std::vector<float>& v, int32_t k) {
   std::vector<int32_t> idx(v.size());
   std::iota(idx.begin(), idx.end(), 0);
-  std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return v[static_cast<size_t>(a)] > v[static_cast<size_t>(b)]; });
+  std::stable_sort(idx.begin(), idx.end(),
+                   [&](int32_t a, int32_t b) { return v[static_cast<size_t>(a)] > v[static_cast<size_t>(b)]; });
   idx.resize(static_cast<size_t>(k));
   return idx;
 }
@@ -29,7 +30,8 @@ TEST_CASE("route picks the same experts as a full sort, ties to the lower id", "
     ep_moe::RoutingParams p;
     const int32_t groups_opts[] = {0, 4, 8};
     p.num_group = groups_opts[trial % 3];
-    p.num_experts = p.num_group ? p.num_group * (1 + static_cast<int32_t>(rng() % 8)) : 1 + static_cast<int32_t>(rng() % 160);
+    p.num_experts =
+        p.num_group ? p.num_group * (1 + static_cast<int32_t>(rng() % 8)) : 1 + static_cast<int32_t>(rng() % 160);
     p.top_k = 1 + static_cast<int32_t>(rng() % std::min<int32_t>(9, p.num_experts));
     if (p.num_group) {
       const int32_t per = p.num_experts / p.num_group;
@@ -48,7 +50,8 @@ TEST_CASE("route picks the same experts as a full sort, ties to the lower id", "
     for (auto& l : logits) l = static_cast<float>(static_cast<int>(rng() % 7) - 3);
     for (int64_t t = 0; t < T; ++t)
       for (int32_t e = 1; e < p.num_experts; ++e)
-        if (rng() % 9 == 0) logits[static_cast<size_t>(t * p.num_experts + e)] = -std::numeric_limits<float>::infinity();
+        if (rng() % 9 == 0)
+          logits[static_cast<size_t>(t * p.num_experts + e)] = -std::numeric_limits<float>::infinity();
     std::vector<int32_t> ids(static_cast<size_t>(T * p.top_k));
     std::vector<float> w(ids.size());
     ep_moe::route(logits.data(), EP_MOE_DTYPE_F32, T, p, ids.data(), w.data());
@@ -83,7 +86,8 @@ TEST_CASE("route picks the same experts as a full sort, ties to the lower id", "
       }
       const auto want = naive_top(sel, p.top_k);
       INFO("trial " << trial << " token " << t << " E " << E << " K " << p.top_k << " groups " << p.num_group);
-      for (int32_t k = 0; k < p.top_k; ++k) CHECK(ids[static_cast<size_t>(t * p.top_k + k)] == want[static_cast<size_t>(k)]);
+      for (int32_t k = 0; k < p.top_k; ++k)
+        CHECK(ids[static_cast<size_t>(t * p.top_k + k)] == want[static_cast<size_t>(k)]);
     }
   }
 }

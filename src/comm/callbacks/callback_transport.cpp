@@ -85,7 +85,8 @@ class CallbackTransport final : public Transport {
 }  // namespace
 
 std::unique_ptr<Transport> make_callback_transport(const ep_moe_comm_callbacks_t& cb) {
-  EP_MOE_CHECK_ARG(cb.size >= 1 && cb.size <= (1 << 20), "callbacks->size must be in [1, %d], got %d", 1 << 20, cb.size);
+  EP_MOE_CHECK_ARG(cb.size >= 1 && cb.size <= (1 << 20), "callbacks->size must be in [1, %d], got %d", 1 << 20,
+                   cb.size);
   EP_MOE_CHECK_ARG(cb.rank >= 0 && cb.rank < cb.size, "callbacks->rank must be in [0, size=%d), got %d", cb.size,
                    cb.rank);
   EP_MOE_CHECK_ARG(cb.all_gather != nullptr, "callbacks->all_gather is NULL (required)");

@@ -145,9 +145,9 @@ void Family::abort() {
 std::shared_ptr<Group> make_group(int n, const std::shared_ptr<Family>& fam) {
   auto g = std::make_shared<Group>(n, fam);
   std::lock_guard<std::mutex> lock(fam->mutex);
-  fam->groups.erase(std::remove_if(fam->groups.begin(), fam->groups.end(),
-                                   [](const std::weak_ptr<Group>& w) { return w.expired(); }),
-                    fam->groups.end());
+  fam->groups.erase(
+      std::remove_if(fam->groups.begin(), fam->groups.end(), [](const std::weak_ptr<Group>& w) { return w.expired(); }),
+      fam->groups.end());
   fam->groups.push_back(g);
   if (fam->aborted.load()) g->break_locked(EP_MOE_ERR_ABORTED, "the communicator was aborted (ep_moe_comm_abort)");
   return g;
@@ -216,8 +216,8 @@ class LocalComm final : public Comm {
     });
   }
 
-  void all_to_all_v(void* out, const size_t* out_counts, const void* in, const size_t* in_counts,
-                    ep_moe_dtype_t dtype, void*) override {
+  void all_to_all_v(void* out, const size_t* out_counts, const void* in, const size_t* in_counts, ep_moe_dtype_t dtype,
+                    void*) override {
     run(data_slot(Op::AllToAllV, in, out, 0, dtype, in_counts, out_counts), [&](std::vector<Slot>& sl) {
       const size_t n = sl.size();
       for (size_t p = 0; p < n; ++p)
@@ -233,7 +233,8 @@ class LocalComm final : public Comm {
         size_t src_off = 0;
         for (size_t q = 0; q < r; ++q) src_off += sl[p].counts[q];
         const size_t bytes = out_counts[p] * es;
-        if (bytes) std::memcpy(static_cast<char*>(out) + dst_off, static_cast<const char*>(sl[p].in) + src_off * es, bytes);
+        if (bytes)
+          std::memcpy(static_cast<char*>(out) + dst_off, static_cast<const char*>(sl[p].in) + src_off * es, bytes);
         dst_off += bytes;
       }
     });
@@ -266,7 +267,8 @@ class LocalComm final : public Comm {
       auto k = std::make_pair(group_->splits, color);
       auto it = group_->forming.find(k);
       if (it == group_->forming.end())
-        it = group_->forming.emplace(k, std::make_pair(make_group(static_cast<int>(members.size()), group_->family), 0)).first;
+        it = group_->forming.emplace(k, std::make_pair(make_group(static_cast<int>(members.size()), group_->family), 0))
+                 .first;
       mine = it->second.first;
       if (++it->second.second == static_cast<int>(members.size())) group_->forming.erase(it);
     });
@@ -325,9 +327,8 @@ class LocalComm final : public Comm {
     }
     if (g.spin) {  // the lock is taken again below, which orders the peers' writes before ours
       lock.unlock();
-      spin_until([&] {
-        return gen.load(std::memory_order_acquire) != my_gen || g.broken.load(std::memory_order_acquire);
-      });
+      spin_until(
+          [&] { return gen.load(std::memory_order_acquire) != my_gen || g.broken.load(std::memory_order_acquire); });
       lock.lock();
     }
     while (gen == my_gen) {
@@ -345,9 +346,9 @@ class LocalComm final : public Comm {
         for (int p = 0; p < g.size && g.broken_peer < 0; ++p)
           if (g.seq[static_cast<size_t>(p)] < g.seq[static_cast<size_t>(rank_)]) g.broken_peer = p;
         if (missing.empty()) missing = "(all entered; a peer is stuck in its work phase)";
-        std::string msg = format("rank %d timed out after %d ms in %s of %s #%llu waiting for rank(s) %s", rank_,
-                                 timeout_ms_, what, op_name(op),
-                                 static_cast<unsigned long long>(g.seq[static_cast<size_t>(rank_)]), missing.c_str());
+        std::string msg =
+            format("rank %d timed out after %d ms in %s of %s #%llu waiting for rank(s) %s", rank_, timeout_ms_, what,
+                   op_name(op), static_cast<unsigned long long>(g.seq[static_cast<size_t>(rank_)]), missing.c_str());
         g.break_locked(EP_MOE_ERR_REMOTE, "the group is broken: " + msg);
         throw Error(EP_MOE_ERR_TIMEOUT, msg);
       }

@@ -66,8 +66,8 @@ class MpiTransport final : public Transport {
       off += bytes[p];
     }
     MPI_Request r;
-    check(MPI_Iallgatherv(in, counts[static_cast<size_t>(rank_)], MPI_BYTE, out, counts.data(), displs.data(),
-                          MPI_BYTE, comm_, &r),
+    check(MPI_Iallgatherv(in, counts[static_cast<size_t>(rank_)], MPI_BYTE, out, counts.data(), displs.data(), MPI_BYTE,
+                          comm_, &r),
           "MPI_Iallgatherv");
     wait(r, deadline, "all_gather_v");
   }
@@ -159,7 +159,8 @@ std::unique_ptr<Transport> make_mpi_transport(const void* mpi_comm, size_t comm_
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (!initialized || finalized) fail(EP_MOE_ERR_STATE, "MPI is not initialised (call MPI_Init first) or already finalised");
+  if (!initialized || finalized)
+    fail(EP_MOE_ERR_STATE, "MPI is not initialised (call MPI_Init first) or already finalised");
   MPI_Comm user;
   std::memcpy(&user, mpi_comm, sizeof user);
   if (user == MPI_COMM_NULL) fail(EP_MOE_ERR_INVALID_ARGUMENT, "mpi_comm is MPI_COMM_NULL");

@@ -39,7 +39,10 @@ ncclDataType_t nccl_type(ep_moe_dtype_t t) {
 }
 
 size_t type_size(ep_moe_dtype_t t) {
-  return t == EP_MOE_DTYPE_I64 ? 8 : (t == EP_MOE_DTYPE_F32 || t == EP_MOE_DTYPE_I32) ? 4 : t == EP_MOE_DTYPE_U8 ? 1 : 2;
+  return t == EP_MOE_DTYPE_I64                              ? 8
+         : (t == EP_MOE_DTYPE_F32 || t == EP_MOE_DTYPE_I32) ? 4
+         : t == EP_MOE_DTYPE_U8                             ? 1
+                                                            : 2;
 }
 
 // Waits for a non-blocking communicator to leave ncclInProgress.
@@ -91,9 +94,8 @@ class NcclComm final : public Comm {
     });
   }
   void all_gather(void* out, const void* in, size_t count, ep_moe_dtype_t dtype, void* stream) override {
-    enqueue("ncclAllGather", stream, [&] {
-      return ncclAllGather(in, out, count, nccl_type(dtype), comm_, static_cast<cudaStream_t>(stream));
-    });
+    enqueue("ncclAllGather", stream,
+            [&] { return ncclAllGather(in, out, count, nccl_type(dtype), comm_, static_cast<cudaStream_t>(stream)); });
   }
   void all_gather_v(void* out, const void* in, const size_t* counts, ep_moe_dtype_t dtype, void* stream) override {
     // One broadcast per rank inside a group: rank p's block lands at its offset.
@@ -110,8 +112,8 @@ class NcclComm final : public Comm {
       return r != ncclSuccess ? r : e;
     });
   }
-  void all_to_all_v(void* out, const size_t* out_counts, const void* in, const size_t* in_counts,
-                    ep_moe_dtype_t dtype, void* stream) override {
+  void all_to_all_v(void* out, const size_t* out_counts, const void* in, const size_t* in_counts, ep_moe_dtype_t dtype,
+                    void* stream) override {
     enqueue("all_to_all_v", stream, [&] {
       const size_t es = type_size(dtype);
       ncclResult_t r = ncclGroupStart();
@@ -143,7 +145,8 @@ class NcclComm final : public Comm {
     cfg.blocking = 0;
     ncclComm_t sub = nullptr;
     const ncclResult_t r = ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, &cfg);
-    if (r != ncclSuccess && r != ncclInProgress) fail(EP_MOE_ERR_REMOTE, "ncclCommSplit failed: %s", ncclGetErrorString(r));
+    if (r != ncclSuccess && r != ncclInProgress)
+      fail(EP_MOE_ERR_REMOTE, "ncclCommSplit failed: %s", ncclGetErrorString(r));
     settle(comm_, deadline(), aborted_, "split");
     if (!sub) return nullptr;
     settle(sub, deadline(), aborted_, "split (new communicator)");
@@ -275,7 +278,8 @@ std::unique_ptr<Comm> make_nccl_comm(void* nccl_comm, int timeout_ms) {
 
 std::unique_ptr<Comm> make_nccl_comm_from_id(const void* id, size_t id_size, int rank, int size, int timeout_ms) {
   EP_MOE_CHECK_ARG(id != nullptr, "unique_id is NULL");
-  EP_MOE_CHECK_ARG(id_size == sizeof(ncclUniqueId), "unique_id_size must be %zu, got %zu", sizeof(ncclUniqueId), id_size);
+  EP_MOE_CHECK_ARG(id_size == sizeof(ncclUniqueId), "unique_id_size must be %zu, got %zu", sizeof(ncclUniqueId),
+                   id_size);
   EP_MOE_CHECK_ARG(size >= 1 && rank >= 0 && rank < size, "rank %d / size %d are out of range", rank, size);
   need_device();
   ncclUniqueId uid;
@@ -284,7 +288,8 @@ std::unique_ptr<Comm> make_nccl_comm_from_id(const void* id, size_t id_size, int
   cfg.blocking = 0;  // so a missing peer gives a timeout, not a hang
   ncclComm_t c = nullptr;
   const ncclResult_t r = ncclCommInitRankConfig(&c, size, uid, rank, &cfg);
-  if (r != ncclSuccess && r != ncclInProgress) fail(EP_MOE_ERR_REMOTE, "ncclCommInitRankConfig failed: %s", ncclGetErrorString(r));
+  if (r != ncclSuccess && r != ncclInProgress)
+    fail(EP_MOE_ERR_REMOTE, "ncclCommInitRankConfig failed: %s", ncclGetErrorString(r));
   std::atomic<bool> never{false};
   settle(c, Clock::now() + std::chrono::milliseconds(timeout_ms), never, "communicator init");
   return std::unique_ptr<Comm>(new NcclComm(c, true, timeout_ms));
@@ -292,7 +297,8 @@ std::unique_ptr<Comm> make_nccl_comm_from_id(const void* id, size_t id_size, int
 
 void nccl_unique_id(void* out, size_t out_size) {
   EP_MOE_CHECK_ARG(out != nullptr, "out is NULL");
-  EP_MOE_CHECK_ARG(out_size >= sizeof(ncclUniqueId), "out_size must be at least %zu, got %zu", sizeof(ncclUniqueId), out_size);
+  EP_MOE_CHECK_ARG(out_size >= sizeof(ncclUniqueId), "out_size must be at least %zu, got %zu", sizeof(ncclUniqueId),
+                   out_size);
   ncclUniqueId uid;
   const ncclResult_t r = ncclGetUniqueId(&uid);
   if (r != ncclSuccess) fail(EP_MOE_ERR_REMOTE, "ncclGetUniqueId failed: %s", ncclGetErrorString(r));
