@@ -90,44 +90,52 @@ const Table* load(const char* file, const char* entry, int flags, std::string* w
 #define EP_MOE_STR2(x) #x
 #define EP_MOE_STR(x) EP_MOE_STR2(x)
 
+// A module's table, loaded once: `built` false when this build has no such
+// module (`not_built` says so); `what` names the backend in the log.
 template <class Table>
-struct Slot {
-  std::once_flag once;
-  const Table* table = nullptr;
-  std::string why;
-};
-
-}  // namespace
-
-const CudaModule* cuda_module(std::string* why) {
-  static Slot<CudaModule> s;
-  std::call_once(s.once, [] {
-#if defined(EP_MOE_CUDA_MODULE_BUILT)
-    s.table = load<CudaModule>(kCudaModuleFile, EP_MOE_STR(EP_MOE_CUDA_MODULE_ENTRY), RTLD_NOW | RTLD_LOCAL, &s.why);
-    if (s.table) log(EP_MOE_LOG_INFO, "loaded the CUDA backend (%s)", kCudaModuleFile);
-    else log(EP_MOE_LOG_INFO, "no CUDA backend: %s", s.why.c_str());
-#else
-    s.why = "this ep_moe was built without the CUDA toolkit";
-#endif
+const Table* load_once(bool built, const char* file, const char* entry, int flags, const char* what,
+                       const char* not_built, std::string* why) {
+  struct Slot {
+    std::once_flag once;
+    const Table* table = nullptr;
+    std::string why;
+  };
+  static Slot s;
+  std::call_once(s.once, [&] {
+    if (!built) {
+      s.why = not_built;
+      return;
+    }
+    s.table = load<Table>(file, entry, flags, &s.why);
+    if (s.table) log(EP_MOE_LOG_INFO, "loaded the %s backend (%s)", what, file);
+    else log(EP_MOE_LOG_INFO, "no %s backend: %s", what, s.why.c_str());
   });
   if (!s.table && why) *why = s.why;
   return s.table;
 }
 
-const MpiModule* mpi_module(std::string* why) {
-  static Slot<MpiModule> s;
-  std::call_once(s.once, [] {
-#if defined(EP_MOE_MPI_MODULE_BUILT)
-    // Global: Open MPI's own plugins resolve libmpi's symbols through it.
-    s.table = load<MpiModule>(kMpiModuleFile, EP_MOE_STR(EP_MOE_MPI_MODULE_ENTRY), RTLD_NOW | RTLD_GLOBAL, &s.why);
-    if (s.table) log(EP_MOE_LOG_INFO, "loaded the MPI backend (%s)", kMpiModuleFile);
-    else log(EP_MOE_LOG_INFO, "no MPI backend: %s", s.why.c_str());
+#if defined(EP_MOE_CUDA_MODULE_BUILT)
+constexpr bool kCudaBuilt = true;
 #else
-    s.why = "this ep_moe was built without MPI (install libopenmpi-dev and rebuild)";
+constexpr bool kCudaBuilt = false;
 #endif
-  });
-  if (!s.table && why) *why = s.why;
-  return s.table;
+#if defined(EP_MOE_MPI_MODULE_BUILT)
+constexpr bool kMpiBuilt = true;
+#else
+constexpr bool kMpiBuilt = false;
+#endif
+
+}  // namespace
+
+const CudaModule* cuda_module(std::string* why) {
+  return load_once<CudaModule>(kCudaBuilt, kCudaModuleFile, EP_MOE_STR(EP_MOE_CUDA_MODULE_ENTRY), RTLD_NOW | RTLD_LOCAL,
+                               "CUDA", "this ep_moe was built without the CUDA toolkit", why);
+}
+
+const MpiModule* mpi_module(std::string* why) {
+  // Global: Open MPI's own plugins resolve libmpi's symbols through it.
+  return load_once<MpiModule>(kMpiBuilt, kMpiModuleFile, EP_MOE_STR(EP_MOE_MPI_MODULE_ENTRY), RTLD_NOW | RTLD_GLOBAL,
+                              "MPI", "this ep_moe was built without MPI (install libopenmpi-dev and rebuild)", why);
 }
 
 }  // namespace backend
