@@ -574,8 +574,7 @@ bool Checkpoint::fused_transposed(int32_t layer) const {
   const TensorInfo* d3 = tensor(layer, R3_DOWN, -1);
   if (naming_ == Naming::HfFusedTransposed) return true;
   if (naming_forced_ || !gu3 || gu3->shape.size() != 3) return false;
-  // GPT-OSS stores x @ W ([E, H, 2I], [E, I, H]), and its I may equal H.
-  if (arch_ == "gpt_oss") return true;
+  if (hf_fused_layout(arch_).x_times_w) return true;  // fixed by the architecture: the shapes may not tell
   const int64_t H = hidden_hint(layer);
   const int64_t a = gu3->shape[1], b = gu3->shape[2];
   if (H > 0 && b == H && a != H) return false;                         // [E, 2I, H]
@@ -691,14 +690,15 @@ LayerShape Checkpoint::layer_shape(int32_t layer) const {
     fail(EP_MOE_ERR_FORMAT, "%s: layer %d has expert biases for %s%s%s but not for %s%s%s", fname.c_str(), layer,
          gb ? "gate " : "", ub ? "up " : "", db ? "down" : "", gb ? "" : "gate ", ub ? "" : "up ", db ? "" : "down");
   s.expert_bias = gb;
-  // GPT-OSS's fused gate_up_proj (and its bias) alternates gate and up
-  // columns (transformers' GptOssExperts: gate_up[..., ::2], [..., 1::2]).
-  s.gate_up_interleaved = format_ == Format::Safetensors && arch_ == "gpt_oss" && gu3 != nullptr;
-  if (arch_ == "gpt_oss" && format_ == Format::Safetensors && !gu3)
+  // An architecture whose fused gate_up_proj (and its bias) alternates gate
+  // and up (GPT-OSS: gate_up[..., ::2], [..., 1::2]).
+  const bool interleaved = format_ == Format::Safetensors && hf_fused_layout(arch_).interleaved;
+  s.gate_up_interleaved = interleaved && gu3 != nullptr;
+  if (interleaved && !gu3)
     fail(EP_MOE_ERR_UNSUPPORTED,
-         "%s: layer %d: a gpt_oss checkpoint without the fused gate_up_proj is not a layout "
-         "ep_moe knows",
-         fname.c_str(), layer);
+         "%s: layer %d: model_type '%s' stores gate and up interleaved in one gate_up_proj, and this layer has none: "
+         "not a layout ep_moe knows",
+         fname.c_str(), layer, arch_.c_str());
 
   return s;
 }

@@ -32,6 +32,8 @@ struct Arch {
   // >= 0: the architecture's fixed activation, whatever hidden_act says
   // (GPT-OSS's config.json says "silu", its code runs the clamped SwiGLU).
   int32_t activation = -1;
+  // How its transformers class stores the fused experts (HfFusedLayout).
+  bool fused_x_times_w = false, gate_up_interleaved = false;
 };
 
 // HF model_type values. Qwen2/3-MoE and OLMoE renormalise only with
@@ -54,7 +56,9 @@ const Arch kHfArchs[] = {
     {"glm4_moe", EP_MOE_SCORING_SIGMOID, 1, 1.0f, Grouping::NoAux, 1, 1},
     // Softmax over the chosen experts' logits (router bias included) is a
     // softmax over all, renormalised.
-    {"gpt_oss", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, false, EP_MOE_ACT_SWIGLU_OAI},
+    // Its experts compute x @ W ([E, H, 2I], [E, I, H]; its I may equal H),
+    // gate and up alternating in gate_up_proj and its bias.
+    {"gpt_oss", EP_MOE_SCORING_SOFTMAX, 1, 1.0f, Grouping::Greedy, 0, 0, false, EP_MOE_ACT_SWIGLU_OAI, true, true},
 };
 
 // GGUF general.architecture values, with llama.cpp's graphs: qwen3moe and
@@ -110,6 +114,15 @@ bool activation_of(const std::string& a, int32_t* out) {
 }
 
 }  // namespace
+
+HfFusedLayout hf_fused_layout(const std::string& model_type) {
+  HfFusedLayout l;
+  if (const Arch* a = find_arch(kHfArchs, model_type)) {
+    l.x_times_w = a->fused_x_times_w;
+    l.interleaved = a->gate_up_interleaved;
+  }
+  return l;
+}
 
 Semantics hf_semantics(const std::map<std::string, double>& nums, const std::map<std::string, std::string>& strs,
                        bool has_config, bool has_score_bias, const std::string& where) {

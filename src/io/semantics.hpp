@@ -36,6 +36,15 @@ struct Semantics {
 Semantics hf_semantics(const std::map<std::string, double>& nums, const std::map<std::string, std::string>& strs,
                        bool has_config, bool has_score_bias, const std::string& where);
 
+// How an HF architecture's code stores its fused 3-D experts where the
+// table fixes it: x @ W ([E, H, 2I] and [E, I, H]; otherwise the shapes
+// tell), and gate / up alternating in gate_up_proj and its bias (otherwise
+// in halves).
+struct HfFusedLayout {
+  bool x_times_w = false, interleaved = false;
+};
+HfFusedLayout hf_fused_layout(const std::string& model_type);
+
 // From GGUF metadata; `arch` is general.architecture.
 Semantics gguf_semantics(const GgufFile& g, const std::string& arch, bool has_score_bias, const std::string& where);
 
