@@ -416,24 +416,7 @@ bool Layer::store(ep_moe_weight_t which, int32_t expert, Source src, bool shard_
     return true;
   }
   if (bias && which != EP_MOE_WEIGHT_ROUTER_BIAS) {
-    const int32_t h = kern_.nr / 2;
-    const int64_t ipad = (I + h - 1) / h * h, hpad = (H + kern_.nr - 1) / kern_.nr * kern_.nr;
-    // Checked for every local slot before any is changed: a bad value stores nothing.
-    std::vector<float> g, u, d;
-    if (which == EP_MOE_WEIGHT_EXPERT_GATE_BIAS || which == EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS)
-      set_bias(g, src, 0, I, ipad, which);
-    if (which == EP_MOE_WEIGHT_EXPERT_UP_BIAS) set_bias(u, src, 0, I, ipad, which);
-    if (which == EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS) set_bias(u, src, I, I, ipad, which);
-    if (which == EP_MOE_WEIGHT_EXPERT_DOWN_BIAS) set_bias(d, src, 0, H, hpad, which);
-    const auto& l2g = map_.local_to_global();
-    for (size_t l = 0; l < experts_.size(); ++l) {
-      if (l2g[l] != expert) continue;
-      Expert& x = experts_[l];
-      if (!g.empty()) x.gate_bias = g;
-      if (!u.empty()) x.up_bias = u;
-      if (!d.empty()) x.down_bias = d;
-    }
-    expert_bias_ = true;
+    store_expert_bias(which, expert, src);
     return true;
   }
   if (routed_weight(which)) {
@@ -497,11 +480,9 @@ bool Layer::store(ep_moe_weight_t which, int32_t expert, Source src, bool shard_
     return true;
   }
   std::vector<float>& dst = which == EP_MOE_WEIGHT_SCORE_BIAS ? bias_ : shared_gate_;
-  std::vector<float> v(dst.size());
-  for (size_t i = 0; i < v.size(); ++i) {
-    v[i] = source_at(src, 0, static_cast<int64_t>(i));
-    EP_MOE_CHECK_ARG(std::isfinite(v[i]), "%s[%zu] is not finite", weight_name(which), i);
-  }
+  std::vector<float> v;
+  const auto n = static_cast<int64_t>(dst.size());
+  set_bias(v, src, 0, n, n, which);
   if (dev_)
     dev_->upload(which == EP_MOE_WEIGHT_SCORE_BIAS ? cuda::Part::Bias : cuda::Part::SharedGate, 0, 0,
                  Source{v.data(), EP_MOE_DTYPE_F32, static_cast<int64_t>(v.size())}, 1, static_cast<int64_t>(v.size()),
@@ -510,6 +491,27 @@ bool Layer::store(ep_moe_weight_t which, int32_t expert, Source src, bool shard_
   (which == EP_MOE_WEIGHT_SCORE_BIAS ? has_bias_ : has_shared_gate_) = true;
   if (which == EP_MOE_WEIGHT_SCORE_BIAS) routing_.bias = bias_.data();
   return true;
+}
+
+void Layer::store_expert_bias(ep_moe_weight_t which, int32_t expert, const Source& src) {
+  const int32_t H = cfg_.hidden_size, I = cfg_.intermediate_size, h = kern_.nr / 2;
+  const int64_t ipad = (I + h - 1) / h * h, hpad = (H + kern_.nr - 1) / kern_.nr * kern_.nr;
+  // Checked for every local slot before any is changed: a bad value stores nothing.
+  std::vector<float> g, u, d;
+  if (which == EP_MOE_WEIGHT_EXPERT_GATE_BIAS || which == EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS)
+    set_bias(g, src, 0, I, ipad, which);
+  if (which == EP_MOE_WEIGHT_EXPERT_UP_BIAS) set_bias(u, src, 0, I, ipad, which);
+  if (which == EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS) set_bias(u, src, I, I, ipad, which);
+  if (which == EP_MOE_WEIGHT_EXPERT_DOWN_BIAS) set_bias(d, src, 0, H, hpad, which);
+  const auto& l2g = map_.local_to_global();
+  for (size_t l = 0; l < experts_.size(); ++l) {
+    if (l2g[l] != expert) continue;
+    Expert& x = experts_[l];
+    if (!g.empty()) x.gate_bias = g;
+    if (!u.empty()) x.up_bias = u;
+    if (!d.empty()) x.down_bias = d;
+  }
+  expert_bias_ = true;
 }
 
 void Layer::set_bias(std::vector<float>& dst, const Source& src, int64_t c0, int64_t n, int64_t padded,

@@ -160,7 +160,9 @@ class Layer {
   // for the re-placement's records and weight units.
   std::unique_ptr<Comm> host_view(Comm* c);
   void set_gate_up_part(Expert& x, int half, const Source& src, int32_t inter, int32_t k);
-  // Stores `n` values of a bias row from `src` (column c0 on) into `dst`,
+  // A routed expert's gate, up, gate_up or down bias into its local slots.
+  void store_expert_bias(ep_moe_weight_t which, int32_t expert, const Source& src);
+  // Stores `n` values of a vector from `src` (column c0 on) into `dst`,
   // zero-padded to `padded` values; rejects values that are not finite.
   void set_bias(std::vector<float>& dst, const Source& src, int64_t c0, int64_t n, int64_t padded,
                 ep_moe_weight_t which) const;
