@@ -146,6 +146,24 @@ class Reader {
   uint64_t bytes_ = 0;
 };
 
+// The bytes of the experts' weight tensors in `experts` of layer L (a fused
+// gate_up counted once), for the progress lines.
+uint64_t expert_bytes(const io::Checkpoint& ck, int32_t L, const std::vector<int32_t>& experts) {
+  uint64_t total = 0;
+  for (int32_t e : experts) {
+    bool fused = false;
+    for (ep_moe_weight_t w : {EP_MOE_WEIGHT_EXPERT_GATE_UP, EP_MOE_WEIGHT_EXPERT_GATE, EP_MOE_WEIGHT_EXPERT_UP,
+                              EP_MOE_WEIGHT_EXPERT_DOWN}) {
+      if (fused && (w == EP_MOE_WEIGHT_EXPERT_GATE || w == EP_MOE_WEIGHT_EXPERT_UP)) continue;  // read as gate_up
+      io::Slice sl;
+      if (!ck.locate(L, w, e, &sl)) continue;
+      total += sl.tensor->bytes_of(static_cast<uint64_t>(sl.rows * sl.cols));
+      fused = fused || w == EP_MOE_WEIGHT_EXPERT_GATE_UP;
+    }
+  }
+  return total;
+}
+
 }  // namespace
 
 uint64_t Layer::load(const io::Checkpoint& ck, int32_t L) { return load_parts(ck, L, LoadParts{}); }
@@ -164,25 +182,14 @@ uint64_t Layer::load_parts(const io::Checkpoint& ck, int32_t L, const LoadParts&
     mismatch("shared-expert intermediate size", s.shared_inter, cfg_.shared_intermediate_size);
 
   Reader rd(ck);
-  // Progress: the bytes this rank will read of its experts, a line when the
-  // load starts and then at most one every kProgressSeconds (at INFO).
+  // Progress (at INFO): what this rank will read of its experts, then at
+  // most a line every kProgressSeconds.
   constexpr double kProgressSeconds = 0.5;
   std::vector<int32_t> todo;
-  uint64_t expert_total = 0;
-  for (int32_t e = 0; e < cfg_.num_experts; ++e) {
-    if (!wants(EP_MOE_WEIGHT_EXPERT_DOWN, e)) continue;
-    if (!parts.experts.empty() && !parts.experts[static_cast<size_t>(e)]) continue;
-    todo.push_back(e);
-    bool fused = false;
-    for (ep_moe_weight_t w : {EP_MOE_WEIGHT_EXPERT_GATE_UP, EP_MOE_WEIGHT_EXPERT_GATE, EP_MOE_WEIGHT_EXPERT_UP,
-                              EP_MOE_WEIGHT_EXPERT_DOWN}) {
-      if (fused && (w == EP_MOE_WEIGHT_EXPERT_GATE || w == EP_MOE_WEIGHT_EXPERT_UP)) continue;  // read as gate_up
-      io::Slice sl;
-      if (!ck.locate(L, w, e, &sl)) continue;
-      expert_total += sl.tensor->bytes_of(static_cast<uint64_t>(sl.rows * sl.cols));
-      fused = fused || w == EP_MOE_WEIGHT_EXPERT_GATE_UP;
-    }
-  }
+  for (int32_t e = 0; e < cfg_.num_experts; ++e)
+    if (wants(EP_MOE_WEIGHT_EXPERT_DOWN, e) && (parts.experts.empty() || parts.experts[static_cast<size_t>(e)]))
+      todo.push_back(e);
+  const uint64_t expert_total = log_enabled(EP_MOE_LOG_INFO) ? expert_bytes(ck, L, todo) : 0;
   if (!todo.empty())
     log(EP_MOE_LOG_INFO, "[EP rank %d/%d] loading layer %d from %s: %zu experts, %llu bytes of expert weights",
         map_.ep_rank(), map_.ep_size(), L, fname, todo.size(), static_cast<unsigned long long>(expert_total));
