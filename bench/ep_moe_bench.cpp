@@ -47,15 +47,6 @@ struct Options {
   int layer = -1;  // -1: the first MoE layer
 };
 
-// The checkpoint's layer as the bench's "checkpoint" preset.
-struct CheckpointLayer {
-  ep_moe_checkpoint_t* ck = nullptr;
-  int32_t layer = -1;
-  ep_moe_layer_config_t config{};
-  presets::Model model{};
-  std::string note;
-};
-
 void usage() {
   std::printf(
       "usage: ep_moe_bench [options]\n"
@@ -387,38 +378,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--ratio-rounds must be >= 0\n");
     return 2;
   }
-  CheckpointLayer ckl;
+  presets::CheckpointLayer ckl;
   if (!o.checkpoint.empty()) {
-    if (ep_moe_checkpoint_open(&ckl.ck, o.checkpoint.c_str(), nullptr) != EP_MOE_OK) {
-      std::fprintf(stderr, "checkpoint: %s\n", ep_moe_last_error());
+    const std::string err = presets::open_checkpoint_layer(o.checkpoint, o.layer, &ckl);
+    if (!err.empty()) {
+      std::fprintf(stderr, "--checkpoint: %s\n", err.c_str());
       return 1;
     }
-    size_t n = 0;
-    ep_moe_checkpoint_moe_layers(nullptr, 0, &n, ckl.ck);
-    std::vector<int32_t> layers(n);
-    ep_moe_checkpoint_moe_layers(layers.data(), n, &n, ckl.ck);
-    ckl.layer = o.layer >= 0 ? o.layer : layers.empty() ? 0 : layers[0];
-    ep_moe_layer_config_init(&ckl.config);
-    if (ep_moe_checkpoint_layer_config(&ckl.config, ckl.ck, ckl.layer) != EP_MOE_OK) {
-      std::fprintf(stderr, "checkpoint layer %d: %s\n", ckl.layer, ep_moe_checkpoint_last_error(ckl.ck));
-      return 1;
-    }
-    const ep_moe_layer_config_t& c = ckl.config;
-    ckl.note = o.checkpoint + " layer " + std::to_string(ckl.layer);
-    ckl.model = presets::Model{"checkpoint",
-                               c.hidden_size,
-                               c.intermediate_size,
-                               c.num_experts,
-                               c.top_k,
-                               c.num_expert_group,
-                               c.topk_group,
-                               c.scoring == EP_MOE_SCORING_SIGMOID,
-                               c.use_score_bias != 0,
-                               c.routed_scaling_factor,
-                               c.shared_intermediate_size,
-                               c.shared_expert_gate != 0,
-                               1,
-                               ckl.note.c_str()};
     o.presets = {"checkpoint"};
     o.dispatch_ranks = -1;
   }

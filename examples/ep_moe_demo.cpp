@@ -40,9 +40,7 @@ struct Options {
   // its router computes the logits when it has one.
   std::string checkpoint;
   int layer = -1;  // -1: the first MoE layer
-  const ep_moe_checkpoint_t* ck = nullptr;
-  ep_moe_layer_config_t ck_config{};
-  bool ck_router = false;
+  const presets::CheckpointLayer* ck = nullptr;
 };
 
 void usage() {
@@ -127,13 +125,13 @@ std::string rank_body(const presets::Model& m, const Options& o, ep_moe_comm_t* 
   }
   ep_moe_layer_config_t lc = presets::layer_config(m, shared, o.dtype, o.dtype, o.tokens, 0);
   if (o.ck) {
-    lc = o.ck_config;
+    lc = o.ck->config;
     lc.act_dtype = o.dtype;
     lc.max_tokens = o.tokens;
   }
   ep_moe_layer_t* layer = nullptr;
   if (ep_moe_layer_create(&layer, &lc, map, comm, nullptr) != EP_MOE_OK) err = ep_moe_last_error();
-  else if (o.ck && ep_moe_layer_load(layer, o.ck, o.layer) != EP_MOE_OK) err = ep_moe_layer_last_error(layer);
+  else if (o.ck && ep_moe_layer_load(layer, o.ck->ck, o.ck->layer) != EP_MOE_OK) err = ep_moe_layer_last_error(layer);
   else if (!o.ck) err = presets::load_random_weights(layer, map, m, shared, 2026);
   ep_moe_expert_map_destroy(map);
   if (!err.empty()) {
@@ -147,7 +145,7 @@ std::string rank_body(const presets::Model& m, const Options& o, ep_moe_comm_t* 
   ep_moe_forward_args_init(&a);
   a.num_tokens = o.tokens;
   a.hidden = hidden.data();
-  a.router_logits = o.ck_router ? nullptr : logits.data();  // the checkpoint's router computes them
+  a.router_logits = o.ck && o.ck->router ? nullptr : logits.data();  // the checkpoint's router computes them
   a.out = out->data();
   for (int it = 0; it <= o.iters; ++it) {
     if (ep_moe_comm_barrier(comm) != EP_MOE_OK) {
@@ -338,40 +336,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   presets::Model custom = *base;
-  ep_moe_checkpoint_t* ck = nullptr;
+  presets::CheckpointLayer ckl;
   if (!o.checkpoint.empty()) {
-    if (!ok(ep_moe_checkpoint_open(&ck, o.checkpoint.c_str(), nullptr), "ep_moe_checkpoint_open")) return 1;
-    size_t n = 0;
-    ep_moe_checkpoint_moe_layers(nullptr, 0, &n, ck);
-    std::vector<int32_t> layers(n);
-    ep_moe_checkpoint_moe_layers(layers.data(), n, &n, ck);
-    if (layers.empty()) {
-      std::fprintf(stderr, "%s has no MoE layer\n", o.checkpoint.c_str());
+    const std::string err = presets::open_checkpoint_layer(o.checkpoint, o.layer, &ckl);
+    if (!err.empty()) {
+      std::fprintf(stderr, "--checkpoint: %s\n", err.c_str());
       return 1;
     }
-    if (o.layer < 0) o.layer = layers[0];
-    ep_moe_layer_config_init(&o.ck_config);
-    if (!ok(ep_moe_checkpoint_layer_config(&o.ck_config, ck, o.layer), "ep_moe_checkpoint_layer_config",
-            ep_moe_checkpoint_last_error(ck)))
-      return 1;
-    // Whether the layer has a router: its tensor is in the checkpoint.
-    ep_moe_tensor_info_t ti;
-    ep_moe_tensor_info_init(&ti);
-    o.ck_router = ep_moe_checkpoint_tensor_info(&ti, ck, o.layer, EP_MOE_WEIGHT_ROUTER, -1) == EP_MOE_OK;
-    o.ck = ck;
-    const ep_moe_layer_config_t& c = o.ck_config;
-    custom.hidden = c.hidden_size;
-    custom.intermediate = c.intermediate_size;
-    custom.experts = c.num_experts;
-    custom.top_k = c.top_k;
-    custom.groups = c.num_expert_group;
-    custom.topk_group = c.topk_group;
-    custom.shared_intermediate = c.shared_intermediate_size;
-    o.shared = c.shared_intermediate_size;
-    static std::string note;
-    note = o.checkpoint + " layer " + std::to_string(o.layer) + " (" + ep_moe_checkpoint_architecture(ck) +
-           (o.ck_router ? ", its router" : ", random logits") + ")";
-    custom.note = note.c_str();
+    o.ck = &ckl;
+    ckl.note = o.checkpoint + " layer " + std::to_string(ckl.layer) + " (" + ckl.arch +
+               (ckl.router ? ", its router)" : ", random logits)");
+    custom = ckl.model;
+    custom.note = ckl.note.c_str();
+    o.shared = custom.shared_intermediate;
   }
   if (o.hidden > 0) custom.hidden = o.hidden;
   if (o.inter > 0) custom.intermediate = o.inter;
@@ -435,6 +412,5 @@ int main(int argc, char** argv) {
   const bool pass = worst <= tol;
   report(o, ("EP=" + std::to_string(o.ep) + " in-process").c_str(), ep_run.seconds, ep_run.load_seconds, one, worst,
          tol);
-  ep_moe_checkpoint_close(ck);
   return pass ? 0 : 1;
 }

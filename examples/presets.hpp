@@ -207,4 +207,57 @@ inline std::vector<float> decode(const std::vector<uint8_t>& b, ep_moe_dtype_t d
   return out;
 }
 
+// One MoE layer of a real checkpoint in place of a preset (the demo's and
+// the bench's --checkpoint): its derived configuration, a Model of its
+// shape, and whether it has a router. Owns the open checkpoint.
+struct CheckpointLayer {
+  ep_moe_checkpoint_t* ck = nullptr;
+  int32_t layer = -1;
+  ep_moe_layer_config_t config{};
+  Model model{};
+  bool router = false;
+  std::string arch;  // ep_moe_checkpoint_architecture()
+  std::string note;  // "PATH layer L (architecture)", the model's note
+  CheckpointLayer() = default;
+  CheckpointLayer(const CheckpointLayer&) = delete;
+  CheckpointLayer& operator=(const CheckpointLayer&) = delete;
+  ~CheckpointLayer() { ep_moe_checkpoint_close(ck); }
+};
+
+// Opens `path` and derives its MoE layer `layer` (-1: the first) into
+// `out`; returns "" or what failed.
+inline std::string open_checkpoint_layer(const std::string& path, int layer, CheckpointLayer* out) {
+  if (ep_moe_checkpoint_open(&out->ck, path.c_str(), nullptr) != EP_MOE_OK) return ep_moe_last_error();
+  size_t n = 0;
+  ep_moe_checkpoint_moe_layers(nullptr, 0, &n, out->ck);
+  std::vector<int32_t> layers(n);
+  ep_moe_checkpoint_moe_layers(layers.data(), n, &n, out->ck);
+  if (layers.empty()) return path + " has no MoE layer";
+  out->layer = layer >= 0 ? layer : layers[0];
+  ep_moe_layer_config_init(&out->config);
+  if (ep_moe_checkpoint_layer_config(&out->config, out->ck, out->layer) != EP_MOE_OK)
+    return ep_moe_checkpoint_last_error(out->ck);
+  ep_moe_tensor_info_t ti;
+  ep_moe_tensor_info_init(&ti);
+  out->router = ep_moe_checkpoint_tensor_info(&ti, out->ck, out->layer, EP_MOE_WEIGHT_ROUTER, -1) == EP_MOE_OK;
+  const ep_moe_layer_config_t& c = out->config;
+  out->arch = ep_moe_checkpoint_architecture(out->ck);
+  out->note = path + " layer " + std::to_string(out->layer) + " (" + out->arch + ")";
+  out->model = Model{"checkpoint",
+                     c.hidden_size,
+                     c.intermediate_size,
+                     c.num_experts,
+                     c.top_k,
+                     c.num_expert_group,
+                     c.topk_group,
+                     c.scoring == EP_MOE_SCORING_SIGMOID,
+                     c.use_score_bias != 0,
+                     c.routed_scaling_factor,
+                     c.shared_intermediate_size,
+                     c.shared_expert_gate != 0,
+                     1,
+                     out->note.c_str()};
+  return "";
+}
+
 }  // namespace presets
