@@ -68,18 +68,24 @@ ep_moe_layer_config_t small_config() {
   return c;
 }
 
+// The small layer shape of these tests (H 16, I 8, E 4, top-2).
+harness::Case small_case(int max_tokens) {
+  harness::Case c;
+  c.spec.H = 16;
+  c.spec.I = 8;
+  c.spec.E = 4;
+  c.spec.K = 2;
+  c.max_tokens = max_tokens;
+  return c;
+}
+
 // A ready single-rank layer with random weights.
 struct Ready {
   harness::Case c;
   ref::Weights w;
   ep_moe_layer_t* layer = nullptr;
-  explicit Ready(std::mt19937& rng, int shared = 8) {
-    c.spec.H = 16;
-    c.spec.I = 8;
-    c.spec.E = 4;
-    c.spec.K = 2;
+  explicit Ready(std::mt19937& rng, int shared = 8) : c(small_case(8)) {
     c.spec.Is = shared;
-    c.max_tokens = 8;
     w = ref::random_weights(c.spec, ref::F32, rng);
     MapHolder m(1, 0, 4);
     const auto lc = harness::layer_config(c);
@@ -659,14 +665,9 @@ TEST_CASE("bad logits in a long batch: the first bad token is named, whichever t
 TEST_CASE("expert and router biases: shapes, values, completeness, and the logits the router computes",
           "[layer][bias]") {
   std::mt19937 rng(test_seed());
-  harness::Case c;
-  c.spec.H = 16;
-  c.spec.I = 8;
-  c.spec.E = 4;
-  c.spec.K = 2;
+  harness::Case c = small_case(8);
   c.spec.act = ref::SWIGLU_OAI;
   c.spec.expert_bias = true;
-  c.max_tokens = 8;
   const ref::Weights w = ref::random_weights(c.spec, ref::F32, rng);
   MapHolder m(1, 0, 4);
   const auto lc = harness::layer_config(c);
@@ -751,12 +752,7 @@ TEST_CASE("expert and router biases: shapes, values, completeness, and the logit
 TEST_CASE("a communicator destroyed before the layer that borrows it: INVALID_HANDLE, never a crash",
           "[layer][errors][lifetime]") {
   std::mt19937 rng(test_seed());
-  harness::Case c;
-  c.spec.H = 16;
-  c.spec.I = 8;
-  c.spec.E = 4;
-  c.spec.K = 2;
-  c.max_tokens = 4;
+  const harness::Case c = small_case(4);
   const ref::Weights w = ref::random_weights(c.spec, ref::F32, rng);
   for (bool as_dp : {false, true}) {
     INFO("the handle is also the DP group: " << as_dp);
