@@ -53,6 +53,15 @@ func runRank(t *testing.T, ep, r int32, comm *Comm) []float32 {
 	return forward(t, l)
 }
 
+// expertWeights gives expert e's fixed gate, up and down weights.
+func expertWeights(e int) (g, u, d []float32) {
+	g, u, d = make([]float32, iSize*hSize), make([]float32, iSize*hSize), make([]float32, hSize*iSize)
+	for i := range g {
+		g[i], u[i], d[i] = value(e, i, 11), value(e+1, i, 13), value(e+2, i, 9)
+	}
+	return g, u, d
+}
+
 // makeLayer creates rank r's layer with every weight set.
 func makeLayer(t *testing.T, ep, r int32, comm *Comm) *Layer {
 	m, err := NewExpertMap(ExpertMapConfig{EPSize: ep, EPRank: r, Experts: eCount})
@@ -66,13 +75,8 @@ func makeLayer(t *testing.T, ep, r int32, comm *Comm) *Layer {
 		t.Error(err)
 		return nil
 	}
-	g := make([]float32, iSize*hSize)
-	u := make([]float32, iSize*hSize)
-	d := make([]float32, hSize*iSize)
 	for e := 0; e < eCount; e++ {
-		for i := range g {
-			g[i], u[i], d[i] = value(e, i, 11), value(e+1, i, 13), value(e+2, i, 9)
-		}
+		g, u, d := expertWeights(e)
 		for _, w := range []struct {
 			which      Weight
 			v          []float32
@@ -301,13 +305,8 @@ func dtypeLayer(t *testing.T, act DType) *Layer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := make([]float32, iSize*hSize)
-	u := make([]float32, iSize*hSize)
-	d := make([]float32, hSize*iSize)
 	for e := 0; e < eCount; e++ {
-		for i := range g {
-			g[i], u[i], d[i] = value(e, i, 11), value(e+1, i, 13), value(e+2, i, 9)
-		}
+		g, u, d := expertWeights(e)
 		gb := make([]uint16, len(g))
 		ToBF16(gb, g) // the 16-bit entry point, converted back to f32 by the layer
 		FromBF16(g, gb)
