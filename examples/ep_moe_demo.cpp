@@ -274,8 +274,10 @@ int run_mpi(const presets::Model& m, const Options& o, int shared, const std::ve
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  Options o;
+// Reads the command line into `o`; -1 to go on, else the exit code (0 after
+// --help or --list, 2 for a bad argument).
+int parse_options(int argc, char** argv, Options* op) {
+  Options& o = *op;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -330,6 +332,12 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  return -1;
+}
+
+int main(int argc, char** argv) {
+  Options o;
+  if (const int rc = parse_options(argc, argv, &o); rc >= 0) return rc;
   const presets::Model* base = presets::find(o.model);
   if (!base) {
     std::fprintf(stderr, "unknown model %s (try --list)\n", o.model.c_str());

@@ -75,6 +75,88 @@ bool info(ep_moe_tensor_info_t* ti, const ep_moe_checkpoint_t* ck, int32_t layer
 
 }  // namespace
 
+// Prints MoE layer L: the semantics derived, every weight's tensor and
+// bytes, and with ep > 0 what each rank would read. 0, 1 when its config
+// cannot be derived (said), -1 on a failure that ends the program.
+int print_layer(const ep_moe_checkpoint_t* ck, int32_t L, int ep, int placement) {
+  ep_moe_layer_config_t lc;
+  ep_moe_layer_config_init(&lc);
+  if (ep_moe_checkpoint_layer_config(&lc, ck, L) != EP_MOE_OK) {
+    std::printf("\nlayer %d: %s\n", L, ep_moe_checkpoint_last_error(ck));
+    return 1;
+  }
+  // The semantics ep_moe derived for the architecture (docs/formats.md).
+  const char* act = lc.activation == EP_MOE_ACT_GELU         ? "gelu"
+                    : lc.activation == EP_MOE_ACT_GELU_TANH  ? "gelu-tanh"
+                    : lc.activation == EP_MOE_ACT_SWIGLU_OAI ? "clamped swiglu (gpt-oss)"
+                                                             : "silu";
+  std::printf("\nlayer %d: H %d, I %d, %d experts, top-%d, %s%s%s, groups %d/%d, scale %g, %s, shared %d%s\n", L,
+              lc.hidden_size, lc.intermediate_size, lc.num_experts, lc.top_k,
+              lc.scoring == EP_MOE_SCORING_SIGMOID ? "sigmoid" : "softmax", lc.renormalize ? " renormalised" : "",
+              lc.use_score_bias ? " + bias" : "", lc.num_expert_group, lc.topk_group,
+              static_cast<double>(lc.routed_scaling_factor), act, lc.shared_intermediate_size,
+              lc.shared_expert_gate ? " (gated)" : "");
+  std::printf("  %-19s %-8s %-26s %12s  %s\n", "weight", "dtype", "shape", "bytes", "tensor");
+  const ep_moe_weight_t ws[] = {
+      EP_MOE_WEIGHT_EXPERT_GATE_UP, EP_MOE_WEIGHT_EXPERT_GATE,         EP_MOE_WEIGHT_EXPERT_UP,
+      EP_MOE_WEIGHT_EXPERT_DOWN,    EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS, EP_MOE_WEIGHT_EXPERT_GATE_BIAS,
+      EP_MOE_WEIGHT_EXPERT_UP_BIAS, EP_MOE_WEIGHT_EXPERT_DOWN_BIAS,    EP_MOE_WEIGHT_ROUTER,
+      EP_MOE_WEIGHT_ROUTER_BIAS,    EP_MOE_WEIGHT_SCORE_BIAS,          EP_MOE_WEIGHT_SHARED_GATE,
+      EP_MOE_WEIGHT_SHARED_UP,      EP_MOE_WEIGHT_SHARED_DOWN,         EP_MOE_WEIGHT_SHARED_EXPERT_GATE};
+  double expert_bytes = 0, other_bytes = 0, shared_bytes = 0;
+  bool fused = false, fused_bias = false;
+  for (ep_moe_weight_t w : ws) {
+    const bool routed = w <= EP_MOE_WEIGHT_EXPERT_GATE_UP ||
+                        (w >= EP_MOE_WEIGHT_EXPERT_GATE_BIAS && w <= EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS);
+    if (fused && (w == EP_MOE_WEIGHT_EXPERT_GATE || w == EP_MOE_WEIGHT_EXPERT_UP)) continue;
+    if (fused_bias && (w == EP_MOE_WEIGHT_EXPERT_GATE_BIAS || w == EP_MOE_WEIGHT_EXPERT_UP_BIAS)) continue;
+    ep_moe_tensor_info_t ti;
+    if (!info(&ti, ck, L, w, routed ? 0 : -1)) continue;
+    if (w == EP_MOE_WEIGHT_EXPERT_GATE_UP) fused = true;
+    if (w == EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS) fused_bias = true;
+    std::string shape = "[";
+    for (int d = 0; d < ti.n_dims; ++d) shape += (d ? ", " : "") + std::to_string(ti.dims[d]);
+    shape += "]";
+    std::printf("  %-19s %-8s %-26s %12s  %s%s\n", weight_label(w), ti.dtype, shape.c_str(),
+                human(static_cast<double>(ti.bytes)).c_str(), ti.name, ti.transposed ? " (transposed)" : "");
+    if (routed) expert_bytes += static_cast<double>(ti.bytes);
+    else if (w >= EP_MOE_WEIGHT_SHARED_GATE && w <= EP_MOE_WEIGHT_SHARED_DOWN)
+      shared_bytes += static_cast<double>(ti.bytes);
+    else other_bytes += static_cast<double>(ti.bytes);
+  }
+  std::printf("  per expert %s, all experts %s, router/bias/gates %s, shared expert %s\n", human(expert_bytes).c_str(),
+              human(expert_bytes * lc.num_experts).c_str(), human(other_bytes).c_str(), human(shared_bytes).c_str());
+  if (ep <= 0) return 0;
+  std::printf("  EP %d (%s placement):\n  %-5s %-24s %12s %12s %12s\n", ep,
+              placement == EP_MOE_PLACEMENT_LINEAR ? "linear" : "round-robin", "rank", "experts", "expert bytes",
+              "other bytes", "total");
+  for (int r = 0; r < ep; ++r) {
+    ep_moe_expert_map_config_t mc;
+    ep_moe_expert_map_config_init(&mc);
+    mc.ep_size = ep;
+    mc.ep_rank = r;
+    ep_moe_expert_map_config_from_layer(&mc, &lc);
+    mc.placement = placement;
+    ep_moe_expert_map_t* map = nullptr;
+    if (ep_moe_expert_map_create(&map, &mc) != EP_MOE_OK) {
+      std::fprintf(stderr, "%s\n", ep_moe_last_error());
+      return -1;
+    }
+    int32_t nl = 0;
+    ep_moe_expert_map_get_attr(&nl, map, EP_MOE_MAP_ATTR_NUM_LOCAL_ROUTED);
+    std::vector<int32_t> l2g(static_cast<size_t>(nl));
+    ep_moe_expert_map_copy_table(l2g.data(), l2g.size(), map, EP_MOE_MAP_TABLE_LOCAL_TO_GLOBAL);
+    ep_moe_expert_map_destroy(map);
+    // The shared expert's intermediate columns split like the experts.
+    const int64_t Is = lc.shared_intermediate_size;
+    const double shard = Is > 0 ? static_cast<double>(Is / ep + (r < Is % ep ? 1 : 0)) / static_cast<double>(Is) : 0;
+    const double mine = expert_bytes * nl, other = other_bytes + shared_bytes * shard;
+    std::printf("  %-5d %-24s %12s %12s %12s\n", r, ranges(l2g).c_str(), human(mine).c_str(), human(other).c_str(),
+                human(mine + other).c_str());
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     usage();
@@ -163,83 +245,9 @@ int main(int argc, char** argv) {
   }
   for (int32_t L : moe) {
     if (layer_only >= 0 && L != layer_only) continue;
-    ep_moe_layer_config_t lc;
-    ep_moe_layer_config_init(&lc);
-    if (ep_moe_checkpoint_layer_config(&lc, ck, L) != EP_MOE_OK) {
-      std::printf("\nlayer %d: %s\n", L, ep_moe_checkpoint_last_error(ck));
-      rc = 1;
-      continue;
-    }
-    // The semantics ep_moe derived for the architecture (docs/formats.md).
-    const char* act = lc.activation == EP_MOE_ACT_GELU         ? "gelu"
-                      : lc.activation == EP_MOE_ACT_GELU_TANH  ? "gelu-tanh"
-                      : lc.activation == EP_MOE_ACT_SWIGLU_OAI ? "clamped swiglu (gpt-oss)"
-                                                               : "silu";
-    std::printf("\nlayer %d: H %d, I %d, %d experts, top-%d, %s%s%s, groups %d/%d, scale %g, %s, shared %d%s\n", L,
-                lc.hidden_size, lc.intermediate_size, lc.num_experts, lc.top_k,
-                lc.scoring == EP_MOE_SCORING_SIGMOID ? "sigmoid" : "softmax", lc.renormalize ? " renormalised" : "",
-                lc.use_score_bias ? " + bias" : "", lc.num_expert_group, lc.topk_group,
-                static_cast<double>(lc.routed_scaling_factor), act, lc.shared_intermediate_size,
-                lc.shared_expert_gate ? " (gated)" : "");
-    std::printf("  %-19s %-8s %-26s %12s  %s\n", "weight", "dtype", "shape", "bytes", "tensor");
-    const ep_moe_weight_t ws[] = {
-        EP_MOE_WEIGHT_EXPERT_GATE_UP, EP_MOE_WEIGHT_EXPERT_GATE,         EP_MOE_WEIGHT_EXPERT_UP,
-        EP_MOE_WEIGHT_EXPERT_DOWN,    EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS, EP_MOE_WEIGHT_EXPERT_GATE_BIAS,
-        EP_MOE_WEIGHT_EXPERT_UP_BIAS, EP_MOE_WEIGHT_EXPERT_DOWN_BIAS,    EP_MOE_WEIGHT_ROUTER,
-        EP_MOE_WEIGHT_ROUTER_BIAS,    EP_MOE_WEIGHT_SCORE_BIAS,          EP_MOE_WEIGHT_SHARED_GATE,
-        EP_MOE_WEIGHT_SHARED_UP,      EP_MOE_WEIGHT_SHARED_DOWN,         EP_MOE_WEIGHT_SHARED_EXPERT_GATE};
-    double expert_bytes = 0, other_bytes = 0, shared_bytes = 0;
-    bool fused = false, fused_bias = false;
-    for (ep_moe_weight_t w : ws) {
-      const bool routed = w <= EP_MOE_WEIGHT_EXPERT_GATE_UP ||
-                          (w >= EP_MOE_WEIGHT_EXPERT_GATE_BIAS && w <= EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS);
-      if (fused && (w == EP_MOE_WEIGHT_EXPERT_GATE || w == EP_MOE_WEIGHT_EXPERT_UP)) continue;
-      if (fused_bias && (w == EP_MOE_WEIGHT_EXPERT_GATE_BIAS || w == EP_MOE_WEIGHT_EXPERT_UP_BIAS)) continue;
-      ep_moe_tensor_info_t ti;
-      if (!info(&ti, ck, L, w, routed ? 0 : -1)) continue;
-      if (w == EP_MOE_WEIGHT_EXPERT_GATE_UP) fused = true;
-      if (w == EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS) fused_bias = true;
-      std::string shape = "[";
-      for (int d = 0; d < ti.n_dims; ++d) shape += (d ? ", " : "") + std::to_string(ti.dims[d]);
-      shape += "]";
-      std::printf("  %-19s %-8s %-26s %12s  %s%s\n", weight_label(w), ti.dtype, shape.c_str(),
-                  human(static_cast<double>(ti.bytes)).c_str(), ti.name, ti.transposed ? " (transposed)" : "");
-      if (routed) expert_bytes += static_cast<double>(ti.bytes);
-      else if (w >= EP_MOE_WEIGHT_SHARED_GATE && w <= EP_MOE_WEIGHT_SHARED_DOWN)
-        shared_bytes += static_cast<double>(ti.bytes);
-      else other_bytes += static_cast<double>(ti.bytes);
-    }
-    std::printf("  per expert %s, all experts %s, router/bias/gates %s, shared expert %s\n",
-                human(expert_bytes).c_str(), human(expert_bytes * lc.num_experts).c_str(), human(other_bytes).c_str(),
-                human(shared_bytes).c_str());
-    if (ep <= 0) continue;
-    std::printf("  EP %d (%s placement):\n  %-5s %-24s %12s %12s %12s\n", ep,
-                placement == EP_MOE_PLACEMENT_LINEAR ? "linear" : "round-robin", "rank", "experts", "expert bytes",
-                "other bytes", "total");
-    for (int r = 0; r < ep; ++r) {
-      ep_moe_expert_map_config_t mc;
-      ep_moe_expert_map_config_init(&mc);
-      mc.ep_size = ep;
-      mc.ep_rank = r;
-      ep_moe_expert_map_config_from_layer(&mc, &lc);
-      mc.placement = placement;
-      ep_moe_expert_map_t* map = nullptr;
-      if (ep_moe_expert_map_create(&map, &mc) != EP_MOE_OK) {
-        std::fprintf(stderr, "%s\n", ep_moe_last_error());
-        return 1;
-      }
-      int32_t nl = 0;
-      ep_moe_expert_map_get_attr(&nl, map, EP_MOE_MAP_ATTR_NUM_LOCAL_ROUTED);
-      std::vector<int32_t> l2g(static_cast<size_t>(nl));
-      ep_moe_expert_map_copy_table(l2g.data(), l2g.size(), map, EP_MOE_MAP_TABLE_LOCAL_TO_GLOBAL);
-      ep_moe_expert_map_destroy(map);
-      // The shared expert's intermediate columns split like the experts.
-      const int64_t Is = lc.shared_intermediate_size;
-      const double shard = Is > 0 ? static_cast<double>(Is / ep + (r < Is % ep ? 1 : 0)) / static_cast<double>(Is) : 0;
-      const double mine = expert_bytes * nl, other = other_bytes + shared_bytes * shard;
-      std::printf("  %-5d %-24s %12s %12s %12s\n", r, ranges(l2g).c_str(), human(mine).c_str(), human(other).c_str(),
-                  human(mine + other).c_str());
-    }
+    const int r = print_layer(ck, L, ep, placement);
+    if (r < 0) return 1;
+    rc |= r;
   }
   ep_moe_checkpoint_close(ck);
   return rc;
