@@ -17,11 +17,6 @@ extern "C" __attribute__((visibility("default"))) const ep_moe::backend::CudaMod
 #else
     false,
 #endif
-#if defined(EP_MOE_HAVE_CUBLASLT)
-    true,
-#else
-    false,
-#endif
     &ep_moe::cuda::create_device_layer,
     &ep_moe::make_nccl_comm,
     &ep_moe::make_nccl_comm_from_id,

@@ -26,12 +26,12 @@ namespace ep_moe {
 namespace backend {
 
 // Bumped whenever a table or a type it passes changes.
-constexpr uint32_t kModuleAbi = 2;
+constexpr uint32_t kModuleAbi = 3;
 
 struct CudaModule {
   uint32_t abi;
-  int32_t version;                  // EP_MOE_VERSION_NUMBER of the build
-  bool cuda_layer, nccl, cublaslt;  // what it was built with
+  int32_t version;        // EP_MOE_VERSION_NUMBER of the build
+  bool cuda_layer, nccl;  // what it was built with (the CUDA layer runs its GEMMs on cuBLASLt)
   std::unique_ptr<cuda::DeviceLayer> (*create_device_layer)(const cuda::DeviceLayerDesc&);
   std::unique_ptr<Comm> (*make_nccl_comm)(void* nccl_comm, int timeout_ms);
   std::unique_ptr<Comm> (*make_nccl_comm_from_id)(const void* id, size_t id_size, int rank, int size, int timeout_ms);

@@ -48,9 +48,8 @@ int ep_moe_has_feature(uint32_t features) {
   if (features & cuda_bits) {
     try {
       if (const backend::CudaModule* m = backend::cuda_module(nullptr)) {
-        if (m->cuda_layer) built |= EP_MOE_FEATURE_CUDA;
+        if (m->cuda_layer) built |= EP_MOE_FEATURE_CUDA | EP_MOE_FEATURE_CUBLASLT;
         if (m->nccl) built |= EP_MOE_FEATURE_NCCL;
-        if (m->cublaslt) built |= EP_MOE_FEATURE_CUBLASLT;
       }
     } catch (...) {  // never throws across the C boundary
     }
