@@ -25,4 +25,21 @@ inline float source_at(const Source& s, int64_t r, int64_t c) {
   return load_elem(s.data, s.dtype, i);
 }
 
+// Which weight of a layer a backend stores (layer/backend.hpp). Gate and
+// up are rows [0, I) and [I, 2I) of one [2I, H] matrix per expert; the
+// bias parts are f32 vectors (one row).
+enum class WeightPart {
+  ExpertGateUp,
+  ExpertDown,
+  SharedGateUp,
+  SharedDown,
+  Router,
+  Bias,        // the score-correction bias [E]
+  SharedGate,  // the shared expert's sigmoid gate [H]
+  ExpertGateBias,
+  ExpertUpBias,
+  ExpertDownBias,
+  RouterBias,
+};
+
 }  // namespace ep_moe

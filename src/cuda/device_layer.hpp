@@ -46,9 +46,9 @@ struct DeviceLayerDesc {
   size_t staging_bytes = 0;
 };
 
-// Which weight a device upload fills. Gate and up are rows [0, I) and
-// [I, 2I) of one [2I, H] matrix per expert.
-enum class Part { ExpertGateUp, ExpertDown, SharedGateUp, SharedDown, Router, Bias, SharedGate };
+// Which weight a device upload fills (common/source.hpp; the layer never
+// gives a device layer biases of experts or of the router).
+using Part = WeightPart;
 
 // The routing inputs of one forward (device pointers, this rank's tokens).
 struct DeviceForward {

@@ -1,7 +1,9 @@
-// The all-to-all dispatch (EP_MOE_DISPATCH_ALLTOALL and AUTO's choice): which
-// replica a pair goes to, the send plan of a step, the count exchange, the
-// row exchange there and back, and the combine of the returned rows
-// (docs/architecture.md, "All-to-all dispatch").
+// The all-to-all dispatch's host plan (EP_MOE_DISPATCH_ALLTOALL and AUTO's
+// choice), the same for every backend: which replica a pair goes to, the
+// send plan of a step, the count exchange, the per-rank counts of the row
+// exchange there and back, and the returned rows of each own token
+// (docs/architecture.md, "All-to-all dispatch"). The backends move the rows
+// (CpuBackend::alltoall, CudaBackend::alltoall).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -10,7 +12,6 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "layer/layer.hpp"
-#include "layer/stages.hpp"
 
 namespace ep_moe {
 
@@ -128,11 +129,11 @@ void Layer::exchange_counts(Comm* ep, const ep_moe_forward_args_t& a) {
   mine[0] = a.num_tokens;
   for (int32_t d = 0; d < n; ++d) mine[static_cast<size_t>(d) + 1] = send_count_[static_cast<size_t>(d)];
   // A CUDA layer over NCCL: these host counts go through device memory.
-  Comm* c = ep_staged_ ? ep_staged_.get() : ep;
+  Comm* c = ep_host_ ? ep_host_.get() : ep;
   c->all_gather(count_matrix_.data(), mine.data(), static_cast<size_t>(n) + 1, EP_MOE_DTYPE_I64, a.stream);
 }
 
-int32_t Layer::cheaper_mode(const ep_moe_forward_args_t& a, Gather gather, int64_t padded) {
+int32_t Layer::cheaper_mode(Gather gather, int64_t padded) {
   // Bytes that cross between ranks in this step, summed over the ranks; the
   // same numbers on every rank, so every rank makes the same choice.
   const int32_t n = map_.ep_size();
@@ -164,114 +165,14 @@ int32_t Layer::cheaper_mode(const ep_moe_forward_args_t& a, Gather gather, int64
     log(EP_MOE_LOG_INFO, "[EP rank %d/%d] dispatch %s: all-to-all moves %.0f bytes, all-gather %.0f", map_.ep_rank(), n,
         mode == EP_MOE_DISPATCH_ALLTOALL ? "all-to-all" : "all-gather", a2a, ag);
   last_auto_choice_ = mode;
-  (void)a;
   return mode;
 }
 
-void Layer::forward_alltoall(const ep_moe_forward_args_t& a, void* stages) {
-  Stages& st = *static_cast<Stages*>(stages);
-  const int64_t T = a.num_tokens, H = cfg_.hidden_size, K = cfg_.top_k;
-  const int32_t n = map_.ep_size(), me = map_.ep_rank();
-  const auto adt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
-  const size_t es = dtype_size(adt);
-  const size_t words = row_bytes_ / 4;
-  const int32_t* ids = ids_.data();
-  const float* w = weights_.data();
-
-  PhaseTimes ph;
-  int64_t t0 = now_ns();
-
-  // 1. Pack one row per (token, destination): pairs computed elsewhere are
-  //    -1. Blocks of rows in parallel; row_ids_ holds K ids per pool thread.
-  char* send = send_rows_.data<char>();
-  const int64_t rows_out = send_off_[static_cast<size_t>(n)];
-  pool_->parallel_ranges(static_cast<size_t>(rows_out), 16, [&](size_t b0, size_t b1, int tid) {
-    int32_t* row_ids = row_ids_.data() + static_cast<size_t>(tid) * static_cast<size_t>(K);
-    const auto j0 = static_cast<int64_t>(b0), j1 = static_cast<int64_t>(b1);
-    int32_t d =
-        static_cast<int32_t>(std::upper_bound(send_off_.begin(), send_off_.begin() + n + 1, j0) - send_off_.begin()) -
-        1;
-    for (int64_t j = j0; j < j1; ++j) {
-      while (j >= send_off_[static_cast<size_t>(d) + 1]) ++d;
-      const int64_t t = send_tok_[static_cast<size_t>(j)];
-      for (int64_t k = 0; k < K; ++k) row_ids[k] = dest_[static_cast<size_t>(t * K + k)] == d ? ids[t * K + k] : -1;
-      pack_row(send + static_cast<size_t>(j) * row_bytes_,
-               static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), row_ids, w + t * K);
-    }
-  });
-  ph.permute_bytes += rows_out * static_cast<int64_t>(row_bytes_);
-  ph.permute_ns += now_ns() - t0;
-  const int64_t R = a2a_counts(words, true);
-  st.enter()->all_to_all_v(recv_rows_.data(), recv_words_.data(), send, counts_.data(), EP_MOE_DTYPE_I32, a.stream);
-
-  // 2. Experts on the rows received; partial sums back in the same order.
-  float* x = x_f32_.data<float>();
-  t0 = now_ns();
-  ph.permute_bytes += unpack_rows(R, x);
-  ph.permute_ns += now_ns() - t0;
-  int64_t skipped = 0;
-  const int64_t local_pairs = plan_pairs(R, ids_.data(), weights_.data(), true, &skipped);
-  float* acc = acc_.data<float>();
-  zero_rows(acc, R);
-  add_expert_jobs();
-  t0 = now_ns();
-  // With direct_bf16_ the experts read the bf16 rows where they arrived.
-  const uint16_t* x16 = direct_bf16_ ? recv_rows_.data<uint16_t>() : nullptr;
-  ffn_->run(*pool_, jobs_, x, H, acc, H, act_, x16, static_cast<int64_t>(row_bytes_ / 2));
-  ph.expert_ns += now_ns() - t0;
-  record(R, local_pairs, 0);
-  char* back = ret_send_.data<char>();
-  t0 = now_ns();
-  narrow_rows(acc, R, back);
-  ph.combine_bytes += R * H * 4;
-  ph.combine_ns += now_ns() - t0;
-  a2a_counts(static_cast<size_t>(H), false);
-  st.enter()->all_to_all_v(ret_recv_.data(), recv_words_.data(), back, counts_.data(), adt, a.stream);
-
-  // 3. Own tokens: the shared expert (whole, replicated), then the partial
-  //    sums in destination-rank order.
-  const float* ox = own_x_.data<float>();
-  float* oacc = own_acc_.data<float>();
-  if (shared_count_ > 0) {  // the shared expert (and its gate) read own rows in f32
-    t0 = now_ns();
-    ox = f32_rows(a.hidden, T, own_x_.data<float>(), &ph.permute_bytes);
-    ph.permute_ns += now_ns() - t0;
-  }
-  jobs_.clear();
-  add_shared_job(ox, 0, T, nullptr);
-  const bool any_shared = !jobs_.empty();
-  if (any_shared) {
-    zero_rows(oacc, T);
-    t0 = now_ns();
-    ffn_->run(*pool_, jobs_, ox, H, oacc, H, act_);
-    ph.expert_ns += now_ns() - t0;
-  }
-  t0 = now_ns();
-  // Per token: its shared-expert result (if any) plus the rows that came
-  // back for it (in destination-rank order, as sent), summed in f32 a few
-  // columns at a time in registers (Kernels::sum_rows) and written out
-  // once, in the activation dtype: no f32 row is written and read back,
-  // per returned row or per token. Without a shared expert the sum starts
-  // from the first returned row. Token blocks in parallel.
-  const char* ret = ret_recv_.data<char>();
-  const int64_t back_rows = send_off_[static_cast<size_t>(n)];
-  build_back_csr(T);
-  for (int64_t q = 0; q < back_rows; ++q)
-    back_ptr_[static_cast<size_t>(q)] = ret + static_cast<size_t>(back_idx_[static_cast<size_t>(q)] * H) * es;
-  pool_->parallel_ranges(static_cast<size_t>(T), 8, [&](size_t b0, size_t b1, int) {
-    for (auto t = static_cast<int64_t>(b0); t < static_cast<int64_t>(b1); ++t) {
-      const int64_t q = back_off_[static_cast<size_t>(t)];
-      const auto nq = static_cast<int>(back_off_[static_cast<size_t>(t) + 1] - q);
-      kern_.sum_rows(static_cast<char*>(a.out) + t * H * static_cast<int64_t>(es), adt,
-                     any_shared ? oacc + t * H : nullptr, back_ptr_.data() + q, nq, adt, 0, H);
-    }
-  });
-  ph.combine_bytes += (back_rows + T) * H * static_cast<int64_t>(es);
-  ph.combine_ns += now_ns() - t0;
-  last_phase_ = ph;
-  int64_t sent_pairs = 0;
-  for (int64_t i = 0; i < T * K; ++i) sent_pairs += dest_[static_cast<size_t>(i)] != me;
-  last_skipped_ = sent_pairs;
+int64_t Layer::sent_pairs(int64_t T) const {
+  const int32_t me = map_.ep_rank();
+  int64_t n = 0;
+  for (int64_t i = 0; i < T * cfg_.top_k; ++i) n += dest_[static_cast<size_t>(i)] != me;
+  return n;
 }
 
 }  // namespace ep_moe

@@ -1,17 +1,19 @@
+// The layer's shared half: configuration checks, the weights' placement
+// (one step feeding either backend), the forward's order of steps and
+// collectives, load statistics and attributes (backend.hpp says what the
+// backends do).
 #include "layer/layer.hpp"
-#include "layer/stages.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <exception>
-#include <mutex>
 
 #include "common/dtype.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "layer/stages.hpp"
 
 namespace ep_moe {
 
@@ -20,38 +22,16 @@ constexpr int32_t kMaxHidden = 1 << 16;
 constexpr int32_t kMaxInter = 1 << 18;
 constexpr int32_t kMaxTokens = 1 << 20;
 constexpr int32_t kMaxThreads = 1024;
-constexpr int64_t kMaxChunkPairs = 2048;
 
 size_t round_up(size_t v, size_t m) { return (v + m - 1) / m * m; }
 
-// Row conversions with the CPU's vector converters (the dtype chosen once
-// per row, bit-identical to the scalar ones).
-void convert_row(const cpu::Kernels& k, float* dst, const void* src, ep_moe_dtype_t dt, int64_t n) {
-  if (dt == EP_MOE_DTYPE_F32) std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-  else if (dt == EP_MOE_DTYPE_BF16) k.from_bf16(static_cast<const uint16_t*>(src), dst, n);
-  else k.from_f16(static_cast<const uint16_t*>(src), dst, n);
-}
-
-void store_row(const cpu::Kernels& k, void* dst, ep_moe_dtype_t dt, const float* src, int64_t n) {
-  if (dt == EP_MOE_DTYPE_F32) std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-  else if (dt == EP_MOE_DTYPE_BF16) k.to_bf16(src, static_cast<uint16_t*>(dst), n);
-  else k.to_f16(src, static_cast<uint16_t*>(dst), n);
-}
-
-// Whether p may be read and written as floats.
-bool float_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % alignof(float) == 0; }
-
-// Whether two regions of `bytes` bytes share any byte.
 // Tensors of one routed expert (addressed by global expert id).
 bool routed_weight(ep_moe_weight_t w) {
   return w <= EP_MOE_WEIGHT_EXPERT_GATE_UP ||
          (w >= EP_MOE_WEIGHT_EXPERT_GATE_BIAS && w <= EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS);
 }
 
-bool overlap(const void* a, const void* b, size_t bytes) {
-  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
-  return x < y + bytes && y < x + bytes;
-}
+bool shared_weight(ep_moe_weight_t w) { return w >= EP_MOE_WEIGHT_SHARED_GATE && w <= EP_MOE_WEIGHT_SHARED_GATE_UP; }
 
 }  // namespace
 
@@ -152,7 +132,7 @@ void validate(const ep_moe_layer_config_t& c, const ExpertMap& map, const Comm* 
 }  // namespace
 
 Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm, Comm* dp_comm)
-    : cfg_(c), map_(map), ep_(ep_comm), dp_(dp_comm), kern_(cpu::layer_kernels()) {
+    : cfg_(c), map_(map), ep_(ep_comm), dp_(dp_comm) {
   validate(c, map, ep_, dp_);
   if (dp_) {
     dp_size_ = dp_->size();
@@ -168,9 +148,8 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
   routing_.num_group = c.num_expert_group;
   routing_.topk_group = c.topk_group;
   routing_.scale = c.routed_scaling_factor;
-  act_ = static_cast<cpu::Act>(c.activation);
 
-  experts_.resize(static_cast<size_t>(map.num_local_routed()));
+  held_.resize(static_cast<size_t>(map.num_local_routed()));
   if (c.shared_intermediate_size > 0) {
     // All-gather: TP-sharded over the EP group (seed 000); all-to-all: whole.
     shared_begin_ = shared_replicated_ ? 0 : split_start(c.shared_intermediate_size, map.ep_size(), map.ep_rank());
@@ -185,12 +164,14 @@ Layer::Layer(const ep_moe_layer_config_t& c, const ExpertMap& map, Comm* ep_comm
 
   int64_t max_rows = 0, send_rows = 0, fanout = 0;
   size_plans(&max_rows, &send_rows, &fanout);
-  if (c.device >= 0) {  // routes on the device: no route_scratch_
-    setup_device(max_rows, send_rows, fanout);
-    return;
-  }
-  setup_cpu(max_rows, send_rows, fanout);
+  backend_ = c.device >= 0 ? make_cuda_backend(*this, max_rows, send_rows, fanout)
+                           : make_cpu_backend(*this, max_rows, send_rows, fanout);
+  // Host data over a device communicator (the count exchange, the load's
+  // all-reduce) is staged through the backend's device.
+  if (ep_ && ep_->device_memory()) ep_host_ = backend_->host_view(ep_);
 }
+
+Layer::~Layer() = default;
 
 void Layer::build_replica_tables() {
   // Replica slots of each expert (one slot unless the map has replicas).
@@ -205,7 +186,7 @@ void Layer::build_replica_tables() {
 }
 
 void Layer::size_plans(int64_t* max_rows_out, int64_t* send_rows_out, int64_t* fanout_out) {
-  // Sizes of the flows and the host plan arrays, for either backend.
+  // Sizes of the flows and of the host plan arrays, for either backend.
   const ep_moe_layer_config_t& c = cfg_;
   const int64_t H = c.hidden_size, K = c.top_k, T = c.max_tokens;
   const size_t es = dtype_size(static_cast<ep_moe_dtype_t>(c.act_dtype));
@@ -223,7 +204,6 @@ void Layer::size_plans(int64_t* max_rows_out, int64_t* send_rows_out, int64_t* f
     send_tok_.resize(static_cast<size_t>(T * fanout));
     back_off_.resize(static_cast<size_t>(T) + 1);
     back_idx_.resize(static_cast<size_t>(T * fanout));
-    back_ptr_.resize(static_cast<size_t>(T * fanout));
     dest_.resize(static_cast<size_t>(T * K));
     send_count_.resize(static_cast<size_t>(ep));
     send_off_.resize(static_cast<size_t>(ep) + 1);
@@ -240,58 +220,6 @@ void Layer::size_plans(int64_t* max_rows_out, int64_t* send_rows_out, int64_t* f
   *max_rows_out = max_rows;
   *send_rows_out = send_rows;
   *fanout_out = fanout;
-}
-
-void Layer::setup_cpu(int64_t max_rows, int64_t send_rows, int64_t fanout) {
-  // CPU threads and workspace, sized for max_tokens: forward allocates nothing.
-  const ep_moe_layer_config_t& c = cfg_;
-  const int64_t H = c.hidden_size, K = c.top_k, T = c.max_tokens, ep = map_.ep_size();
-  const size_t es = dtype_size(static_cast<ep_moe_dtype_t>(c.act_dtype));
-  const bool a2a = dispatch_ != EP_MOE_DISPATCH_ALLGATHER;
-  pool_ = std::make_unique<cpu::ThreadPool>(cpu::default_threads(c.num_threads, ep_ ? ep_->ranks_in_process() : 1));
-  if (send_rows > 0) send_rows_.resize(static_cast<size_t>(send_rows) * row_bytes_);
-  if (dp_size_ > 1 || a2a) recv_rows_.resize(static_cast<size_t>(max_rows) * row_bytes_);
-  const int64_t chunk = std::min<int64_t>(kMaxChunkPairs, max_rows * (K + 1));
-  ffn_ = std::make_unique<cpu::FfnRunner>(kern_, c.hidden_size, std::max(c.intermediate_size, shared_count_), chunk,
-                                          c.act_dtype == EP_MOE_DTYPE_BF16);
-  // bf16 rows straight into the bf16 tiles: no f32 copy of the rows at all.
-  direct_bf16_ = ffn_->reads_bf16_rows(static_cast<ep_moe_dtype_t>(c.weight_dtype));
-  if (!direct_bf16_) x_f32_.resize(static_cast<size_t>(max_rows * H) * 4);
-  acc_.resize(static_cast<size_t>(max_rows * H) * 4);
-  own_x_.resize(static_cast<size_t>(T * H) * 4);
-  if (c.act_dtype != EP_MOE_DTYPE_F32) partial_.resize(static_cast<size_t>(max_all_ * H) * es);
-  if (dp_is_ep_) scatter_out_.resize(static_cast<size_t>(T * H) * es);
-  if (a2a) {
-    own_acc_.resize(static_cast<size_t>(T * H) * 4);
-    ret_send_.resize(static_cast<size_t>(ep * T * H) * es);
-    ret_recv_.resize(static_cast<size_t>(T * fanout * H) * es);
-    row_ids_.resize(static_cast<size_t>(K) * static_cast<size_t>(pool_->size()));  // K per pool thread
-  }
-  logits_.resize(static_cast<size_t>(T) * static_cast<size_t>(c.num_experts));
-  pair_rows_.resize(static_cast<size_t>(max_rows * K));
-  pair_weights_.resize(static_cast<size_t>(max_rows * K));
-  pair_count_.resize(experts_.size() + 1);
-  cursor_.resize(experts_.size());
-  shared_rows_.resize(static_cast<size_t>(max_rows));
-  shared_weights_.resize(static_cast<size_t>(max_rows));
-  jobs_.reserve(experts_.size() + 1);
-  ffn_->reserve_jobs(jobs_.capacity());
-  route_scratch_.resize(static_cast<size_t>(pool_->size()));
-  for (RouteScratch& rs : route_scratch_) rs.fit(routing_);
-
-  log(EP_MOE_LOG_INFO,
-      "[EP rank %d/%d] MoE layer: H=%d I=%d E=%d top-%d, %d local experts, shared shard %d/%d, dp %d, %d threads, "
-      "%s kernels",
-      map_.ep_rank(), map_.ep_size(), c.hidden_size, c.intermediate_size, c.num_experts, c.top_k,
-      map_.num_local_routed(), shared_count_, c.shared_intermediate_size, dp_size_, pool_->size(),
-      cpu::isa_name(kern_.isa));
-}
-
-void Layer::set_gate_up_part(Expert& x, int half, const Source& src, int32_t inter, int32_t k) {
-  if (x.gate_up.empty())
-    cpu::init_gate_up(x.gate_up, inter, k, kern_.nr, static_cast<ep_moe_dtype_t>(cfg_.weight_dtype));
-  cpu::pack_gate_up_half(x.gate_up, src, half, inter);
-  (half == 0 ? x.has_gate : x.has_up) = true;
 }
 
 void Layer::expected_shape(ep_moe_weight_t which, int64_t* rows, int64_t* cols) const {
@@ -382,141 +310,156 @@ bool Layer::set_weight(ep_moe_weight_t which, int32_t expert, const void* data, 
                    static_cast<long long>(r), static_cast<long long>(c), static_cast<long long>(rows),
                    static_cast<long long>(cols));
   EP_MOE_CHECK_ARG(data != nullptr, "data is NULL");
-  const int on = dev_ && wants(which, expert) ? dev_->pointer_device(data) : -1;
+  const int on = wants(which, expert) ? backend_->pointer_device(data) : -1;
   EP_MOE_CHECK_ARG(on < 0 || on == cfg_.device, "data is memory of CUDA device %d, but the layer is on device %d", on,
                    cfg_.device);
-  if (on >= 0) {
-    if (which == EP_MOE_WEIGHT_SCORE_BIAS || which == EP_MOE_WEIGHT_SHARED_EXPERT_GATE) {
-      // Small vectors the layer checks on the host: read them back first.
-      std::vector<char> host(static_cast<size_t>(rows * cols) * dtype_size(dtype));
-      dev_->download(host.data(), data, host.size());
-      return store(which, expert, Source{host.data(), dtype, cols}, false);
-    }
-    return store(which, expert, Source{data, dtype, cols}, false, true);
+  if (on >= 0 && (which == EP_MOE_WEIGHT_SCORE_BIAS || which == EP_MOE_WEIGHT_SHARED_EXPERT_GATE)) {
+    // Small vectors the layer checks on the host: read them back first.
+    std::vector<char> host(static_cast<size_t>(rows * cols) * dtype_size(dtype));
+    backend_->download(host.data(), data, host.size());
+    return store(which, expert, Source{host.data(), dtype, cols}, false);
   }
-  return store(which, expert, Source{data, dtype, cols}, false);
-}
-
-bool Layer::wants(ep_moe_weight_t which, int32_t expert) const {
-  if (routed_weight(which)) return map_.is_local(expert);
-  if (which >= EP_MOE_WEIGHT_SHARED_GATE && which <= EP_MOE_WEIGHT_SHARED_GATE_UP) return shared_count_ > 0;
-  return true;
+  return store(which, expert, Source{data, dtype, cols}, false, on >= 0);
 }
 
 bool Layer::store(ep_moe_weight_t which, int32_t expert, Source src, bool shard_relative, bool src_on_device) {
-  const int32_t H = cfg_.hidden_size, I = cfg_.intermediate_size, Is = cfg_.shared_intermediate_size;
-  const auto wdt = static_cast<ep_moe_dtype_t>(cfg_.weight_dtype);
   if (!wants(which, expert)) return false;  // another rank's expert, or no shared shard here
-  const bool bias = (which >= EP_MOE_WEIGHT_EXPERT_GATE_BIAS && which <= EP_MOE_WEIGHT_ROUTER_BIAS);
-  if (dev_ && bias)
+  const bool bias = which >= EP_MOE_WEIGHT_EXPERT_GATE_BIAS && which <= EP_MOE_WEIGHT_ROUTER_BIAS;
+  if (bias && !backend_->takes_biases())
     fail(EP_MOE_ERR_UNSUPPORTED, "%s: the CUDA backend has no expert or router biases; use a CPU layer (device -1)",
          weight_name(which));
-  if (dev_ && which != EP_MOE_WEIGHT_SCORE_BIAS && which != EP_MOE_WEIGHT_SHARED_EXPERT_GATE) {
-    store_device(which, expert, src, shard_relative, src_on_device);
-    return true;
-  }
   if (bias && which != EP_MOE_WEIGHT_ROUTER_BIAS) {
     store_expert_bias(which, expert, src);
-    return true;
-  }
-  if (routed_weight(which)) {
-    const auto& l2g = map_.local_to_global();
-    for (size_t l = 0; l < experts_.size(); ++l) {
-      if (l2g[l] != expert) continue;
-      Expert& x = experts_[l];
-      switch (which) {
-        case EP_MOE_WEIGHT_EXPERT_GATE: set_gate_up_part(x, 0, src, I, H); break;
-        case EP_MOE_WEIGHT_EXPERT_UP: set_gate_up_part(x, 1, src, I, H); break;
-        case EP_MOE_WEIGHT_EXPERT_GATE_UP: {
-          Source up = src;
-          up.row0 += I;  // logical rows, whatever the storage order
-          set_gate_up_part(x, 0, src, I, H);
-          set_gate_up_part(x, 1, up, I, H);
-          break;
-        }
-        default:
-          cpu::pack(x.down, src, H, I, kern_.nr, wdt);
-          x.has_down = true;
-          break;
-      }
-    }
-    return true;
-  }
-  if (which >= EP_MOE_WEIGHT_SHARED_GATE && which <= EP_MOE_WEIGHT_SHARED_GATE_UP) {
-    // Full-size sources are narrowed to this rank's shard here; a loader that
-    // already read only the shard passes shard-relative coordinates.
-    const int64_t first = shard_relative ? 0 : shared_begin_;
-    const int64_t up_rows = shard_relative ? shared_count_ : Is;
-    switch (which) {
-      case EP_MOE_WEIGHT_SHARED_GATE:
-      case EP_MOE_WEIGHT_SHARED_UP:
-        src.row0 += first;
-        set_gate_up_part(shared_, which == EP_MOE_WEIGHT_SHARED_GATE ? 0 : 1, src, shared_count_, H);
-        break;
-      case EP_MOE_WEIGHT_SHARED_GATE_UP: {
-        Source up = src;
-        src.row0 += first;
-        up.row0 += up_rows + first;
-        set_gate_up_part(shared_, 0, src, shared_count_, H);
-        set_gate_up_part(shared_, 1, up, shared_count_, H);
-        break;
-      }
-      default:  // down [H, Is]: this rank's columns
-        src.col0 += first;
-        cpu::pack(shared_.down, src, H, shared_count_, kern_.nr, wdt);
-        shared_.has_down = true;
-        break;
-    }
-    return true;
-  }
-  if (which == EP_MOE_WEIGHT_ROUTER) {
+  } else if (routed_weight(which)) {
+    store_routed(which, expert, src, src_on_device);
+  } else if (shared_weight(which)) {
+    store_shared(which, src, shard_relative, src_on_device);
+  } else if (which == EP_MOE_WEIGHT_ROUTER) {
     // Routing is sensitive: the router is kept in f32 whatever weight_dtype says.
-    cpu::pack(router_, src, cfg_.num_experts, H, kern_.nr, EP_MOE_DTYPE_F32);
+    backend_->put(WeightPart::Router, -1, 0, src, cfg_.num_experts, cfg_.hidden_size, src_on_device);
     has_router_ = true;
-    return true;
+  } else {
+    store_vector(which, src);
   }
-  if (which == EP_MOE_WEIGHT_ROUTER_BIAS) {
-    set_bias(router_bias_, src, 0, cfg_.num_experts, cfg_.num_experts, which);
-    return true;
-  }
-  std::vector<float>& dst = which == EP_MOE_WEIGHT_SCORE_BIAS ? bias_ : shared_gate_;
-  std::vector<float> v;
-  const auto n = static_cast<int64_t>(dst.size());
-  set_bias(v, src, 0, n, n, which);
-  if (dev_)
-    dev_->upload(which == EP_MOE_WEIGHT_SCORE_BIAS ? cuda::Part::Bias : cuda::Part::SharedGate, 0, 0,
-                 Source{v.data(), EP_MOE_DTYPE_F32, static_cast<int64_t>(v.size())}, 1, static_cast<int64_t>(v.size()),
-                 false);
-  dst = std::move(v);
-  (which == EP_MOE_WEIGHT_SCORE_BIAS ? has_bias_ : has_shared_gate_) = true;
-  if (which == EP_MOE_WEIGHT_SCORE_BIAS) routing_.bias = bias_.data();
   return true;
 }
 
+void Layer::store_routed(ep_moe_weight_t which, int32_t expert, const Source& src, bool on_device) {
+  const int32_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  Source up = src;
+  up.row0 += I;  // gate_up's up half: logical rows, whatever the storage order
+  const auto& l2g = map_.local_to_global();
+  for (size_t l = 0; l < held_.size(); ++l) {
+    if (l2g[l] != expert) continue;
+    const auto slot = static_cast<int32_t>(l);
+    Held& x = held_[l];
+    switch (which) {
+      case EP_MOE_WEIGHT_EXPERT_GATE:
+        backend_->put(WeightPart::ExpertGateUp, slot, 0, src, I, H, on_device);
+        x.gate = true;
+        break;
+      case EP_MOE_WEIGHT_EXPERT_UP:
+        backend_->put(WeightPart::ExpertGateUp, slot, I, src, I, H, on_device);
+        x.up = true;
+        break;
+      case EP_MOE_WEIGHT_EXPERT_GATE_UP:
+        backend_->put(WeightPart::ExpertGateUp, slot, 0, src, I, H, on_device);
+        backend_->put(WeightPart::ExpertGateUp, slot, I, up, I, H, on_device);
+        x.gate = x.up = true;
+        break;
+      default:
+        backend_->put(WeightPart::ExpertDown, slot, 0, src, H, I, on_device);
+        x.down = true;
+        break;
+    }
+  }
+}
+
+void Layer::store_shared(ep_moe_weight_t which, Source src, bool shard_relative, bool on_device) {
+  // Full-size sources are narrowed to this rank's shard here; a loader that
+  // already read only the shard passes shard-relative coordinates.
+  const int32_t H = cfg_.hidden_size, S = shared_count_;
+  const int64_t first = shard_relative ? 0 : shared_begin_;
+  const int64_t up_rows = shard_relative ? S : cfg_.shared_intermediate_size;
+  switch (which) {
+    case EP_MOE_WEIGHT_SHARED_GATE:
+    case EP_MOE_WEIGHT_SHARED_UP: {
+      const bool gate = which == EP_MOE_WEIGHT_SHARED_GATE;
+      src.row0 += first;
+      backend_->put(WeightPart::SharedGateUp, -1, gate ? 0 : S, src, S, H, on_device);
+      (gate ? shared_held_.gate : shared_held_.up) = true;
+      break;
+    }
+    case EP_MOE_WEIGHT_SHARED_GATE_UP: {
+      Source up = src;
+      src.row0 += first;
+      up.row0 += up_rows + first;
+      backend_->put(WeightPart::SharedGateUp, -1, 0, src, S, H, on_device);
+      backend_->put(WeightPart::SharedGateUp, -1, S, up, S, H, on_device);
+      shared_held_.gate = shared_held_.up = true;
+      break;
+    }
+    default:  // down [H, Is]: this rank's columns
+      src.col0 += first;
+      backend_->put(WeightPart::SharedDown, -1, 0, src, H, S, on_device);
+      shared_held_.down = true;
+      break;
+  }
+}
+
 void Layer::store_expert_bias(ep_moe_weight_t which, int32_t expert, const Source& src) {
-  const int32_t H = cfg_.hidden_size, I = cfg_.intermediate_size, h = kern_.nr / 2;
-  const int64_t ipad = (I + h - 1) / h * h, hpad = (H + kern_.nr - 1) / kern_.nr * kern_.nr;
-  // Checked for every local slot before any is changed: a bad value stores nothing.
+  const int32_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  // Checked before any slot is changed: a bad value stores nothing.
   std::vector<float> g, u, d;
   if (which == EP_MOE_WEIGHT_EXPERT_GATE_BIAS || which == EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS)
-    set_bias(g, src, 0, I, ipad, which);
-  if (which == EP_MOE_WEIGHT_EXPERT_UP_BIAS) set_bias(u, src, 0, I, ipad, which);
-  if (which == EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS) set_bias(u, src, I, I, ipad, which);
-  if (which == EP_MOE_WEIGHT_EXPERT_DOWN_BIAS) set_bias(d, src, 0, H, hpad, which);
+    set_bias(g, src, 0, I, which);
+  if (which == EP_MOE_WEIGHT_EXPERT_UP_BIAS) set_bias(u, src, 0, I, which);
+  if (which == EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS) set_bias(u, src, I, I, which);
+  if (which == EP_MOE_WEIGHT_EXPERT_DOWN_BIAS) set_bias(d, src, 0, H, which);
+  auto vec = [](const std::vector<float>& v) {
+    return Source{v.data(), EP_MOE_DTYPE_F32, static_cast<int64_t>(v.size())};
+  };
   const auto& l2g = map_.local_to_global();
-  for (size_t l = 0; l < experts_.size(); ++l) {
+  for (size_t l = 0; l < held_.size(); ++l) {
     if (l2g[l] != expert) continue;
-    Expert& x = experts_[l];
-    if (!g.empty()) x.gate_bias = g;
-    if (!u.empty()) x.up_bias = u;
-    if (!d.empty()) x.down_bias = d;
+    const auto slot = static_cast<int32_t>(l);
+    Held& x = held_[l];
+    if (!g.empty()) backend_->put(WeightPart::ExpertGateBias, slot, 0, vec(g), 1, I, false);
+    if (!u.empty()) backend_->put(WeightPart::ExpertUpBias, slot, 0, vec(u), 1, I, false);
+    if (!d.empty()) backend_->put(WeightPart::ExpertDownBias, slot, 0, vec(d), 1, H, false);
+    x.gate_bias = x.gate_bias || !g.empty();
+    x.up_bias = x.up_bias || !u.empty();
+    x.down_bias = x.down_bias || !d.empty();
   }
   expert_bias_ = true;
 }
 
-void Layer::set_bias(std::vector<float>& dst, const Source& src, int64_t c0, int64_t n, int64_t padded,
-                     ep_moe_weight_t which) const {
-  std::vector<float> v(static_cast<size_t>(padded), 0.0f);
+void Layer::store_vector(ep_moe_weight_t which, const Source& src) {
+  std::vector<float> v;
+  const int64_t n = which == EP_MOE_WEIGHT_SHARED_EXPERT_GATE ? cfg_.hidden_size : cfg_.num_experts;
+  set_bias(v, src, 0, n, which);
+  const Source vs{v.data(), EP_MOE_DTYPE_F32, n};
+  switch (which) {
+    case EP_MOE_WEIGHT_SCORE_BIAS:
+      backend_->put(WeightPart::Bias, -1, 0, vs, 1, n, false);
+      bias_ = std::move(v);
+      has_bias_ = true;
+      routing_.bias = bias_.data();
+      break;
+    case EP_MOE_WEIGHT_SHARED_EXPERT_GATE:
+      backend_->put(WeightPart::SharedGate, -1, 0, vs, 1, n, false);
+      shared_gate_ = std::move(v);
+      has_shared_gate_ = true;
+      break;
+    default:  // the router bias
+      backend_->put(WeightPart::RouterBias, -1, 0, vs, 1, n, false);
+      router_bias_ = std::move(v);
+      break;
+  }
+}
+
+void Layer::set_bias(std::vector<float>& dst, const Source& src, int64_t c0, int64_t n, ep_moe_weight_t which) const {
+  std::vector<float> v(static_cast<size_t>(n), 0.0f);
   for (int64_t i = 0; i < n; ++i) {
     v[static_cast<size_t>(i)] = source_at(src, 0, c0 + i);
     EP_MOE_CHECK_ARG(std::isfinite(v[static_cast<size_t>(i)]), "%s[%lld] is not finite", weight_name(which),
@@ -527,21 +470,21 @@ void Layer::set_bias(std::vector<float>& dst, const Source& src, int64_t c0, int
 
 std::string Layer::missing_weight() const {
   const auto& l2g = map_.local_to_global();
-  for (size_t l = 0; l < experts_.size(); ++l) {
-    const Expert& x = experts_[l];
-    const char* what = !x.has_gate ? "gate_proj" : !x.has_up ? "up_proj" : !x.has_down ? "down_proj" : nullptr;
+  for (size_t l = 0; l < held_.size(); ++l) {
+    const Held& x = held_[l];
+    const char* what = !x.gate ? "gate_proj" : !x.up ? "up_proj" : !x.down ? "down_proj" : nullptr;
     if (!what && expert_bias_)
-      what = x.gate_bias.empty()   ? "gate_proj bias (other experts have biases)"
-             : x.up_bias.empty()   ? "up_proj bias (other experts have biases)"
-             : x.down_bias.empty() ? "down_proj bias (other experts have biases)"
-                                   : nullptr;
+      what = !x.gate_bias   ? "gate_proj bias (other experts have biases)"
+             : !x.up_bias   ? "up_proj bias (other experts have biases)"
+             : !x.down_bias ? "down_proj bias (other experts have biases)"
+                            : nullptr;
     if (what) return format("expert %d (local %zu) has no %s", l2g[l], l, what);
   }
   if (shared_count_ > 0) {
-    const char* what = !shared_.has_gate   ? "gate_proj"
-                       : !shared_.has_up   ? "up_proj"
-                       : !shared_.has_down ? "down_proj"
-                                           : nullptr;
+    const char* what = !shared_held_.gate   ? "gate_proj"
+                       : !shared_held_.up   ? "up_proj"
+                       : !shared_held_.down ? "down_proj"
+                                            : nullptr;
     if (what) return format("the shared expert has no %s", what);
   }
   if (cfg_.shared_expert_gate && !has_shared_gate_) return "the shared expert gate weight is not set";
@@ -549,42 +492,10 @@ std::string Layer::missing_weight() const {
   return "";
 }
 
-void Layer::compute_logits(const float* x, int64_t T, float* logits) {
-  const int nr = kern_.nr, mr = kern_.mr;
-  const int64_t H = cfg_.hidden_size, E = cfg_.num_experts;
-  const size_t blocks = static_cast<size_t>((T + mr - 1) / mr);
-  pool_->parallel_for(blocks, [&](size_t b, int) {
-    const float* a[16];
-    float c[16 * 32];
-    const int64_t t0 = static_cast<int64_t>(b) * mr;
-    const int m = static_cast<int>(std::min<int64_t>(mr, T - t0));
-    for (int i = 0; i < m; ++i) a[i] = x + (t0 + i) * H;
-    for (int32_t p = 0; p < router_.panels(); ++p) {
-      kern_.gemm[EP_MOE_DTYPE_F32](m, a, static_cast<int>(H), router_.panel(p), c, nr,
-                                   p + 1 < router_.panels() ? router_.panel(p + 1) : nullptr);
-      const int64_t col0 = static_cast<int64_t>(p) * nr;
-      const int64_t n = std::min<int64_t>(nr, E - col0);
-      const float* rb = router_bias_.empty() ? nullptr : router_bias_.data() + col0;
-      for (int i = 0; i < m; ++i)
-        for (int64_t j = 0; j < n; ++j) logits[(t0 + i) * E + col0 + j] = c[i * nr + j] + (rb ? rb[j] : 0.0f);
-    }
-  });
-}
-
-cpu::ExpertJob Layer::job(const Expert& x, int32_t inter, const int32_t* rows, const float* weights, int64_t n) {
-  cpu::ExpertJob j;
-  j.gate_up = &x.gate_up;
-  j.down = &x.down;
-  j.inter = inter;
-  j.rows = rows;
-  j.weights = weights;
-  j.n = n;
-  if (!x.gate_bias.empty()) {  // all three, or missing_weight() stopped the forward
-    j.gate_bias = x.gate_bias.data();
-    j.up_bias = x.up_bias.data();
-    j.down_bias = x.down_bias.data();
-  }
-  return j;
+bool Layer::wants(ep_moe_weight_t which, int32_t expert) const {
+  if (routed_weight(which)) return map_.is_local(expert);
+  if (which >= EP_MOE_WEIGHT_SHARED_GATE && which <= EP_MOE_WEIGHT_SHARED_GATE_UP) return shared_count_ > 0;
+  return true;
 }
 
 int32_t Layer::pick_slot(int32_t expert, int64_t token, int32_t k) const {
@@ -649,58 +560,6 @@ void Layer::validate_forward(const ep_moe_forward_args_t& a, int64_t* dp_offset,
   if (!missing.empty()) fail(EP_MOE_ERR_STATE, "weights incomplete: %s", missing.c_str());
 }
 
-// Tokens are routed independently, in blocks spread over the pool: routing
-// is ~1 µs per token at qwen3's 128 experts (~2 µs at DeepSeek-V3's 256,
-// grouped), 4 % of a T=512 forward when one thread did it all. A block's
-// error (NaN logits) is caught in the job (jobs must not throw) and the
-// earliest failing block's rethrown after, so the message names the first
-// bad token, as when one thread routed them all.
-void Layer::route_all(const void* logits, ep_moe_dtype_t dtype, int64_t T) {
-  int32_t* ids = ids_.data();
-  float* w = weights_.data();
-  const int64_t E = cfg_.num_experts, K = cfg_.top_k;
-  constexpr int64_t kBlock = 16;
-  if (!pool_ || pool_->size() == 1 || T <= kBlock) {
-    route(logits, dtype, T, routing_, ids, w, 0, route_scratch_.data());
-    return;
-  }
-  const size_t es = dtype_size(dtype);
-  std::mutex mu;
-  int64_t failed_at = T;
-  std::exception_ptr error;
-  pool_->parallel_ranges(static_cast<size_t>(T), kBlock, [&](size_t b, size_t e, int tid) {
-    const auto t0 = static_cast<int64_t>(b), n = static_cast<int64_t>(e - b);
-    try {
-      route(static_cast<const char*>(logits) + static_cast<size_t>(t0 * E) * es, dtype, n, routing_, ids + t0 * K,
-            w + t0 * K, t0, &route_scratch_[static_cast<size_t>(tid)]);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (t0 < failed_at) {
-        failed_at = t0;
-        error = std::current_exception();
-      }
-    }
-  });
-  if (error) std::rethrow_exception(error);
-}
-
-void Layer::route_tokens(const ep_moe_forward_args_t& a) {
-  const int64_t T = a.num_tokens, K = cfg_.top_k;
-  if (T == 0) return;
-  int32_t* ids = ids_.data();
-  float* w = weights_.data();
-  if (a.router_logits) {
-    route_all(a.router_logits, static_cast<ep_moe_dtype_t>(cfg_.router_dtype), T);
-  } else if (!a.topk_ids) {  // the layer's own router: logits = x Wr^T in f32
-    compute_logits(f32_rows(a.hidden, T, own_x_.data<float>(), nullptr), T, logits_.data());
-    route_all(logits_.data(), EP_MOE_DTYPE_F32, T);
-  } else {
-    check_topk(a.topk_ids, a.topk_weights, T, cfg_.top_k, cfg_.num_experts);
-    std::memcpy(ids, a.topk_ids, static_cast<size_t>(T * K) * 4);
-    std::memcpy(w, a.topk_weights, static_cast<size_t>(T * K) * 4);
-  }
-}
-
 void Layer::forward(const ep_moe_forward_args_t& a) {
   Stages st;
   const bool decide = dispatch_ != EP_MOE_DISPATCH_ALLGATHER;
@@ -713,25 +572,17 @@ void Layer::forward(const ep_moe_forward_args_t& a) {
   try {
     int64_t dp_offset = 0, padded = 0;
     Gather gather = Gather::None;
-    // The pool's threads, if they went to sleep since the last forward,
-    // wake up during validation and routing rather than at the first loop
-    // (a kernel wake-up costs ~50 us on a VM: 1-15 % of a decode step).
-    if (pool_) pool_->wake();
+    // What the step uses wakes up during validation and routing rather
+    // than at its first loop (a thread's wake-up costs ~50 us on a VM).
+    backend_->wake();
     validate_forward(a, &dp_offset, &padded, &gather);
-    // CUDA layers route on the device (layer_device.cpp); `capturing`: their
-    // stream is being captured into a CUDA graph.
-    bool capturing = false;
-    if (dev_) {
-      capturing = route_device(a);
-    } else {
-      route_tokens(a);
-    }
+    backend_->route(a);
     int32_t mode = EP_MOE_DISPATCH_ALLGATHER;
     if (decide) {
-      if (dev_) choice_to_host(a, capturing);
+      backend_->choice_to_host(a);
       plan_sends(a.num_tokens);
       exchange_counts(st.enter(), a);
-      mode = dispatch_ == EP_MOE_DISPATCH_AUTO ? cheaper_mode(a, gather, padded) : EP_MOE_DISPATCH_ALLTOALL;
+      mode = dispatch_ == EP_MOE_DISPATCH_AUTO ? cheaper_mode(gather, padded) : EP_MOE_DISPATCH_ALLTOALL;
       if (mode == EP_MOE_DISPATCH_ALLGATHER) {
         if (dp_size_ > 1) st.add(dp_);
         st.add(ep_);
@@ -741,15 +592,9 @@ void Layer::forward(const ep_moe_forward_args_t& a) {
       }
     }
     if (mode == EP_MOE_DISPATCH_ALLGATHER) {
-      if (dev_) {
-        device_allgather(a, &st, dp_offset, padded, gather, capturing);
-      } else {
-        forward_allgather(a, &st, dp_offset, padded, gather);
-      }
-    } else if (dev_) {
-      device_alltoall(a, &st);
+      backend_->allgather(a, st, dp_offset, padded, gather);
     } else {
-      forward_alltoall(a, &st);
+      backend_->alltoall(a, st);
     }
     last_gather_ = mode == EP_MOE_DISPATCH_ALLGATHER ? gather : Gather::None;
     last_dispatch_ = mode;
@@ -763,360 +608,62 @@ void Layer::forward(const ep_moe_forward_args_t& a) {
   }
 }
 
-int64_t Layer::plan_pairs(int64_t rows, const int32_t* ids, const float* w, bool assigned, int64_t* skipped) {
-  const int64_t K = cfg_.top_k;
-  const int32_t n_local = static_cast<int32_t>(experts_.size());
-  const int32_t my_begin = map_.rank_slot_begin()[static_cast<size_t>(map_.ep_rank())];
-  const bool weight_zero = cfg_.skip_mode == EP_MOE_SKIP_WEIGHT_ZERO;
-  const auto& slot_rank = map_.slot_rank();
-  // Local slot of pair (t, k), or -1 when another rank computes it. `assigned`
-  // rows (all-to-all) carry -1 for pairs sent elsewhere.
-  auto local_of = [&](int64_t t, int64_t k, float* weight, bool* real) -> int32_t {
-    const int32_t e = ids[t * K + k];
-    *weight = w[t * K + k];
-    *real = true;
-    if (assigned) return e < 0 ? -1 : map_.global_to_local(e);
-    const int32_t slot = pick_slot(e, t, static_cast<int32_t>(k));
-    if (slot_rank[static_cast<size_t>(slot)] == map_.ep_rank()) return slot - my_begin;
-    if (weight_zero && n_local > 0) {  // the seed: computed anyway, weight 0
-      *weight = 0.0f;
-      *real = false;
-      return e % n_local;
-    }
-    return -1;
-  };
-  std::fill(pair_count_.begin(), pair_count_.end(), 0);
-  *skipped = 0;
-  for (int64_t t = 0; t < rows; ++t) {
-    if (!assigned && ids[t * K] < 0) continue;  // DP padding
-    for (int64_t k = 0; k < K; ++k) {
-      float wt;
-      bool real;
-      const int32_t l = local_of(t, k, &wt, &real);
-      if (l >= 0) ++pair_count_[static_cast<size_t>(l) + 1];
-      else if (!assigned) ++*skipped;
-      if (l >= 0 && real) ++load_[static_cast<size_t>(ids[t * K + k])];  // the load window
-    }
+int64_t Layer::gathered_rows(const ep_moe_forward_args_t& a, Gather gather, int64_t padded, size_t words) {
+  if (gather == Gather::Padded) return padded * dp_size_;
+  int64_t T_all = 0;
+  for (int i = 0; i < dp_size_; ++i) {
+    counts_[static_cast<size_t>(i)] = static_cast<size_t>(a.dp_token_counts[i]) * words;
+    T_all += a.dp_token_counts[i];
   }
-  for (int32_t l = 0; l < n_local; ++l) pair_count_[static_cast<size_t>(l) + 1] += pair_count_[static_cast<size_t>(l)];
-  for (int32_t l = 0; l < n_local; ++l) cursor_[static_cast<size_t>(l)] = pair_count_[static_cast<size_t>(l)];
-  for (int64_t t = 0; t < rows; ++t) {
-    if (!assigned && ids[t * K] < 0) continue;
-    for (int64_t k = 0; k < K; ++k) {
-      float wt;
-      bool real;
-      const int32_t l = local_of(t, k, &wt, &real);
-      if (l < 0) continue;
-      const int32_t at = cursor_[static_cast<size_t>(l)]++;
-      pair_rows_[static_cast<size_t>(at)] = static_cast<int32_t>(t);
-      pair_weights_[static_cast<size_t>(at)] = wt;
-    }
-  }
-  return pair_count_[static_cast<size_t>(n_local)];
+  return T_all;
 }
 
-void Layer::add_expert_jobs() {
-  jobs_.clear();
-  for (size_t l = 0; l < experts_.size(); ++l) {
-    const int64_t b = pair_count_[l], n = pair_count_[l + 1] - b;
-    if (n > 0)
-      jobs_.push_back(job(experts_[l], cfg_.intermediate_size, pair_rows_.data() + b, pair_weights_.data() + b, n));
-  }
-}
-
-void Layer::add_shared_job(const float* x, int64_t row0, int64_t n_rows, const int32_t* ids, const uint16_t* x16,
-                           int64_t ld16) {
-  if (shared_count_ == 0) return;
-  const int64_t H = cfg_.hidden_size, K = cfg_.top_k;
-  int64_t n = 0;
-  for (int64_t t = row0; t < row0 + n_rows; ++t) {
-    if (ids && ids[t * K] < 0) continue;  // DP padding
-    float g = 1.0f;
-    if (cfg_.shared_expert_gate) {
-      float dot = 0.0f;
-      if (x) {
-        const float* xr = x + t * H;
-        for (int64_t i = 0; i < H; ++i) dot += xr[i] * shared_gate_[static_cast<size_t>(i)];
-      } else {  // the same values, widened here
-        const uint16_t* xr = x16 + t * ld16;
-        for (int64_t i = 0; i < H; ++i) dot += bf16_to_f32(xr[i]) * shared_gate_[static_cast<size_t>(i)];
-      }
-      g = 1.0f / (1.0f + std::exp(-dot));
-    }
-    shared_rows_[static_cast<size_t>(n)] = static_cast<int32_t>(t);
-    shared_weights_[static_cast<size_t>(n)] = g;
-    ++n;
-  }
-  if (n > 0) jobs_.push_back(job(shared_, shared_count_, shared_rows_.data(), shared_weights_.data(), n));
-}
-
-void Layer::forward_allgather(const ep_moe_forward_args_t& a, void* stages, int64_t dp_offset, int64_t padded,
-                              Gather gather) {
-  Stages& st = *static_cast<Stages*>(stages);
-  const int64_t T = a.num_tokens, H = cfg_.hidden_size, K = cfg_.top_k;
-  const auto adt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
-  const size_t es = dtype_size(adt);
-  float* xw = x_f32_.data<float>();
-  const float* x = xw;  // the experts' f32 rows
-  int32_t* ids = ids_.data();
-  float* w = weights_.data();
-
-  // Phase times of this rank (collectives excluded), kept for the attrs.
-  PhaseTimes ph;
-  int64_t t0 = now_ns();
-
-  // DP gather: one collective moving [hidden | ids | weights] rows.
-  int64_t T_all = T;
-  if (dp_size_ > 1) {
-    const int64_t send_n = gather == Gather::Padded ? padded : T;
-    char* send = send_rows_.data<char>();
-    for (int64_t t = 0; t < send_n; ++t) {
-      if (t < T) {
-        pack_row(send + static_cast<size_t>(t) * row_bytes_,
-                 static_cast<const char*>(a.hidden) + t * H * static_cast<int64_t>(es), ids + t * K, w + t * K);
-      } else {  // padding row: never computed
-        char* row = send + static_cast<size_t>(t) * row_bytes_;
-        std::memset(row, 0, row_bytes_);
-        int32_t* rid = reinterpret_cast<int32_t*>(row + ids_off_);
-        for (int64_t k = 0; k < K; ++k) rid[k] = -1;
-      }
-    }
-    ph.permute_bytes += send_n * static_cast<int64_t>(row_bytes_);
-    ph.permute_ns += now_ns() - t0;
-    const size_t words = row_bytes_ / 4;
-    Comm* dp = st.enter();
-    if (gather == Gather::Padded) {
-      dp->all_gather(recv_rows_.data(), send, static_cast<size_t>(padded) * words, EP_MOE_DTYPE_I32, a.stream);
-      T_all = padded * dp_size_;
-    } else {
-      T_all = 0;
-      for (int i = 0; i < dp_size_; ++i) {
-        counts_[static_cast<size_t>(i)] = static_cast<size_t>(a.dp_token_counts[i]) * words;
-        T_all += a.dp_token_counts[i];
-      }
-      dp->all_gather_v(recv_rows_.data(), send, counts_.data(), EP_MOE_DTYPE_I32, a.stream);
-    }
-    t0 = now_ns();
-    ph.permute_bytes += unpack_rows(T_all, xw);
-    ph.permute_ns += now_ns() - t0;
-  } else if (!direct_bf16_) {
-    x = f32_rows(a.hidden, T, xw, &ph.permute_bytes);
-    ph.permute_ns += now_ns() - t0;
-  }
-  // With direct_bf16_ the experts read the bf16 rows where they are.
-  const uint16_t* x16 = nullptr;
-  int64_t ld16 = 0;
-  if (direct_bf16_) {
-    x16 = dp_size_ > 1 ? recv_rows_.data<uint16_t>() : static_cast<const uint16_t*>(a.hidden);
-    ld16 = dp_size_ > 1 ? static_cast<int64_t>(row_bytes_ / 2) : H;
-  }
-
-  // Plan the pairs this rank computes, then experts + shared into acc.
-  int64_t skipped = 0;
-  const int64_t local_pairs = plan_pairs(T_all, ids, w, false, &skipped);
-  // One rank without DP, f32 activations, out apart from hidden: the
-  // experts accumulate in out itself, and no T x H copy ends the forward
-  // (a few per cent of a prefill). A failed call must
-  // leave out as it was, and nothing from the zeroing on can fail: the
-  // expert path allocates nothing (fault_tests [forward]) and throws
-  // nothing.
-  const bool acc_in_out = !ep_ && dp_size_ == 1 && adt == EP_MOE_DTYPE_F32 && T > 0 && float_aligned(a.out) &&
-                          !overlap(a.out, a.hidden, static_cast<size_t>(T * H) * es);
-  float* acc = acc_in_out ? static_cast<float*>(a.out) : acc_.data<float>();
-  zero_rows(acc, T_all);
-  add_expert_jobs();
-  if (!shared_replicated_) {
-    add_shared_job(x, 0, T_all, ids, x16, ld16);  // this rank's shard, every token
-  } else if (dp_size_ > 1) {
-    add_shared_job(x, dp_offset, T, ids, x16, ld16);  // the whole expert, this replica's tokens
-  } else {
-    const int32_t ep = map_.ep_size(), r = map_.ep_rank();  // the whole expert, a share of the tokens
-    add_shared_job(x, split_start(static_cast<int32_t>(T), ep, r), split_count(static_cast<int32_t>(T), ep, r), ids,
-                   x16, ld16);
-  }
-  t0 = now_ns();
-  ffn_->run(*pool_, jobs_, x, H, acc, H, act_, x16, ld16);
-  ph.expert_ns += now_ns() - t0;
-
-  // ONE reduction of (routed + shared) partials, then this rank's rows.
-  // Without a collective or DP the narrowed sums are the output: they go
-  // straight into out (hidden, which out may alias, has been read by now);
-  // in f32 they are already there (acc_in_out) unless out overlaps hidden.
-  const bool into_out = !ep_ && dp_size_ == 1;
-  void* partial = acc;
-  if (adt != EP_MOE_DTYPE_F32) {
-    t0 = now_ns();
-    partial = into_out ? a.out : partial_.data();
-    narrow_rows(acc, T_all, partial);
-    ph.combine_bytes += T_all * H * 4;
-    ph.combine_ns += now_ns() - t0;
-  }
-  const void* result = partial;
-  int64_t row0 = 0;
-  if (ep_) {
-    Comm* ep = st.enter();
-    if (dp_size_ > 1 && gather == Gather::Padded && dp_is_ep_) {
-      ep->reduce_scatter(scatter_out_.data(), partial, static_cast<size_t>(padded * H), adt, a.stream);
-      result = scatter_out_.data();
-    } else {
-      ep->all_reduce(partial, partial, static_cast<size_t>(T_all * H), adt, a.stream);
-      row0 = dp_offset;
-    }
-  }
-  t0 = now_ns();
-  if (T > 0 && result != a.out) {  // result is the layer's own buffer: never overlaps out
-    const char* src = static_cast<const char*>(result) + row0 * H * static_cast<int64_t>(es);
-    const size_t row = static_cast<size_t>(H) * es;
-    pool_->parallel_ranges(static_cast<size_t>(T), 16, [&](size_t t0r, size_t t1r, int) {
-      std::memcpy(static_cast<char*>(a.out) + t0r * row, src + t0r * row, (t1r - t0r) * row);
-    });
-  }
-  if (result != a.out) ph.combine_bytes += T * H * static_cast<int64_t>(es);
-  ph.combine_ns += now_ns() - t0;
-  last_phase_ = ph;
-
-  int64_t tokens = 0;
-  for (int64_t t = 0; t < T_all; ++t) tokens += ids[t * K] >= 0;
-  record(tokens, local_pairs, skipped);
-}
-
-void Layer::record(int64_t tokens, int64_t local_pairs, int64_t skipped) {
-  last_tokens_ = tokens;
-  last_local_pairs_ = local_pairs;
-  last_skipped_ = skipped;
-  last_active_ = 0;
-  for (const auto& j : jobs_) last_active_ += j.gate_up != &shared_.gate_up;
-}
-
-void Layer::pack_row(char* row, const char* hidden, const int32_t* ids, const float* w) const {
-  const int64_t H = cfg_.hidden_size, K = cfg_.top_k;
-  const size_t es = dtype_size(static_cast<ep_moe_dtype_t>(cfg_.act_dtype));
-  std::memcpy(row, hidden, static_cast<size_t>(H) * es);
-  std::memcpy(row + ids_off_, ids, static_cast<size_t>(K) * 4);
-  std::memcpy(row + ids_off_ + K * 4, w, static_cast<size_t>(K) * 4);
-}
-
-int64_t Layer::unpack_rows(int64_t n, float* x) {
-  unpack_ids(n);
-  if (direct_bf16_) return n * cfg_.top_k * 8;  // the experts read the bf16 rows where they arrived
-  widen_rows(recv_rows_.data<char>(), n, x, row_bytes_);
-  return n * cfg_.hidden_size * 4;
-}
-
-void Layer::widen_rows(const void* src, int64_t n, float* dst, size_t src_stride) {
-  const int64_t H = cfg_.hidden_size;
-  const auto adt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
-  const size_t row = src_stride ? src_stride : static_cast<size_t>(H) * dtype_size(adt);
-  pool_->parallel_ranges(static_cast<size_t>(n), 16, [&](size_t t0, size_t t1, int) {
-    for (size_t t = t0; t < t1; ++t)
-      convert_row(kern_, dst + static_cast<int64_t>(t) * H, static_cast<const char*>(src) + t * row, adt, H);
-  });
-}
-
-const float* Layer::f32_rows(const void* hidden, int64_t n, float* scratch, int64_t* bytes) {
-  // f32 activations need no widening: a copy of T x H floats (14.7 MB for
-  // deepseek-v3's T=512, written, then read again by the experts) is not
-  // made. The rows' values, and so the bits of every sum, are the same.
-  if (cfg_.act_dtype == EP_MOE_DTYPE_F32 && float_aligned(hidden)) return static_cast<const float*>(hidden);
-  widen_rows(hidden, n, scratch);
-  if (bytes) *bytes += n * cfg_.hidden_size * 4;
-  return scratch;
-}
-
-void Layer::zero_rows(float* dst, int64_t n) {
-  const int64_t H = cfg_.hidden_size;
-  pool_->parallel_ranges(static_cast<size_t>(n), 16, [&](size_t t0, size_t t1, int) {
-    std::memset(dst + static_cast<int64_t>(t0) * H, 0, (t1 - t0) * static_cast<size_t>(H) * 4);
-  });
-}
-
-void Layer::narrow_rows(const float* src, int64_t n, void* dst) {
-  const int64_t H = cfg_.hidden_size;
-  const auto adt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
-  const size_t row = static_cast<size_t>(H) * dtype_size(adt);
-  pool_->parallel_ranges(static_cast<size_t>(n), 16, [&](size_t t0, size_t t1, int) {
-    for (size_t t = t0; t < t1; ++t)
-      store_row(kern_, static_cast<char*>(dst) + t * row, adt, src + static_cast<int64_t>(t) * H, H);
-  });
-}
-
-void Layer::unpack_ids(int64_t n) {
-  const int64_t K = cfg_.top_k;
-  for (int64_t t = 0; t < n; ++t) {
-    const char* rid = recv_rows_.data<char>() + static_cast<size_t>(t) * row_bytes_ + ids_off_;
-    std::memcpy(ids_.data() + t * K, rid, static_cast<size_t>(K) * 4);
-    std::memcpy(weights_.data() + t * K, rid + K * 4, static_cast<size_t>(K) * 4);
+void Layer::shared_rows(int64_t T, int64_t T_all, int64_t dp_offset, int64_t* begin, int64_t* end) const {
+  if (!shared_replicated_) {  // this rank's shard, every row
+    *begin = 0;
+    *end = T_all;
+  } else if (dp_size_ > 1) {  // the whole expert, this replica's tokens
+    *begin = dp_offset;
+    *end = dp_offset + T;
+  } else {  // the whole expert, a share of the tokens (all-to-all layers deciding per step)
+    const int32_t ep = map_.ep_size(), r = map_.ep_rank();
+    *begin = split_start(static_cast<int32_t>(T), ep, r);
+    *end = *begin + split_count(static_cast<int32_t>(T), ep, r);
   }
 }
 
 void Layer::expert_load(int64_t* out, bool across_ranks, bool reset) {
   const size_t E = load_.size();
-  if (dev_) dev_->read_load(load_.data());  // a CUDA layer counts on the device
+  backend_->read_load(load_.data());
   if (across_ranks && ep_) {
     std::vector<int64_t> sum(load_);
-    Comm* c = ep_staged_ ? ep_staged_.get() : ep_;  // host data over NCCL goes through device memory
+    Comm* c = ep_host_ ? ep_host_.get() : ep_;  // host data over NCCL goes through device memory
     c->all_reduce(sum.data(), sum.data(), E, EP_MOE_DTYPE_I64, nullptr);
     std::copy(sum.begin(), sum.end(), out);
   } else {
     std::copy(load_.begin(), load_.end(), out);
   }
   if (reset) {
-    if (dev_) dev_->reset_load();
+    backend_->reset_load();
     std::fill(load_.begin(), load_.end(), 0);
     load_steps_ = 0;
   }
 }
 
 int64_t Layer::attr(ep_moe_layer_attr_t a) const {
-  if (dev_) {
-    switch (a) {
-      case EP_MOE_LAYER_ATTR_WEIGHT_BYTES:
-        return dev_->weight_bytes() + (has_router_ ? int64_t{cfg_.num_experts} * cfg_.hidden_size * 4 : 0);
-      case EP_MOE_LAYER_ATTR_LAST_LOCAL_PAIRS: return dev_->stats().local_pairs;
-      case EP_MOE_LAYER_ATTR_LAST_SKIPPED_PAIRS: return dev_->stats().skipped;
-      case EP_MOE_LAYER_ATTR_LAST_ACTIVE_EXPERTS: return dev_->stats().active;
-      case EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS: return dev_->stats().permute_ns;
-      case EP_MOE_LAYER_ATTR_LAST_PERMUTE_BYTES: return dev_->stats().permute_bytes;
-      case EP_MOE_LAYER_ATTR_LAST_EXPERT_NS: return dev_->stats().expert_ns;
-      case EP_MOE_LAYER_ATTR_LAST_COMBINE_NS: return dev_->stats().combine_ns;
-      case EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES: return dev_->stats().combine_bytes;
-      case EP_MOE_LAYER_ATTR_LAST_SYNC_FREE: return dev_->stats().sync_free;
-      default: break;
-    }
-  }
+  int64_t v = 0;
+  if (backend_->attr(a, &v)) return v;
   switch (a) {
     case EP_MOE_LAYER_ATTR_DEVICE: return cfg_.device;
-    case EP_MOE_LAYER_ATTR_LAST_SYNC_FREE: return -1;
-    case EP_MOE_LAYER_ATTR_NUM_LOCAL_EXPERTS: return static_cast<int64_t>(experts_.size());
-    case EP_MOE_LAYER_ATTR_NUM_THREADS: return pool_->size();
-    case EP_MOE_LAYER_ATTR_WEIGHT_BYTES: {
-      int64_t b = 0;
-      for (const Expert& x : experts_) b += static_cast<int64_t>(x.gate_up.bytes() + x.down.bytes());
-      b += static_cast<int64_t>(shared_.gate_up.bytes() + shared_.down.bytes());
-      for (const Expert& x : experts_)
-        b += static_cast<int64_t>((x.gate_bias.size() + x.up_bias.size() + x.down_bias.size()) * sizeof(float));
-      b += static_cast<int64_t>((shared_gate_.size() + bias_.size() + router_bias_.size()) * sizeof(float));
-      b += static_cast<int64_t>(router_.bytes());
-      return b;
-    }
+    case EP_MOE_LAYER_ATTR_NUM_LOCAL_EXPERTS: return static_cast<int64_t>(held_.size());
     case EP_MOE_LAYER_ATTR_READY: return missing_weight().empty() ? 1 : 0;
-    case EP_MOE_LAYER_ATTR_LAST_TOKENS: return last_tokens_;
-    case EP_MOE_LAYER_ATTR_LAST_LOCAL_PAIRS: return last_local_pairs_;
-    case EP_MOE_LAYER_ATTR_LAST_SKIPPED_PAIRS: return last_skipped_;
     case EP_MOE_LAYER_ATTR_LAST_GATHER: return static_cast<int64_t>(last_gather_);
     case EP_MOE_LAYER_ATTR_SHARED_SHARD_SIZE: return shared_count_;
-    case EP_MOE_LAYER_ATTR_CPU_ISA: return static_cast<int64_t>(kern_.isa);
-    case EP_MOE_LAYER_ATTR_LAST_ACTIVE_EXPERTS: return last_active_;
     case EP_MOE_LAYER_ATTR_BYTES_LOADED: return static_cast<int64_t>(bytes_loaded_);
     case EP_MOE_LAYER_ATTR_LAST_DISPATCH: return last_dispatch_;
     case EP_MOE_LAYER_ATTR_LAST_ALLTOALL_BYTES: return static_cast<int64_t>(last_bytes_alltoall_);
     case EP_MOE_LAYER_ATTR_LAST_ALLGATHER_BYTES: return static_cast<int64_t>(last_bytes_allgather_);
     case EP_MOE_LAYER_ATTR_LOAD_STEPS: return load_steps_;
-    case EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS: return last_phase_.permute_ns;
-    case EP_MOE_LAYER_ATTR_LAST_PERMUTE_BYTES: return last_phase_.permute_bytes;
-    case EP_MOE_LAYER_ATTR_LAST_EXPERT_NS: return last_phase_.expert_ns;
-    case EP_MOE_LAYER_ATTR_LAST_COMBINE_NS: return last_phase_.combine_ns;
-    case EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES: return last_phase_.combine_bytes;
     case EP_MOE_LAYER_ATTR_REPLACE_BYTES_SENT: return replace_sent_;
     case EP_MOE_LAYER_ATTR_REPLACE_BYTES_RECEIVED: return replace_received_;
     case EP_MOE_LAYER_ATTR_REPLACE_BYTES_READ: return replace_read_;

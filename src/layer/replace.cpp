@@ -81,29 +81,6 @@ struct Transfer {
 
 }  // namespace
 
-void Layer::extract_units(const Expert& x, int32_t j0, int32_t n, uint8_t* out) const {
-  if (dev_) {  // the slot of `x` in this layer's device weights (-1: the shared shard)
-    const int32_t slot = &x == &shared_ ? -1 : static_cast<int32_t>(&x - experts_.data());
-    dev_->extract_units(slot, j0, n, out);
-    return;
-  }
-  const size_t es = dtype_size(static_cast<ep_moe_dtype_t>(cfg_.weight_dtype));
-  const size_t H = static_cast<size_t>(cfg_.hidden_size), ub = 3 * H * es;
-  for (int32_t j = 0; j < n; ++j) {
-    uint8_t* u = out + static_cast<size_t>(j) * ub;
-    cpu::unpack_gate_up_row(x.gate_up, 0, j0 + j, u);
-    cpu::unpack_gate_up_row(x.gate_up, 1, j0 + j, u + H * es);
-    cpu::unpack_col(x.down, j0 + j, u + 2 * H * es);
-  }
-}
-
-void Layer::extract_biases(const Expert& x, uint8_t* out) const {
-  const size_t I = static_cast<size_t>(cfg_.intermediate_size), H = static_cast<size_t>(cfg_.hidden_size);
-  std::memcpy(out, x.gate_bias.data(), I * 4);
-  std::memcpy(out + I * 4, x.up_bias.data(), I * 4);
-  std::memcpy(out + 2 * I * 4, x.down_bias.data(), H * 4);
-}
-
 void Layer::store_biases(int32_t expert, const uint8_t* in) {
   const int64_t I = cfg_.intermediate_size, H = cfg_.hidden_size;
   store(EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS, expert, Source{in, EP_MOE_DTYPE_F32, 2 * I}, false);
@@ -125,25 +102,6 @@ void Layer::store_units(int32_t expert, const uint8_t* units) {
   store(shared ? EP_MOE_WEIGHT_SHARED_DOWN : EP_MOE_WEIGHT_EXPERT_DOWN, expert, down, shared);
 }
 
-void Layer::copy_expert(Expert& dst, const Expert& src) {
-  auto copy = [](cpu::PackedWeight& d, const cpu::PackedWeight& s) {
-    d.n = s.n;
-    d.k = s.k;
-    d.nr = s.nr;
-    d.dtype = s.dtype;
-    d.data.resize(s.data.size());
-    if (s.data.size()) std::memcpy(d.data.data(), s.data.data(), s.data.size());
-  };
-  copy(dst.gate_up, src.gate_up);
-  copy(dst.down, src.down);
-  dst.has_gate = src.has_gate;
-  dst.has_up = src.has_up;
-  dst.has_down = src.has_down;
-  dst.gate_bias = src.gate_bias;
-  dst.up_bias = src.up_bias;
-  dst.down_bias = src.down_bias;
-}
-
 // One re-placement, step by step (the protocol above). Every rank runs the
 // same steps; from the transfers on, a rank that failed joins the remaining
 // collectives as a failure, so no peer waits.
@@ -153,7 +111,7 @@ class Replacement {
       : o_(old), nmap_(nmap), comm_(comm), ck_(ck), L_(L) {
     // A CUDA layer's host-side records and units cross a device
     // communicator through device memory.
-    if (o_.dev_ && comm && comm->device_memory()) staged_ = o_.host_view(comm);
+    if (comm && comm->device_memory()) staged_ = o_.backend_->host_view(comm);
     xc_ = staged_ ? staged_.get() : comm;
     E_ = o_.cfg_.num_experts;
     I_ = o_.cfg_.intermediate_size;
@@ -180,7 +138,6 @@ class Replacement {
   }
 
  private:
-  using Expert = Layer::Expert;
   const int64_t* rec(int i) const { return all_.data() + static_cast<size_t>(i) * rec_len_; }
   bool holds(int i, int32_t e) const { return (rec(i)[kHeader + static_cast<size_t>(e) / 64] >> (e % 64)) & 1; }
   int map_rank(int i) const { return comm_ ? i : nmap_->ep_rank(); }
@@ -209,10 +166,9 @@ class Replacement {
     // A complete local slot of each expert (with its biases, when the layer has them).
     const auto& l2g = o_.map_.local_to_global();
     old_slot_.assign(static_cast<size_t>(E_), -1);
-    for (size_t l = 0; l < o_.experts_.size(); ++l) {
-      const Expert& x = o_.experts_[l];
-      const bool biases = !x.gate_bias.empty() && !x.up_bias.empty() && !x.down_bias.empty();
-      if (x.complete() && (!o_.expert_bias_ || biases) && old_slot_[static_cast<size_t>(l2g[l])] < 0)
+    for (size_t l = 0; l < o_.held_.size(); ++l) {
+      const Layer::Held& x = o_.held_[l];
+      if (x.complete() && (!o_.expert_bias_ || x.biases()) && old_slot_[static_cast<size_t>(l2g[l])] < 0)
         old_slot_[static_cast<size_t>(l2g[l])] = static_cast<int32_t>(l);
     }
   }
@@ -220,7 +176,7 @@ class Replacement {
   // 1. The holdings record of every rank (one all-gather), checked: every
   // rank took part, with the same configuration and placement.
   void exchange_holdings() {
-    const bool have_shared = Is_ > 0 && o_.shared_count_ > 0 && o_.shared_.complete();
+    const bool have_shared = Is_ > 0 && o_.shared_count_ > 0 && o_.shared_held_.complete();
     std::vector<int64_t> mine(rec_len_, 0);
     mine[kStatus] = status_;
     mine[kCkpt] = ck_ != nullptr;
@@ -429,11 +385,11 @@ class Replacement {
         const Transfer& x = plan_[t];
         if (x.src != me_ || x.dst != j) continue;
         if (x.expert >= 0) {
-          const Expert& held = o_.experts_[static_cast<size_t>(old_slot_[static_cast<size_t>(x.expert)])];
-          o_.extract_units(held, 0, I_, sendbuf.get() + at);
-          if (with_bias_) o_.extract_biases(held, sendbuf.get() + at + static_cast<size_t>(I_) * unit_bytes_);
+          const int32_t held = old_slot_[static_cast<size_t>(x.expert)];
+          o_.backend_->extract_units(held, 0, I_, sendbuf.get() + at);
+          if (with_bias_) o_.backend_->extract_biases(held, sendbuf.get() + at + static_cast<size_t>(I_) * unit_bytes_);
         } else {
-          o_.extract_units(o_.shared_, x.u0 - o_.shared_begin_, x.u1 - x.u0, sendbuf.get() + at);
+          o_.backend_->extract_units(-1, x.u0 - o_.shared_begin_, x.u1 - x.u0, sendbuf.get() + at);
         }
         at += xfer_bytes(x);
       }
@@ -457,9 +413,8 @@ class Replacement {
       }
   }
 
-  // 4. Locally: the kept shared units, the checkpoint reads, second slots
-  // of a kept expert (and, on CUDA, every kept expert: the old layer's
-  // device memory goes with it).
+  // 4. Locally: the kept shared units, the checkpoint reads, the kept
+  // experts (keep_experts).
   void complete_locally() {
     capture(&status_, &message_, "completing the re-placement", [&] {
       if (Is_ > 0 && my_hi_ > my_lo_) {
@@ -470,8 +425,8 @@ class Replacement {
           read_ += static_cast<int64_t>(nl_->load_parts(*ck_, L_, parts));
         } else {
           for (const auto& seg : shared_keep_)
-            o_.extract_units(o_.shared_, seg.first - o_.shared_begin_, seg.second - seg.first,
-                             shared_units_.data() + static_cast<size_t>(seg.first - my_lo_) * unit_bytes_);
+            o_.backend_->extract_units(-1, seg.first - o_.shared_begin_, seg.second - seg.first,
+                                       shared_units_.data() + static_cast<size_t>(seg.first - my_lo_) * unit_bytes_);
           nl_->store_units(-1, shared_units_.data());
         }
       }
@@ -481,31 +436,32 @@ class Replacement {
         parts.shared = parts.others = false;
         read_ += static_cast<int64_t>(nl_->load_parts(*ck_, L_, parts));
       }
-      const auto& nl2g = nl_->map_.local_to_global();
-      std::vector<char> first(static_cast<size_t>(E_), 1);
-      for (size_t l = 0; l < nl_->experts_.size(); ++l) {
-        const int32_t e = nl2g[l];
-        if (old_slot_[static_cast<size_t>(e)] < 0) continue;
-        const int32_t o = old_slot_[static_cast<size_t>(e)];
-        if (o_.dev_) {
-          nl_->dev_->copy_expert_from(*o_.dev_, o, static_cast<int32_t>(l));
-          Expert& x = nl_->experts_[l];
-          x.has_gate = x.has_up = x.has_down = true;
-        } else if (!first[static_cast<size_t>(e)]) {
-          Layer::copy_expert(nl_->experts_[l], o_.experts_[static_cast<size_t>(o)]);
-        }
-        first[static_cast<size_t>(e)] = 0;
-      }
-      if (o_.dev_) {  // router, bias and shared gate live on the device too
-        const int64_t H = o_.cfg_.hidden_size;
-        if (o_.has_router_) nl_->dev_->copy_router_from(*o_.dev_);
-        if (o_.has_bias_)
-          nl_->dev_->upload(cuda::Part::Bias, 0, 0, Source{o_.bias_.data(), EP_MOE_DTYPE_F32, E_}, 1, E_, false);
-        if (o_.has_shared_gate_)
-          nl_->dev_->upload(cuda::Part::SharedGate, 0, 0, Source{o_.shared_gate_.data(), EP_MOE_DTYPE_F32, H}, 1, H,
-                            false);
-      }
+      keep_experts();
     });
+  }
+
+  // The kept experts (every slot of the new layer whose expert this rank
+  // held), the router, and the small vectors the backend holds too: all
+  // that can fail happens here, before the vote; the commit completes it.
+  void keep_experts() {
+    const auto& nl2g = nl_->map_.local_to_global();
+    std::vector<char> first(static_cast<size_t>(E_), 1);
+    kept_slots_.clear();
+    for (size_t l = 0; l < nl_->held_.size(); ++l) {
+      const int32_t e = nl2g[l];
+      const int32_t o = old_slot_[static_cast<size_t>(e)];
+      if (o < 0) continue;
+      kept_slots_.push_back({o, static_cast<int32_t>(l), first[static_cast<size_t>(e)] != 0});
+      first[static_cast<size_t>(e)] = 0;
+      nl_->held_[l] = o_.held_[static_cast<size_t>(o)];
+    }
+    nl_->backend_->keep_before_vote(*o_.backend_, kept_slots_, o_.has_router_);
+    const int64_t H = o_.cfg_.hidden_size;
+    if (o_.has_bias_)
+      nl_->backend_->put(WeightPart::Bias, -1, 0, Source{o_.bias_.data(), EP_MOE_DTYPE_F32, E_}, 1, E_, false);
+    if (o_.has_shared_gate_)
+      nl_->backend_->put(WeightPart::SharedGate, -1, 0, Source{o_.shared_gate_.data(), EP_MOE_DTYPE_F32, H}, 1, H,
+                         false);
   }
 
   // 4. The vote: one all-gather of every rank's status; any failure fails
@@ -529,16 +485,7 @@ class Replacement {
   // 5. Commit: the kept experts and the small weights move into the new
   // layer. Nothing here throws.
   void commit() {
-    const auto& nl2g = nl_->map_.local_to_global();
-    std::vector<char> first(static_cast<size_t>(E_), 1);
-    for (size_t l = 0; l < nl_->experts_.size(); ++l) {
-      const int32_t e = nl2g[l];
-      const int32_t o = old_slot_[static_cast<size_t>(e)];
-      if (o < 0 || !first[static_cast<size_t>(e)] || o_.dev_) continue;  // CUDA: copied before the vote
-      first[static_cast<size_t>(e)] = 0;
-      nl_->experts_[l] = std::move(o_.experts_[static_cast<size_t>(o)]);
-    }
-    nl_->router_ = std::move(o_.router_);
+    nl_->backend_->keep_at_commit(*o_.backend_, kept_slots_, o_.has_router_);
     nl_->router_bias_ = std::move(o_.router_bias_);
     nl_->expert_bias_ = with_bias_;
     nl_->has_router_ = o_.has_router_;
@@ -573,7 +520,8 @@ class Replacement {
   std::string message_;
   std::unique_ptr<Layer> nl_;
   std::vector<int32_t> old_slot_;  // a complete local slot of each expert, -1: none
-  std::vector<int64_t> all_;       // every rank's holdings record
+  std::vector<KeptSlot> kept_slots_;
+  std::vector<int64_t> all_;  // every rank's holdings record
   bool with_bias_ = false;
   // The plan.
   std::vector<Transfer> plan_;
