@@ -185,7 +185,9 @@ void keep_in_place(const std::vector<double>& w, const std::vector<int32_t>& phy
   }
 }
 
-std::vector<int32_t> rebalance(const std::vector<double>& load, const RebalanceParams& p) {
+namespace {
+
+void check_params(const std::vector<double>& load, const RebalanceParams& p) {
   const int32_t E = p.num_experts, P = p.num_slots, R = p.num_ranks;
   EP_MOE_CHECK_ARG(E >= 1 && E <= (1 << 20), "num_experts must be in [1, %d], got %d", 1 << 20, E);
   EP_MOE_CHECK_ARG(static_cast<int64_t>(load.size()) == E, "load has %zu entries, num_experts is %d", load.size(), E);
@@ -202,15 +204,102 @@ std::vector<int32_t> rebalance(const std::vector<double>& load, const RebalanceP
                      p.current[i], E);
   EP_MOE_CHECK_ARG(p.current.empty() || p.current.size() >= static_cast<size_t>(R),
                    "the current placement has %zu slots, fewer than the %d ranks", p.current.size(), R);
-  // What each rank holds now.
+}
+
+// What each rank holds now ([R][E]; empty without a current placement).
+std::vector<std::vector<char>> holdings(const RebalanceParams& p) {
   std::vector<std::vector<char>> holds;
-  if (!p.current.empty()) {
-    holds.assign(static_cast<size_t>(R), std::vector<char>(static_cast<size_t>(E), 0));
-    const auto Pc = static_cast<int32_t>(p.current.size());
-    for (int32_t r = 0; r < R; ++r)
-      for (int32_t s = split_start(Pc, R, r); s < split_start(Pc, R, r) + split_count(Pc, R, r); ++s)
-        holds[static_cast<size_t>(r)][static_cast<size_t>(p.current[static_cast<size_t>(s)])] = 1;
+  if (p.current.empty()) return holds;
+  const int32_t E = p.num_experts, R = p.num_ranks;
+  holds.assign(static_cast<size_t>(R), std::vector<char>(static_cast<size_t>(E), 0));
+  const auto Pc = static_cast<int32_t>(p.current.size());
+  for (int32_t r = 0; r < R; ++r)
+    for (int32_t s = split_start(Pc, R, r); s < split_start(Pc, R, r) + split_count(Pc, R, r); ++s)
+      holds[static_cast<size_t>(r)][static_cast<size_t>(p.current[static_cast<size_t>(s)])] = 1;
+  return holds;
+}
+
+// The replicas of one node and what its ranks hold now.
+struct NodeReplicas {
+  const std::vector<int32_t>& experts;  // the node's experts
+  const std::vector<int32_t>& phys;     // replica -> index into experts
+  const std::vector<double>& phys_load;
+  const std::vector<std::vector<char>>& holds;
+  int32_t first_rank, ranks;
+};
+
+// From a packing `ro` (replica -> pack) of one node: each pack goes to the
+// node's rank that holds most of its experts now, then swaps within the
+// start's heaviest rank (or the mean plus a tolerance) keep more replicas
+// where their experts are. Returns the replicas kept in place.
+int64_t settle_in_place(const NodeReplicas& n, std::vector<int32_t>* ro) {
+  const size_t count = n.phys.size();
+  auto held = [&](int32_t rank, size_t s) {
+    return n.holds[static_cast<size_t>(n.first_rank + rank)]
+                  [static_cast<size_t>(n.experts[static_cast<size_t>(n.phys[s])])];
+  };
+  std::vector<std::vector<int32_t>> ov(static_cast<size_t>(n.ranks),
+                                       std::vector<int32_t>(static_cast<size_t>(n.ranks), 0));
+  for (size_t s = 0; s < count; ++s)
+    for (int32_t i = 0; i < n.ranks; ++i) ov[static_cast<size_t>((*ro)[s])][static_cast<size_t>(i)] += held(i, s);
+  const std::vector<int32_t> owner = match(ov);
+  for (auto& r : *ro) r = owner[static_cast<size_t>(r)];
+  std::vector<double> plain(static_cast<size_t>(n.ranks), 0.0);
+  double sum = 0;
+  for (size_t s = 0; s < count; ++s) {
+    plain[static_cast<size_t>((*ro)[s])] += n.phys_load[s];
+    sum += n.phys_load[s];
   }
+  const double bound = std::max(*std::max_element(plain.begin(), plain.end()), sum / n.ranks * (1.0 + kKeepTolerance));
+  keep_in_place(n.phys_load, n.phys, n.experts, n.holds, n.first_rank, n.ranks, bound, ro);
+  int64_t kept = 0;
+  for (size_t s = 0; s < count; ++s) kept += held((*ro)[s], s);
+  return kept;
+}
+
+// Node `node`'s experts (sorted) into its slots: replicas within the node,
+// replicas to its ranks, kept where they are when there is a placement.
+void place_node(const std::vector<double>& load, const std::vector<int32_t>& experts, int32_t node,
+                int32_t ranks_per_node, int32_t slots_per_node, int32_t slots_per_rank,
+                const std::vector<std::vector<char>>& holds, std::vector<int32_t>* slots) {
+  std::vector<double> w;
+  for (int32_t e : experts) w.push_back(load[static_cast<size_t>(e)]);
+  // 2. Replicas within the node.
+  std::vector<int32_t> phys, replicas;
+  replicate(w, slots_per_node, &phys, &replicas);
+  std::vector<double> phys_load(phys.size());
+  for (size_t s = 0; s < phys.size(); ++s)
+    phys_load[s] = w[static_cast<size_t>(phys[s])] / replicas[static_cast<size_t>(phys[s])];
+  // 3. Replicas to the node's ranks.
+  std::vector<int32_t> rank_of, pos;
+  balanced_packing(phys_load, ranks_per_node, &rank_of, &pos);
+  const std::vector<int32_t> greedy = holds.empty() ? std::vector<int32_t>{} : rank_of;
+  refine_packing(phys_load, ranks_per_node, &rank_of, &pos);
+  if (!holds.empty()) {
+    // Both the refined packing and the plain greedy one are tried as the
+    // start of settle_in_place; the one keeping more replicas in place wins
+    // (ties: the refined one): from either start alone, more weights moved
+    // on some placements (the refined one from the linear placement, the
+    // greedy one after a drift).
+    const NodeReplicas nr{experts, phys, phys_load, holds, node * ranks_per_node, ranks_per_node};
+    std::vector<int32_t> from_greedy = greedy;
+    if (settle_in_place(nr, &from_greedy) > settle_in_place(nr, &rank_of)) rank_of = from_greedy;
+    // Positions within each rank follow.
+    std::vector<int32_t> count(static_cast<size_t>(ranks_per_node), 0);
+    for (size_t s = 0; s < phys.size(); ++s) pos[s] = count[static_cast<size_t>(rank_of[s])]++;
+  }
+  for (size_t s = 0; s < phys.size(); ++s) {
+    const int32_t r = node * ranks_per_node + rank_of[s];
+    (*slots)[static_cast<size_t>(r * slots_per_rank + pos[s])] = experts[static_cast<size_t>(phys[s])];
+  }
+}
+
+}  // namespace
+
+std::vector<int32_t> rebalance(const std::vector<double>& load, const RebalanceParams& p) {
+  check_params(load, p);
+  const int32_t E = p.num_experts, P = p.num_slots, R = p.num_ranks;
+  const std::vector<std::vector<char>> holds = holdings(p);
   const int32_t rpn = p.ranks_per_node > 0 ? p.ranks_per_node : R;
   EP_MOE_CHECK_ARG(R % rpn == 0, "num_ranks %d is not a multiple of ranks_per_node %d", R, rpn);
   int32_t nodes = R / rpn;
@@ -253,7 +342,6 @@ std::vector<int32_t> rebalance(const std::vector<double>& load, const RebalanceP
 
   std::vector<int32_t> slots(static_cast<size_t>(P), -1);
   for (int32_t q = 0; q < nodes; ++q) {
-    const int32_t node = node_of_pack[static_cast<size_t>(q)];
     // The node's experts, in group order.
     std::vector<int32_t> experts;
     for (int32_t g = 0; g < groups; ++g) {
@@ -261,65 +349,8 @@ std::vector<int32_t> rebalance(const std::vector<double>& load, const RebalanceP
       for (int32_t i = 0; i < group_size; ++i) experts.push_back(g * group_size + i);
     }
     std::sort(experts.begin(), experts.end());
-    std::vector<double> w;
-    for (int32_t e : experts) w.push_back(load[static_cast<size_t>(e)]);
-    // 2. Replicas within the node.
-    std::vector<int32_t> phys, replicas;
-    replicate(w, slots_per_node, &phys, &replicas);
-    std::vector<double> phys_load(phys.size());
-    for (size_t s = 0; s < phys.size(); ++s)
-      phys_load[s] = w[static_cast<size_t>(phys[s])] / replicas[static_cast<size_t>(phys[s])];
-    // 3. Replicas to the node's ranks.
-    std::vector<int32_t> rank_of, pos;
-    balanced_packing(phys_load, ranks_per_node, &rank_of, &pos);
-    const std::vector<int32_t> greedy = holds.empty() ? std::vector<int32_t>{} : rank_of;
-    refine_packing(phys_load, ranks_per_node, &rank_of, &pos);
-    if (!holds.empty()) {
-      // With a current placement, each pack goes to the node's rank that
-      // holds most of its experts now, then swaps keep more replicas where
-      // their experts are. Both the refined packing and the plain greedy
-      // one are tried as the start; the one keeping more replicas in place
-      // wins (ties: the refined one). From the refined start alone, qwen3
-      // at EP 4 moved twice the weights from the linear placement (0.12 GB
-      // instead of 0.06), from the greedy one alone more after a drift.
-      const auto keep = [&](std::vector<int32_t>* ro) {
-        std::vector<std::vector<int32_t>> ov(static_cast<size_t>(ranks_per_node),
-                                             std::vector<int32_t>(static_cast<size_t>(ranks_per_node), 0));
-        for (size_t s = 0; s < phys.size(); ++s) {
-          const int32_t e = experts[static_cast<size_t>(phys[s])];
-          for (int32_t i = 0; i < ranks_per_node; ++i)
-            ov[static_cast<size_t>((*ro)[s])][static_cast<size_t>(i)] +=
-                holds[static_cast<size_t>(node * ranks_per_node + i)][static_cast<size_t>(e)];
-        }
-        const std::vector<int32_t> owner = match(ov);
-        for (auto& r : *ro) r = owner[static_cast<size_t>(r)];
-        // Swaps within the start's heaviest rank (or the mean plus a
-        // tolerance).
-        std::vector<double> plain(static_cast<size_t>(ranks_per_node), 0.0);
-        double sum = 0;
-        for (size_t s = 0; s < phys.size(); ++s) {
-          plain[static_cast<size_t>((*ro)[s])] += phys_load[s];
-          sum += phys_load[s];
-        }
-        const double bound =
-            std::max(*std::max_element(plain.begin(), plain.end()), sum / ranks_per_node * (1.0 + kKeepTolerance));
-        keep_in_place(phys_load, phys, experts, holds, node * ranks_per_node, ranks_per_node, bound, ro);
-        int64_t kept = 0;
-        for (size_t s = 0; s < phys.size(); ++s)
-          kept += holds[static_cast<size_t>(node * ranks_per_node + (*ro)[s])]
-                       [static_cast<size_t>(experts[static_cast<size_t>(phys[s])])];
-        return kept;
-      };
-      std::vector<int32_t> from_greedy = greedy;
-      if (keep(&from_greedy) > keep(&rank_of)) rank_of = from_greedy;
-      // Positions within each rank follow.
-      std::vector<int32_t> count(static_cast<size_t>(ranks_per_node), 0);
-      for (size_t s = 0; s < phys.size(); ++s) pos[s] = count[static_cast<size_t>(rank_of[s])]++;
-    }
-    for (size_t s = 0; s < phys.size(); ++s) {
-      const int32_t r = node * ranks_per_node + rank_of[s];
-      slots[static_cast<size_t>(r * slots_per_rank + pos[s])] = experts[static_cast<size_t>(phys[s])];
-    }
+    place_node(load, experts, node_of_pack[static_cast<size_t>(q)], ranks_per_node, slots_per_node, slots_per_rank,
+               holds, &slots);
   }
   return slots;
 }

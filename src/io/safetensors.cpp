@@ -34,7 +34,11 @@ const DtypeDesc* find_dtype(const std::string& s) {
 
 }  // namespace
 
-SafetensorsFile parse_safetensors(const ByteSource& src, int file_index) {
+namespace {
+
+// The JSON header (rejecting duplicate top-level keys, which JSON libraries
+// keep the last of silently); *header_len: its length in bytes.
+void read_header(const ByteSource& src, nlohmann::json* root, uint64_t* header_len) {
   const char* fname = src.name().c_str();
   const uint64_t fsize = src.size();
   if (fsize < 8)
@@ -52,15 +56,10 @@ SafetensorsFile parse_safetensors(const ByteSource& src, int file_index) {
          static_cast<unsigned long long>(n), static_cast<unsigned long long>(fsize));
   std::string text(static_cast<size_t>(n), '\0');
   src.read(8, &text[0], static_cast<size_t>(n));
-
-  // Parse, noting top-level keys to reject duplicates (JSON libraries keep
-  // the last silently).
   std::set<std::string> keys;
   std::string duplicate;
-  nlohmann::json root;
-  const JsonRelease release{root};
   try {
-    root = nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& j) {
+    *root = nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& j) {
       if (ev == nlohmann::json::parse_event_t::key && depth == 1 && duplicate.empty()) {
         const std::string k = j.get<std::string>();
         if (!keys.insert(k).second) duplicate = k;
@@ -72,11 +71,101 @@ SafetensorsFile parse_safetensors(const ByteSource& src, int file_index) {
   }
   if (!duplicate.empty())
     fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s' appears twice in the header", fname, duplicate.c_str());
-  if (!root.is_object()) fail(EP_MOE_ERR_FORMAT, "%s: the header is not a JSON object", fname);
+  if (!root->is_object()) fail(EP_MOE_ERR_FORMAT, "%s: the header is not a JSON object", fname);
+  *header_len = n;
+}
 
+// One tensor's entry, checked against the data section of `data_len`
+// bytes; *range: its [begin, end) there.
+TensorInfo parse_tensor(const char* fname, const std::string& name, const nlohmann::json& v, uint64_t data_start,
+                        uint64_t data_len, std::pair<uint64_t, uint64_t>* range) {
+  const char* tn = name.c_str();
+  if (!v.is_object()) fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': entry is not an object", fname, tn);
+  const auto dt = v.find("dtype");
+  const auto sh = v.find("shape");
+  const auto off = v.find("data_offsets");
+  if (dt == v.end() || !dt->is_string())
+    fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': missing or non-string dtype", fname, tn);
+  if (sh == v.end() || !sh->is_array())
+    fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': missing or non-array shape", fname, tn);
+  if (off == v.end() || !off->is_array() || off->size() != 2)
+    fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': data_offsets must be [begin, end]", fname, tn);
+  const std::string dts = dt->get<std::string>();
+  const DtypeDesc* d = find_dtype(dts);
+  if (!d) fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': unknown dtype '%s'", fname, tn, dts.c_str());
+  if (sh->size() > 8) fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': %zu dimensions (at most 8)", fname, tn, sh->size());
+
+  TensorInfo t;
+  t.name = name;
+  t.type_name = d->name;
+  t.elem = d->elem;
+  t.block_bytes = d->size;
+  uint64_t count = 1;
+  bool overflow = false;
+  for (const auto& x : *sh) {
+    if (!x.is_number_unsigned())
+      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': shape entries must be non-negative integers", fname, tn);
+    const uint64_t dim = x.get<uint64_t>();
+    if (dim > (1ull << 62)) overflow = true;
+    if (dim != 0 && count > UINT64_MAX / dim) overflow = true;
+    if (!overflow) count *= dim;
+    t.shape.push_back(static_cast<int64_t>(std::min<uint64_t>(dim, 1ull << 62)));
+  }
+  if (overflow || count > UINT64_MAX / d->size)
+    fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': the byte size of its shape overflows", fname, tn);
+  const uint64_t bytes = count * d->size;
+  for (const auto& x : *off)
+    if (!x.is_number_unsigned())
+      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': data_offsets must be non-negative integers", fname, tn);
+  const uint64_t b = (*off)[0].get<uint64_t>(), e = (*off)[1].get<uint64_t>();
+  if (e < b)
+    fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': data_offsets end %llu is before begin %llu", fname, tn,
+         static_cast<unsigned long long>(e), static_cast<unsigned long long>(b));
+  if (e - b != bytes)
+    fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': shape and dtype give %llu bytes but data_offsets span %llu", fname, tn,
+         static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(e - b));
+  if (e > data_len)
+    fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': data_offsets end %llu is past the data (%llu bytes)", fname, tn,
+         static_cast<unsigned long long>(e), static_cast<unsigned long long>(data_len));
+  t.offset = data_start + b;
+  t.bytes = bytes;
+  *range = {b, e};
+  return t;
+}
+
+// The data must be tiled exactly: sorted by begin, each tensor starts where
+// the previous ended, and the last one ends at the end of the file.
+void check_tiling(const char* fname, const SafetensorsFile& f, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
+                  uint64_t data_len) {
+  std::vector<size_t> order(ranges.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a] < ranges[b]; });
+  uint64_t at = 0;
+  for (size_t i : order) {
+    const char* tn = f.tensors[i].name.c_str();
+    if (ranges[i].first > at)
+      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': gap of %llu bytes before its data", fname, tn,
+           static_cast<unsigned long long>(ranges[i].first - at));
+    if (ranges[i].first < at)
+      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': its data overlaps the previous tensor's", fname, tn);
+    at = ranges[i].second;
+  }
+  if (at != data_len)
+    fail(EP_MOE_ERR_FORMAT, "%s: %llu trailing bytes after the last tensor's data", fname,
+         static_cast<unsigned long long>(data_len - at));
+}
+
+}  // namespace
+
+SafetensorsFile parse_safetensors(const ByteSource& src, int file_index) {
+  const char* fname = src.name().c_str();
+  nlohmann::json root;
+  const JsonRelease release{root};
+  uint64_t n = 0;
+  read_header(src, &root, &n);
   SafetensorsFile out;
   out.data_start = 8 + n;
-  const uint64_t data_len = fsize - out.data_start;
+  const uint64_t data_len = src.size() - out.data_start;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;  // (begin, end) per tensor
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string& name = it.key();
@@ -90,79 +179,11 @@ SafetensorsFile parse_safetensors(const ByteSource& src, int file_index) {
       }
       continue;
     }
-    const char* tn = name.c_str();
-    if (!v.is_object()) fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': entry is not an object", fname, tn);
-    const auto dt = v.find("dtype");
-    const auto sh = v.find("shape");
-    const auto off = v.find("data_offsets");
-    if (dt == v.end() || !dt->is_string())
-      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': missing or non-string dtype", fname, tn);
-    if (sh == v.end() || !sh->is_array())
-      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': missing or non-array shape", fname, tn);
-    if (off == v.end() || !off->is_array() || off->size() != 2)
-      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': data_offsets must be [begin, end]", fname, tn);
-    const std::string dts = dt->get<std::string>();
-    const DtypeDesc* d = find_dtype(dts);
-    if (!d) fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': unknown dtype '%s'", fname, tn, dts.c_str());
-    if (sh->size() > 8) fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': %zu dimensions (at most 8)", fname, tn, sh->size());
-
-    TensorInfo t;
-    t.name = name;
-    t.type_name = d->name;
-    t.elem = d->elem;
-    t.file = file_index;
-    t.block_bytes = d->size;
-    uint64_t count = 1;
-    bool overflow = false;
-    for (const auto& x : *sh) {
-      if (!x.is_number_unsigned())
-        fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': shape entries must be non-negative integers", fname, tn);
-      const uint64_t dim = x.get<uint64_t>();
-      if (dim > (1ull << 62)) overflow = true;
-      if (dim != 0 && count > UINT64_MAX / dim) overflow = true;
-      if (!overflow) count *= dim;
-      t.shape.push_back(static_cast<int64_t>(std::min<uint64_t>(dim, 1ull << 62)));
-    }
-    if (overflow || count > UINT64_MAX / d->size)
-      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': the byte size of its shape overflows", fname, tn);
-    const uint64_t bytes = count * d->size;
-    for (const auto& x : *off)
-      if (!x.is_number_unsigned())
-        fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': data_offsets must be non-negative integers", fname, tn);
-    const uint64_t b = (*off)[0].get<uint64_t>(), e = (*off)[1].get<uint64_t>();
-    if (e < b)
-      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': data_offsets end %llu is before begin %llu", fname, tn,
-           static_cast<unsigned long long>(e), static_cast<unsigned long long>(b));
-    if (e - b != bytes)
-      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': shape and dtype give %llu bytes but data_offsets span %llu", fname, tn,
-           static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(e - b));
-    if (e > data_len)
-      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': data_offsets end %llu is past the data (%llu bytes)", fname, tn,
-           static_cast<unsigned long long>(e), static_cast<unsigned long long>(data_len));
-    t.offset = out.data_start + b;
-    t.bytes = bytes;
-    ranges.emplace_back(b, e);
-    out.tensors.push_back(std::move(t));
+    ranges.emplace_back();
+    out.tensors.push_back(parse_tensor(fname, name, v, out.data_start, data_len, &ranges.back()));
+    out.tensors.back().file = file_index;
   }
-
-  // The data must be tiled exactly: sorted by begin, each tensor starts
-  // where the previous ended, and the last one ends at the end of the file.
-  std::vector<size_t> order(ranges.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a] < ranges[b]; });
-  uint64_t at = 0;
-  for (size_t i : order) {
-    const char* tn = out.tensors[i].name.c_str();
-    if (ranges[i].first > at)
-      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': gap of %llu bytes before its data", fname, tn,
-           static_cast<unsigned long long>(ranges[i].first - at));
-    if (ranges[i].first < at)
-      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s': its data overlaps the previous tensor's", fname, tn);
-    at = ranges[i].second;
-  }
-  if (at != data_len)
-    fail(EP_MOE_ERR_FORMAT, "%s: %llu trailing bytes after the last tensor's data", fname,
-         static_cast<unsigned long long>(data_len - at));
+  check_tiling(fname, out, ranges, data_len);
   return out;
 }
 
