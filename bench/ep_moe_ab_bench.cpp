@@ -57,6 +57,7 @@
 #include "cpu/pack.hpp"
 #include "cpu/thread_pool.hpp"
 #include "ab_variant_ffn.hpp"
+#include "cli.hpp"
 
 namespace ep_moe {
 namespace cpu {
@@ -92,46 +93,36 @@ int main(int argc, char** argv) {
   ep_moe_dtype_t dtype = EP_MOE_DTYPE_F32;
   std::vector<int> rows{32};
   std::string isa_arg;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--require-same-bits") {
-      require_same = true;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "%s needs a value\n", a.c_str());
-      return 2;
-    }
-    const std::string v = argv[++i];
-    if (a == "--isa") isa_arg = v;
-    else if (a == "--hidden") hidden = std::atoi(v.c_str());
-    else if (a == "--inter") inter = std::atoi(v.c_str());
-    else if (a == "--experts") experts = std::atoi(v.c_str());
-    else if (a == "--pool") pool_n = std::atoi(v.c_str());
-    else if (a == "--shared-inter") shared = std::atoi(v.c_str());
-    else if (a == "--shared-rows") shared_rows = std::atoi(v.c_str());
-    else if (a == "--batch") batch = std::atoi(v.c_str());
-    else if (a == "--threads") threads = std::atoi(v.c_str());
-    else if (a == "--blocks") blocks = std::atoi(v.c_str());
-    else if (a == "--block-seconds") block_s = std::atof(v.c_str());
-    else if (a == "--dtype") {
-      if (v == "f32") dtype = EP_MOE_DTYPE_F32;
-      else if (v == "bf16") dtype = EP_MOE_DTYPE_BF16;
-      else if (v == "f16") dtype = EP_MOE_DTYPE_F16;
-      else {
-        std::fprintf(stderr, "--dtype is f32, bf16 or f16\n");
-        return 2;
-      }
-    } else if (a == "--rows") {
-      rows.clear();
-      std::stringstream ss(v);
-      std::string item;
-      while (std::getline(ss, item, ',')) rows.push_back(std::atoi(item.c_str()));
-    } else {
-      std::fprintf(stderr, "unknown option %s\n", a.c_str());
-      return 2;
-    }
-  }
+  cli::Parser args("ep_moe_ab_bench [options]",
+                   "A change to the tiles or to the expert path (FfnRunner) against the code before it, alternated in "
+                   "one process.");
+  args.custom("--isa", "I", "avx512 or avx2 (default: the best this CPU has)",
+              [&isa_arg](const std::string& v, std::string* err) {
+                isa_arg = v;
+                if (v != "avx512" && v != "avx2") *err = "takes avx512 or avx2";
+                return err->empty();
+              })
+      .option("--hidden", &hidden, "hidden size (default 2048)", 1, 1 << 16)
+      .option("--inter", &inter, "intermediate size (default 768)", 1, 1 << 18)
+      .option("--experts", &experts, "experts of a step (default 32)", 1, 1 << 16)
+      .option("--pool", &pool_n, "experts the steps pick from (default 2 x --experts)", 0, 1 << 20)
+      .option("--shared-inter", &shared, "shared expert intermediate size (default 0: none)", 0, 1 << 18)
+      .option("--shared-rows", &shared_rows, "rows of the shared expert", 0, kMaxRows)
+      .option("--batch", &batch, "rows of a step (default 0: the largest --rows)", 0, 1 << 20)
+      .option("--threads", &threads, "threads (default 2)", 1, 1024)
+      .option("--blocks", &blocks, "alternated blocks (default 8)", 1, 1 << 20)
+      .option("--block-seconds", &block_s, "seconds per block (default 0.5)", 1e-6, 3600)
+      .custom("--dtype", "D", "weights: f32 (default), bf16 or f16",
+              [&dtype](const std::string& v, std::string* err) {
+                if (v == "f32") dtype = EP_MOE_DTYPE_F32;
+                else if (v == "bf16") dtype = EP_MOE_DTYPE_BF16;
+                else if (v == "f16") dtype = EP_MOE_DTYPE_F16;
+                else *err = "takes f32, bf16 or f16";
+                return err->empty();
+              })
+      .list("--rows", &rows, "rows per expert (default 32)", 1, kMaxRows)
+      .flag("--require-same-bits", &require_same, "fail unless both sides give the same bits");
+  if (const int rc = args.parse(argc, argv); rc != cli::Parser::kRun) return rc;
   if (pool_n <= 0) pool_n = 2 * experts;
   bool ok = hidden > 0 && inter > 0 && experts > 0 && pool_n >= experts && shared >= 0 && shared_rows >= 0 &&
             shared_rows <= kMaxRows && threads > 0 && blocks > 0 && block_s > 0 && !rows.empty();
@@ -143,10 +134,6 @@ int main(int argc, char** argv) {
                  "--pool >= --experts, --shared-inter >= 0, --shared-rows and --rows of 1..%d, and --batch >= 0, "
                  "when set no fewer than any --rows or --shared-rows\n",
                  kMaxRows);
-    return 2;
-  }
-  if (!isa_arg.empty() && isa_arg != "avx512" && isa_arg != "avx2") {
-    std::fprintf(stderr, "--isa is avx512 or avx2\n");
     return 2;
   }
   const cpu::Isa have = cpu::detect_isa();

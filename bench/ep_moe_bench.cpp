@@ -23,6 +23,7 @@
 
 #include "ep_moe/ep_moe.h"
 #include "machine_peaks.hpp"
+#include "cli.hpp"
 #include "presets.hpp"
 
 namespace {
@@ -47,42 +48,16 @@ struct Options {
   int layer = -1;  // -1: the first MoE layer
 };
 
-void usage() {
-  std::printf(
-      "usage: ep_moe_bench [options]\n"
-      "  --preset a,b,...    models (qwen3-30b-a3b, qwen2-57b-a14b, deepseek-v3, mixtral-8x7b)\n"
-      "  --tokens 1,8,...    token counts per forward (default 1,8,64,512)\n"
-      "  --strategy s,...    skip and/or weight0 (default both)\n"
-      "  --ep N              EP size to simulate (default: the preset's)\n"
-      "  --threads N         threads of the rank (default: all hardware threads)\n"
-      "  --dtype D           f32, bf16 (default) or f16 weights and activations\n"
-      "  --min-time S        seconds per measurement (default 0.5)\n"
-      "  --peak-time S       seconds per peak measurement at the start (default 1.0);\n"
-      "                      rows of more than 64 tokens measure theirs again, at most 0.5\n"
-      "  --bw-mb M           buffer for the bandwidth peak (default 1024)\n"
-      "  --dispatch-ranks N  in-process ranks of the permutation/combine part (default:\n"
-      "                      hardware threads; 0 skips it)\n"
-      "  --ratio-rounds N    rounds of the alternated weight-0 / skip comparison, each a\n"
-      "                      block of forwards of either strategy (default 16; 0 skips it)\n"
-      "  --json PATH         also write the results as JSON\n"
-      "  --checkpoint PATH   one layer of a real checkpoint (safetensors or GGUF) instead of the presets:\n"
-      "                      its shape, routing and weights (random tokens and logits); no dispatch part\n"
-      "  --layer L           with --checkpoint: the MoE layer (default: the first)\n");
-}
-
 // Every row's %bw is against the bandwidth measured right before and after
-// it (kLocalBwSeconds each). Rows of at most kLocalBwTokens tokens stream
-// weights: they are also measured again when the two probes disagree
-// (below). Larger rows (prefill) took the probe from the start of the run
-// until stop 29; on the Xeon of family 6 model 207 the bandwidth moved
-// between ~14 and ~28 GB/s within a run, and f32 prefill at qwen3's
-// shapes (16 FLOP per weight byte, this VM's ridge) then reads as `pk`
-// at ~50 % of the peak when it is bound by the bandwidth of that moment.
+// it (kLocalBwSeconds each): a VM's bandwidth can move by 2x within a run,
+// and a row held to a probe taken minutes earlier reads as bound by the
+// wrong roof. Rows of at most kLocalBwTokens tokens stream weights: they
+// are also measured again when the two probes disagree (below).
 constexpr int kLocalBwTokens = 64;
 constexpr double kLocalBwSeconds = 0.25;
-// This VM's read bandwidth jumps between two states (~50 and ~80 GB/s),
-// sometimes within seconds. A streaming row whose two probes differ by more
-// than this fraction of the higher ran across such a jump: it is measured
+// A VM's read bandwidth can jump between states within seconds. A
+// streaming row whose two probes differ by more than this fraction of the
+// higher ran across such a jump: it is measured
 // again, up to kRowAttempts times in all, and flagged when no attempt was
 // steady (`~` after %bw, "bw_steady": false in the JSON).
 constexpr double kBwJump = 0.15;
@@ -318,66 +293,66 @@ std::string run_dispatch(const presets::Model& model, int ranks, int T, ep_moe_d
   return "";
 }
 
+// Reads the command line into `o`: cli::Parser::kRun to go on, else the
+// exit code.
+int parse_options(int argc, char** argv, Options* op) {
+  Options& o = *op;
+  cli::Parser args("ep_moe_bench [options]",
+                   "The expert path, its permutation and combine, against this machine's peaks measured in the same "
+                   "run (docs/benchmarks.md says what each column means).");
+  args.list("--preset", &o.presets, "models (qwen3-30b-a3b, qwen2-57b-a14b, deepseek-v3, mixtral-8x7b)")
+      .list("--tokens", &o.tokens, "token counts per forward (default 1,8,64,512)", 1, 1 << 20)
+      .custom("--strategy", "S,S", "skip and/or weight0 (default both)",
+              [&o](const std::string& v, std::string* err) {
+                o.strategies.clear();
+                for (const auto& s : cli::split(v)) {
+                  if (s == "skip") o.strategies.push_back(EP_MOE_SKIP_TOKENS);
+                  else if (s == "weight0") o.strategies.push_back(EP_MOE_SKIP_WEIGHT_ZERO);
+                  else *err = "unknown strategy " + s;
+                }
+                return err->empty() && !o.strategies.empty();
+              })
+      .option("--ep", &o.ep, "EP size to simulate (default 0: the preset's)", 0, 4096)
+      .option("--threads", &o.threads, "threads of the rank (default 0: all hardware threads)", 0, 1024)
+      .custom("--dtype", "D", "f32, bf16 (default) or f16 weights and activations",
+              [&o](const std::string& v, std::string* err) {
+                if (presets::parse_dtype(v, &o.dtype)) return true;
+                *err = "takes f32, bf16 or f16";
+                return false;
+              })
+      .option("--min-time", &o.min_time, "seconds per measurement (default 0.5)", 0, 3600)
+      .option("--peak-time", &o.peak_time,
+              "seconds per peak measurement at the start (default 1.0); rows of more than 64 tokens measure theirs "
+              "again, at most 0.5",
+              0, 3600)
+      .option("--bw-mb", &o.bw_mb, "buffer for the bandwidth peak, MiB (default 1024)", 1, 1 << 20)
+      .custom("--dispatch-ranks", "N",
+              "in-process ranks of the permutation/combine part (default: hardware threads; 0 skips it)",
+              [&o](const std::string& v, std::string* err) {
+                long long n = 0;
+                if (!cli::to_int(v, 0, 4096, &n, err)) return false;
+                o.dispatch_ranks = n == 0 ? -1 : static_cast<int>(n);
+                return true;
+              })
+      .option("--ratio-rounds", &o.ratio_rounds,
+              "rounds of the alternated weight-0 / skip comparison, each a block of forwards of either strategy "
+              "(default 16; 0 skips it)",
+              0, 1 << 20)
+      .option("--json", &o.json, "also write the results as JSON", "PATH")
+      .option("--checkpoint", &o.checkpoint,
+              "one layer of a real checkpoint (safetensors or GGUF) instead of the presets: its shape, routing and "
+              "weights (random tokens and logits); no dispatch part",
+              "PATH")
+      .option("--layer", &o.layer, "with --checkpoint: the MoE layer (default: the first)", 0, INT_MAX);
+  return args.parse(argc, argv);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--preset") o.presets = presets::split(next());
-    else if (a == "--checkpoint") o.checkpoint = next();
-    else if (a == "--layer") o.layer = std::atoi(next().c_str());
-    else if (a == "--tokens") {
-      o.tokens.clear();
-      for (const auto& t : presets::split(next())) o.tokens.push_back(std::atoi(t.c_str()));
-    } else if (a == "--strategy") {
-      o.strategies.clear();
-      for (const auto& s : presets::split(next())) {
-        if (s == "skip") o.strategies.push_back(EP_MOE_SKIP_TOKENS);
-        else if (s == "weight0") o.strategies.push_back(EP_MOE_SKIP_WEIGHT_ZERO);
-        else {
-          std::fprintf(stderr, "unknown strategy %s\n", s.c_str());
-          return 2;
-        }
-      }
-    } else if (a == "--ep") o.ep = std::atoi(next().c_str());
-    else if (a == "--threads") o.threads = std::atoi(next().c_str());
-    else if (a == "--dtype") {
-      if (!presets::parse_dtype(next(), &o.dtype)) return 2;
-    } else if (a == "--min-time") o.min_time = std::atof(next().c_str());
-    else if (a == "--peak-time") o.peak_time = std::atof(next().c_str());
-    else if (a == "--bw-mb") o.bw_mb = std::atoi(next().c_str());
-    else if (a == "--json") o.json = next();
-    else if (a == "--ratio-rounds") o.ratio_rounds = std::atoi(next().c_str());
-    else if (a == "--dispatch-ranks") {
-      o.dispatch_ranks = std::atoi(next().c_str());
-      if (o.dispatch_ranks == 0) o.dispatch_ranks = -1;
-    } else if (a == "-h" || a == "--help") {
-      usage();
-      return 0;
-    } else {
-      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
-      usage();
-      return 2;
-    }
-  }
+  if (const int rc = parse_options(argc, argv, &o); rc != cli::Parser::kRun) return rc;
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  for (int t : o.tokens)
-    if (t < 1) {
-      std::fprintf(stderr, "token counts must be >= 1\n");
-      return 2;
-    }
-  if (o.ratio_rounds < 0) {
-    std::fprintf(stderr, "--ratio-rounds must be >= 0\n");
-    return 2;
-  }
   presets::CheckpointLayer ckl;
   if (!o.checkpoint.empty()) {
     const std::string err = presets::open_checkpoint_layer(o.checkpoint, o.layer, &ckl);

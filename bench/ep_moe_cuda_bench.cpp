@@ -24,6 +24,7 @@
 
 #include "cuda_check.hpp"
 #include "ep_moe/ep_moe.h"
+#include "cli.hpp"
 #include "presets.hpp"
 
 namespace {
@@ -188,32 +189,16 @@ int main(int argc, char** argv) {
   std::string json_path;
   if (const char* o = std::getenv("OUT")) json_path = std::string(o) + "/cuda_bench.json";
   int reps = 20;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--preset") {
-      names = {next()};
-    } else if (a == "--tokens") {
-      tokens.clear();
-      std::string s = next();
-      for (size_t p = 0; p < s.size();) {
-        size_t q = s.find(',', p);
-        if (q == std::string::npos) q = s.size();
-        tokens.push_back(std::atoi(s.substr(p, q - p).c_str()));
-        p = q + 1;
-      }
-    } else if (a == "--json") {
-      json_path = next();
-    } else if (a == "--reps") {
-      reps = std::max(3, std::atoi(next().c_str()));
-    } else {
-      std::fprintf(stderr,
-                   "usage: %s [--preset NAME] [--tokens 1,32,512,4096] [--reps N] [--json FILE]\n"
-                   "(JSON goes to $OUT/cuda_bench.json when OUT is set)\n",
-                   argv[0]);
-      return 2;
-    }
-  }
+  std::string preset;
+  cli::Parser args("ep_moe_cuda_bench [options]",
+                   "The CUDA layer on one GPU, as tests/gpu/run.sh runs it (JSON goes to "
+                   "$OUT/cuda_bench.json when OUT is set).");
+  args.option("--preset", &preset, "one model (default: all)", "NAME")
+      .list("--tokens", &tokens, "token counts (default 1,32,512,4096)", 1, 1 << 20)
+      .option("--reps", &reps, "repetitions per row (default 20, at least 3)", 3, 1 << 20)
+      .option("--json", &json_path, "write the rows as JSON", "FILE");
+  if (const int rc = args.parse(argc, argv); rc != cli::Parser::kRun) return rc;
+  if (!preset.empty()) names = {preset};
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
     std::printf("skipped: no CUDA device\n");

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "ep_moe/ep_moe.h"
+#include "cli.hpp"
 #include "presets.hpp"
 
 namespace {
@@ -46,20 +47,6 @@ struct Options {
   std::string json;
   unsigned seed = 1234;
 };
-
-void usage() {
-  std::printf(
-      "usage: ep_moe_eplb_bench [options]\n"
-      "  --preset a,b,...    models (qwen3-30b-a3b, qwen2-57b-a14b, deepseek-v3, mixtral-8x7b)\n"
-      "  --ep a,b,...        EP sizes (default: the preset's and 8)\n"
-      "  --zipf S            Zipf exponent of expert popularity (default 1.0)\n"
-      "  --tokens N          tokens per load window (default 16384)\n"
-      "  --redundant-div D   E/D redundant slots (default 8)\n"
-      "  --dispatch a,b      allgather, alltoall (default both)\n"
-      "  --replace-gb G      part 2 only for presets whose expert weights fit G GB (default 5; 0: skip)\n"
-      "  --seed N            routing seed (default 1234)\n"
-      "  --json FILE         also write the results as JSON\n");
-}
 
 void run_ranks(int n, const std::function<void(int)>& fn) {
   std::vector<std::thread> ts;
@@ -265,48 +252,29 @@ struct Move {
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--preset") o.presets = presets::split(next());
-    else if (a == "--ep") {
-      o.eps.clear();
-      for (const auto& s : presets::split(next())) o.eps.push_back(std::atoi(s.c_str()));
-    } else if (a == "--zipf") o.zipf = std::atof(next().c_str());
-    else if (a == "--tokens") o.tokens = std::atoi(next().c_str());
-    else if (a == "--redundant-div") o.redundant_div = std::atoi(next().c_str());
-    else if (a == "--dispatch") {
-      o.dispatch.clear();
-      for (const auto& s : presets::split(next())) {
-        if (s == "allgather") o.dispatch.push_back(EP_MOE_DISPATCH_ALLGATHER);
-        else if (s == "alltoall") o.dispatch.push_back(EP_MOE_DISPATCH_ALLTOALL);
-        else {
-          std::fprintf(stderr, "unknown dispatch %s\n", s.c_str());
-          return 2;
-        }
-      }
-    } else if (a == "--replace-gb") o.replace_gb = std::atof(next().c_str());
-    else if (a == "--seed") o.seed = static_cast<unsigned>(std::atol(next().c_str()));
-    else if (a == "--json") o.json = next();
-    else if (a == "-h" || a == "--help") {
-      usage();
-      return 0;
-    } else {
-      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
-      usage();
-      return 2;
-    }
-  }
-  if (o.tokens < 1 || o.redundant_div < 1 || !(o.zipf >= 0)) {
-    std::fprintf(stderr, "--tokens and --redundant-div must be >= 1, --zipf >= 0\n");
-    return 2;
-  }
+  cli::Parser args("ep_moe_eplb_bench [options]",
+                   "Expert load balancing: imbalance before and after a re-placement on Zipf routing, and the cost of "
+                   "moving the weights.");
+  args.list("--preset", &o.presets, "models (qwen3-30b-a3b, qwen2-57b-a14b, deepseek-v3, mixtral-8x7b)")
+      .list("--ep", &o.eps, "EP sizes (default: the preset's and 8)", 1, 4096)
+      .option("--zipf", &o.zipf, "Zipf exponent of expert popularity (default 1.0)", 0, 100)
+      .option("--tokens", &o.tokens, "tokens per load window (default 16384)", 1, 1 << 30)
+      .option("--redundant-div", &o.redundant_div, "E/D redundant slots (default 8)", 1, 1 << 20)
+      .custom("--dispatch", "A,B", "allgather, alltoall (default both)",
+              [&o](const std::string& v, std::string* err) {
+                o.dispatch.clear();
+                for (const auto& s : cli::split(v)) {
+                  if (s == "allgather") o.dispatch.push_back(EP_MOE_DISPATCH_ALLGATHER);
+                  else if (s == "alltoall") o.dispatch.push_back(EP_MOE_DISPATCH_ALLTOALL);
+                  else *err = "unknown dispatch " + s;
+                }
+                return err->empty() && !o.dispatch.empty();
+              })
+      .option("--replace-gb", &o.replace_gb,
+              "part 2 only for presets whose expert weights fit G GB (default 5; 0: skip)", 0, 1e6)
+      .option("--seed", &o.seed, "routing seed (default 1234)")
+      .option("--json", &o.json, "also write the results as JSON", "FILE");
+  if (const int rc = args.parse(argc, argv); rc != cli::Parser::kRun) return rc;
 
   // ---- part 1: imbalance before and after ----
   std::printf(

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "cli.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/pack.hpp"
@@ -68,16 +69,11 @@ int main(int argc, char** argv) {
   int threads = 2;
   double seconds = 0.3;
   bool quick = false;  // qwen3 shapes, 32 MiB of weight copies: a smoke run
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
-    else if (i + 1 < argc && std::strcmp(argv[i], "--threads") == 0) threads = std::atoi(argv[++i]);
-    else if (i + 1 < argc && std::strcmp(argv[i], "--seconds") == 0) seconds = std::atof(argv[++i]);
-    else {
-      std::fprintf(stderr, "usage: ep_moe_gemm_engines [--threads N] [--seconds S] [--quick]\n");
-      return 2;
-    }
-  }
-  if (threads < 1) threads = 1;
+  cli::Parser args("ep_moe_gemm_engines [options]", "ep_moe's tiles against OpenBLAS and oneDNN on the expert shapes.");
+  args.option("--threads", &threads, "threads (default 2)", 1, 1024)
+      .option("--seconds", &seconds, "seconds per measurement (default 0.3)", 0, 3600)
+      .flag("--quick", &quick, "qwen3 shapes, 32 MiB of weight copies: a smoke run");
+  if (const int rc = args.parse(argc, argv); rc != cli::Parser::kRun) return rc;
   openblas_set_num_threads(threads);
   setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);  // oneDNN's OpenMP, before its first use
   const cpu::Kernels& kern = cpu::layer_kernels();                // the kernels a layer takes here

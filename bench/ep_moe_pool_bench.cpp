@@ -10,21 +10,18 @@
 #include <cstring>
 #include <thread>
 
+#include "cli.hpp"
 #include "cpu/thread_pool.hpp"
 
 int main(int argc, char** argv) {
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   int loops = 20000;
   double gap_us = 5;
-  for (int i = 1; i < argc; ++i) {
-    if (i + 1 < argc && std::strcmp(argv[i], "--threads") == 0) threads = std::atoi(argv[++i]);
-    else if (i + 1 < argc && std::strcmp(argv[i], "--loops") == 0) loops = std::atoi(argv[++i]);
-    else if (i + 1 < argc && std::strcmp(argv[i], "--gap-us") == 0) gap_us = std::atof(argv[++i]);
-    else {
-      std::fprintf(stderr, "usage: ep_moe_pool_bench [--threads N] [--loops N] [--gap-us U]\n");
-      return 2;
-    }
-  }
+  cli::Parser args("ep_moe_pool_bench [options]", "The cost of one fork-join loop of the layer's thread pool.");
+  args.option("--threads", &threads, "pool threads, >= 2 (default: all hardware threads)", 2, 1024)
+      .option("--loops", &loops, "loops timed (default 20000)", 1, 1 << 30)
+      .option("--gap-us", &gap_us, "microseconds of caller work between loops (default 5)", 0, 1e6);
+  if (const int rc = args.parse(argc, argv); rc != cli::Parser::kRun) return rc;
   if (threads < 2 || loops < 1) {
     std::fprintf(stderr, "need --threads >= 2 and --loops >= 1\n");
     return 2;

@@ -43,6 +43,7 @@
 #include "cpu/kernels.hpp"
 #include "cpu/pack.hpp"
 #include "cpu/thread_pool.hpp"
+#include "cli.hpp"
 #include "machine_peaks.hpp"
 
 using namespace ep_moe;
@@ -77,38 +78,18 @@ int main(int argc, char** argv) {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   double block_s = 0.25;
   std::vector<int> rows_pattern = {2, 1, 3, 2, 5, 1, 4, 6};
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "%s needs a value\n", a.c_str());
-      return 2;
-    }
-    const std::string v = argv[++i];
-    if (a == "--experts") experts = std::atoi(v.c_str());
-    else if (a == "--hidden") hidden = std::atoi(v.c_str());
-    else if (a == "--inter") inter = std::atoi(v.c_str());
-    else if (a == "--threads") threads = std::atoi(v.c_str());
-    else if (a == "--blocks") blocks = std::atoi(v.c_str());
-    else if (a == "--bw-mb") bw_mb = std::atoi(v.c_str());
-    else if (a == "--block-seconds") block_s = std::atof(v.c_str());
-    else if (a == "--rows") {
-      rows_pattern.clear();
-      std::stringstream ss(v);
-      std::string t;
-      while (std::getline(ss, t, ',')) rows_pattern.push_back(std::atoi(t.c_str()));
-    } else {
-      std::fprintf(stderr, "unknown option %s\n", a.c_str());
-      return 2;
-    }
-  }
-  if (experts < 1 || hidden < 2 || inter < 2 || threads < 1 || blocks < 1 || bw_mb < 1 || block_s <= 0 ||
-      rows_pattern.empty() || *std::min_element(rows_pattern.begin(), rows_pattern.end()) < 1 ||
-      *std::max_element(rows_pattern.begin(), rows_pattern.end()) > kMaxRows) {
-    std::fprintf(stderr,
-                 "need positive --experts, --hidden, --inter, --threads, --blocks, --bw-mb, "
-                 "--block-seconds, and --rows of 1..64\n");
-    return 2;
-  }
+  cli::Parser args("ep_moe_stream_bench [options]",
+                   "The expert path against its own tiles and a plain read of the same weights, each as a fraction "
+                   "of the read probe in the same moment.");
+  args.option("--experts", &experts, "experts streamed (default 28)", 1, 1 << 16)
+      .option("--hidden", &hidden, "hidden size (default 2048)", 2, 1 << 16)
+      .option("--inter", &inter, "intermediate size (default 768)", 2, 1 << 18)
+      .option("--threads", &threads, "threads (default: all hardware threads)", 1, 1024)
+      .option("--blocks", &blocks, "alternated measurement blocks (default 20)", 1, 1 << 20)
+      .option("--bw-mb", &bw_mb, "buffer of the read probe, MiB (default 1024)", 1, 1 << 20)
+      .option("--block-seconds", &block_s, "seconds per block (default 0.25)", 1e-6, 3600)
+      .list("--rows", &rows_pattern, "the rows per expert of successive steps (default 2,1,3,2,5,1,4,6)", 1, kMaxRows);
+  if (const int rc = args.parse(argc, argv); rc != cli::Parser::kRun) return rc;
   const cpu::Kernels& kern = cpu::layer_kernels();  // the kernels a layer takes here
   // With bf16 dot-product tiles (AVX512_BF16) the passes run them on bf16
   // rows, as the layer does with bf16 activations; without them (AVX2,

@@ -7,6 +7,7 @@
 //               [--shared I] [--iters N] [--placement linear|round_robin]
 //               [--checkpoint PATH [--layer L]] [--plan] [--list]
 #include <algorithm>
+#include <climits>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli.hpp"
 #include "ep_moe/ep_moe.h"
 #include "presets.hpp"
 
@@ -42,24 +44,6 @@ struct Options {
   int layer = -1;  // -1: the first MoE layer
   const presets::CheckpointLayer* ck = nullptr;
 };
-
-void usage() {
-  std::printf(
-      "usage: ep_moe_demo [options]\n"
-      "  --model NAME        model shape (--list shows them; default qwen3-30b-a3b)\n"
-      "  --ep N              in-process expert-parallel ranks (default 4)\n"
-      "  --tokens T          tokens per forward (default 64)\n"
-      "  --dtype D           weights and activations: f32, bf16 (default) or f16\n"
-      "  --shared I          shared-expert intermediate size (0 = none; default: the model's)\n"
-      "  --hidden H, --inter I, --experts E, --topk K   override the model's sizes\n"
-      "  --iters N           timed forward calls (default 3)\n"
-      "  --placement P       linear (default) or round_robin\n"
-      "  --checkpoint PATH   a safetensors or GGUF checkpoint: its layer's shape, routing and weights\n"
-      "  --layer L           with --checkpoint: the MoE layer (default: the first)\n"
-      "  --plan              only print which experts each rank owns\n"
-      "  --mpi               one rank per MPI process: mpirun -np 4 ep_moe_demo --mpi\n"
-      "  --list              list the model shapes\n");
-}
 
 bool ok(ep_moe_status_t s, const char* what, const char* detail = nullptr) {
   if (s == EP_MOE_OK) return true;
@@ -278,60 +262,50 @@ int run_mpi(const presets::Model& m, const Options& o, int shared, const std::ve
 // --help or --list, 2 for a bad argument).
 int parse_options(int argc, char** argv, Options* op) {
   Options& o = *op;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--model") o.model = next();
-    else if (a == "--ep") o.ep = std::atoi(next().c_str());
-    else if (a == "--tokens") o.tokens = std::atoi(next().c_str());
-    else if (a == "--iters") o.iters = std::atoi(next().c_str());
-    else if (a == "--shared") o.shared = std::atoi(next().c_str());
-    else if (a == "--redundant") o.redundant = std::atoi(next().c_str());
-    else if (a == "--hidden") o.hidden = std::atoi(next().c_str());
-    else if (a == "--inter") o.inter = std::atoi(next().c_str());
-    else if (a == "--experts") o.experts = std::atoi(next().c_str());
-    else if (a == "--topk") o.top_k = std::atoi(next().c_str());
-    else if (a == "--checkpoint") o.checkpoint = next();
-    else if (a == "--layer") o.layer = std::atoi(next().c_str());
-    else if (a == "--dtype") {
-      if (!presets::parse_dtype(next(), &o.dtype)) {
-        std::fprintf(stderr, "--dtype takes f32, bf16 or f16\n");
-        return 2;
-      }
-    } else if (a == "--placement") {
-      const std::string p = next();
-      if (p == "linear") o.placement = EP_MOE_PLACEMENT_LINEAR;
-      else if (p == "round_robin") o.placement = EP_MOE_PLACEMENT_ROUND_ROBIN;
-      else {
-        std::fprintf(stderr, "unknown placement %s\n", p.c_str());
-        return 2;
-      }
-    } else if (a == "--plan") o.plan = true;
-    else if (a == "--mpi") {
-#if defined(EP_MOE_DEMO_MPI)
-      o.mpi = true;
-#else
-      std::fprintf(stderr, "--mpi: this demo was built without MPI (install libopenmpi-dev and rebuild)\n");
-      return 2;
-#endif
-    } else if (a == "--list") {
-      for (const auto& m : presets::models()) std::printf("%-16s %s\n", m.name, m.note);
-      return 0;
-    } else if (a == "-h" || a == "--help") {
-      usage();
-      return 0;
-    } else {
-      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
-      usage();
-      return 2;
-    }
+  bool list = false;
+  cli::Parser args("ep_moe_demo [options]",
+                   "Runs one MoE layer on in-process EP ranks (or MPI processes), checks it against one rank, and "
+                   "reports tokens/s.");
+  args.option("--model", &o.model, "model shape (--list shows them; default qwen3-30b-a3b)", "NAME")
+      .option("--ep", &o.ep, "in-process expert-parallel ranks (default 4)", 1, 4096)
+      .option("--tokens", &o.tokens, "tokens per forward (default 64)", 1, 1 << 20)
+      .custom("--dtype", "D", "weights and activations: f32, bf16 (default) or f16",
+              [&o](const std::string& v, std::string* err) {
+                if (presets::parse_dtype(v, &o.dtype)) return true;
+                *err = "takes f32, bf16 or f16";
+                return false;
+              })
+      .option("--shared", &o.shared, "shared-expert intermediate size (0 = none; default: the model's)", 0, 1 << 18)
+      .option("--hidden", &o.hidden, "override the model's hidden size (0: the model's)", 0, 1 << 16)
+      .option("--inter", &o.inter, "override the model's expert intermediate size (0: the model's)", 0, 1 << 18)
+      .option("--experts", &o.experts, "override the model's number of experts (0: the model's)", 0, 1 << 20)
+      .option("--topk", &o.top_k, "override the model's top-k (0: the model's)", 0, 1 << 20)
+      .option("--redundant", &o.redundant, "redundant expert slots (replicas) in the map", 0, 1 << 20)
+      .option("--iters", &o.iters, "timed forward calls (default 3)", 1, 1 << 20)
+      .custom("--placement", "P", "linear (default) or round_robin",
+              [&o](const std::string& v, std::string* err) {
+                if (v == "linear") o.placement = EP_MOE_PLACEMENT_LINEAR;
+                else if (v == "round_robin") o.placement = EP_MOE_PLACEMENT_ROUND_ROBIN;
+                else *err = "unknown placement " + v;
+                return err->empty();
+              })
+      .option("--checkpoint", &o.checkpoint, "a safetensors or GGUF checkpoint: its layer's shape, routing and weights",
+              "PATH")
+      .option("--layer", &o.layer, "with --checkpoint: the MoE layer (default: the first)", 0, INT_MAX)
+      .flag("--plan", &o.plan, "only print which experts each rank owns")
+      .flag("--mpi", &o.mpi, "one rank per MPI process: mpirun -np 4 ep_moe_demo --mpi")
+      .flag("--list", &list, "list the model shapes");
+  if (const int rc = args.parse(argc, argv); rc != cli::Parser::kRun) return rc;
+  if (list) {
+    for (const auto& m : presets::models()) std::printf("%-16s %s\n", m.name, m.note);
+    return 0;
   }
+#if !defined(EP_MOE_DEMO_MPI)
+  if (o.mpi) {
+    std::fprintf(stderr, "--mpi: this demo was built without MPI (install libopenmpi-dev and rebuild)\n");
+    return 2;
+  }
+#endif
   return -1;
 }
 
@@ -364,10 +338,6 @@ int main(int argc, char** argv) {
   if (o.top_k > 0) custom.top_k = o.top_k;
   if (custom.groups > 0 && custom.experts % custom.groups != 0) custom.groups = custom.topk_group = 0;
   const presets::Model* m = &custom;
-  if (o.ep < 1 || o.tokens < 1 || o.iters < 1) {
-    std::fprintf(stderr, "--ep, --tokens and --iters must be >= 1\n");
-    return 2;
-  }
   ep_moe_set_log_callback(log_to_stderr, EP_MOE_LOG_WARN, nullptr);
   const int shared = o.shared >= 0 ? o.shared : m->shared_intermediate;
   bool quiet = false;  // MPI ranks other than 0 print nothing

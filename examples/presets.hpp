@@ -139,15 +139,6 @@ inline ep_moe_layer_config_t layer_config(const Model& m, int shared, ep_moe_dty
   return c;
 }
 
-// "a,b,c" -> {"a", "b", "c"} (command-line lists).
-inline std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(item);
-  return out;
-}
-
 inline bool parse_dtype(const std::string& s, ep_moe_dtype_t* out) {
   if (s == "f32") *out = EP_MOE_DTYPE_F32;
   else if (s == "bf16") *out = EP_MOE_DTYPE_BF16;

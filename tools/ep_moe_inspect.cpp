@@ -12,15 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "cli.hpp"
 #include "ep_moe/ep_moe.h"
 
 namespace {
-
-void usage() {
-  std::fprintf(stderr,
-               "usage: ep_moe_inspect PATH [--layer L] [--ep N] [--placement linear|round_robin]\n"
-               "                      [--naming auto|hf|mixtral|hf-fused|hf-fused-transposed|gguf] [--prefix P]\n");
-}
 
 std::string ranges(const std::vector<int32_t>& v) {
   std::string s;
@@ -158,58 +153,37 @@ int print_layer(const ep_moe_checkpoint_t* ck, int32_t L, int ep, int placement)
 }
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    usage();
-    return 2;
-  }
   std::string path;
   int layer_only = -1, ep = 0, placement = EP_MOE_PLACEMENT_LINEAR;
   ep_moe_checkpoint_config_t cc;
   ep_moe_checkpoint_config_init(&cc);
   std::string prefix;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        usage();
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    // A whole non-negative number, or the usage.
-    auto number = [&](const std::string& v) {
-      char* end = nullptr;
-      const long n = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || n < 0 || n > (1 << 24)) {
-        std::fprintf(stderr, "ep_moe_inspect: %s wants a non-negative number, got '%s'\n", a.c_str(), v.c_str());
-        std::exit(2);
-      }
-      return static_cast<int>(n);
-    };
-    if (a == "--layer") layer_only = number(next());
-    else if (a == "--ep") ep = number(next());
-    else if (a == "--placement")
-      placement = next() == "round_robin" ? EP_MOE_PLACEMENT_ROUND_ROBIN : EP_MOE_PLACEMENT_LINEAR;
-    else if (a == "--prefix") prefix = next();
-    else if (a == "--naming") {
-      const std::string n = next();
-      const char* names[] = {"auto", "hf", "mixtral", "hf-fused", "hf-fused-transposed", "gguf"};
-      cc.naming = -1;
-      for (int k = 0; k < 6; ++k)
-        if (n == names[k]) cc.naming = k;
-      if (cc.naming < 0) {
-        usage();
-        return 2;
-      }
-    } else if (a == "-h" || a == "--help") {
-      usage();
-      return 0;
-    } else if (path.empty()) path = a;
-    else {
-      usage();
-      return 2;
-    }
-  }
+  cli::Parser args(
+      "ep_moe_inspect PATH [options]",
+      "What a checkpoint holds, the layer configuration derived from it, and what each EP rank would read.");
+  args.positional("PATH", &path, "a safetensors file or directory, or a GGUF file")
+      .option("--layer", &layer_only, "only this layer", 0, 1 << 24)
+      .option("--ep", &ep, "EP size whose per-rank reads to show", 0, 1 << 24)
+      .custom("--placement", "P", "linear (default) or round_robin",
+              [&placement](const std::string& v, std::string* err) {
+                if (v == "linear") placement = EP_MOE_PLACEMENT_LINEAR;
+                else if (v == "round_robin") placement = EP_MOE_PLACEMENT_ROUND_ROBIN;
+                else *err = "unknown placement " + v;
+                return err->empty();
+              })
+      .custom("--naming", "N", "auto, hf, mixtral, hf-fused, hf-fused-transposed or gguf",
+              [&cc](const std::string& v, std::string* err) {
+                const char* names[] = {"auto", "hf", "mixtral", "hf-fused", "hf-fused-transposed", "gguf"};
+                for (int k = 0; k < 6; ++k)
+                  if (v == names[k]) {
+                    cc.naming = k;
+                    return true;
+                  }
+                *err = "unknown naming " + v;
+                return false;
+              })
+      .option("--prefix", &prefix, "a name prefix before the layers (e.g. model.language_model.)", "P");
+  if (const int rc = args.parse(argc, argv); rc != cli::Parser::kRun) return rc;
   if (!prefix.empty()) cc.name_prefix = prefix.c_str();
   ep_moe_checkpoint_t* ck = nullptr;
   const ep_moe_status_t st = ep_moe_checkpoint_open(&ck, path.c_str(), &cc);
