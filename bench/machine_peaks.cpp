@@ -273,9 +273,8 @@ double memcpy_gbs_per_thread(int threads, double seconds, size_t bytes) {
   bytes = std::max<size_t>(bytes, 64);
   // Where the destination sits against the source matters: with separate
   // vectors, glibc placed them 16 bytes apart modulo 4 KiB for some sizes
-  // (24-400 KB in the bench's combine), and on the Zen 3 of stop 22 memcpy
-  // then ran at ~1.7 GB/s instead of ~35 (each load 4K-aliasing a store
-  // just made). So both are 4 KiB-aligned in one allocation, and the copy
+  // (24-400 KB in the bench's combine), and memcpy can then run ~20x
+  // slower (each load 4K-aliasing a store just made). So both are 4 KiB-aligned in one allocation, and the copy
   // is timed at two placements, the destination 0 and 2 KiB after a
   // 4 KiB boundary; each thread keeps its faster one (the library's own
   // buffers are 64-byte aligned, where neither is pathological).

@@ -49,7 +49,7 @@ uint64_t sum_words(const uint64_t* p, size_t n);
 // and destination are 4 KiB-aligned; the copy is timed (seconds / 2 each)
 // with the destination at two offsets from a 4 KiB boundary, and each
 // thread's faster one counts (a destination a few bytes past the source
-// modulo 4 KiB made memcpy 20x slower on a Zen 3). The timing starts when
+// modulo 4 KiB can make memcpy 20x slower: 4K aliasing). The timing starts when
 // every thread has touched its buffers. 0 when a buffer could not be had.
 double memcpy_gbs_per_thread(int threads, double seconds, size_t bytes);
 
