@@ -440,11 +440,18 @@ func (cfg LayerConfig) MapConfig(epSize, epRank int32) ExpertMapConfig {
 // DType is an element type.
 type DType int32
 
-// Element types.
+// Element types; Q8_0 .. MXFP4 are GGUF's block formats (SetWeightBlocks).
 const (
-	F32  DType = C.EP_MOE_DTYPE_F32
-	BF16 DType = C.EP_MOE_DTYPE_BF16
-	F16  DType = C.EP_MOE_DTYPE_F16
+	F32    DType = C.EP_MOE_DTYPE_F32
+	BF16   DType = C.EP_MOE_DTYPE_BF16
+	F16    DType = C.EP_MOE_DTYPE_F16
+	Q8_0   DType = C.EP_MOE_DTYPE_Q8_0
+	Q4_0   DType = C.EP_MOE_DTYPE_Q4_0
+	Q4_K   DType = C.EP_MOE_DTYPE_Q4_K
+	Q5_K   DType = C.EP_MOE_DTYPE_Q5_K
+	Q6_K   DType = C.EP_MOE_DTYPE_Q6_K
+	IQ4_XS DType = C.EP_MOE_DTYPE_IQ4_XS
+	MXFP4  DType = C.EP_MOE_DTYPE_MXFP4
 )
 
 func (d DType) String() string {
@@ -455,8 +462,32 @@ func (d DType) String() string {
 		return "BF16"
 	case F16:
 		return "F16"
+	case Q8_0:
+		return "Q8_0"
+	case Q4_0:
+		return "Q4_0"
+	case Q4_K:
+		return "Q4_K"
+	case Q5_K:
+		return "Q5_K"
+	case Q6_K:
+		return "Q6_K"
+	case IQ4_XS:
+		return "IQ4_XS"
+	case MXFP4:
+		return "MXFP4"
 	}
 	return fmt.Sprintf("DType(%d)", int32(d))
+}
+
+// Block returns the elements and bytes of one block of d (1 element of its
+// size for the plain types; ep_moe_dtype_block).
+func (d DType) Block() (elems, bytes int64, err error) {
+	var e, b C.int64_t
+	if err := threadCall(func() C.ep_moe_status_t { return C.ep_moe_dtype_block(&e, &b, C.ep_moe_dtype_t(d)) }); err != nil {
+		return 0, 0, err
+	}
+	return int64(e), int64(b), nil
 }
 
 // Weight selects a tensor for SetWeight.
@@ -548,6 +579,33 @@ func (l *Layer) SetWeight(which Weight, expert int32, data []float32, rows, cols
 	ok, err := l.setWeight(which, expert, p, len(data), F32, rows, cols)
 	runtime.KeepAlive(data)
 	return ok, err
+}
+
+// SetWeightBlocks gives one weight in a GGUF block format dt (Q8_0 ..
+// MXFP4): rows x cols / block-elements blocks, row after row. A CPU layer
+// keeps routed experts' weights in the format; others are dequantized.
+func (l *Layer) SetWeightBlocks(which Weight, expert int32, blocks []byte, dt DType, rows, cols int64) (bool, error) {
+	elems, size, err := dt.Block()
+	if err != nil {
+		return false, err
+	}
+	if elems == 1 {
+		return false, invalid("SetWeightBlocks takes a block format (Q8_0 .. MXFP4), got %v", dt)
+	}
+	if rows < 0 || cols < 0 || cols%elems != 0 || int64(len(blocks)) != rows*(cols/elems)*size {
+		return false, invalid("blocks has %d bytes, not rows * cols / %d * %d for [%d, %d] in %v", len(blocks), elems,
+			size, rows, cols, dt)
+	}
+	var p unsafe.Pointer
+	if len(blocks) > 0 {
+		p = unsafe.Pointer(&blocks[0])
+	}
+	var stored C.int32_t
+	err = check(C.ep_moe_layer_set_weight(&stored, l.p, C.ep_moe_weight_t(which), C.int32_t(expert), p,
+		C.ep_moe_dtype_t(dt), C.int64_t(rows), C.int64_t(cols)), l.lastError)
+	runtime.KeepAlive(blocks)
+	runtime.KeepAlive(l)
+	return stored != 0, err
 }
 
 // SetWeight16 gives one weight of 16-bit elements (their bits; dt BF16 or F16).

@@ -527,3 +527,40 @@ func TestCheckpointLoadMatchesSetWeight(t *testing.T) {
 		t.Fatal("all-zero output")
 	}
 }
+
+func TestBlockFormatWeights(t *testing.T) {
+	if e, b, err := Q4_K.Block(); err != nil || e != 256 || b != 144 {
+		t.Fatalf("Q4_K block: %d %d %v", e, b, err)
+	}
+	if _, _, err := DType(13).Block(); err == nil {
+		t.Fatal("DType(13) has no block")
+	}
+	m, err := NewExpertMap(ExpertMapConfig{EPSize: 1, EPRank: 0, Experts: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	cfg := LayerConfig{Hidden: 64, Intermediate: 32, Experts: 2, TopK: 1, MaxTokens: 2, Threads: 1}
+	l, err := NewLayer(cfg, m, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	gate := make([]byte, 32*2*34) // Q8_0 [32, 64]: scale 1/64 (f16 0x2400)
+	for b := 0; b < 64; b++ {
+		gate[b*34+1] = 0x24
+		for i := 0; i < 32; i++ {
+			gate[b*34+2+i] = byte(i * 7)
+		}
+	}
+	if ok, err := l.SetWeightBlocks(WeightExpertGate, 0, gate, Q8_0, 32, 64); err != nil || !ok {
+		t.Fatalf("Q8_0 gate: %v %v", ok, err)
+	}
+	if _, err := l.SetWeightBlocks(WeightExpertGate, 0, gate[1:], Q8_0, 32, 64); err == nil {
+		t.Fatal("a short buffer was taken")
+	}
+	_, err = l.SetWeightBlocks(WeightExpertGate, 1, make([]byte, 32*2*18), Q4_0, 32, 64)
+	if err == nil || !strings.Contains(err.Error(), "q8_0") {
+		t.Fatalf("another format for the same part: %v", err)
+	}
+}

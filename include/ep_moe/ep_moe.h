@@ -56,7 +56,7 @@
  *  shared library's SOVERSION). */
 #define EP_MOE_VERSION_MAJOR 0
 /** \brief Minor version: bumped when features are added compatibly. */
-#define EP_MOE_VERSION_MINOR 3
+#define EP_MOE_VERSION_MINOR 4
 /** \brief Patch version: bumped for fixes only. */
 #define EP_MOE_VERSION_PATCH 0
 /** \brief The version as one number: major * 10000 + minor * 100 + patch. */
@@ -204,19 +204,52 @@ typedef void (*ep_moe_log_fn)(ep_moe_log_level_t level, const char* message, voi
 EP_MOE_API ep_moe_status_t ep_moe_set_log_callback(ep_moe_log_fn fn, ep_moe_log_level_t max_level, void* user_data);
 
 /** \brief Element types of tensors. Weights and activations use the three
- *  floating-point types; communicator collectives also move integers. */
+ *  floating-point types; routed experts' weights may also be in one of the
+ *  GGUF block formats (see below); communicator collectives also move
+ *  integers.
+ *
+ *  The block formats are exactly GGUF's (ggml's block_q8_0, block_q4_0,
+ *  block_q4_K, block_q5_K, block_q6_K, block_iq4_xs, block_mxfp4): a row of
+ *  `cols` elements is `cols / block_elems` blocks of `block_bytes` each, the
+ *  rows one after another (a [rows, cols] matrix is rows x cols / block_elems
+ *  blocks). `cols` must be a multiple of the block's elements:
+ *  Q8_0, Q4_0, MXFP4 32 elements in 34, 18, 17 bytes; Q4_K, Q5_K, Q6_K and
+ *  IQ4_XS 256 elements in 144, 176, 210 and 136 bytes
+ *  (ep_moe_dtype_block()). CPU layers keep routed experts in these formats
+ *  and compute on them (docs/quantization.md); other weights given in them
+ *  are dequantized at store. */
 typedef enum ep_moe_dtype {
-  EP_MOE_DTYPE_F32 = 0,  /**< IEEE binary32. */
-  EP_MOE_DTYPE_BF16 = 1, /**< bfloat16 (upper half of a binary32). */
-  EP_MOE_DTYPE_F16 = 2,  /**< IEEE binary16. */
-  EP_MOE_DTYPE_I32 = 3,  /**< int32_t (collectives only). */
-  EP_MOE_DTYPE_I64 = 4,  /**< int64_t (collectives only). */
-  EP_MOE_DTYPE_U8 = 5,   /**< uint8_t, raw bytes (collectives only; sums wrap). */
+  EP_MOE_DTYPE_F32 = 0,     /**< IEEE binary32. */
+  EP_MOE_DTYPE_BF16 = 1,    /**< bfloat16 (upper half of a binary32). */
+  EP_MOE_DTYPE_F16 = 2,     /**< IEEE binary16. */
+  EP_MOE_DTYPE_I32 = 3,     /**< int32_t (collectives only). */
+  EP_MOE_DTYPE_I64 = 4,     /**< int64_t (collectives only). */
+  EP_MOE_DTYPE_U8 = 5,      /**< uint8_t, raw bytes (collectives only; sums wrap). */
+  EP_MOE_DTYPE_Q8_0 = 6,    /**< GGUF Q8_0: 32 int8 and an f16 scale (weights only). */
+  EP_MOE_DTYPE_Q4_0 = 7,    /**< GGUF Q4_0: 32 4-bit values, offset 8, f16 scale (weights only). */
+  EP_MOE_DTYPE_Q4_K = 8,    /**< GGUF Q4_K: 256 4-bit values, 8 6-bit scales and mins (weights only). */
+  EP_MOE_DTYPE_Q5_K = 9,    /**< GGUF Q5_K: 256 5-bit values, 8 6-bit scales and mins (weights only). */
+  EP_MOE_DTYPE_Q6_K = 10,   /**< GGUF Q6_K: 256 6-bit values, 16 int8 scales (weights only). */
+  EP_MOE_DTYPE_IQ4_XS = 11, /**< GGUF IQ4_XS: 256 4-bit indices into a non-linear table, 6-bit scales (weights only). */
+  EP_MOE_DTYPE_MXFP4 = 12,  /**< GGUF MXFP4 (OCP MX): 32 FP4 E2M1 values, an E8M0 scale (weights only). */
   /** \cond RANGE */
   EP_MOE_DTYPE_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
   EP_MOE_DTYPE_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */
   /** \endcond */
 } ep_moe_dtype_t;
+
+/**
+ * \brief The block geometry of a dtype: a row of `cols` elements takes
+ * cols / *out_elems blocks of *out_bytes bytes (1 element of its size for
+ * the plain types).
+ * \param[out] out_elems Elements per block (may be NULL).
+ * \param[out] out_bytes Bytes per block (may be NULL).
+ * \param[in]  dtype     Any ::ep_moe_dtype_t value.
+ * \return ::EP_MOE_OK, or ::EP_MOE_ERR_INVALID_ARGUMENT for a value that is
+ *         not a dtype (the outputs are then left as they were).
+ * \since 0.4
+ */
+EP_MOE_API ep_moe_status_t ep_moe_dtype_block(int64_t* out_elems, int64_t* out_bytes, ep_moe_dtype_t dtype);
 
 /** @} */
 

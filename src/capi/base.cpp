@@ -1,6 +1,8 @@
 // C API: versions, statuses, features, logging, thread-local errors.
 #include "backend/modules.hpp"
 #include "capi/handle.hpp"
+#include "common/dtype.hpp"
+#include "common/quant.hpp"
 
 using namespace ep_moe;
 using namespace ep_moe::capi;
@@ -61,6 +63,15 @@ int ep_moe_has_feature(uint32_t features) {
     }
   }
   return features != 0 && (features & ~built) == 0 ? 1 : 0;
+}
+
+ep_moe_status_t ep_moe_dtype_block(int64_t* out_elems, int64_t* out_bytes, ep_moe_dtype_t dtype) {
+  return guard(__func__, nullptr, Kind::ExpertMap, [&] {
+    EP_MOE_CHECK_ARG(dtype_valid(dtype) || dtype_is_quant(dtype), "dtype %d is not an ep_moe_dtype_t value",
+                     static_cast<int>(dtype));
+    if (out_elems) *out_elems = quant_block_elems(dtype);
+    if (out_bytes) *out_bytes = quant_block_bytes(dtype);
+  });
 }
 
 ep_moe_status_t ep_moe_set_log_callback(ep_moe_log_fn fn, ep_moe_log_level_t max_level, void* user_data) {

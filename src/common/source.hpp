@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/dtype.hpp"
+#include "common/quant.hpp"
 #include "ep_moe/ep_moe.h"
 
 namespace ep_moe {
@@ -19,8 +20,21 @@ struct Source {
   bool transposed = false;
 };
 
-// Element (r, c) of the view, widened to f32.
+// A block-format view (common/quant.hpp) is never transposed: its stored
+// rows are the logical rows, `ld` elements (whole blocks) each, and col0
+// sits on a block boundary wherever blocks are copied as they are.
+
+// The first byte of stored row `r` of the view (row0 counted).
+inline const void* source_row(const Source& s, int64_t r) {
+  const size_t row =
+      dtype_is_quant(s.dtype) ? quant_row_bytes(s.dtype, s.ld) : static_cast<size_t>(s.ld) * dtype_size(s.dtype);
+  return static_cast<const char*>(s.data) + static_cast<size_t>(s.row0 + r) * row;
+}
+
+// Element (r, c) of the view, widened to f32 (a block format's decodes its
+// whole block: read rows with dequantize_row where speed matters).
 inline float source_at(const Source& s, int64_t r, int64_t c) {
+  if (dtype_is_quant(s.dtype)) return dequantize_at(s.dtype, source_row(s, r), s.col0 + c);
   const int64_t i = s.transposed ? (s.col0 + c) * s.ld + s.row0 + r : (s.row0 + r) * s.ld + s.col0 + c;
   return load_elem(s.data, s.dtype, i);
 }

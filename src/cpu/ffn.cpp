@@ -64,6 +64,14 @@ FfnRunner::FfnRunner(const Kernels& k, int32_t hidden, int32_t max_inter, int64_
   }
 }
 
+void FfnRunner::reserve_quant() {
+  if (xq_.size() > 0) return;
+  ldxq_ = act_row_bytes(hidden_);
+  ldhq_ = act_row_bytes(ldh_);
+  xq_.resize(static_cast<size_t>(chunk_) * ldxq_);
+  hq_.resize(static_cast<size_t>(chunk_) * ldhq_);
+}
+
 void FfnRunner::reserve_jobs(size_t max_jobs) {
   segs_.reserve(max_jobs);
   ord_.reserve(max_jobs);
@@ -97,13 +105,21 @@ void FfnRunner::run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_
   // in pair order) and h go through the tiles in bf16, as a GPU GEMM would.
   Chunk ch;
   ch.dot = bf16_act_;
-  for (const Segment& s : segs_)
+  bool quant_gu = false, quant_down = false;
+  for (const Segment& s : segs_) {
     ch.dot = ch.dot && s.job->gate_up->dtype == EP_MOE_DTYPE_BF16 && s.job->down->dtype == EP_MOE_DTYPE_BF16;
+    quant_gu = quant_gu || s.job->gate_up->quant();
+    quant_down = quant_down || s.job->down->quant();
+  }
   ch.hbuf = h_.data<float>();
   ch.xb = ch.dot ? xb_.data<uint16_t>() : nullptr;
   ch.hb = ch.dot ? hb_.data<uint16_t>() : nullptr;
+  ch.xq = quant_gu ? xq_.data<char>() : nullptr;
+  ch.hq = quant_down ? hq_.data<char>() : nullptr;
   if (ch.dot) gather_bf16_rows(ch, rows, pool, x, ldx, x16, ldx16);
+  if (ch.xq) quantize_rows(ch, rows, pool, x, ldx, false);
   phase_a(ch, pool, x, ldx, act);
+  if (ch.hq) quantize_rows(ch, rows, pool, x, ldx, true);
   phase_b(ch, pool, acc, ldacc);
 }
 
@@ -124,11 +140,33 @@ void FfnRunner::gather_bf16_rows(const Chunk& ch, int64_t rows, ThreadPool& pool
   });
 }
 
+void FfnRunner::quantize_rows(const Chunk& ch, int64_t rows, ThreadPool& pool, const float* x, int64_t ldx, bool down) {
+  const std::vector<Segment>& segs = segs_;
+  pool.parallel_ranges(static_cast<size_t>(rows), 8, [&](size_t b0, size_t b1, int) {
+    const auto r0 = static_cast<int64_t>(b0), r1 = static_cast<int64_t>(b1);
+    size_t s = 0;
+    for (int64_t r = r0; r < r1; ++r) {
+      while (r >= segs[s].offset + segs[s].len) ++s;
+      const ExpertJob& j = *segs[s].job;
+      const PackedWeight& w = down ? *j.down : *j.gate_up;
+      if (!w.quant()) continue;
+      const ActQuant aq = act_quant_of(w.dtype);
+      if (down) {
+        k_.quantize_act(ch.hbuf + r * ldh_, w.k, aq, ch.hq + r * static_cast<int64_t>(ldhq_));
+      } else {
+        const int64_t tok = j.rows[segs[s].begin + (r - segs[s].offset)];
+        k_.quantize_act(x + tok * ldx, w.k, aq, ch.xq + r * static_cast<int64_t>(ldxq_));
+      }
+    }
+  });
+}
+
 // A segment of one row (decode) goes through its runs of panels in gemv
 // calls, when the kernels have one for its weights, and a segment of 2 ..
 // run_rows rows through gemm_run, where the kernels have it (both phases):
 // the rows of such a segment, else 0.
 int FfnRunner::run_rows_of(const Segment& sg, const PackedWeight& w, bool dot) const {
+  if (w.quant()) return 0;  // the block kernels take every row count
   return k_.runs_rows(sg.len, w.dtype, dot) ? static_cast<int>(sg.len) : 0;
 }
 
@@ -148,6 +186,7 @@ void FfnRunner::phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64
   const bool dot = ch.dot;
   float* hbuf = ch.hbuf;
   uint16_t *xb = ch.xb, *hb = ch.hb;
+  const char* xq = ch.xq;
   // Phase A: h = act(x W_gate^T) * (x W_up^T), per gate/up panel of each
   // segment, numbered in the order below (first[s]: segment s's first). The
   // panels go out in one contiguous share per thread (parallel_shares), so
@@ -227,7 +266,11 @@ void FfnRunner::phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64
       const void* next = next_after(q + 1);
       for (int64_t r0 = 0; r0 < s.len; r0 += kRows) {
         const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
-        if (dot) {
+        if (w.quant()) {
+          const void* aq[kRows];
+          for (int i = 0; i < m; ++i) aq[i] = xq + (s.offset + r0 + i) * static_cast<int64_t>(ldxq_);
+          k_.qgemm[quant_index(w.dtype)](m, aq, w.k, w.panel(p), nr, c, nr, r0 == 0 ? next : nullptr);
+        } else if (dot) {
           for (int i = 0; i < m; ++i) a16[i] = xb + (s.offset + r0 + i) * ldxb_;
           k_.gemm_bf16(m, a16, w.k, w.panel(p), c, nr, r0 == 0 ? next : nullptr);
         } else {
@@ -268,7 +311,11 @@ void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t l
   const auto down_rows = [&](const Segment& s, const PackedWeight& w, int32_t p, int64_t r0, float* c, int ldc,
                              const void* next, const float** a, const uint16_t** a16) {
     const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
-    if (dot) {
+    if (w.quant()) {
+      const void* aq[kRows];
+      for (int i = 0; i < m; ++i) aq[i] = ch.hq + (s.offset + r0 + i) * static_cast<int64_t>(ldhq_);
+      k_.qgemm[quant_index(w.dtype)](m, aq, w.k, w.panel(p), nr, c, ldc, next);
+    } else if (dot) {
       for (int i = 0; i < m; ++i) a16[i] = hb + (s.offset + r0 + i) * ldh_;
       k_.gemm_bf16(m, a16, w.k, w.panel(p), c, ldc, next);
     } else {
@@ -325,7 +372,7 @@ void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t l
           // The sums are the same as panel by panel (each acc element still
           // gets its one addition per row of the segment, segments in order),
           // so the bits are too.
-          const size_t panel_bytes = w.panel_elems() * dtype_size(w.dtype);
+          const size_t panel_bytes = w.panel_bytes();
           if (s.len <= kRows || static_cast<size_t>(p_end - p0) * panel_bytes <= kRowBlockClaimBytes) {
             for (int64_t r0 = 0; r0 < s.len; r0 += kRows)
               for (int32_t p = p0; p < p_end; p += run_b) {

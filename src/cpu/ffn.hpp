@@ -59,6 +59,13 @@ class FfnRunner {
   // A job has at most one segment in a chunk, so jobs bound every list.
   void reserve_jobs(size_t max_jobs);
 
+  // Room for the int8 activation rows of block-format weights (x and h of
+  // a chunk, quantized once each per chunk): call before the first run()
+  // with such a job (at store time: run() allocates nothing). Every
+  // block-format gate_up of one run must share one activation format, and
+  // every block-format down one (the layer keeps one storage type per part).
+  void reserve_quant();
+
  private:
   struct Segment {
     const ExpertJob* job;
@@ -73,11 +80,18 @@ class FfnRunner {
     float* hbuf = nullptr;
     uint16_t* xb = nullptr;
     uint16_t* hb = nullptr;
+    // Block-format gate_up / down in the chunk: their int8 activation rows
+    // (xq, hq; act_row_bytes apart) in pair order, else null.
+    char* xq = nullptr;
+    char* hq = nullptr;
   };
   void run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_t ldx, float* acc, int64_t ldacc, Act act,
                  const uint16_t* x16, int64_t ldx16);
   void gather_bf16_rows(const Chunk& ch, int64_t rows, ThreadPool& pool, const float* x, int64_t ldx,
                         const uint16_t* x16, int64_t ldx16);
+  // The chunk's rows of x (xq) or of h (hq, after phase A) as int8
+  // activation rows, for the segments whose weight `down`? is in a block format.
+  void quantize_rows(const Chunk& ch, int64_t rows, ThreadPool& pool, const float* x, int64_t ldx, bool down);
   void phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64_t ldx, Act act);
   void phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t ldacc);
   int run_rows_of(const Segment& sg, const PackedWeight& w, bool dot) const;
@@ -91,6 +105,9 @@ class FfnRunner {
   // With bf16 pair-dot tiles: the chunk's rows of x, and h, in bf16.
   AlignedBuffer xb_, hb_;
   bool bf16_act_ = false;
+  // Block-format weights: int8 activation rows of x and h (reserve_quant).
+  AlignedBuffer xq_, hq_;
+  size_t ldxq_ = 0, ldhq_ = 0;  // bytes a row
   // Per chunk: its segments (segs_), them by rows (ord_), and the first
   // gate/up panel of each in that order (first_): kept between runs.
   std::vector<Segment> segs_;

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/quant.hpp"
 #include "cpu/isa.hpp"
 #include "ep_moe/ep_moe.h"
 
@@ -39,6 +40,14 @@ using GemvBf16Fn = void (*)(const uint16_t* a, int k, const void* panel, int np,
 // latency). `next`: as for GemvFn.
 using GemmRunFn = void (*)(int m, const float* const* a, int k, const void* panel, int np, float* c, int ldc,
                            const void* next);
+
+// Block-format weights (common/quant.hpp): m activation rows (quantized
+// as act_quant_of(the weight's dtype) says, each act_row_bytes(k)) through
+// one panel of nr rows of blocks:
+//   c[i * ldc + j] = sum_k a_i[k] W[p * nr + j][k],  j < nr,
+// as exact integer dot products of each block, scaled and summed in f32.
+using QGemmFn = void (*)(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc,
+                         const void* next);
 
 struct Kernels {
   Isa isa;
@@ -77,6 +86,10 @@ struct Kernels {
   // by weight dtype; f32 activations only).
   GemmRunFn gemm_run[3] = {nullptr, nullptr, nullptr};
   int run_rows[3] = {1, 1, 1};
+  // By quant_index of the weight's block format (every table has all).
+  QGemmFn qgemm[kQuantTypes] = {};
+  // An f32 row into an activation row (quantize_act_row's bytes).
+  void (*quantize_act)(const float* x, int64_t k, ActQuant aq, void* out) = nullptr;
 
   // Whether an expert's m rows with weights of dtype w go through runs of
   // consecutive panels (gemv or gemv_bf16 for one row, gemm_run for 2 ..
@@ -110,6 +123,13 @@ void sum_rows_avx2(void* out, ep_moe_dtype_t out_dt, const float* init, const vo
                    ep_moe_dtype_t dt, int64_t col0, int64_t n);
 void sum_rows_scalar(void* out, ep_moe_dtype_t out_dt, const float* init, const void* const* rows, int nrows,
                      ep_moe_dtype_t dt, int64_t col0, int64_t n);
+
+// The block-format kernels: portable (qkernels_generic.cpp) and AVX2
+// (qkernels_avx2.cpp: maddubs integer dot products; the AVX-512 tables take
+// them too), each a full table by quant_index.
+void qkernels_generic(QGemmFn* out);
+void qkernels_avx2(QGemmFn* out);
+void quantize_act_avx2(const float* x, int64_t k, ActQuant aq, void* out);
 
 // Per-ISA tables, defined in their own translation units.
 const Kernels& kernels_generic();

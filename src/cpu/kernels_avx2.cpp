@@ -377,22 +377,27 @@ void sum_rows_avx2(void* out, ep_moe_dtype_t out_dt, const float* init, const vo
 }
 
 const Kernels& kernels_avx2() {
-  static const Kernels k{Isa::Avx2,
-                         NR,
-                         MR,
-                         {gemm<0>, gemm<1>, gemm<2>},
-                         nullptr,
-                         row_to_bf16,
-                         row_from_bf16,
-                         row_to_f16,
-                         row_from_f16,
-                         silu_mul,
-                         scatter_add,
-                         sum_rows_avx2,
-                         {gemv<0>, gemv<1>, gemv<2>},
-                         nullptr,
-                         {gemm_run<0>, gemm_run<1>, gemm_run<2>},
-                         {kRunRows<0>, kRunRows<1>, kRunRows<2>}};
+  static const Kernels k = [] {
+    Kernels t{Isa::Avx2,
+              NR,
+              MR,
+              {gemm<0>, gemm<1>, gemm<2>},
+              nullptr,
+              row_to_bf16,
+              row_from_bf16,
+              row_to_f16,
+              row_from_f16,
+              silu_mul,
+              scatter_add,
+              sum_rows_avx2,
+              {gemv<0>, gemv<1>, gemv<2>},
+              nullptr,
+              {gemm_run<0>, gemm_run<1>, gemm_run<2>},
+              {kRunRows<0>, kRunRows<1>, kRunRows<2>}};
+    qkernels_avx2(t.qgemm);
+    t.quantize_act = quantize_act_avx2;
+    return t;
+  }();
   return k;
 }
 

@@ -12,20 +12,27 @@ namespace cpu {
 #include "cpu/kernels_avx512.inc"
 
 const Kernels& kernels_avx512() {
-  static const Kernels k{Isa::Avx512,
-                         NR,
-                         MR,
-                         {gemm<0>, gemm<1>, gemm<2>},
-                         nullptr,
-                         row_to_bf16,
-                         row_from_bf16,
-                         row_to_f16,
-                         row_from_f16,
-                         silu_mul,
-                         scatter_add,
-                         sum_rows_avx2,
-                         {gemv<0>, gemv<1>, gemv<2>},
-                         nullptr};
+  // The block-format kernels are AVX2's (256-bit maddubs), which every
+  // AVX-512 CPU runs.
+  static const Kernels k = [] {
+    Kernels t{Isa::Avx512,
+              NR,
+              MR,
+              {gemm<0>, gemm<1>, gemm<2>},
+              nullptr,
+              row_to_bf16,
+              row_from_bf16,
+              row_to_f16,
+              row_from_f16,
+              silu_mul,
+              scatter_add,
+              sum_rows_avx2,
+              {gemv<0>, gemv<1>, gemv<2>},
+              nullptr};
+    qkernels_avx2(t.qgemm);
+    t.quantize_act = quantize_act_avx2;
+    return t;
+  }();
   return k;
 }
 

@@ -156,20 +156,25 @@ void dot_gemv(const uint16_t* a, int k, const void* panel, int np, float* c, con
 }  // namespace
 
 const Kernels& kernels_avx512bf16() {
-  static const Kernels k{Isa::Avx512Bf16,
-                         NR,
-                         MR,
-                         {gemm<0>, gemm<1>, gemm<2>},
-                         dot_gemm,
-                         row_to_bf16,
-                         row_from_bf16,
-                         row_to_f16,
-                         row_from_f16,
-                         silu_mul,
-                         scatter_add,
-                         sum_rows_avx2,
-                         {gemv<0>, gemv<1>, gemv<2>},
-                         dot_gemv};
+  static const Kernels k = [] {
+    Kernels t{Isa::Avx512Bf16,
+              NR,
+              MR,
+              {gemm<0>, gemm<1>, gemm<2>},
+              dot_gemm,
+              row_to_bf16,
+              row_from_bf16,
+              row_to_f16,
+              row_from_f16,
+              silu_mul,
+              scatter_add,
+              sum_rows_avx2,
+              {gemv<0>, gemv<1>, gemv<2>},
+              dot_gemv};
+    qkernels_avx2(t.qgemm);
+    t.quantize_act = quantize_act_avx2;
+    return t;
+  }();
   return k;
 }
 

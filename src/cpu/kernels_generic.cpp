@@ -83,18 +83,23 @@ void sum_rows_scalar(void* out, ep_moe_dtype_t out_dt, const float* init, const 
 }
 
 const Kernels& kernels_generic() {
-  static const Kernels k{Isa::Generic,
-                         NR,
-                         MR,
-                         {gemm<0>, gemm<1>, gemm<2>},
-                         nullptr,
-                         row_to_bf16,
-                         row_from_bf16,
-                         row_to_f16,
-                         row_from_f16,
-                         silu_mul,
-                         scatter_add,
-                         sum_rows_scalar};
+  static const Kernels k = [] {
+    Kernels t{Isa::Generic,
+              NR,
+              MR,
+              {gemm<0>, gemm<1>, gemm<2>},
+              nullptr,
+              row_to_bf16,
+              row_from_bf16,
+              row_to_f16,
+              row_from_f16,
+              silu_mul,
+              scatter_add,
+              sum_rows_scalar};
+    qkernels_generic(t.qgemm);
+    t.quantize_act = quantize_act_row;
+    return t;
+  }();
   return k;
 }
 

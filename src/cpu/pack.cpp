@@ -3,15 +3,18 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "common/dtype.hpp"
 
 namespace ep_moe {
 namespace cpu {
 
-const void* PackedWeight::panel(int32_t p) const {
-  return data.data<char>() + static_cast<size_t>(p) * panel_elems() * dtype_size(dtype);
+size_t PackedWeight::panel_bytes() const {
+  return quant() ? static_cast<size_t>(nr) * row_bytes() : panel_elems() * dtype_size(dtype);
 }
+
+const void* PackedWeight::panel(int32_t p) const { return data.data<char>() + static_cast<size_t>(p) * panel_bytes(); }
 
 namespace {
 inline float src_at(const Source& s, int64_t r, int64_t c) { return source_at(s, r, c); }
@@ -21,7 +24,7 @@ void alloc(PackedWeight& out, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t d
   out.k = k;
   out.nr = nr;
   out.dtype = dtype;
-  out.data.resize(static_cast<size_t>(out.panels()) * out.panel_elems() * dtype_size(dtype));
+  out.data.resize(static_cast<size_t>(out.panels()) * out.panel_bytes());
   std::memset(out.data.data(), 0, out.data.size());
 }
 
@@ -40,8 +43,41 @@ void put_row_raw(PackedWeight& out, int32_t p, int32_t j, const Source& s, int64
   }
 }
 
+// Source row `row` as k floats at dst (a block-format source: its whole
+// stored row dequantized, then the window).
+void source_row_f32(const Source& s, int64_t row, int32_t k, float* dst) {
+  if (dtype_is_quant(s.dtype) && !s.transposed) {
+    std::vector<float> whole(static_cast<size_t>(s.ld));
+    dequantize_row(s.dtype, source_row(s, row), whole.data(), s.ld);
+    std::memcpy(dst, whole.data() + s.col0, static_cast<size_t>(k) * 4);
+    return;
+  }
+  for (int32_t kk = 0; kk < k; ++kk) dst[kk] = src_at(s, row, kk);
+}
+
+// Row j of panel p of a block-format weight from source row `row`: its
+// blocks copied (the same format, window on whole blocks) or quantized.
+void put_quant_row(PackedWeight& out, int32_t p, int32_t j, const Source& s, int64_t row) {
+  char* dst = static_cast<char*>(const_cast<void*>(out.panel(p))) + static_cast<size_t>(j) * out.row_bytes();
+  if (s.dtype == out.dtype) {
+    std::memcpy(dst, source_row(s, row), out.row_bytes());
+    return;
+  }
+  std::vector<float> x(static_cast<size_t>(out.k));
+  source_row_f32(s, row, out.k, x.data());
+  quantize_row(out.dtype, x.data(), dst, out.k);
+}
+
 // Writes source row `row` into column j of panel p.
 void put_row(PackedWeight& out, int32_t p, int32_t j, const Source& s, int64_t row) {
+  if (out.quant()) return put_quant_row(out, p, j, s, row);
+  if (dtype_is_quant(s.dtype)) {
+    std::vector<float> x(static_cast<size_t>(out.k));
+    source_row_f32(s, row, out.k, x.data());
+    char* dst = static_cast<char*>(const_cast<void*>(out.panel(p)));
+    for (int32_t kk = 0; kk < out.k; ++kk) store_elem(dst, out.dtype, static_cast<int64_t>(out.index(kk, j)), x[kk]);
+    return;
+  }
   if (s.dtype == out.dtype) {
     if (dtype_size(s.dtype) == 4) return put_row_raw<uint32_t>(out, p, j, s, row);
     return put_row_raw<uint16_t>(out, p, j, s, row);
@@ -103,6 +139,10 @@ void copy_panel_col_t(const PackedWeight& w, int32_t p, int32_t j, void* dst) {
 }
 
 void copy_panel_col(const PackedWeight& w, int32_t p, int32_t j, void* dst) {
+  if (w.quant()) {
+    std::memcpy(dst, static_cast<const char*>(w.panel(p)) + static_cast<size_t>(j) * w.row_bytes(), w.row_bytes());
+    return;
+  }
   if (dtype_size(w.dtype) == 4) copy_panel_col_t<uint32_t>(w, p, j, dst);
   else copy_panel_col_t<uint16_t>(w, p, j, dst);
 }

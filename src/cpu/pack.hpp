@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "common/quant.hpp"
 #include "cpu/aligned.hpp"
 #include "ep_moe/ep_moe.h"
 
@@ -23,6 +24,11 @@ inline size_t panel_index(bool pairs, int32_t kk, int32_t j, int32_t nr) {
 // k order: W[p*nr + j][k] at k*nr + j. bf16 is in k-pair order, the operand
 // layout of bf16 pair dot products: at (k/2)*2*nr + 2*j + k%2, with k padded
 // to even with zeros; widening kernels split the pairs with a shift and a mask.
+//
+// A block-format weight (GGUF Q8_0 ... MXFP4, common/quant.hpp) keeps its
+// blocks as they are: panel p is rows p*nr .. p*nr+nr-1 of W one after
+// another, each row k / block-elements blocks (zero blocks past N, which
+// are zeros in every format), so a kernel streams a panel row by row.
 struct PackedWeight {
   int32_t n = 0, k = 0, nr = 0;
   ep_moe_dtype_t dtype = EP_MOE_DTYPE_F32;
@@ -31,15 +37,21 @@ struct PackedWeight {
   bool empty() const { return n == 0; }
   int32_t panels() const { return nr ? (n + nr - 1) / nr : 0; }
   bool pairs() const { return dtype == EP_MOE_DTYPE_BF16; }
+  bool quant() const { return dtype_is_quant(dtype); }
   int32_t k_stored() const { return pairs() ? (k + 1) & ~1 : k; }
   size_t panel_elems() const { return static_cast<size_t>(k_stored()) * static_cast<size_t>(nr); }
+  // Bytes of one row of a block-format weight.
+  size_t row_bytes() const { return quant_row_bytes(dtype, k); }
+  size_t panel_bytes() const;
   // Element (kk, j) of a panel, in elements from the panel's start.
   size_t index(int32_t kk, int32_t j) const { return panel_index(pairs(), kk, j, nr); }
   const void* panel(int32_t p) const;
   size_t bytes() const { return data.size(); }
 };
 
-// Packs an [n, k] window of `src` (converted to `dtype`).
+// Packs an [n, k] window of `src` (converted to `dtype`; into a block
+// format: copied when `src` is in it, else quantized with quantize_row;
+// from one: dequantized).
 void pack(PackedWeight& out, const Source& src, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t dtype);
 
 // Gate and up ([inter, k] windows each) are packed interleaved: panel p
@@ -53,11 +65,14 @@ void pack_gate_up_half(PackedWeight& out, const Source& src, int half, int32_t i
 
 // The inverse, for moving weights between ranks: raw elements (in the
 // weight's dtype, so nothing is rounded twice).
-// Row r of a plain packed [n, k] weight: k elements.
+// Row r of a plain packed [n, k] weight: k elements (a block-format
+// weight's: its blocks).
 void unpack_row(const PackedWeight& w, int32_t r, void* dst);
-// Column c of a plain packed [n, k] weight: n elements.
+// Column c of a plain packed [n, k] weight: n elements (not for block
+// formats).
 void unpack_col(const PackedWeight& w, int32_t c, void* dst);
-// Row r of the gate (half 0) or up (half 1) of a gate/up pair: k elements.
+// Row r of the gate (half 0) or up (half 1) of a gate/up pair: k elements
+// (a block-format weight's: its blocks).
 void unpack_gate_up_row(const PackedWeight& w, int half, int32_t r, void* dst);
 
 }  // namespace cpu

@@ -10,6 +10,7 @@
 #include "common/dtype.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/quant.hpp"
 
 namespace ep_moe {
 
@@ -37,7 +38,11 @@ CpuBackend::CpuBackend(Layer& L, int64_t max_rows, int64_t send_rows, int64_t fa
   ffn_ = std::make_unique<cpu::FfnRunner>(kern_, c.hidden_size, std::max(c.intermediate_size, L.shared_count_), chunk,
                                           c.act_dtype == EP_MOE_DTYPE_BF16);
   // bf16 rows straight into the bf16 tiles: no f32 copy of the rows at all.
-  direct_bf16_ = ffn_->reads_bf16_rows(static_cast<ep_moe_dtype_t>(c.weight_dtype));
+  const auto wdt = static_cast<ep_moe_dtype_t>(c.weight_dtype);
+  float_type_ = dtype_is_quant(wdt) ? EP_MOE_DTYPE_BF16 : wdt;
+  max_rows_ = max_rows;
+  direct_bf16_ = !dtype_is_quant(wdt) && ffn_->reads_bf16_rows(wdt);
+  if (dtype_is_quant(wdt)) ffn_->reserve_quant();
   if (!direct_bf16_) x_f32_.resize(static_cast<size_t>(max_rows * H) * 4);
   acc_.resize(static_cast<size_t>(max_rows * H) * 4);
   own_x_.resize(static_cast<size_t>(T * H) * 4);
@@ -74,19 +79,27 @@ CpuBackend::CpuBackend(Layer& L, int64_t max_rows, int64_t send_rows, int64_t fa
 
 void CpuBackend::put(WeightPart part, int32_t s, int64_t row0, const Source& src, int64_t rows, int64_t cols,
                      bool /*src_on_device: never, pointer_device() is -1*/) {
-  const auto wdt = static_cast<ep_moe_dtype_t>(cfg_.weight_dtype);
   const int32_t H = cfg_.hidden_size, I = cfg_.intermediate_size, h = kern_.nr / 2;
   const int64_t ipad = (I + h - 1) / h * h, hpad = (H + kern_.nr - 1) / kern_.nr * kern_.nr;
+  const auto n = static_cast<int32_t>(rows), k = static_cast<int32_t>(cols);
   switch (part) {
-    case WeightPart::ExpertGateUp:
-    case WeightPart::SharedGateUp: put_gate_up_half(slot(s), row0 == 0 ? 0 : 1, src, static_cast<int32_t>(rows)); break;
-    case WeightPart::ExpertDown:
-    case WeightPart::SharedDown:
-      cpu::pack(slot(s).down, src, static_cast<int32_t>(rows), static_cast<int32_t>(cols), kern_.nr, wdt);
+    case WeightPart::ExpertGateUp: {
+      const ep_moe_dtype_t t = routed_type(src.dtype, &gu_type_, "gate/up");
+      if (dtype_is_quant(t)) enable_quant();
+      put_gate_up_half(slot(s), row0 == 0 ? 0 : 1, src, n, t);
+      gu_type_ = t;
       break;
-    case WeightPart::Router:
-      cpu::pack(router_, src, static_cast<int32_t>(rows), static_cast<int32_t>(cols), kern_.nr, EP_MOE_DTYPE_F32);
+    }
+    case WeightPart::ExpertDown: {
+      const ep_moe_dtype_t t = routed_type(src.dtype, &down_type_, "down");
+      if (dtype_is_quant(t)) enable_quant();
+      cpu::pack(slot(s).down, src, n, k, kern_.nr, t);
+      down_type_ = t;
       break;
+    }
+    case WeightPart::SharedGateUp: put_gate_up_half(slot(s), row0 == 0 ? 0 : 1, src, n, float_type_); break;
+    case WeightPart::SharedDown: cpu::pack(slot(s).down, src, n, k, kern_.nr, float_type_); break;
+    case WeightPart::Router: cpu::pack(router_, src, n, k, kern_.nr, EP_MOE_DTYPE_F32); break;
     case WeightPart::ExpertGateBias: put_bias(slot(s).gate_bias, src, cols, ipad); break;
     case WeightPart::ExpertUpBias: put_bias(slot(s).up_bias, src, cols, ipad); break;
     case WeightPart::ExpertDownBias: put_bias(slot(s).down_bias, src, cols, hpad); break;
@@ -94,10 +107,28 @@ void CpuBackend::put(WeightPart part, int32_t s, int64_t row0, const Source& src
   }
 }
 
-void CpuBackend::put_gate_up_half(Slot& x, int half, const Source& src, int32_t inter) {
-  if (x.gate_up.empty())
-    cpu::init_gate_up(x.gate_up, inter, cfg_.hidden_size, kern_.nr, static_cast<ep_moe_dtype_t>(cfg_.weight_dtype));
+void CpuBackend::put_gate_up_half(Slot& x, int half, const Source& src, int32_t inter, ep_moe_dtype_t dtype) {
+  if (x.gate_up.empty() || x.gate_up.dtype != dtype)
+    cpu::init_gate_up(x.gate_up, inter, cfg_.hidden_size, kern_.nr, dtype);
   cpu::pack_gate_up_half(x.gate_up, src, half, inter);
+}
+
+ep_moe_dtype_t CpuBackend::routed_type(ep_moe_dtype_t src, int32_t* fixed, const char* part) const {
+  const ep_moe_dtype_t t = dtype_is_quant(src) ? src : static_cast<ep_moe_dtype_t>(cfg_.weight_dtype);
+  if (*fixed >= 0 && *fixed != t)
+    fail(EP_MOE_ERR_INVALID_ARGUMENT,
+         "routed expert %s weights would be stored as %s, but this layer's other experts hold theirs as %s: every "
+         "expert of a layer keeps one type per part (gate and up included)",
+         part, dtype_name(t), dtype_name(static_cast<ep_moe_dtype_t>(*fixed)));
+  return t;
+}
+
+void CpuBackend::enable_quant() {
+  ffn_->reserve_quant();
+  if (!direct_bf16_) return;
+  // Rows are quantized from f32: the flows widen them again.
+  direct_bf16_ = false;
+  x_f32_.resize(static_cast<size_t>(max_rows_ * cfg_.hidden_size) * 4);
 }
 
 void CpuBackend::put_bias(std::vector<float>& dst, const Source& src, int64_t n, int64_t padded) {
@@ -110,7 +141,7 @@ void CpuBackend::download(void* dst, const void* src, size_t bytes) const { std:
 
 void CpuBackend::extract_units(int32_t s, int32_t j0, int32_t n, uint8_t* out) const {
   const Slot& x = slot(s);
-  const size_t es = dtype_size(static_cast<ep_moe_dtype_t>(cfg_.weight_dtype));
+  const size_t es = dtype_size(x.gate_up.dtype);
   const size_t H = static_cast<size_t>(cfg_.hidden_size), ub = 3 * H * es;
   for (int32_t j = 0; j < n; ++j) {
     uint8_t* u = out + static_cast<size_t>(j) * ub;

@@ -27,6 +27,11 @@ class CpuBackend final : public LayerBackend {
   void put(WeightPart part, int32_t slot, int64_t row0, const Source& src, int64_t rows, int64_t cols,
            bool src_on_device) override;
   bool takes_biases() const override { return true; }
+  bool takes_quant() const override { return true; }
+  void routed_types(int32_t* gate_up, int32_t* down) const override {
+    *gate_up = gu_type_;
+    *down = down_type_;
+  }
   int pointer_device(const void*) const override { return -1; }
   void download(void*, const void*, size_t) const override;
   void extract_units(int32_t slot, int32_t j0, int32_t n, uint8_t* out) const override;
@@ -69,7 +74,13 @@ class CpuBackend final : public LayerBackend {
   // --- weights and routing (cpu_backend.cpp) ---------------------------------
   Slot& slot(int32_t s) { return s < 0 ? shared_ : slots_[static_cast<size_t>(s)]; }
   const Slot& slot(int32_t s) const { return s < 0 ? shared_ : slots_[static_cast<size_t>(s)]; }
-  void put_gate_up_half(Slot& x, int half, const Source& src, int32_t inter);
+  void put_gate_up_half(Slot& x, int half, const Source& src, int32_t inter, ep_moe_dtype_t dtype);
+  // The storage type of a routed expert's part from a source of `src`:
+  // a block format as it is, else weight_dtype; checked against the type
+  // the part already has (*fixed, -1 before the first).
+  ep_moe_dtype_t routed_type(ep_moe_dtype_t src, int32_t* fixed, const char* part) const;
+  // The first block-format expert: int8 activation rows and f32 x rows.
+  void enable_quant();
   // `n` values into a bias padded to `padded` values.
   static void put_bias(std::vector<float>& dst, const Source& src, int64_t n, int64_t padded);
   void compute_logits(const float* x, int64_t T, float* logits);
@@ -119,6 +130,12 @@ class CpuBackend final : public LayerBackend {
   std::vector<Slot> slots_;  // one per local routed slot
   Slot shared_;
   cpu::PackedWeight router_;  // [E, H] f32, when given
+  // The routed parts' storage types (-1: none stored yet), and the type of
+  // the float parts (the shared expert): weight_dtype, or bf16 when that is
+  // a block format.
+  int32_t gu_type_ = -1, down_type_ = -1;
+  ep_moe_dtype_t float_type_ = EP_MOE_DTYPE_F32;
+  int64_t max_rows_ = 0;
 
   // Workspace, sized at create for max_tokens; forward allocates nothing.
   AlignedBuffer send_rows_, recv_rows_, x_f32_, acc_, partial_, scatter_out_;

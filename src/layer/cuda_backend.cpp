@@ -13,6 +13,7 @@
 #include "common/dtype.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/quant.hpp"
 #include "cpu/kernels.hpp"
 #include "cuda/device_layer.hpp"
 #include "layer/layer.hpp"
@@ -32,6 +33,8 @@ class CudaBackend final : public LayerBackend {
   void put(WeightPart part, int32_t slot, int64_t row0, const Source& src, int64_t rows, int64_t cols,
            bool src_on_device) override;
   bool takes_biases() const override { return false; }
+  bool takes_quant() const override { return false; }
+  void routed_types(int32_t* gate_up, int32_t* down) const override { *gate_up = *down = cfg_.weight_dtype; }
   int pointer_device(const void* p) const override { return dev_->pointer_device(p); }
   void download(void* dst, const void* src, size_t bytes) const override { dev_->download(dst, src, bytes); }
   void extract_units(int32_t slot, int32_t j0, int32_t n, uint8_t* out) const override {
@@ -89,6 +92,11 @@ CudaBackend::CudaBackend(Layer& L, int64_t max_rows, int64_t send_rows, int64_t 
     fail(EP_MOE_ERR_UNSUPPORTED, "CUDA layers support top_k up to %d, got %d", kMaxDeviceTopK, c.top_k);
   if (c.num_experts > kMaxDeviceExperts)
     fail(EP_MOE_ERR_UNSUPPORTED, "CUDA layers support up to %d experts, got %d", kMaxDeviceExperts, c.num_experts);
+  if (dtype_is_quant(static_cast<ep_moe_dtype_t>(c.weight_dtype)))
+    fail(EP_MOE_ERR_UNSUPPORTED,
+         "CUDA layers hold no block-format (GGUF-quantized) weights (weight_dtype %s); use f32, bf16 or f16, or a CPU "
+         "layer (device -1)",
+         dtype_name(static_cast<ep_moe_dtype_t>(c.weight_dtype)));
   if (c.activation == EP_MOE_ACT_SWIGLU_OAI)
     fail(EP_MOE_ERR_UNSUPPORTED,
          "CUDA layers have no clamped SwiGLU (EP_MOE_ACT_SWIGLU_OAI, GPT-OSS); use a CPU layer");

@@ -13,6 +13,7 @@
 #include "common/dtype.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/quant.hpp"
 #include "layer/stages.hpp"
 
 namespace ep_moe {
@@ -73,8 +74,16 @@ void validate(const ep_moe_layer_config_t& c, const ExpertMap& map, const Comm* 
                    c.num_experts, c.top_k);
   EP_MOE_CHECK_ARG(c.activation >= EP_MOE_ACT_SILU && c.activation <= EP_MOE_ACT_SWIGLU_OAI,
                    "activation %d is not an ep_moe_activation_t value", c.activation);
-  EP_MOE_CHECK_ARG(dtype_is_float(static_cast<ep_moe_dtype_t>(c.weight_dtype)),
-                   "weight_dtype %d is not f32, bf16 or f16", c.weight_dtype);
+  const auto wdt = static_cast<ep_moe_dtype_t>(c.weight_dtype);
+  EP_MOE_CHECK_ARG(dtype_is_float(wdt) || dtype_is_quant(wdt),
+                   "weight_dtype %d is not f32, bf16, f16 or a block format (EP_MOE_DTYPE_Q8_0 ...)", c.weight_dtype);
+  if (dtype_is_quant(wdt)) {
+    const int qk = quant_block_elems(wdt);
+    EP_MOE_CHECK_ARG(c.hidden_size % qk == 0 && c.intermediate_size % qk == 0,
+                     "weight_dtype %s stores rows in blocks of %d elements: hidden_size %d and intermediate_size %d "
+                     "must be multiples of it",
+                     dtype_name(wdt), qk, c.hidden_size, c.intermediate_size);
+  }
   EP_MOE_CHECK_ARG(dtype_is_float(static_cast<ep_moe_dtype_t>(c.act_dtype)), "act_dtype %d is not f32, bf16 or f16",
                    c.act_dtype);
   EP_MOE_CHECK_ARG(dtype_is_float(static_cast<ep_moe_dtype_t>(c.router_dtype)),
@@ -302,7 +311,8 @@ void Layer::check_weight(ep_moe_weight_t which, int32_t expert) const {
 
 bool Layer::set_weight(ep_moe_weight_t which, int32_t expert, const void* data, ep_moe_dtype_t dtype, int64_t rows,
                        int64_t cols) {
-  EP_MOE_CHECK_ARG(dtype_is_float(dtype), "dtype %d is not f32, bf16 or f16", static_cast<int>(dtype));
+  EP_MOE_CHECK_ARG(dtype_is_float(dtype) || dtype_is_quant(dtype),
+                   "dtype %d is not f32, bf16, f16 or a block format (EP_MOE_DTYPE_Q8_0 ...)", static_cast<int>(dtype));
   check_weight(which, expert);
   int64_t r, c;
   expected_shape(which, &r, &c);
@@ -310,6 +320,16 @@ bool Layer::set_weight(ep_moe_weight_t which, int32_t expert, const void* data, 
                    static_cast<long long>(r), static_cast<long long>(c), static_cast<long long>(rows),
                    static_cast<long long>(cols));
   EP_MOE_CHECK_ARG(data != nullptr, "data is NULL");
+  if (dtype_is_quant(dtype)) {
+    EP_MOE_CHECK_ARG(cols % quant_block_elems(dtype) == 0,
+                     "%s in %s: its rows are whole blocks of %d elements, and %lld columns are not", weight_name(which),
+                     dtype_name(dtype), quant_block_elems(dtype), static_cast<long long>(cols));
+    if (!backend_->takes_quant() && wants(which, expert))
+      fail(EP_MOE_ERR_UNSUPPORTED,
+           "%s in %s: CUDA layers hold no block-format (GGUF-quantized) weights; give them in f32, bf16 or f16, or "
+           "use a CPU layer (device -1)",
+           weight_name(which), dtype_name(dtype));
+  }
   const int on = wants(which, expert) ? backend_->pointer_device(data) : -1;
   EP_MOE_CHECK_ARG(on < 0 || on == cfg_.device, "data is memory of CUDA device %d, but the layer is on device %d", on,
                    cfg_.device);

@@ -204,6 +204,20 @@ ROW(ep_moe_has_feature) {
   CHECK(ep_moe_has_feature(0x80000000u) == 0);  // an unknown bit is not a feature
   CHECK(ep_moe_has_feature(0) == 0);            // documented: 0 for an empty mask
 }
+ROW(ep_moe_dtype_block) {
+  (void)f;
+  int64_t elems = -7, bytes = -7;
+  BAD(ep_moe_dtype_block(&elems, &bytes, static_cast<ep_moe_dtype_t>(kBadEnum)), ARG);
+  BAD(ep_moe_dtype_block(&elems, &bytes, static_cast<ep_moe_dtype_t>(13)), ARG);
+  CHECK((elems == -7 && bytes == -7));  // untouched on failure
+  CHECK(ep_moe_dtype_block(nullptr, nullptr, EP_MOE_DTYPE_Q4_K) == EP_MOE_OK);
+  CHECK(ep_moe_dtype_block(&elems, &bytes, EP_MOE_DTYPE_Q4_K) == EP_MOE_OK);
+  CHECK((elems == 256 && bytes == 144));
+  CHECK(ep_moe_dtype_block(&elems, &bytes, EP_MOE_DTYPE_MXFP4) == EP_MOE_OK);
+  CHECK((elems == 32 && bytes == 17));
+  CHECK(ep_moe_dtype_block(&elems, &bytes, EP_MOE_DTYPE_BF16) == EP_MOE_OK);
+  CHECK((elems == 1 && bytes == 2));
+}
 ROW(ep_moe_set_log_callback) {
   (void)f;
   BAD(ep_moe_set_log_callback(nullptr, static_cast<ep_moe_log_level_t>(kBadEnum), nullptr), ARG);

@@ -106,7 +106,28 @@ struct Spec {
   int Is = 0;  // shared expert intermediate (0 = none)
   bool shared_gate = false;
   bool expert_bias = false;  // routed experts have gate, up and down biases (GPT-OSS)
+  // Routed experts in block formats: the int8 activation blocks (elements)
+  // the kernels quantize the inputs of gate/up and of down to (0: none).
+  int act_block_gu = 0, act_block_down = 0;
 };
+
+// x as the kernels quantize an activation row for block-format weights: per
+// block of `bs`, d = amax / 127 and q = x * (127 / amax) rounded to nearest
+// even, in f32; the row's values q * d.
+inline std::vector<double> quantize_acts(const std::vector<double>& x, int bs) {
+  const int n = static_cast<int>(x.size());
+  std::vector<double> out(x.size());
+  for (int b0 = 0; b0 < n; b0 += bs) {
+    float amax = 0;
+    for (int i = b0; i < std::min(n, b0 + bs); ++i)
+      amax = std::max(amax, std::fabs(static_cast<float>(x[static_cast<size_t>(i)])));
+    const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+    for (int i = b0; i < std::min(n, b0 + bs); ++i)
+      out[static_cast<size_t>(i)] =
+          static_cast<double>(std::nearbyint(static_cast<float>(x[static_cast<size_t>(i)]) * id)) * d;
+  }
+  return out;
+}
 
 // Weights as the layer stores them (already rounded to the weight dtype).
 struct Weights {
@@ -115,6 +136,9 @@ struct Weights {
   std::vector<float> s_gate_w;                           // [H]
   std::vector<float> bias;                               // [E]
   std::vector<std::vector<float>> gate_b, up_b, down_b;  // per expert: [I], [I], [H] (expert_bias)
+  // Routed experts given in a block format: the blocks (per expert) whose
+  // values gate, up and down hold.
+  std::vector<std::vector<uint8_t>> gate_q, up_q, down_q;
 };
 
 inline Weights random_weights(const Spec& s, int wdt, std::mt19937& rng) {
@@ -242,18 +266,22 @@ inline bool route(const Spec& s, const float* logits, const Weights& w, std::vec
 inline void moe_token(const Spec& s, const Weights& w, const float* x, const std::vector<int>& ids,
                       const std::vector<double>& wts, double* y) {
   for (int i = 0; i < s.H; ++i) y[i] = 0;
-  // Biases (gb, ub, db) may be null.
+  // Biases (gb, ub, db) may be null; qgu, qd: the activation block sizes
+  // of block-format weights (0: float weights).
   auto ffn = [&](const std::vector<float>& g, const std::vector<float>& u, const std::vector<float>& d, int inter,
-                 double scale, const float* gb, const float* ub, const float* db) {
+                 double scale, const float* gb, const float* ub, const float* db, int qgu, int qd) {
+    std::vector<double> xv(x, x + s.H);
+    if (qgu > 0) xv = quantize_acts(xv, qgu);
     std::vector<double> h(static_cast<size_t>(inter));
     for (int j = 0; j < inter; ++j) {
       double a = gb ? gb[j] : 0.0, b = ub ? ub[j] : 0.0;
       for (int i = 0; i < s.H; ++i) {
-        a += static_cast<double>(g[static_cast<size_t>(j) * s.H + i]) * x[i];
-        b += static_cast<double>(u[static_cast<size_t>(j) * s.H + i]) * x[i];
+        a += static_cast<double>(g[static_cast<size_t>(j) * s.H + i]) * xv[static_cast<size_t>(i)];
+        b += static_cast<double>(u[static_cast<size_t>(j) * s.H + i]) * xv[static_cast<size_t>(i)];
       }
       h[static_cast<size_t>(j)] = act_fn(s.act, a, b);
     }
+    if (qd > 0) h = quantize_acts(h, qd);
     for (int i = 0; i < s.H; ++i) {
       double acc = db ? db[i] : 0.0;
       for (int j = 0; j < inter; ++j)
@@ -265,7 +293,7 @@ inline void moe_token(const Spec& s, const Weights& w, const float* x, const std
     const auto e = static_cast<size_t>(ids[k]);
     const bool b = s.expert_bias;
     ffn(w.gate[e], w.up[e], w.down[e], s.I, wts[k], b ? w.gate_b[e].data() : nullptr, b ? w.up_b[e].data() : nullptr,
-        b ? w.down_b[e].data() : nullptr);
+        b ? w.down_b[e].data() : nullptr, s.act_block_gu, s.act_block_down);
   }
   if (s.Is > 0) {
     double g = 1.0;
@@ -274,7 +302,7 @@ inline void moe_token(const Spec& s, const Weights& w, const float* x, const std
       for (int i = 0; i < s.H; ++i) dot += static_cast<double>(w.s_gate_w[static_cast<size_t>(i)]) * x[i];
       g = 1.0 / (1.0 + std::exp(-dot));
     }
-    ffn(w.s_gate, w.s_up, w.s_down, s.Is, g, nullptr, nullptr, nullptr);
+    ffn(w.s_gate, w.s_up, w.s_down, s.Is, g, nullptr, nullptr, nullptr, 0, 0);
   }
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../common/reference_moe.hpp"
+#include "../common/reference_quant.hpp"
 #include "ep_moe/ep_moe.h"
 
 namespace harness {
@@ -32,6 +33,15 @@ struct Case {
   int redundant = 0;                  // linear placement: redundant slots
   std::vector<int32_t> custom_slots;  // custom placement table (placement CUSTOM)
   int wdt = ref::F32, adt = ref::F32;
+  // Routed experts' gate/up and down given in GGUF block formats
+  // (ep_moe_dtype_t values; 0: in wdt), and the config's weight_dtype
+  // (-1: wdt).
+  int qgu = 0, qdown = 0, layer_wdt = -1;
+  // The reference leaves the activations of block-format experts in float
+  // (how far the kernels' int8 activations move the result), and a bound
+  // that replaces the dtypes' tolerance (< 0: the tolerance).
+  bool ref_float_acts = false;
+  double tol = -1;
   bool given_topk = false;
   bool fused_gate_up = false;
   int skip_mode = EP_MOE_SKIP_TOKENS;
@@ -50,21 +60,46 @@ struct Case {
     o << "ep=" << ep << " dp=" << dp << (dp > 1 && dp == ep ? (dp_same_handle ? "(same)" : "(split)") : "")
       << " place=" << placement << " redundant=" << redundant << " custom=" << custom_slots.size() << " H=" << spec.H
       << " I=" << spec.I << " E=" << spec.E << " K=" << spec.K << " act=" << spec.act << " wdt=" << wdt
-      << " adt=" << adt << " sigmoid=" << spec.sigmoid << " groups=" << spec.groups << "/" << spec.topk_group
-      << " bias=" << spec.use_bias << " Is=" << spec.Is << " sgate=" << spec.shared_gate
-      << " ebias=" << spec.expert_bias << " topk_given=" << given_topk << " fused=" << fused_gate_up
-      << " skip=" << skip_mode << " dispatch=" << dispatch << " decode=" << all_decode << " prefill=" << is_prefill
-      << " graph=" << is_graph << " tokens=[";
+      << " qgu=" << qgu << " qdown=" << qdown << " layer_wdt=" << layer_wdt << " adt=" << adt
+      << " sigmoid=" << spec.sigmoid << " groups=" << spec.groups << "/" << spec.topk_group << " bias=" << spec.use_bias
+      << " Is=" << spec.Is << " sgate=" << spec.shared_gate << " ebias=" << spec.expert_bias
+      << " topk_given=" << given_topk << " fused=" << fused_gate_up << " skip=" << skip_mode << " dispatch=" << dispatch
+      << " decode=" << all_decode << " prefill=" << is_prefill << " graph=" << is_graph << " tokens=[";
     for (size_t i = 0; i < tokens.size(); ++i) o << (i ? "," : "") << tokens[i];
     o << "]";
     return o.str();
   }
 };
 
-inline double tolerance(int adt, int wdt) {
+inline double tolerance(int adt, int wdt, bool quant = false) {
   if (adt == ref::BF16 || wdt == ref::BF16) return 1e-2;
   if (adt == ref::F16 || wdt == ref::F16) return 5e-3;
+  // Block formats: the reference quantizes the activations as the kernels
+  // do, but from double h rows where the kernels have f32 ones, so an
+  // element on a rounding boundary may land one step (1/127 of its
+  // block's largest) apart.
+  if (quant) return 2e-3;
   return 1e-4;
+}
+
+// The case's weights: random in wdt, the routed experts' parts in block
+// formats where the case says (random valid blocks, their values in gate,
+// up, down), and the spec with the activation blocks the kernels use.
+inline ref::Weights case_weights(const Case& c, ref::Spec* spec, std::mt19937& rng) {
+  ref::Weights w = ref::random_weights(c.spec, c.wdt, rng);
+  *spec = c.spec;
+  const auto& s = c.spec;
+  const float sw = 1.0f / std::sqrt(static_cast<float>(s.H)), sd = 1.0f / std::sqrt(static_cast<float>(s.I));
+  for (int e = 0; c.qgu && e < s.E; ++e) {
+    const auto E = static_cast<size_t>(e);
+    w.gate_q.push_back(refq::random_blocks(c.qgu, s.I, s.H, sw, rng, &w.gate[E]));
+    w.up_q.push_back(refq::random_blocks(c.qgu, s.I, s.H, sw, rng, &w.up[E]));
+  }
+  for (int e = 0; c.qdown && e < s.E; ++e)
+    w.down_q.push_back(refq::random_blocks(c.qdown, s.H, s.I, sd, rng, &w.down[static_cast<size_t>(e)]));
+  spec->act_block_gu = c.qgu && !c.ref_float_acts ? refq::act_block(c.qgu) : 0;
+  spec->act_block_down = c.qdown && !c.ref_float_acts ? refq::act_block(c.qdown) : 0;
+  return w;
 }
 
 struct Inputs {
@@ -138,20 +173,32 @@ inline std::string load_weights(ep_moe_layer_t* layer, const Case& c, const ref:
     return ep_moe_layer_set_weight(st, layer, which, expert, bytes.data(), static_cast<ep_moe_dtype_t>(c.wdt), rows,
                                    cols) == EP_MOE_OK;
   };
+  // A routed part in its block format, when the case gives it so.
+  auto put_q = [&](ep_moe_weight_t which, int expert, const std::vector<float>& v, const std::vector<uint8_t>* q,
+                   int qt, int rows, int cols, int32_t* st) -> bool {
+    if (!qt) return put(which, expert, v, rows, cols, st);
+    return ep_moe_layer_set_weight(st, layer, which, expert, q->data(), static_cast<ep_moe_dtype_t>(qt), rows, cols) ==
+           EP_MOE_OK;
+  };
   for (int e = 0; e < s.E; ++e) {
     int32_t st = -1;
     bool ok;
+    const auto E = static_cast<size_t>(e);
     if (c.fused_gate_up) {
-      std::vector<float> gu = w.gate[static_cast<size_t>(e)];
-      gu.insert(gu.end(), w.up[static_cast<size_t>(e)].begin(), w.up[static_cast<size_t>(e)].end());
-      ok = put(EP_MOE_WEIGHT_EXPERT_GATE_UP, e, gu, 2 * s.I, s.H, &st);
+      std::vector<float> gu = w.gate[E];
+      gu.insert(gu.end(), w.up[E].begin(), w.up[E].end());
+      std::vector<uint8_t> guq;
+      if (c.qgu) {
+        guq = w.gate_q[E];
+        guq.insert(guq.end(), w.up_q[E].begin(), w.up_q[E].end());
+      }
+      ok = put_q(EP_MOE_WEIGHT_EXPERT_GATE_UP, e, gu, &guq, c.qgu, 2 * s.I, s.H, &st);
     } else {
-      ok = put(EP_MOE_WEIGHT_EXPERT_GATE, e, w.gate[static_cast<size_t>(e)], s.I, s.H, &st) &&
-           put(EP_MOE_WEIGHT_EXPERT_UP, e, w.up[static_cast<size_t>(e)], s.I, s.H, &st);
+      ok = put_q(EP_MOE_WEIGHT_EXPERT_GATE, e, w.gate[E], c.qgu ? &w.gate_q[E] : nullptr, c.qgu, s.I, s.H, &st) &&
+           put_q(EP_MOE_WEIGHT_EXPERT_UP, e, w.up[E], c.qgu ? &w.up_q[E] : nullptr, c.qgu, s.I, s.H, &st);
     }
-    ok = ok && put(EP_MOE_WEIGHT_EXPERT_DOWN, e, w.down[static_cast<size_t>(e)], s.H, s.I, &st);
+    ok = ok && put_q(EP_MOE_WEIGHT_EXPERT_DOWN, e, w.down[E], c.qdown ? &w.down_q[E] : nullptr, c.qdown, s.H, s.I, &st);
     if (ok && s.expert_bias) {  // f32, as given (the layer keeps them so)
-      const auto E = static_cast<size_t>(e);
       auto bias = [&](ep_moe_weight_t which, const std::vector<float>& v) {
         return ep_moe_layer_set_weight(nullptr, layer, which, e, v.data(), EP_MOE_DTYPE_F32, 1,
                                        static_cast<int64_t>(v.size())) == EP_MOE_OK;
@@ -199,7 +246,7 @@ inline ep_moe_layer_config_t layer_config(const Case& c) {
   lc.num_experts = s.E;
   lc.top_k = s.K;
   lc.activation = s.act;
-  lc.weight_dtype = c.wdt;
+  lc.weight_dtype = c.layer_wdt >= 0 ? c.layer_wdt : c.wdt;
   lc.act_dtype = c.adt;
   lc.scoring = s.sigmoid ? EP_MOE_SCORING_SIGMOID : EP_MOE_SCORING_SOFTMAX;
   lc.renormalize = s.renormalize;
@@ -273,9 +320,12 @@ inline std::function<void()> make_world(const Case& c, std::vector<ep_moe_comm_t
 // last forward and checks every forward against the reference.
 inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double* worst_err = nullptr) {
   INFO(c.describe());
-  const ref::Weights w = ref::random_weights(c.spec, c.wdt, rng);
+  ref::Spec spec;
+  const ref::Weights w = case_weights(c, &spec, rng);
+  Case cq = c;  // the spec with the activation blocks, for the reference
+  cq.spec = spec;
   std::vector<Inputs> steps;
-  for (int f = 0; f < c.forwards; ++f) steps.push_back(make_inputs(c, w, rng));
+  for (int f = 0; f < c.forwards; ++f) steps.push_back(make_inputs(cq, w, rng));
 
   std::vector<ep_moe_comm_t*> world;
   const std::function<void()> cleanup = make_world(c, &world);
@@ -411,7 +461,7 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
     }
   }
 
-  const double tol = tolerance(c.adt, c.wdt);
+  const double tol = c.tol >= 0 ? c.tol : tolerance(c.adt, c.wdt, c.qgu || c.qdown);
   for (int f = 0; f < c.forwards; ++f) {
     for (int r = 0; r < c.ep; ++r) {
       const int replica = c.dp > 1 ? r / attn_tp : 0;

@@ -4,7 +4,7 @@
 use std::os::raw::{c_char, c_int, c_void};
 
 pub const EP_MOE_VERSION_MAJOR: u32 = 0;
-pub const EP_MOE_VERSION_MINOR: u32 = 3;
+pub const EP_MOE_VERSION_MINOR: u32 = 4;
 pub const EP_MOE_VERSION_PATCH: u32 = 0;
 
 pub type ep_moe_status_t = i32;
@@ -53,6 +53,13 @@ pub const EP_MOE_DTYPE_F16: ep_moe_dtype_t = 2;
 pub const EP_MOE_DTYPE_I32: ep_moe_dtype_t = 3;
 pub const EP_MOE_DTYPE_I64: ep_moe_dtype_t = 4;
 pub const EP_MOE_DTYPE_U8: ep_moe_dtype_t = 5;
+pub const EP_MOE_DTYPE_Q8_0: ep_moe_dtype_t = 6;
+pub const EP_MOE_DTYPE_Q4_0: ep_moe_dtype_t = 7;
+pub const EP_MOE_DTYPE_Q4_K: ep_moe_dtype_t = 8;
+pub const EP_MOE_DTYPE_Q5_K: ep_moe_dtype_t = 9;
+pub const EP_MOE_DTYPE_Q6_K: ep_moe_dtype_t = 10;
+pub const EP_MOE_DTYPE_IQ4_XS: ep_moe_dtype_t = 11;
+pub const EP_MOE_DTYPE_MXFP4: ep_moe_dtype_t = 12;
 pub const EP_MOE_DTYPE_ENUM_MIN_: ep_moe_dtype_t = -2147483648;
 pub const EP_MOE_DTYPE_ENUM_MAX_: ep_moe_dtype_t = 2147483647;
 
@@ -356,6 +363,7 @@ extern "C" {
     pub fn ep_moe_last_error() -> *const c_char;
     pub fn ep_moe_has_feature(features: u32) -> c_int;
     pub fn ep_moe_set_log_callback(fn_: ep_moe_log_fn, max_level: ep_moe_log_level_t, user_data: *mut c_void) -> ep_moe_status_t;
+    pub fn ep_moe_dtype_block(out_elems: *mut i64, out_bytes: *mut i64, dtype: ep_moe_dtype_t) -> ep_moe_status_t;
     pub fn ep_moe_expert_map_config_init(out: *mut ep_moe_expert_map_config_t) -> ep_moe_status_t;
     pub fn ep_moe_expert_map_create(out: *mut *mut ep_moe_expert_map_t, config: *const ep_moe_expert_map_config_t) -> ep_moe_status_t;
     pub fn ep_moe_expert_map_destroy(map: *mut ep_moe_expert_map_t);

@@ -132,6 +132,42 @@ pub fn has_feature(mask: u32) -> bool {
     unsafe { sys::ep_moe_has_feature(mask) == 1 }
 }
 
+/// The GGUF block formats routed experts' weights may be given in
+/// (`Layer::set_weight_blocks`): rows of whole blocks, as GGUF stores them.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum BlockFormat {
+    Q8_0,
+    Q4_0,
+    Q4K,
+    Q5K,
+    Q6K,
+    Iq4Xs,
+    Mxfp4,
+}
+
+impl BlockFormat {
+    /// The `ep_moe_dtype_t` value.
+    pub fn raw(self) -> sys::ep_moe_dtype_t {
+        match self {
+            BlockFormat::Q8_0 => sys::EP_MOE_DTYPE_Q8_0,
+            BlockFormat::Q4_0 => sys::EP_MOE_DTYPE_Q4_0,
+            BlockFormat::Q4K => sys::EP_MOE_DTYPE_Q4_K,
+            BlockFormat::Q5K => sys::EP_MOE_DTYPE_Q5_K,
+            BlockFormat::Q6K => sys::EP_MOE_DTYPE_Q6_K,
+            BlockFormat::Iq4Xs => sys::EP_MOE_DTYPE_IQ4_XS,
+            BlockFormat::Mxfp4 => sys::EP_MOE_DTYPE_MXFP4,
+        }
+    }
+    /// (elements, bytes) of one block (`ep_moe_dtype_block`).
+    pub fn block(self) -> (i64, i64) {
+        let (mut elems, mut bytes) = (0i64, 0i64);
+        // SAFETY: both out-pointers are valid; every BlockFormat is a dtype.
+        let st = unsafe { sys::ep_moe_dtype_block(&mut elems, &mut bytes, self.raw()) };
+        debug_assert_eq!(st, sys::EP_MOE_OK);
+        (elems, bytes)
+    }
+}
+
 /// Element types of tensors given to and returned by the layer.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum DType {
@@ -608,6 +644,51 @@ impl<'c> Layer<'c> {
 
     /// Gives one weight (`sys::EP_MOE_WEIGHT_*`); returns whether this rank
     /// kept it (false: another rank's expert).
+    /// One weight in a GGUF block format: `blocks` holds rows x cols /
+    /// block-elements blocks (`BlockFormat::block`), row after row. A CPU
+    /// layer keeps routed experts' weights in the format; others are
+    /// dequantized. Returns whether this rank kept it.
+    pub fn set_weight_blocks(
+        &mut self,
+        which: sys::ep_moe_weight_t,
+        expert: i32,
+        blocks: &[u8],
+        format: BlockFormat,
+        rows: i64,
+        cols: i64,
+    ) -> Result<bool> {
+        let (elems, bytes) = format.block();
+        if rows < 0 || cols < 0 || cols % elems != 0 || blocks.len() as i64 != rows * (cols / elems) * bytes {
+            return Err(invalid(format!(
+                "blocks has {} bytes, not rows * cols / {} * {} for [{}, {}] in {:?}",
+                blocks.len(),
+                elems,
+                bytes,
+                rows,
+                cols,
+                format
+            )));
+        }
+        let mut stored = 0;
+        // SAFETY: `blocks` holds the rows' blocks, checked above.
+        check(
+            unsafe {
+                sys::ep_moe_layer_set_weight(
+                    &mut stored,
+                    self.ptr,
+                    which,
+                    expert,
+                    blocks.as_ptr() as *const c_void,
+                    format.raw(),
+                    rows,
+                    cols,
+                )
+            },
+            || self.err(),
+        )?;
+        Ok(stored != 0)
+    }
+
     pub fn set_weight<T: Element>(
         &mut self,
         which: sys::ep_moe_weight_t,

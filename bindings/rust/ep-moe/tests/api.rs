@@ -335,3 +335,35 @@ fn f16_conversions_round_to_nearest_even() {
     }
     assert!(F16::from_f32(f32::NAN).to_f32().is_nan());
 }
+
+#[test]
+fn block_format_weights_are_kept_or_refused_with_the_message() {
+    assert_eq!(BlockFormat::Q4K.block(), (256, 144));
+    assert_eq!(BlockFormat::Q8_0.block(), (32, 34));
+    let map = ExpertMap::new(&ExpertMapConfig::new(1, 0, 2)).unwrap();
+    let mut c = LayerConfig::default();
+    c.hidden_size = 64;
+    c.intermediate_size = 32;
+    c.num_experts = 2;
+    c.top_k = 1;
+    c.max_tokens = 2;
+    c.num_threads = 1;
+    let mut layer = Layer::new(&c, &map, LayerComms::None).unwrap();
+    // Q8_0 gate [32, 64]: 32 rows of 2 blocks of 34 bytes, scale 1/64 (f16 0x2400).
+    let mut gate = vec![0u8; 32 * 2 * 34];
+    for b in 0..64 {
+        gate[b * 34] = 0x00;
+        gate[b * 34 + 1] = 0x24;
+        for i in 0..32 {
+            gate[b * 34 + 2 + i] = (i as u8).wrapping_mul(7);
+        }
+    }
+    assert!(layer.set_weight_blocks(sys::EP_MOE_WEIGHT_EXPERT_GATE, 0, &gate, BlockFormat::Q8_0, 32, 64).unwrap());
+    let e = layer.set_weight_blocks(sys::EP_MOE_WEIGHT_EXPERT_GATE, 0, &gate[1..], BlockFormat::Q8_0, 32, 64);
+    assert!(e.err().unwrap().message.contains("blocks has"));
+    // Another format for the same part of another expert: refused by the library, by name.
+    let q4 = vec![0u8; 32 * 2 * 18];
+    let e = layer.set_weight_blocks(sys::EP_MOE_WEIGHT_EXPERT_GATE, 1, &q4, BlockFormat::Q4_0, 32, 64).err().unwrap();
+    assert_eq!(e.status, Status::InvalidArgument);
+    assert!(e.message.contains("q8_0"), "{}", e.message);
+}

@@ -1,0 +1,362 @@
+#include "common/quant.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/dtype.hpp"
+
+namespace ep_moe {
+
+const int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+const int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? uint32_t{0x00200000} << e : static_cast<uint32_t>(e - 1) << 23;
+  return bits_f32(bits);
+}
+
+int quant_block_elems(ep_moe_dtype_t t) {
+  switch (t) {
+    case EP_MOE_DTYPE_Q8_0:
+    case EP_MOE_DTYPE_Q4_0:
+    case EP_MOE_DTYPE_MXFP4: return 32;
+    case EP_MOE_DTYPE_Q4_K:
+    case EP_MOE_DTYPE_Q5_K:
+    case EP_MOE_DTYPE_Q6_K:
+    case EP_MOE_DTYPE_IQ4_XS: return 256;
+    default: return 1;
+  }
+}
+
+int quant_block_bytes(ep_moe_dtype_t t) {
+  switch (t) {
+    case EP_MOE_DTYPE_Q8_0: return 34;
+    case EP_MOE_DTYPE_Q4_0: return 18;
+    case EP_MOE_DTYPE_MXFP4: return 17;
+    case EP_MOE_DTYPE_Q4_K: return 144;
+    case EP_MOE_DTYPE_Q5_K: return 176;
+    case EP_MOE_DTYPE_Q6_K: return 210;
+    case EP_MOE_DTYPE_IQ4_XS: return 136;
+    default: return static_cast<int>(dtype_size(t));
+  }
+}
+
+ActQuant act_quant_of(ep_moe_dtype_t weight) {
+  return quant_block_elems(weight) == 256 ? ActQuant::Q8_K : ActQuant::Q8_0;
+}
+
+namespace {
+
+uint16_t rd16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+void wr16(uint8_t* p, uint16_t v) {
+  p[0] = static_cast<uint8_t>(v & 0xff);
+  p[1] = static_cast<uint8_t>(v >> 8);
+}
+float rdf16(const uint8_t* p) { return f16_to_f32(rd16(p)); }
+
+// Q4_K / Q5_K: the 6-bit scale and min of sub-block j from the 12 bytes.
+void scale_min_k4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    *m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+void dequant_block(ep_moe_dtype_t t, const uint8_t* b, float* y) {
+  switch (t) {
+    case EP_MOE_DTYPE_Q8_0: {
+      const float d = rdf16(b);
+      for (int i = 0; i < 32; ++i) y[i] = d * static_cast<float>(static_cast<int8_t>(b[2 + i]));
+      return;
+    }
+    case EP_MOE_DTYPE_Q4_0: {
+      const float d = rdf16(b);
+      for (int i = 0; i < 16; ++i) {
+        y[i] = d * static_cast<float>((b[2 + i] & 0xF) - 8);
+        y[16 + i] = d * static_cast<float>((b[2 + i] >> 4) - 8);
+      }
+      return;
+    }
+    case EP_MOE_DTYPE_MXFP4: {
+      const float d = e8m0_half(b[0]);
+      for (int i = 0; i < 16; ++i) {
+        y[i] = d * static_cast<float>(kMxfp4Values[b[1 + i] & 0xF]);
+        y[16 + i] = d * static_cast<float>(kMxfp4Values[b[1 + i] >> 4]);
+      }
+      return;
+    }
+    case EP_MOE_DTYPE_Q4_K:
+    case EP_MOE_DTYPE_Q5_K: {
+      const bool five = t == EP_MOE_DTYPE_Q5_K;
+      const float d = rdf16(b), dmin = rdf16(b + 2);
+      const uint8_t* scales = b + 4;
+      const uint8_t* qh = b + 16;
+      const uint8_t* qs = five ? b + 48 : b + 16;
+      for (int j = 0; j < 8; ++j) {
+        uint8_t sc, m;
+        scale_min_k4(j, scales, &sc, &m);
+        const float dj = d * sc, mj = dmin * m;
+        const uint8_t* q = qs + 32 * (j / 2);
+        for (int i = 0; i < 32; ++i) {
+          int v = (j % 2 == 0) ? (q[i] & 0xF) : (q[i] >> 4);
+          if (five) v |= ((qh[i] >> j) & 1) << 4;
+          y[32 * j + i] = dj * static_cast<float>(v) - mj;
+        }
+      }
+      return;
+    }
+    case EP_MOE_DTYPE_Q6_K: {
+      const uint8_t* ql = b;
+      const uint8_t* qh = b + 128;
+      const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+      const float d = rdf16(b + 208);
+      for (int h = 0; h < 2; ++h)
+        for (int s = 0; s < 4; ++s)
+          for (int i = 0; i < 32; ++i) {
+            const int e = 128 * h + 32 * s + i;
+            const uint8_t l = s < 2 ? (ql[64 * h + 32 * s + i] & 0xF) : (ql[64 * h + 32 * (s - 2) + i] >> 4);
+            const int v = (l | (((qh[32 * h + i] >> (2 * s)) & 3) << 4)) - 32;
+            y[e] = d * static_cast<float>(sc[e / 16]) * static_cast<float>(v);
+          }
+      return;
+    }
+    case EP_MOE_DTYPE_IQ4_XS: {
+      const float d = rdf16(b);
+      const uint16_t sh = rd16(b + 2);
+      const uint8_t* sl = b + 4;
+      const uint8_t* qs = b + 8;
+      for (int j = 0; j < 8; ++j) {
+        const int ls = ((sl[j / 2] >> (4 * (j % 2))) & 0xF) | (((sh >> (2 * j)) & 3) << 4);
+        const float dl = d * static_cast<float>(ls - 32);
+        for (int i = 0; i < 16; ++i) {
+          y[32 * j + i] = dl * static_cast<float>(kIq4nlValues[qs[16 * j + i] & 0xF]);
+          y[32 * j + 16 + i] = dl * static_cast<float>(kIq4nlValues[qs[16 * j + i] >> 4]);
+        }
+      }
+      return;
+    }
+    default: return;
+  }
+}
+
+// Round half away from zero, as ggml's nearest_int / np_roundf.
+int round_away(float x) { return static_cast<int>(std::round(x)); }
+
+void quant_block_q8_0(const float* x, uint8_t* b) {
+  float amax = 0;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+  wr16(b, f32_to_f16(d));
+  for (int i = 0; i < 32; ++i) b[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(round_away(x[i] * id)));
+}
+
+void quant_block_q4_0(const float* x, uint8_t* b) {
+  float amax = 0, mx = 0;
+  for (int i = 0; i < 32; ++i)
+    if (std::fabs(x[i]) > amax) {
+      amax = std::fabs(x[i]);
+      mx = x[i];
+    }
+  const float d = mx / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+  wr16(b, f32_to_f16(d));
+  for (int i = 0; i < 16; ++i) {
+    const int lo = std::min(15, std::max(0, static_cast<int>(x[i] * id + 8.5f)));
+    const int hi = std::min(15, std::max(0, static_cast<int>(x[16 + i] * id + 8.5f)));
+    b[2 + i] = static_cast<uint8_t>(lo | (hi << 4));
+  }
+}
+
+void quant_block_mxfp4(const float* x, uint8_t* b) {
+  float amax = 0;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const int e = amax > 0 ? static_cast<int>(std::floor(std::log2(amax))) - 2 + 127 : 0;
+  b[0] = static_cast<uint8_t>(std::min(255, std::max(0, e)));
+  const float d = e8m0_half(b[0]);
+  auto best = [&](float v) {
+    int bi = 0;
+    float be = INFINITY;
+    for (int q = 0; q < 16; ++q) {
+      const float err = std::fabs(d * static_cast<float>(kMxfp4Values[q]) - v);
+      if (err < be) {
+        be = err;
+        bi = q;
+      }
+    }
+    return bi;
+  };
+  for (int i = 0; i < 16; ++i) b[1 + i] = static_cast<uint8_t>(best(x[i]) | (best(x[16 + i]) << 4));
+}
+
+// Q4_K / Q5_K (levels 15 or 31): per sub-block of 32 its range [min(0, lo),
+// hi] in `levels` steps; the 8 steps and mins as 6-bit multiples of the
+// block's d and dmin.
+void quant_block_k45(const float* x, uint8_t* b, bool five) {
+  const int levels = five ? 31 : 15;
+  float step[8], mn[8];
+  float max_step = 0, max_mn = 0;
+  for (int j = 0; j < 8; ++j) {
+    float lo = 0, hi = 0;
+    for (int i = 0; i < 32; ++i) {
+      lo = std::min(lo, x[32 * j + i]);
+      hi = std::max(hi, x[32 * j + i]);
+    }
+    step[j] = (hi - lo) / static_cast<float>(levels);
+    mn[j] = -lo;
+    max_step = std::max(max_step, step[j]);
+    max_mn = std::max(max_mn, mn[j]);
+  }
+  const float d = max_step / 63.0f, dmin = max_mn / 63.0f;
+  const float dq = f16_to_f32(f32_to_f16(d)), dminq = f16_to_f32(f32_to_f16(dmin));
+  wr16(b, f32_to_f16(d));
+  wr16(b + 2, f32_to_f16(dmin));
+  uint8_t sc[8], m[8];
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = static_cast<uint8_t>(dq > 0 ? std::min(63, round_away(step[j] / dq)) : 0);
+    m[j] = static_cast<uint8_t>(dminq > 0 ? std::min(63, round_away(mn[j] / dminq)) : 0);
+  }
+  uint8_t* scales = b + 4;
+  for (int j = 0; j < 4; ++j) {
+    scales[j] = static_cast<uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+    scales[j + 4] = static_cast<uint8_t>((m[j] & 63) | ((m[j + 4] >> 4) << 6));
+    scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4));
+  }
+  uint8_t* qh = b + 16;
+  uint8_t* qs = five ? b + 48 : b + 16;
+  if (five) std::memset(qh, 0, 32);
+  std::memset(qs, 0, 128);
+  for (int j = 0; j < 8; ++j) {
+    const float dj = dq * sc[j], mj = dminq * m[j];
+    for (int i = 0; i < 32; ++i) {
+      const int v = dj > 0 ? std::min(levels, std::max(0, round_away((x[32 * j + i] + mj) / dj))) : 0;
+      qs[32 * (j / 2) + i] |= static_cast<uint8_t>((v & 0xF) << (4 * (j % 2)));
+      if (five) qh[i] |= static_cast<uint8_t>(((v >> 4) & 1) << j);
+    }
+  }
+}
+
+void quant_block_q6_k(const float* x, uint8_t* b) {
+  float scale[16], max_abs_scale = 0;
+  for (int g = 0; g < 16; ++g) {
+    float amax = 0;
+    for (int i = 0; i < 16; ++i) amax = std::max(amax, std::fabs(x[16 * g + i]));
+    scale[g] = amax / 31.0f;
+    max_abs_scale = std::max(max_abs_scale, scale[g]);
+  }
+  const float d = max_abs_scale / 127.0f, dq = f16_to_f32(f32_to_f16(d));
+  auto* sc = reinterpret_cast<int8_t*>(b + 192);
+  for (int g = 0; g < 16; ++g) sc[g] = static_cast<int8_t>(dq > 0 ? std::min(127, round_away(scale[g] / dq)) : 0);
+  wr16(b + 208, f32_to_f16(d));
+  uint8_t* ql = b;
+  uint8_t* qh = b + 128;
+  std::memset(ql, 0, 192);
+  for (int e = 0; e < 256; ++e) {
+    const float dg = dq * sc[e / 16];
+    const int v = (dg > 0 ? std::min(31, std::max(-32, round_away(x[e] / dg))) : 0) + 32;
+    const int h = e / 128, s = (e % 128) / 32, i = e % 32;
+    if (s < 2) ql[64 * h + 32 * s + i] |= static_cast<uint8_t>(v & 0xF);
+    else ql[64 * h + 32 * (s - 2) + i] |= static_cast<uint8_t>((v & 0xF) << 4);
+    qh[32 * h + i] |= static_cast<uint8_t>(((v >> 4) & 3) << (2 * s));
+  }
+}
+
+void quant_block_iq4_xs(const float* x, uint8_t* b) {
+  float scale[8], max_abs = 0;
+  for (int j = 0; j < 8; ++j) {
+    float amax = 0, mx = 0;
+    for (int i = 0; i < 32; ++i)
+      if (std::fabs(x[32 * j + i]) > amax) {
+        amax = std::fabs(x[32 * j + i]);
+        mx = x[32 * j + i];
+      }
+    // The table's extremes are -127 and 113: the sign that maps the largest
+    // magnitude onto -127.
+    scale[j] = mx / -127.0f;
+    max_abs = std::max(max_abs, std::fabs(scale[j]));
+  }
+  const float d = max_abs / 31.0f, dq = f16_to_f32(f32_to_f16(d));
+  wr16(b, f32_to_f16(d));
+  uint16_t sh = 0;
+  uint8_t* sl = b + 4;
+  uint8_t* qs = b + 8;
+  std::memset(sl, 0, 4 + 128);
+  for (int j = 0; j < 8; ++j) {
+    const int l = dq > 0 ? std::min(31, std::max(-32, round_away(scale[j] / dq))) : 0;
+    const int ls = l + 32;
+    sl[j / 2] |= static_cast<uint8_t>((ls & 0xF) << (4 * (j % 2)));
+    sh |= static_cast<uint16_t>(((ls >> 4) & 3) << (2 * j));
+    const float dl = dq * static_cast<float>(l);
+    for (int i = 0; i < 32; ++i) {
+      int bi = 0;
+      float be = INFINITY;
+      for (int q = 0; q < 16; ++q) {
+        const float err = std::fabs(dl * static_cast<float>(kIq4nlValues[q]) - x[32 * j + i]);
+        if (err < be) {
+          be = err;
+          bi = q;
+        }
+      }
+      qs[16 * j + i % 16] |= static_cast<uint8_t>(bi << (i < 16 ? 0 : 4));
+    }
+  }
+  wr16(b + 2, sh);
+}
+
+}  // namespace
+
+void dequantize_row(ep_moe_dtype_t t, const void* src, float* dst, int64_t n) {
+  const int qk = quant_block_elems(t), bb = quant_block_bytes(t);
+  const auto* p = static_cast<const uint8_t*>(src);
+  for (int64_t i = 0; i < n / qk; ++i) dequant_block(t, p + i * bb, dst + i * qk);
+}
+
+float dequantize_at(ep_moe_dtype_t t, const void* row, int64_t i) {
+  const int qk = quant_block_elems(t), bb = quant_block_bytes(t);
+  float y[256];
+  dequant_block(t, static_cast<const uint8_t*>(row) + (i / qk) * bb, y);
+  return y[i % qk];
+}
+
+void quantize_row(ep_moe_dtype_t t, const float* src, void* dst, int64_t n) {
+  const int qk = quant_block_elems(t), bb = quant_block_bytes(t);
+  auto* p = static_cast<uint8_t*>(dst);
+  for (int64_t i = 0; i < n / qk; ++i) {
+    const float* x = src + i * qk;
+    uint8_t* b = p + i * bb;
+    switch (t) {
+      case EP_MOE_DTYPE_Q8_0: quant_block_q8_0(x, b); break;
+      case EP_MOE_DTYPE_Q4_0: quant_block_q4_0(x, b); break;
+      case EP_MOE_DTYPE_MXFP4: quant_block_mxfp4(x, b); break;
+      case EP_MOE_DTYPE_Q4_K: quant_block_k45(x, b, false); break;
+      case EP_MOE_DTYPE_Q5_K: quant_block_k45(x, b, true); break;
+      case EP_MOE_DTYPE_Q6_K: quant_block_q6_k(x, b); break;
+      case EP_MOE_DTYPE_IQ4_XS: quant_block_iq4_xs(x, b); break;
+      default: break;
+    }
+  }
+}
+
+void quantize_act_row(const float* x, int64_t k, ActQuant aq, void* out) {
+  const int64_t kp = act_row_padded(k);
+  auto* q = static_cast<int8_t*>(out);
+  auto* d = reinterpret_cast<float*>(static_cast<char*>(out) + kp);
+  auto* s = reinterpret_cast<int16_t*>(static_cast<char*>(out) + kp + kp / 32 * 4);
+  const int64_t bs = aq == ActQuant::Q8_K ? 256 : 32;
+  for (int64_t b0 = 0; b0 < kp; b0 += bs) {
+    float amax = 0;
+    for (int64_t i = b0; i < std::min(b0 + bs, k); ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float db = amax / 127.0f, id = db != 0.0f ? 127.0f / amax : 0.0f;
+    for (int64_t i = b0; i < b0 + bs; ++i) q[i] = i < k ? static_cast<int8_t>(std::nearbyint(x[i] * id)) : 0;
+    for (int64_t j = b0 / 32; j < (b0 + bs) / 32; ++j) d[j] = db;
+  }
+  for (int64_t g = 0; g < kp / 16; ++g) {
+    int sum = 0;
+    for (int i = 0; i < 16; ++i) sum += q[16 * g + i];
+    s[g] = static_cast<int16_t>(sum);
+  }
+}
+
+}  // namespace ep_moe

@@ -1,0 +1,74 @@
+// GGUF's block formats (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS, MXFP4): their
+// geometry, exact dequantization, ep_moe's own quantizers, and the int8
+// activation rows the CPU kernels take (docs/quantization.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ep_moe/ep_moe.h"
+
+namespace ep_moe {
+
+inline bool dtype_is_quant(ep_moe_dtype_t t) { return t >= EP_MOE_DTYPE_Q8_0 && t <= EP_MOE_DTYPE_MXFP4; }
+// Elements and bytes of one block (1 and the element size for float types).
+int quant_block_elems(ep_moe_dtype_t t);
+int quant_block_bytes(ep_moe_dtype_t t);
+// Bytes of a row of n elements (n a multiple of the block's elements).
+inline size_t quant_row_bytes(ep_moe_dtype_t t, int64_t n) {
+  return static_cast<size_t>(n / quant_block_elems(t)) * static_cast<size_t>(quant_block_bytes(t));
+}
+
+// Index of a block type in per-type tables: 0 .. kQuantTypes - 1.
+constexpr int kQuantTypes = 7;
+inline int quant_index(ep_moe_dtype_t t) { return static_cast<int>(t) - static_cast<int>(EP_MOE_DTYPE_Q8_0); }
+
+// n elements (a multiple of the block's) of blocks at src into f32, as
+// GGUF defines each format (bit for bit what gguf.quants gives).
+void dequantize_row(ep_moe_dtype_t t, const void* src, float* dst, int64_t n);
+// One element of a row of blocks.
+float dequantize_at(ep_moe_dtype_t t, const void* row, int64_t i);
+
+// n floats (a multiple of the block's elements; finite) into blocks. Q8_0,
+// Q4_0 and MXFP4 as ggml's reference quantizers; the K formats and IQ4_XS
+// by one round-to-nearest pass per block with scales from its sub-blocks'
+// ranges (valid blocks of the format, without llama.cpp's search for the
+// scales that minimise the error: for weights ep_moe quantizes itself, the
+// benchmark's and the demo's, not for a checkpoint's, which come quantized).
+void quantize_row(ep_moe_dtype_t t, const float* src, void* dst, int64_t n);
+
+// --- int8 activation rows ------------------------------------------------
+// The kernels take activation rows quantized once per forward, as GGUF
+// does: Q8_K-style (one f32 scale per 256 elements) for the K formats and
+// IQ4_XS, Q8_0-style (one per 32) for Q8_0, Q4_0 and MXFP4. A row of k
+// elements, kp = k rounded up to 256, is
+//   int8 q[kp] | f32 d[kp / 32] | int16 s[kp / 16]
+// with d the scale of each 32 elements (a Q8_K row repeats its block's)
+// and s the sum of each 16 q (the formats with offsets or mins use them);
+// elements past k are 0. A block's d = amax / 127 and q = x / d rounded to
+// nearest, ties to even (what cvtps2dq does); d = 0 when amax is 0.
+enum class ActQuant : int { Q8_0 = 0, Q8_K = 1 };
+ActQuant act_quant_of(ep_moe_dtype_t weight);
+inline int64_t act_row_padded(int64_t k) { return (k + 255) / 256 * 256; }
+inline size_t act_row_bytes(int64_t k) {
+  const auto kp = static_cast<size_t>(act_row_padded(k));
+  return kp + kp / 32 * 4 + kp / 16 * 2;
+}
+inline const int8_t* act_q(const void* row) { return static_cast<const int8_t*>(row); }
+inline const float* act_d(const void* row, int64_t k) {
+  return reinterpret_cast<const float*>(static_cast<const char*>(row) + act_row_padded(k));
+}
+inline const int16_t* act_s(const void* row, int64_t k) {
+  const int64_t kp = act_row_padded(k);
+  return reinterpret_cast<const int16_t*>(static_cast<const char*>(row) + kp + kp / 32 * 4);
+}
+// The portable quantizer (the vector ones give the same bytes).
+void quantize_act_row(const float* x, int64_t k, ActQuant aq, void* out);
+
+// Tables of the non-linear formats.
+extern const int8_t kIq4nlValues[16];  // IQ4_NL / IQ4_XS
+extern const int8_t kMxfp4Values[16];  // E2M1, doubled
+// MXFP4's E8M0 scale, halved (the doubled values take it): 2^(e - 128).
+float e8m0_half(uint8_t e);
+
+}  // namespace ep_moe

@@ -1,0 +1,364 @@
+// AVX2 block-format kernels (kernels.hpp's QGemmFn; built with -mavx2 -mfma
+// -mf16c, called only when the CPU has them). Per weight row and up to four
+// activation rows at a time: each 32-byte piece of a block is unpacked to
+// bytes once and multiplied with every row's int8 values by maddubs (u8 x
+// s8 pairs into i16; signed weights through the sign trick, |w| * sign(a,
+// w)), then by the sub-block scales with madd (i16 pairs into i32), summed
+// exactly in i32 per block and scaled into f32 accumulators once per block.
+// The integer sums are those of the portable kernels (qkernels_generic.cpp);
+// only the order of the f32 additions differs.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "common/dtype.hpp"
+#include "common/quant.hpp"
+#include "cpu/kernels.hpp"
+
+namespace ep_moe {
+namespace cpu {
+
+namespace {
+
+constexpr int kTile = 4;  // activation rows per pass over a weight row
+
+inline float f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+inline float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+inline __m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+
+// 16 bytes of nibbles -> 32 bytes: the low nibbles, then the high ones.
+inline __m256i nibbles(const uint8_t* p) {
+  const __m128i q = load128(p), m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+}
+
+// Signed weights w times signed activations a, pairs summed into i16.
+inline __m256i dot_ss(__m256i w, __m256i a) {
+  return _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+}
+
+// The int8 activation values of rows a[0 .. M) at element e.
+template <int M>
+struct Rows {
+  const int8_t* q[M];
+  const float* d[M];
+  const int16_t* s[M];
+  Rows(const void* const* a, int k) {
+    for (int r = 0; r < M; ++r) {
+      q[r] = act_q(a[r]);
+      d[r] = act_d(a[r], k);
+      s[r] = act_s(a[r], k);
+    }
+  }
+};
+
+// --- Q8_0 ------------------------------------------------------------------
+template <int M>
+void dot_q8_0(const uint8_t* w, const Rows<M>& a, int k, float* out) {
+  __m256 acc[M];
+  for (int r = 0; r < M; ++r) acc[r] = _mm256_setzero_ps();
+  for (int b = 0; b < k / 32; ++b, w += 34) {
+    const __m256i wq = load(w + 2);
+    const float dw = f16(w);
+    for (int r = 0; r < M; ++r) {
+      const __m256i p = _mm256_madd_epi16(dot_ss(wq, load(a.q[r] + 32 * b)), _mm256_set1_epi16(1));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * a.d[r][b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < M; ++r) out[r] = hsum(acc[r]);
+}
+
+// --- Q4_0 ------------------------------------------------------------------
+template <int M>
+void dot_q4_0(const uint8_t* w, const Rows<M>& a, int k, float* out) {
+  __m256 acc[M];
+  for (int r = 0; r < M; ++r) acc[r] = _mm256_setzero_ps();
+  for (int b = 0; b < k / 32; ++b, w += 18) {
+    const __m256i wq = _mm256_sub_epi8(nibbles(w + 2), _mm256_set1_epi8(8));
+    const float dw = f16(w);
+    for (int r = 0; r < M; ++r) {
+      const __m256i p = _mm256_madd_epi16(dot_ss(wq, load(a.q[r] + 32 * b)), _mm256_set1_epi16(1));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * a.d[r][b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < M; ++r) out[r] = hsum(acc[r]);
+}
+
+// --- MXFP4 -------------------------------------------------------------------
+template <int M>
+void dot_mxfp4(const uint8_t* w, const Rows<M>& a, int k, float* out) {
+  const __m256i table = _mm256_broadcastsi128_si256(load128(kMxfp4Values));
+  __m256 acc[M];
+  for (int r = 0; r < M; ++r) acc[r] = _mm256_setzero_ps();
+  for (int b = 0; b < k / 32; ++b, w += 17) {
+    const __m256i wq = _mm256_shuffle_epi8(table, nibbles(w + 1));
+    const float dw = e8m0_half(w[0]);
+    for (int r = 0; r < M; ++r) {
+      const __m256i p = _mm256_madd_epi16(dot_ss(wq, load(a.q[r] + 32 * b)), _mm256_set1_epi16(1));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * a.d[r][b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < M; ++r) out[r] = hsum(acc[r]);
+}
+
+// --- Q4_K and Q5_K -----------------------------------------------------------
+// The 12 scale bytes -> sc[0..7] in the first 8 bytes, m[0..7] in the next.
+inline void k4_scales(const uint8_t* s12, uint32_t out[4]) {
+  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+  uint32_t u[3];
+  std::memcpy(u, s12, 12);
+  out[0] = u[0] & kLow6;
+  out[1] = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);
+  out[2] = u[1] & kLow6;
+  out[3] = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);
+}
+
+// Shuffle masks that broadcast i16 word j of each 128-bit lane to all of it.
+inline __m256i word_bcast(int j) {
+  const char lo = static_cast<char>(2 * j), hi = static_cast<char>(2 * j + 1);
+  return _mm256_setr_epi8(lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo,
+                          hi, lo, hi, lo, hi, lo, hi, lo, hi);
+}
+
+template <int M, bool Five>
+void dot_k45(const uint8_t* w, const Rows<M>& a, int k, float* out) {
+  const int bb = Five ? 176 : 144;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+  __m256 acc[M];
+  __m128 accm[M];
+  for (int r = 0; r < M; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    accm[r] = _mm_setzero_ps();
+  }
+  const __m256i bc[8] = {word_bcast(0), word_bcast(1), word_bcast(2), word_bcast(3),
+                         word_bcast(4), word_bcast(5), word_bcast(6), word_bcast(7)};
+  for (int b = 0; b < k / 256; ++b, w += bb) {
+    uint32_t sm[4];
+    k4_scales(w + 4, sm);
+    const __m128i sc8 = _mm_set_epi32(0, 0, static_cast<int>(sm[1]), static_cast<int>(sm[0]));
+    const __m128i mn8 = _mm_set_epi32(0, 0, static_cast<int>(sm[3]), static_cast<int>(sm[2]));
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8));
+    const __m128i mn16 = _mm_cvtepu8_epi16(mn8);
+    const float d = f16(w), dmin = f16(w + 2);
+    const uint8_t* qs = Five ? w + 48 : w + 16;
+    const __m256i qh = Five ? load(w + 16) : _mm256_setzero_si256();
+    __m256i sumi[M];
+    for (int r = 0; r < M; ++r) sumi[r] = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      const __m256i q = load(qs + 32 * j);
+      __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      if (Five) {  // bit 2j of qh into bit 4 of the low values, bit 2j+1 of the high ones
+        const int s0 = 2 * j, s1 = 2 * j + 1;
+        const __m256i h0 = s0 <= 4 ? _mm256_slli_epi16(qh, 4 - s0) : _mm256_srli_epi16(qh, s0 - 4);
+        const __m256i h1 = s1 <= 4 ? _mm256_slli_epi16(qh, 4 - s1) : _mm256_srli_epi16(qh, s1 - 4);
+        lo = _mm256_or_si256(lo, _mm256_and_si256(h0, bit4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(h1, bit4));
+      }
+      const __m256i sl = _mm256_shuffle_epi8(sc16, bc[2 * j]), sh = _mm256_shuffle_epi8(sc16, bc[2 * j + 1]);
+      for (int r = 0; r < M; ++r) {
+        const int8_t* ar = a.q[r] + 256 * b + 64 * j;
+        const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load(ar)), sl);
+        const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load(ar + 32)), sh);
+        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(pl, ph));
+      }
+    }
+    for (int r = 0; r < M; ++r) {
+      const float da = a.d[r][8 * b];
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_set1_ps(d * da), acc[r]);
+      // The mins against the 32-sums of the activations.
+      const __m128i s16 = _mm_hadd_epi16(load128(a.s[r] + 16 * b), load128(a.s[r] + 16 * b + 8));
+      accm[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, s16)), _mm_set1_ps(dmin * da), accm[r]);
+    }
+  }
+  for (int r = 0; r < M; ++r) {
+    __m128 t = _mm_add_ps(accm[r], _mm_movehl_ps(accm[r], accm[r]));
+    t = _mm_add_ss(t, _mm_movehdup_ps(t));
+    out[r] = hsum(acc[r]) - _mm_cvtss_f32(t);
+  }
+}
+
+// --- Q6_K --------------------------------------------------------------------
+template <int M>
+void dot_q6_k(const uint8_t* w, const Rows<M>& a, int k, float* out) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
+  __m256 acc[M];
+  for (int r = 0; r < M; ++r) acc[r] = _mm256_setzero_ps();
+  for (int b = 0; b < k / 256; ++b, w += 210) {
+    const uint8_t* ql = w;
+    const uint8_t* qh = w + 128;
+    const auto* sc = reinterpret_cast<const int8_t*>(w + 192);
+    const float d = f16(w + 208);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(load128(sc));
+    __m256i sumi[M];
+    for (int r = 0; r < M; ++r)  // the offset 32: -32 sum_g sc_g s_g
+      sumi[r] = _mm256_mullo_epi32(_mm256_madd_epi16(sc16, load(a.s[r] + 16 * b)), _mm256_set1_epi32(-32));
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = load(ql + 64 * h), l1 = load(ql + 64 * h + 32), hb = load(qh + 32 * h);
+      const __m256i q[4] = {_mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m2)),
+                            _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m2)),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m2)),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                            _mm256_and_si256(_mm256_srli_epi16(hb, 2), m2))};
+      for (int s = 0; s < 4; ++s) {
+        // Elements 128h + 32s .. +31: scale groups g and g+1 in the two lanes.
+        const int g = 8 * h + 2 * s;
+        const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+        for (int r = 0; r < M; ++r) {
+          const __m256i p = _mm256_maddubs_epi16(q[s], load(a.q[r] + 256 * b + 128 * h + 32 * s));
+          sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p, scv));
+        }
+      }
+    }
+    for (int r = 0; r < M; ++r)
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_set1_ps(d * a.d[r][8 * b]), acc[r]);
+  }
+  for (int r = 0; r < M; ++r) out[r] = hsum(acc[r]);
+}
+
+// --- IQ4_XS --------------------------------------------------------------------
+template <int M>
+void dot_iq4_xs(const uint8_t* w, const Rows<M>& a, int k, float* out) {
+  const __m256i table = _mm256_broadcastsi128_si256(load128(kIq4nlValues));
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[M];
+  for (int r = 0; r < M; ++r) acc[r] = _mm256_setzero_ps();
+  for (int b = 0; b < k / 256; ++b, w += 136) {
+    const float d = f16(w);
+    const int sh = w[2] | (w[3] << 8);
+    const uint8_t* sl = w + 4;
+    const uint8_t* qs = w + 8;
+    __m256i sumi[M];
+    for (int r = 0; r < M; ++r) sumi[r] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j += 2) {
+      // Sub-blocks j and j+1: bytes 16j .. 16j+31; lane 0 holds j's, lane 1 j+1's.
+      const __m256i q = load(qs + 16 * j);
+      const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(q, m4));
+      const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+      const int l0 = (((sl[j / 2]) & 0xF) | (((sh >> (2 * j)) & 3) << 4)) - 32;
+      const int l1 = (((sl[j / 2] >> 4) & 0xF) | (((sh >> (2 * j + 2)) & 3) << 4)) - 32;
+      const __m256i scv =
+          _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(l1)), _mm_set1_epi16(static_cast<int16_t>(l0)));
+      for (int r = 0; r < M; ++r) {
+        const int8_t* ar = a.q[r] + 256 * b + 32 * j;
+        // lo: elements 0..15 of each sub-block; hi: 16..31.
+        const __m256i alo = _mm256_set_m128i(load128(ar + 32), load128(ar));
+        const __m256i ahi = _mm256_set_m128i(load128(ar + 48), load128(ar + 16));
+        // (Each maddubs sum reaches 2 * 127 * 127: two would overflow i16.)
+        const __m256i pl = _mm256_madd_epi16(dot_ss(lo, alo), scv), ph = _mm256_madd_epi16(dot_ss(hi, ahi), scv);
+        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(pl, ph));
+      }
+    }
+    for (int r = 0; r < M; ++r)
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_set1_ps(d * a.d[r][8 * b]), acc[r]);
+  }
+  for (int r = 0; r < M; ++r) out[r] = hsum(acc[r]);
+}
+
+// --- the panel kernels ---------------------------------------------------------
+template <int T, int M>
+void dot_rows(const uint8_t* w, const void* const* a, int k, float* out) {
+  const Rows<M> rows(a, k);
+  if constexpr (T == EP_MOE_DTYPE_Q8_0) dot_q8_0<M>(w, rows, k, out);
+  else if constexpr (T == EP_MOE_DTYPE_Q4_0) dot_q4_0<M>(w, rows, k, out);
+  else if constexpr (T == EP_MOE_DTYPE_MXFP4) dot_mxfp4<M>(w, rows, k, out);
+  else if constexpr (T == EP_MOE_DTYPE_Q4_K) dot_k45<M, false>(w, rows, k, out);
+  else if constexpr (T == EP_MOE_DTYPE_Q5_K) dot_k45<M, true>(w, rows, k, out);
+  else if constexpr (T == EP_MOE_DTYPE_Q6_K) dot_q6_k<M>(w, rows, k, out);
+  else dot_iq4_xs<M>(w, rows, k, out);
+}
+
+template <int T>
+void qgemm(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc, const void* /*next*/) {
+  const size_t rb = quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k);
+  float out[kTile];
+  // Each weight row once, every activation row against it while it is in L1.
+  for (int j = 0; j < nr; ++j) {
+    const uint8_t* w = static_cast<const uint8_t*>(panel) + static_cast<size_t>(j) * rb;
+    for (int i0 = 0; i0 < m; i0 += kTile) {
+      const int mm = m - i0 < kTile ? m - i0 : kTile;
+      switch (mm) {
+        case 1: dot_rows<T, 1>(w, a + i0, k, out); break;
+        case 2: dot_rows<T, 2>(w, a + i0, k, out); break;
+        case 3: dot_rows<T, 3>(w, a + i0, k, out); break;
+        default: dot_rows<T, 4>(w, a + i0, k, out); break;
+      }
+      for (int i = 0; i < mm; ++i) c[(i0 + i) * ldc + j] = out[i];
+    }
+  }
+}
+
+}  // namespace
+
+void qkernels_avx2(QGemmFn* out) {
+  out[quant_index(EP_MOE_DTYPE_Q8_0)] = qgemm<EP_MOE_DTYPE_Q8_0>;
+  out[quant_index(EP_MOE_DTYPE_Q4_0)] = qgemm<EP_MOE_DTYPE_Q4_0>;
+  out[quant_index(EP_MOE_DTYPE_Q4_K)] = qgemm<EP_MOE_DTYPE_Q4_K>;
+  out[quant_index(EP_MOE_DTYPE_Q5_K)] = qgemm<EP_MOE_DTYPE_Q5_K>;
+  out[quant_index(EP_MOE_DTYPE_Q6_K)] = qgemm<EP_MOE_DTYPE_Q6_K>;
+  out[quant_index(EP_MOE_DTYPE_IQ4_XS)] = qgemm<EP_MOE_DTYPE_IQ4_XS>;
+  out[quant_index(EP_MOE_DTYPE_MXFP4)] = qgemm<EP_MOE_DTYPE_MXFP4>;
+}
+
+// The scalar quantizer's bytes: the same f32 multiply by 127 / amax and the
+// same rounding (cvtps2dq, nearest even).
+void quantize_act_avx2(const float* x, int64_t k, ActQuant aq, void* outp) {
+  const int64_t kp = act_row_padded(k);
+  auto* q = static_cast<int8_t*>(outp);
+  auto* d = reinterpret_cast<float*>(static_cast<char*>(outp) + kp);
+  auto* s = reinterpret_cast<int16_t*>(static_cast<char*>(outp) + kp + kp / 32 * 4);
+  const int64_t bs = aq == ActQuant::Q8_K ? 256 : 32;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t b0 = 0; b0 < kp; b0 += bs) {
+    const int64_t end = b0 + bs < k ? b0 + bs : k;
+    float amax = 0;
+    int64_t i = b0;
+    if (end - b0 == bs) {
+      __m256 mx = _mm256_setzero_ps();
+      for (; i < end; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+      __m128 t = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+      t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+      t = _mm_max_ss(t, _mm_movehdup_ps(t));
+      amax = _mm_cvtss_f32(t);
+    } else {
+      for (; i < end; ++i) amax = amax > __builtin_fabsf(x[i]) ? amax : __builtin_fabsf(x[i]);
+    }
+    const float db = amax / 127.0f, id = db != 0.0f ? 127.0f / amax : 0.0f;
+    if (end - b0 == bs) {
+      const __m256 vid = _mm256_set1_ps(id);
+      for (int64_t e = b0; e < end; e += 32) {
+        const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + e), vid));
+        const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + e + 8), vid));
+        const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + e + 16), vid));
+        const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + e + 24), vid));
+        const __m256i p16a = _mm256_packs_epi32(i0, i1), p16b = _mm256_packs_epi32(i2, i3);
+        const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+        // The packs interleave the 128-bit lanes: put the 4-byte groups back in order.
+        const __m256i ord = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + e), ord);
+      }
+    } else {
+      for (int64_t e = b0; e < b0 + bs; ++e)
+        q[e] = e < k ? static_cast<int8_t>(_mm_cvtss_si32(_mm_set_ss(x[e] * id))) : 0;
+    }
+    for (int64_t j = b0 / 32; j < (b0 + bs) / 32; ++j) d[j] = db;
+  }
+  for (int64_t g = 0; g < kp / 16; ++g) {
+    int sum = 0;
+    for (int e = 0; e < 16; ++e) sum += q[16 * g + e];
+    s[g] = static_cast<int16_t>(sum);
+  }
+}
+
+}  // namespace cpu
+}  // namespace ep_moe
