@@ -4,6 +4,7 @@
 
 #include "capi/handle.hpp"
 #include "capi/objects.hpp"
+#include "common/quant.hpp"
 
 using namespace ep_moe;
 using namespace ep_moe::capi;
@@ -108,8 +109,9 @@ ep_moe_status_t ep_moe_checkpoint_layer_config(ep_moe_layer_config_t* config, co
     const io::LayerShape s = ck.layer_shape(layer);
     if (!s.unloadable.empty())
       fail(EP_MOE_ERR_UNSUPPORTED,
-           "layer %d: expert tensor '%s' is %s, which this version of ep_moe cannot load (F32, F16, BF16; Q8_0 in "
-           "GGUF): no layer configuration is derived for what ep_moe_layer_load would refuse",
+           "layer %d: expert tensor '%s' is %s, which this version of ep_moe cannot load (F32, F16, BF16; in GGUF "
+           "also Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS, MXFP4): no layer configuration is derived for what "
+           "ep_moe_layer_load would refuse",
            layer, s.unloadable.c_str(), s.unloadable_type.c_str());
     const io::Semantics m = ck.layer_semantics(layer, s);
     c.hidden_size = s.hidden;
@@ -117,9 +119,16 @@ ep_moe_status_t ep_moe_checkpoint_layer_config(ep_moe_layer_config_t* config, co
     c.num_experts = s.experts;
     if (m.top_k > 0) c.top_k = m.top_k;
     c.activation = m.activation;
-    c.weight_dtype = s.expert_elem == io::Elem::BF16  ? EP_MOE_DTYPE_BF16
-                     : s.expert_elem == io::Elem::F16 ? EP_MOE_DTYPE_F16
-                                                      : EP_MOE_DTYPE_F32;
+    // Block-format experts are kept as they are whatever weight_dtype says;
+    // it names their gate's format where its blocks divide both sizes (it
+    // is then what float-given experts would be quantized to), else bf16.
+    const auto et = static_cast<ep_moe_dtype_t>(io::elem_dtype(s.expert_elem));
+    if (dtype_is_quant(et)) {
+      const int qk = quant_block_elems(et);
+      c.weight_dtype = s.hidden % qk == 0 && s.inter % qk == 0 ? et : EP_MOE_DTYPE_BF16;
+    } else {
+      c.weight_dtype = et == EP_MOE_DTYPE_BF16 || et == EP_MOE_DTYPE_F16 ? et : EP_MOE_DTYPE_F32;
+    }
     c.scoring = m.scoring;
     c.renormalize = m.renormalize;
     c.num_expert_group = m.groups;

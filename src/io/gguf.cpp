@@ -210,6 +210,12 @@ class Parser {
                 : type == 1  ? Elem::F16
                 : type == 30 ? Elem::BF16
                 : type == 8  ? Elem::Q8_0
+                : type == 2  ? Elem::Q4_0
+                : type == 12 ? Elem::Q4_K
+                : type == 13 ? Elem::Q5_K
+                : type == 14 ? Elem::Q6_K
+                : type == 23 ? Elem::IQ4_XS
+                : type == 39 ? Elem::MXFP4
                              : Elem::Other;
       if (ne[0] % block != 0)
         bad("tensor '%s': row of %llu elements is not a whole number of %s blocks (%llu)", tn,

@@ -39,7 +39,7 @@ CpuBackend::CpuBackend(Layer& L, int64_t max_rows, int64_t send_rows, int64_t fa
                                           c.act_dtype == EP_MOE_DTYPE_BF16);
   // bf16 rows straight into the bf16 tiles: no f32 copy of the rows at all.
   const auto wdt = static_cast<ep_moe_dtype_t>(c.weight_dtype);
-  float_type_ = dtype_is_quant(wdt) ? EP_MOE_DTYPE_BF16 : wdt;
+  float_type_ = dtype_is_quant(wdt) ? EP_MOE_DTYPE_F32 : wdt;
   max_rows_ = max_rows;
   direct_bf16_ = !dtype_is_quant(wdt) && ffn_->reads_bf16_rows(wdt);
   if (dtype_is_quant(wdt)) ffn_->reserve_quant();

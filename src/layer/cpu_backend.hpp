@@ -131,8 +131,8 @@ class CpuBackend final : public LayerBackend {
   Slot shared_;
   cpu::PackedWeight router_;  // [E, H] f32, when given
   // The routed parts' storage types (-1: none stored yet), and the type of
-  // the float parts (the shared expert): weight_dtype, or bf16 when that is
-  // a block format.
+  // the float parts (the shared expert): weight_dtype, or f32 when that is
+  // a block format (dequantized values kept exactly).
   int32_t gu_type_ = -1, down_type_ = -1;
   ep_moe_dtype_t float_type_ = EP_MOE_DTYPE_F32;
   int64_t max_rows_ = 0;

@@ -9,6 +9,7 @@
 #include "common/dtype.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/quant.hpp"
 #include "layer/layer.hpp"
 
 namespace ep_moe {
@@ -25,27 +26,15 @@ struct Loaded {
   bool transposed = false;
 };
 
+// The dtype a tensor is read in: its own (block formats kept as they are).
 ep_moe_dtype_t dtype_of(const io::TensorInfo& t, const io::Checkpoint& ck) {
-  switch (t.elem) {
-    case Elem::F32: return EP_MOE_DTYPE_F32;
-    case Elem::F16: return EP_MOE_DTYPE_F16;
-    case Elem::BF16: return EP_MOE_DTYPE_BF16;
-    case Elem::Q8_0: return EP_MOE_DTYPE_F32;  // dequantised on load
-    case Elem::Other: break;
-  }
-  fail(EP_MOE_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; only F32, F16, BF16 (and Q8_0 in GGUF) can be loaded",
-       ck.file(t.file).name().c_str(), t.name.c_str(), t.type_name.c_str());
-}
-
-// Q8_0 rows (blocks of an f16 scale and 32 int8) to f32.
-void dequant_q8_0(const uint8_t* src, int64_t count, float* dst) {
-  for (int64_t b = 0; b < count / 32; ++b) {
-    const uint8_t* blk = src + b * 34;
-    uint16_t d16;
-    std::memcpy(&d16, blk, 2);
-    const float d = f16_to_f32(d16);
-    for (int i = 0; i < 32; ++i) dst[b * 32 + i] = d * static_cast<float>(static_cast<int8_t>(blk[2 + i]));
-  }
+  const int dt = io::elem_dtype(t.elem);
+  if (dt < 0)
+    fail(EP_MOE_ERR_UNSUPPORTED,
+         "%s: tensor '%s' is %s; only F32, F16, BF16 (and in GGUF Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS, MXFP4) can "
+         "be loaded",
+         ck.file(t.file).name().c_str(), t.name.c_str(), t.type_name.c_str());
+  return static_cast<ep_moe_dtype_t>(dt);
 }
 
 // GPT-OSS's fused gate_up ([2I, ...] logical rows alternating gate and up)
@@ -53,11 +42,13 @@ void dequant_q8_0(const uint8_t* src, int64_t count, float* dst) {
 // takes them. Logical rows are stored columns when `transposed`; a bias row
 // ([1, 2I]) is the transposed case with one stored row.
 void deinterleave(Loaded& ld, int64_t logical_rows, bool as_columns) {
+  if (dtype_is_quant(ld.dtype) && as_columns)
+    fail(EP_MOE_ERR_UNSUPPORTED, "an interleaved gate_up stored transposed in a block format cannot be reordered");
   const size_t es = dtype_size(ld.dtype);
   std::vector<uint8_t> out(ld.buf.size());
   const int64_t half = logical_rows / 2;
   if (!as_columns) {  // whole rows of ld.cols elements
-    const size_t rb = static_cast<size_t>(ld.cols) * es;
+    const size_t rb = dtype_is_quant(ld.dtype) ? quant_row_bytes(ld.dtype, ld.cols) : static_cast<size_t>(ld.cols) * es;
     for (int64_t r = 0; r < logical_rows; ++r) {
       const int64_t to = r % 2 == 0 ? r / 2 : half + r / 2;
       std::memcpy(out.data() + static_cast<size_t>(to) * rb, ld.buf.data() + static_cast<size_t>(r) * rb, rb);
@@ -91,25 +82,33 @@ class Reader {
     if (s.transposed) {  // stored [cols, rows]: whole slices only
       if (r0 != 0 || nr != s.rows || c0 != 0 || nc != s.cols)
         fail(EP_MOE_ERR_INTERNAL, "windows of transposed tensors are not supported");
+      if (dtype_is_quant(dt))
+        fail(EP_MOE_ERR_UNSUPPORTED, "tensor '%s' is %s stored transposed: block formats are read row by row",
+             t.name.c_str(), t.type_name.c_str());
       out.transposed = true;
       out.cols = s.rows;  // the stored row length
       fetch(f, t, s.offset, s.rows * s.cols, &out.buf);
       return out;
     }
     // Whole rows are contiguous; a column window of a plain type is read row
-    // by row. Q8_0 blocks cannot be split, so its rows are read whole.
-    const bool whole_rows = nc == s.cols || t.elem == Elem::Q8_0;
+    // by row. Blocks cannot be split: a column window of a block format (a
+    // shared expert's down shard) reads whole rows and dequantizes the window.
+    const bool quant = dtype_is_quant(dt);
+    const bool whole_rows = nc == s.cols || quant;
     const int64_t row_elems = s.cols;
     const uint64_t row_bytes = t.bytes_of(static_cast<uint64_t>(row_elems));
     if (whole_rows) {
       fetch(f, t, s.offset + static_cast<uint64_t>(r0) * row_bytes, nr * row_elems, &out.buf);
       out.cols = row_elems;
-      if (nc != s.cols) {  // narrow the dequantised rows
+      if (nc != s.cols) {
         std::vector<uint8_t> narrow(static_cast<size_t>(nr * nc) * 4);
-        for (int64_t r = 0; r < nr; ++r)
-          std::memcpy(narrow.data() + static_cast<size_t>(r * nc) * 4,
-                      out.buf.data() + static_cast<size_t>(r * row_elems + c0) * 4, static_cast<size_t>(nc) * 4);
+        std::vector<float> row(static_cast<size_t>(row_elems));
+        for (int64_t r = 0; r < nr; ++r) {
+          dequantize_row(dt, out.buf.data() + static_cast<size_t>(r) * row_bytes, row.data(), row_elems);
+          std::memcpy(narrow.data() + static_cast<size_t>(r * nc) * 4, row.data() + c0, static_cast<size_t>(nc) * 4);
+        }
         out.buf.swap(narrow);
+        out.dtype = EP_MOE_DTYPE_F32;
         out.cols = nc;
       }
       return out;
@@ -131,15 +130,9 @@ class Reader {
     const uint64_t n = t.bytes_of(static_cast<uint64_t>(count));
     if (offset < t.offset || offset + n > t.offset + t.bytes)
       fail(EP_MOE_ERR_INTERNAL, "read outside tensor '%s'", t.name.c_str());
-    std::vector<uint8_t> raw(static_cast<size_t>(n));
-    f.read(offset, raw.data(), raw.size());
+    dst->resize(static_cast<size_t>(n));
+    f.read(offset, dst->data(), dst->size());
     bytes_ += n;
-    if (t.elem == Elem::Q8_0) {
-      dst->resize(static_cast<size_t>(count) * 4);
-      dequant_q8_0(raw.data(), count, reinterpret_cast<float*>(dst->data()));
-    } else {
-      dst->swap(raw);
-    }
   }
 
   const io::Checkpoint& ck_;

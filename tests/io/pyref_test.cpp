@@ -19,7 +19,10 @@ int fail(const std::string& what) {
   return 1;
 }
 
-int check(const std::string& path, const std::string& raw_path, int E, int H, int I, int K, int L) {
+// `down_blocks`: the experts' down in Q8_0 blocks, as the file holds them
+// (a layer keeps blocks as they are, so the given layer gets them too).
+int check(const std::string& path, const std::string& raw_path, int E, int H, int I, int K, int L,
+          const std::string& down_blocks = "") {
   ep_moe_checkpoint_t* ck = nullptr;
   if (ep_moe_checkpoint_open(&ck, path.c_str(), nullptr) != EP_MOE_OK) return fail(ep_moe_last_error());
   ep_moe_expert_map_config_t mc;
@@ -43,6 +46,13 @@ int check(const std::string& path, const std::string& raw_path, int E, int H, in
   std::vector<float> v(static_cast<size_t>(E * H + E * 3 * I * H));
   in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
   if (!in) return fail("short " + raw_path);
+  std::vector<uint8_t> q8;
+  if (!down_blocks.empty()) {
+    std::ifstream qin(down_blocks, std::ios::binary);
+    q8.resize(static_cast<size_t>(E) * H * (I / 32) * 34);
+    qin.read(reinterpret_cast<char*>(q8.data()), static_cast<std::streamsize>(q8.size()));
+    if (!qin) return fail("short " + down_blocks);
+  }
   const float* p = v.data();
   ep_moe_layer_set_weight(nullptr, given, EP_MOE_WEIGHT_ROUTER, -1, p, EP_MOE_DTYPE_F32, E, H);
   p += E * H;
@@ -51,7 +61,11 @@ int check(const std::string& path, const std::string& raw_path, int E, int H, in
     p += I * H;
     ep_moe_layer_set_weight(nullptr, given, EP_MOE_WEIGHT_EXPERT_UP, e, p, EP_MOE_DTYPE_F32, I, H);
     p += I * H;
-    ep_moe_layer_set_weight(nullptr, given, EP_MOE_WEIGHT_EXPERT_DOWN, e, p, EP_MOE_DTYPE_F32, H, I);
+    if (q8.empty()) ep_moe_layer_set_weight(nullptr, given, EP_MOE_WEIGHT_EXPERT_DOWN, e, p, EP_MOE_DTYPE_F32, H, I);
+    else if (ep_moe_layer_set_weight(nullptr, given, EP_MOE_WEIGHT_EXPERT_DOWN, e,
+                                     q8.data() + static_cast<size_t>(e) * H * (I / 32) * 34, EP_MOE_DTYPE_Q8_0, H,
+                                     I) != EP_MOE_OK)
+      return fail(ep_moe_layer_last_error(given));
     p += H * I;
   }
   std::mt19937 rng(7);
@@ -91,6 +105,6 @@ int main(int argc, char** argv) {
     return 77;
   }
   int rc = check(dir + "/hf", dir + "/hf.raw", E, H, I, K, L);
-  rc |= check(dir + "/model.gguf", dir + "/gguf.raw", E, H, I, K, L);
+  rc |= check(dir + "/model.gguf", dir + "/gguf.raw", E, H, I, K, L, dir + "/gguf_down.q8_0");
   return rc;
 }

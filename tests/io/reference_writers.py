@@ -78,6 +78,7 @@ w.write_tensors_to_file()
 w.close()
 down_q = gguf.quants.dequantize(qdown, qt).reshape(E, H, I)
 raw(f"{out}/gguf.raw", [router] + [x[e] for e in range(E) for x in (gate, up, down_q)])
+qdown.tofile(f"{out}/gguf_down.q8_0")  # the blocks, which layers keep as they are
 
 with open(f"{out}/ready", "w") as f:
     f.write(f"{E} {H} {I} {K} {L}\n")

@@ -110,7 +110,8 @@ struct Kv {
 inline uint32_t ggml_type(const std::string& dtype) {
   if (dtype == "F32") return 0;
   if (dtype == "F16") return 1;
-  if (dtype == "Q4_0") return 2;  // written as raw blocks (18 bytes for 32 elements): never loaded
+  if (dtype == "Q4_0") return 2;
+  if (dtype == "Q4_1") return 3;  // written as raw blocks (20 bytes for 32 elements): never loaded
   if (dtype == "Q8_0") return 8;
   if (dtype == "BF16") return 30;
   return 0xffffffffu;
