@@ -70,6 +70,9 @@ class LayerBackend {
   // `n` units [gate row | up row | down column] (H elements each, in the
   // weight dtype) from unit j0 of local slot `slot` (-1: the shared shard).
   virtual void extract_units(int32_t slot, int32_t j0, int32_t n, uint8_t* out) const = 0;
+  // A routed slot's weights as stored: gate rows (I), up rows (I), down
+  // rows (H), each its blocks (block formats) or elements.
+  virtual void extract_rows(int32_t slot, uint8_t* out) const = 0;
   // A slot's biases [gate (I) | up (I) | down (H)] in f32.
   virtual void extract_biases(int32_t slot, uint8_t* out) const = 0;
   // The kept experts and the router come from `old` (the same backend and

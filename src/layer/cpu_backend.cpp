@@ -151,6 +151,18 @@ void CpuBackend::extract_units(int32_t s, int32_t j0, int32_t n, uint8_t* out) c
   }
 }
 
+void CpuBackend::extract_rows(int32_t s, uint8_t* out) const {
+  const Slot& x = slot(s);
+  const int32_t I = cfg_.intermediate_size, H = cfg_.hidden_size;
+  const size_t gb = Layer::row_bytes_of(x.gate_up.dtype, H), db = Layer::row_bytes_of(x.down.dtype, I);
+  for (int32_t r = 0; r < I; ++r) {
+    cpu::unpack_gate_up_row(x.gate_up, 0, r, out + static_cast<size_t>(r) * gb);
+    cpu::unpack_gate_up_row(x.gate_up, 1, r, out + static_cast<size_t>(I + r) * gb);
+  }
+  uint8_t* d = out + 2 * static_cast<size_t>(I) * gb;
+  for (int32_t r = 0; r < H; ++r) cpu::unpack_row(x.down, r, d + static_cast<size_t>(r) * db);
+}
+
 void CpuBackend::extract_biases(int32_t s, uint8_t* out) const {
   const Slot& x = slot(s);
   const size_t I = static_cast<size_t>(cfg_.intermediate_size), H = static_cast<size_t>(cfg_.hidden_size);

@@ -35,6 +35,7 @@ class CpuBackend final : public LayerBackend {
   int pointer_device(const void*) const override { return -1; }
   void download(void*, const void*, size_t) const override;
   void extract_units(int32_t slot, int32_t j0, int32_t n, uint8_t* out) const override;
+  void extract_rows(int32_t slot, uint8_t* out) const override;
   void extract_biases(int32_t slot, uint8_t* out) const override;
   void keep_before_vote(const LayerBackend& old, const std::vector<KeptSlot>& kept, bool router) override;
   void keep_at_commit(LayerBackend& old, const std::vector<KeptSlot>& kept, bool router) noexcept override;

@@ -40,6 +40,9 @@ class CudaBackend final : public LayerBackend {
   void extract_units(int32_t slot, int32_t j0, int32_t n, uint8_t* out) const override {
     dev_->extract_units(slot, j0, n, out);
   }
+  void extract_rows(int32_t, uint8_t*) const override {
+    fail(EP_MOE_ERR_INTERNAL, "a CUDA layer holds no block-format experts");
+  }
   void extract_biases(int32_t, uint8_t*) const override {
     fail(EP_MOE_ERR_INTERNAL, "a CUDA layer holds no expert biases");
   }

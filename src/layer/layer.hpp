@@ -108,6 +108,13 @@ class Layer {
   // Weights in the transfer format of replace.cpp (see there).
   void store_units(int32_t expert, const uint8_t* units);  // expert -1: the shared shard
   void store_biases(int32_t expert, const uint8_t* in);
+  // A routed expert's [gate rows | up rows | down rows], each row as stored
+  // in `gu` / `down` (blocks of a block format, or elements).
+  void store_rows(int32_t expert, const uint8_t* in, ep_moe_dtype_t gu, ep_moe_dtype_t down);
+  static size_t row_bytes_of(ep_moe_dtype_t t, int64_t n);
+  // The dtype of the float parts in transfer (units): weight_dtype, or f32
+  // when that is a block format.
+  ep_moe_dtype_t unit_dtype() const;
 
   // --- the forward (layer.cpp) --------------------------------------------------
   void validate_forward(const ep_moe_forward_args_t& a, int64_t* dp_offset, int64_t* dp_padded, Gather* gather) const;

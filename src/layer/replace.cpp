@@ -13,10 +13,14 @@
 //  5. Only when every rank succeeded: the kept experts move into the new
 //     layer, which the caller then swaps in. Nothing is changed before.
 // Weights travel as "units", one per intermediate row: [gate row | up row |
-// down column], H elements each, in the weight dtype (packing is not
-// portable between ranks with different CPU kernels; this format is). A
-// routed expert's I units are followed, when the layer has expert biases,
-// by [gate bias (I) | up bias (I) | down bias (H)] in f32.
+// down column], H elements each, in the float dtype they are stored in
+// (packing is not portable between ranks with different CPU kernels; this
+// format is). Routed experts kept in GGUF block formats travel as their
+// blocks instead: [gate rows (I) | up rows (I) | down rows (H)], each row
+// its blocks as stored (a column of blocks is no unit); every rank must
+// hold its experts in the same formats. A routed expert's weights are
+// followed, when the layer has expert biases, by [gate bias (I) | up bias
+// (I) | down bias (H)] in f32.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -25,6 +29,7 @@
 #include "common/error.hpp"
 #include "common/hash.hpp"
 #include "common/log.hpp"
+#include "common/quant.hpp"
 #include "layer/layer.hpp"
 
 namespace ep_moe {
@@ -34,7 +39,7 @@ namespace {
 constexpr size_t kRoundBytes = size_t{256} << 20;
 
 // Words of the status record before the holdings bitmap.
-enum Rec : size_t { kStatus, kCkpt, kSharedLo, kSharedHi, kMapHash, kCfgHash, kBias, kHeader };
+enum Rec : size_t { kStatus, kCkpt, kSharedLo, kSharedHi, kMapHash, kCfgHash, kBias, kGuType, kDownType, kHeader };
 
 uint64_t hash_map(const ExpertMap& m) {
   const int32_t head[3] = {m.ep_size(), m.num_experts(), m.num_physical()};
@@ -87,10 +92,14 @@ void Layer::store_biases(int32_t expert, const uint8_t* in) {
   store(EP_MOE_WEIGHT_EXPERT_DOWN_BIAS, expert, Source{in + 2 * I * 4, EP_MOE_DTYPE_F32, H}, false);
 }
 
-void Layer::store_units(int32_t expert, const uint8_t* units) {
+ep_moe_dtype_t Layer::unit_dtype() const {
   const auto wdt = static_cast<ep_moe_dtype_t>(cfg_.weight_dtype);
+  return dtype_is_quant(wdt) ? EP_MOE_DTYPE_F32 : wdt;  // the float parts' storage then
+}
+
+void Layer::store_units(int32_t expert, const uint8_t* units) {
   const int64_t H = cfg_.hidden_size;
-  Source gate{units, wdt, 3 * H};
+  Source gate{units, unit_dtype(), 3 * H};
   Source up = gate;
   up.col0 = H;
   Source down = gate;  // element (h, j) = units[j * 3H + 2H + h]
@@ -100,6 +109,18 @@ void Layer::store_units(int32_t expert, const uint8_t* units) {
   store(shared ? EP_MOE_WEIGHT_SHARED_GATE : EP_MOE_WEIGHT_EXPERT_GATE, expert, gate, shared);
   store(shared ? EP_MOE_WEIGHT_SHARED_UP : EP_MOE_WEIGHT_EXPERT_UP, expert, up, shared);
   store(shared ? EP_MOE_WEIGHT_SHARED_DOWN : EP_MOE_WEIGHT_EXPERT_DOWN, expert, down, shared);
+}
+
+void Layer::store_rows(int32_t expert, const uint8_t* in, ep_moe_dtype_t gu, ep_moe_dtype_t down) {
+  const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  const size_t gb = row_bytes_of(gu, H) * static_cast<size_t>(I);
+  store(EP_MOE_WEIGHT_EXPERT_GATE, expert, Source{in, gu, H}, false);
+  store(EP_MOE_WEIGHT_EXPERT_UP, expert, Source{in + gb, gu, H}, false);
+  store(EP_MOE_WEIGHT_EXPERT_DOWN, expert, Source{in + 2 * gb, down, I}, false);
+}
+
+size_t Layer::row_bytes_of(ep_moe_dtype_t t, int64_t n) {
+  return dtype_is_quant(t) ? quant_row_bytes(t, n) : static_cast<size_t>(n) * dtype_size(t);
 }
 
 // One re-placement, step by step (the protocol above). Every rank runs the
@@ -116,8 +137,8 @@ class Replacement {
     E_ = o_.cfg_.num_experts;
     I_ = o_.cfg_.intermediate_size;
     Is_ = o_.cfg_.shared_intermediate_size;
-    unit_bytes_ =
-        3 * static_cast<size_t>(o_.cfg_.hidden_size) * dtype_size(static_cast<ep_moe_dtype_t>(o_.cfg_.weight_dtype));
+    unit_bytes_ = 3 * static_cast<size_t>(o_.cfg_.hidden_size) * dtype_size(o_.unit_dtype());
+    expert_bytes_ = static_cast<size_t>(I_) * unit_bytes_;
     n_ = comm ? comm->size() : 1;
     me_ = comm ? comm->rank() : 0;
     words_ = (static_cast<size_t>(E_) + 63) / 64;
@@ -150,7 +171,7 @@ class Replacement {
   }
   // Bytes of a transfer: its units, and an expert's biases.
   size_t xfer_bytes(const Transfer& t) const {
-    return static_cast<size_t>(t.u1 - t.u0) * unit_bytes_ + (t.expert >= 0 ? bias_bytes_ : 0);
+    return t.expert >= 0 ? expert_bytes_ + bias_bytes_ : static_cast<size_t>(t.u1 - t.u0) * unit_bytes_;
   }
 
   // 1. Locally: the new layer (without weights), and what this rank holds.
@@ -185,6 +206,10 @@ class Replacement {
     mine[kMapHash] = nl_ ? static_cast<int64_t>(hash_map(*nmap_)) : 0;
     mine[kCfgHash] = static_cast<int64_t>(hash_config(o_.cfg_));
     mine[kBias] = o_.expert_bias_ ? 1 : 0;
+    int32_t gu = -1, down = -1;
+    o_.backend_->routed_types(&gu, &down);
+    mine[kGuType] = gu;
+    mine[kDownType] = down;
     for (int32_t e = 0; e < E_; ++e)
       if (old_slot_[static_cast<size_t>(e)] >= 0) mine[kHeader + static_cast<size_t>(e) / 64] |= int64_t{1} << (e % 64);
     all_.assign(rec_len_ * static_cast<size_t>(n_), 0);
@@ -220,6 +245,37 @@ class Replacement {
            "rank %d's experts have biases and rank %d's do not: give every rank the same weights", bias_holder,
            plain_holder);
     bias_bytes_ = with_bias_ ? (2 * static_cast<size_t>(I_) + static_cast<size_t>(o_.cfg_.hidden_size)) * 4 : 0;
+    agree_on_formats();
+  }
+
+  // The storage formats of the experts that travel: every rank holding
+  // experts must keep them in the same ones. Block formats travel as their
+  // blocks (expert_bytes_ per expert), float ones as units.
+  void agree_on_formats() {
+    int holder = -1;
+    for (int i = 0; i < n_; ++i) {
+      bool any = false;
+      for (size_t w = 0; w < words_; ++w) any = any || rec(i)[kHeader + w] != 0;
+      if (!any) continue;
+      if (holder >= 0 && (rec(i)[kGuType] != rec(holder)[kGuType] || rec(i)[kDownType] != rec(holder)[kDownType]))
+        fail(EP_MOE_ERR_INVALID_ARGUMENT,
+             "rank %d holds its experts as %s/%s and rank %d as %s/%s (gate_up/down): give every rank the same "
+             "weights",
+             holder, dtype_name(static_cast<ep_moe_dtype_t>(rec(holder)[kGuType])),
+             dtype_name(static_cast<ep_moe_dtype_t>(rec(holder)[kDownType])), i,
+             dtype_name(static_cast<ep_moe_dtype_t>(rec(i)[kGuType])),
+             dtype_name(static_cast<ep_moe_dtype_t>(rec(i)[kDownType])));
+      holder = i;
+    }
+    if (holder < 0) return;
+    gu_ = static_cast<ep_moe_dtype_t>(rec(holder)[kGuType]);
+    down_ = static_cast<ep_moe_dtype_t>(rec(holder)[kDownType]);
+    blocks_ = dtype_is_quant(gu_) || dtype_is_quant(down_);
+    if (blocks_) {
+      const int64_t H = o_.cfg_.hidden_size;
+      expert_bytes_ = 2 * static_cast<size_t>(I_) * Layer::row_bytes_of(gu_, H) +
+                      static_cast<size_t>(H) * Layer::row_bytes_of(down_, I_);
+    }
   }
 
   // 2. The plan, the same on every rank: what each rank lacks comes from the
@@ -386,8 +442,9 @@ class Replacement {
         if (x.src != me_ || x.dst != j) continue;
         if (x.expert >= 0) {
           const int32_t held = old_slot_[static_cast<size_t>(x.expert)];
-          o_.backend_->extract_units(held, 0, I_, sendbuf.get() + at);
-          if (with_bias_) o_.backend_->extract_biases(held, sendbuf.get() + at + static_cast<size_t>(I_) * unit_bytes_);
+          if (blocks_) o_.backend_->extract_rows(held, sendbuf.get() + at);
+          else o_.backend_->extract_units(held, 0, I_, sendbuf.get() + at);
+          if (with_bias_) o_.backend_->extract_biases(held, sendbuf.get() + at + expert_bytes_);
         } else {
           o_.backend_->extract_units(-1, x.u0 - o_.shared_begin_, x.u1 - x.u0, sendbuf.get() + at);
         }
@@ -404,8 +461,9 @@ class Replacement {
         if (x.dst != me_ || x.src != j) continue;
         const size_t b = xfer_bytes(x);
         if (x.expert >= 0) {
-          nl_->store_units(x.expert, recvbuf.get() + at);
-          if (with_bias_) nl_->store_biases(x.expert, recvbuf.get() + at + static_cast<size_t>(I_) * unit_bytes_);
+          if (blocks_) nl_->store_rows(x.expert, recvbuf.get() + at, gu_, down_);
+          else nl_->store_units(x.expert, recvbuf.get() + at);
+          if (with_bias_) nl_->store_biases(x.expert, recvbuf.get() + at + expert_bytes_);
         } else {
           std::memcpy(shared_units_.data() + static_cast<size_t>(x.u0 - my_lo_) * unit_bytes_, recvbuf.get() + at, b);
         }
@@ -515,6 +573,9 @@ class Replacement {
   Comm* xc_ = nullptr;  // comm_, or its host view
   int32_t E_ = 0, I_ = 0, Is_ = 0;
   size_t unit_bytes_ = 0, bias_bytes_ = 0, words_ = 0, rec_len_ = 0;
+  size_t expert_bytes_ = 0;  // a routed expert's weights in transfer (units, or its blocks' rows)
+  ep_moe_dtype_t gu_ = EP_MOE_DTYPE_F32, down_ = EP_MOE_DTYPE_F32;
+  bool blocks_ = false;  // routed experts travel as their rows of blocks
   int n_ = 1, me_ = 0;
   ep_moe_status_t status_ = EP_MOE_OK;
   std::string message_;

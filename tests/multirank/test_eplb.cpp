@@ -121,7 +121,7 @@ std::vector<std::vector<float>> forward(World& W, const Step& s) {
     if (out.back() != 0xAB) errs[static_cast<size_t>(r)] = "wrote past the output";
     outs[static_cast<size_t>(r)] = ref::decode(out.data(), static_cast<size_t>(T) * W.c.spec.H, W.c.adt);
   });
-  const double tol = harness::tolerance(W.c.adt, W.c.wdt);
+  const double tol = harness::tolerance(W.c.adt, W.c.wdt, W.c.qgu || W.c.qdown);
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r << ": " << errs[static_cast<size_t>(r)]);
     REQUIRE(errs[static_cast<size_t>(r)].empty());
@@ -559,6 +559,55 @@ TEST_CASE("replace: expert biases travel with their experts (GPT-OSS)", "[eplb][
     }
     forward(W, draw(W, 2));
   }
+}
+
+TEST_CASE("replace: experts in GGUF block formats travel as their blocks, in every dispatch mode",
+          "[eplb][replace][quant]") {
+  // Q4_K gate/up with Q6_K down (Q4_K_M-like), on a bf16 layer (the blocks
+  // are kept as given), and Q8_0 throughout on a Q8_0 layer with a float
+  // shared expert beside.
+  for (int variant = 0; variant < 2; ++variant)
+    for (int dispatch : {EP_MOE_DISPATCH_ALLGATHER, EP_MOE_DISPATCH_ALLTOALL}) {
+      INFO("variant " << variant << " dispatch " << dispatch);
+      World W;
+      W.c.spec.H = 256;
+      W.c.spec.I = 256;
+      W.c.spec.E = 12;
+      W.c.spec.K = 3;
+      W.c.wdt = variant == 0 ? ref::BF16 : ref::F32;
+      W.c.qgu = variant == 0 ? refq::Q4_K : refq::Q8_0;
+      W.c.qdown = variant == 0 ? refq::Q6_K : refq::Q8_0;
+      W.c.layer_wdt = variant == 0 ? -1 : refq::Q8_0;
+      W.c.spec.Is = variant == 1 && dispatch == EP_MOE_DISPATCH_ALLTOALL ? 64 : 0;
+      W.c.dispatch = dispatch;
+      W.c.max_tokens = 12;
+      W.c.given_topk = true;
+      W.dp_is_ep = dispatch == EP_MOE_DISPATCH_ALLTOALL;
+      W.w = harness::case_weights(W.c, &W.c.spec, rng());
+      create(W, 3);
+      const Step s = draw(W, 3);
+      const auto before = forward(W, s);
+      // Every expert on two ranks (rank r: experts 4r .. 4r+7 mod 12): most move.
+      std::vector<int32_t> twice;
+      for (int r = 0; r < 3; ++r)
+        for (int i = 0; i < 8; ++i) twice.push_back((r * 4 + i) % 12);
+      const auto st = replace(W, twice, 3, {}, nullptr, 0);
+      for (auto x : st) REQUIRE(x == EP_MOE_OK);
+      // The same blocks, so the same bits in the same order of sums.
+      check_close(before, forward(W, s), 1e-6);
+      const int64_t blocks = 2 * 256 * (W.c.qgu == refq::Q4_K ? 144 : 8 * 34) +
+                             256 * (W.c.qdown == refq::Q6_K ? 210 : 8 * 34);  // one expert's, H = I = 256
+      for (auto* l : W.layers) {
+        CHECK(attr(l, EP_MOE_LAYER_ATTR_REPLACE_BYTES_RECEIVED) % blocks == 0);
+        CHECK(attr(l, EP_MOE_LAYER_ATTR_REPLACE_BYTES_RECEIVED) >= blocks);
+      }
+      // Rank 2 is lost; the survivors hold every expert and swap some.
+      const auto group = lose_last_rank(W);
+      const auto st2 = replace(W, {0, 2, 4, 6, 8, 10, 1, 3, 5, 7, 9, 11}, 2, group, nullptr, 0);
+      for (auto x : st2) REQUIRE(x == EP_MOE_OK);
+      for (auto* l : W.layers) CHECK(attr(l, EP_MOE_LAYER_ATTR_READY) == 1);
+      forward(W, draw(W, 2));
+    }
 }
 
 TEST_CASE("replace: a placement that keeps every expert in place moves no bytes", "[eplb][replace]") {
