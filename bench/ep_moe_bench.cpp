@@ -36,7 +36,14 @@ struct Options {
   std::vector<int> strategies = {EP_MOE_SKIP_TOKENS, EP_MOE_SKIP_WEIGHT_ZERO};
   int threads = 0;  // 0: all hardware threads
   int ep = 0;       // 0: the preset's default
-  ep_moe_dtype_t dtype = EP_MOE_DTYPE_BF16;
+  // Weight dtypes, one set of rows each (compared in the same run), and the
+  // activations' (-1: the weights' for float types, bf16 for block formats).
+  std::vector<ep_moe_dtype_t> dtypes = {EP_MOE_DTYPE_BF16};
+  int act = -1;
+  ep_moe_dtype_t act_of(ep_moe_dtype_t w) const {
+    if (act >= 0) return static_cast<ep_moe_dtype_t>(act);
+    return w == EP_MOE_DTYPE_F32 || w == EP_MOE_DTYPE_F16 ? w : EP_MOE_DTYPE_BF16;
+  }
   double min_time = 0.5, peak_time = 1.0;
   int bw_mb = 1024;
   int dispatch_ranks = 0;  // 0: hardware threads; -1: skip the dispatch part
@@ -68,12 +75,18 @@ constexpr int kRowAttempts = 3;
 // still moves by a few per cent over minutes.
 constexpr double kLocalPeakSeconds = 0.5;
 
-const char* dtype_name(ep_moe_dtype_t d) {
-  return d == EP_MOE_DTYPE_F32 ? "f32" : d == EP_MOE_DTYPE_BF16 ? "bf16" : "f16";
+const char* dtype_name(ep_moe_dtype_t d) { return presets::dtype_name(d); }
+
+// Bytes a weight element takes in memory (block formats: their bytes per
+// element, scales included).
+double bytes_per_weight(ep_moe_dtype_t d) {
+  int64_t elems = 1, bytes = 4;
+  ep_moe_dtype_block(&elems, &bytes, d);
+  return static_cast<double>(bytes) / static_cast<double>(elems);
 }
 
 struct Row {
-  std::string preset, strategy;
+  std::string preset, strategy, dtype;
   int ep = 0, tokens = 0, threads = 0, iters = 0;
   double ms = 0, expert_ms = 0, tokens_per_s = 0, gflops = 0, gflops_frac = 0, weight_gbs = 0, weight_frac = 0;
   double row_bw = 0;                   // the read bandwidth weight_frac is against
@@ -293,6 +306,131 @@ std::string run_dispatch(const presets::Model& model, int ranks, int T, ep_moe_d
   return "";
 }
 
+// What one row of the table measures needs: the run's options, peaks and
+// bandwidth probe, and the layer's preset, strategy and dtypes.
+struct RowContext {
+  const Options& o;
+  const presets::Model* m;
+  std::string name;
+  int ep, threads, strategy;
+  ep_moe_dtype_t wdt, act;
+  double peak, dot_peak, bw;
+  bench::ReadBandwidth& bw_probe;
+  bool dot;                           // bf16 weights and activations on the bf16 pair-dot tiles
+  double row_peak;                    // the GFLOP/s %peak is against (when not measured around the row)
+  double expert_bytes, shared_bytes;  // a local expert's weights, the shared shard's
+  int64_t shard;
+};
+
+// One row: T tokens through `layer` for at least --min-time, with the
+// bandwidth (and, for compute rows, the peak) measured around it; printed.
+// False: a forward failed.
+bool measure_row(const RowContext& cx, ep_moe_layer_t* layer, int T, Row* out) {
+  const Options& o = cx.o;
+  const presets::Model* m = cx.m;
+  const std::string& name = cx.name;
+  const int ep = cx.ep, threads = cx.threads;
+  const bool dot = cx.dot;
+  const double bw = cx.bw, row_peak = cx.row_peak, expert_bytes = cx.expert_bytes, shared_bytes = cx.shared_bytes;
+  const int64_t shard = cx.shard;
+  bench::ReadBandwidth& bw_probe = cx.bw_probe;
+  Feed feed(*m, T, cx.act);
+  const Batches& batches = feed.batches;
+  ep_moe_forward_args_t& a = feed.a;
+  int64_t pairs_sum = 0, active_sum = 0, expert_ns_sum = 0;
+  std::vector<double> times;
+  // The bandwidth of this moment, not of the start of the run (this
+  // VM's moves by tens of per cent); weight-streaming rows are run
+  // again when it moved during them.
+  const bool local_bw = o.min_time > 0;
+  const bool bw_retry = local_bw && T <= kLocalBwTokens;
+  double row_bw = bw, bw_before = 0, bw_after = 0;
+  // Compute rows: the peak of this moment, as row_bw is for streaming ones.
+  const bool local_peak = T > kLocalBwTokens && o.min_time > 0;
+  const double peak_s = std::min(o.peak_time, kLocalPeakSeconds);
+  const auto measure_peak = [&] {
+    const char* unused = nullptr;
+    return dot ? bench::bf16_dot_peak_gflops(threads, peak_s) : bench::fma_peak_gflops(threads, peak_s, &unused);
+  };
+  const double peak_before = local_peak ? measure_peak() : 0.0;
+  bool steady = true;
+  int attempt = 0;
+  while (attempt < kRowAttempts) {
+    ++attempt;
+    pairs_sum = active_sum = expert_ns_sum = 0;
+    times.clear();
+    if (local_bw) bw_before = bw_probe.measure(kLocalBwSeconds);
+    const auto start = Clock::now();
+    for (int it = 0;; ++it) {
+      double dt = 0;
+      int64_t ens = 0;
+      if (!forward_batch(layer, a, batches, it, &dt, &ens)) return false;
+      if (it > 0 || o.min_time <= 0) {  // the first call warms up
+        times.push_back(dt);
+        int64_t v = 0;
+        ep_moe_layer_get_attr(&v, layer, EP_MOE_LAYER_ATTR_LAST_LOCAL_PAIRS);
+        pairs_sum += v;
+        ep_moe_layer_get_attr(&v, layer, EP_MOE_LAYER_ATTR_LAST_ACTIVE_EXPERTS);
+        active_sum += v;
+        expert_ns_sum += ens;
+      }
+      const double total = std::chrono::duration<double>(Clock::now() - start).count();
+      if (times.size() >= 3 && total >= o.min_time) break;
+      if (!times.empty() && total >= 10 * o.min_time) break;  // very slow rows: a few samples
+    }
+    if (!local_bw) break;
+    bw_after = bw_probe.measure(kLocalBwSeconds);
+    row_bw = std::max(bw_before, bw_after);
+    steady = std::fabs(bw_before - bw_after) <= kBwJump * row_bw;
+    if (steady || !bw_retry) break;
+  }
+  const double peak_after = local_peak ? measure_peak() : 0.0;
+  // Work varies a little between batches: use mean work over mean time.
+  double t = 0;
+  for (double x : times) t += x;
+  t /= static_cast<double>(times.size());
+  Row& r = *out;
+  r.preset = name;
+  r.dtype = dtype_name(cx.wdt);
+  r.strategy = cx.strategy == EP_MOE_SKIP_TOKENS ? "skip" : "weight0";
+  r.ep = ep;
+  r.tokens = T;
+  r.threads = threads;
+  r.iters = static_cast<int>(times.size());
+  const double n_samples = static_cast<double>(times.size());
+  r.local_pairs = static_cast<int64_t>(std::llround(static_cast<double>(pairs_sum) / n_samples));
+  r.active_experts = static_cast<int64_t>(std::llround(static_cast<double>(active_sum) / n_samples));
+  const double mean_pairs = static_cast<double>(pairs_sum) / n_samples;
+  const double mean_active = static_cast<double>(active_sum) / n_samples;
+  const double flops =
+      6.0 * m->hidden * (mean_pairs * m->intermediate + static_cast<double>(T) * static_cast<double>(shard));
+  r.ms = t * 1e3;
+  r.expert_ms = static_cast<double>(expert_ns_sum) / n_samples / 1e6;
+  r.tokens_per_s = T / t;
+  r.gflops = flops / t / 1e9;
+  r.row_peak = local_peak ? std::max(peak_before, peak_after) : row_peak;
+  r.peak_before = peak_before;
+  r.peak_after = peak_after;
+  r.gflops_frac = r.gflops / r.row_peak;
+  r.peak_kind = dot ? "bf16dot" : "f32fma";
+  r.flops = flops;
+  r.weight_bytes = mean_active * expert_bytes + shared_bytes;
+  r.weight_gbs = r.weight_bytes / t / 1e9;
+  r.row_bw = row_bw;
+  r.bw_before = bw_before;
+  r.bw_after = bw_after;
+  r.bw_steady = steady;
+  r.attempts = attempt;
+  r.weight_frac = r.weight_gbs / row_bw;
+  std::printf("%-14s %-6s %4d %6d %-7s %9.3f %9.3f %11.1f %9.1f %5.1f%% %7.1f %9.1f %6.1f %5.1f%%%c %5s %6lld %6lld\n",
+              name.c_str(), r.dtype.c_str(), ep, T, r.strategy.c_str(), r.ms, r.expert_ms, r.tokens_per_s, r.gflops,
+              100 * r.gflops_frac, r.row_peak, r.weight_gbs, r.row_bw, 100 * r.weight_frac, steady ? ' ' : '~',
+              r.compute_bound() ? "pk" : "bw", static_cast<long long>(r.local_pairs),
+              static_cast<long long>(r.active_experts));
+  std::fflush(stdout);
+  return true;
+}
+
 // Reads the command line into `o`: cli::Parser::kRun to go on, else the
 // exit code.
 int parse_options(int argc, char** argv, Options* op) {
@@ -314,11 +452,32 @@ int parse_options(int argc, char** argv, Options* op) {
               })
       .option("--ep", &o.ep, "EP size to simulate (default 0: the preset's)", 0, 4096)
       .option("--threads", &o.threads, "threads of the rank (default 0: all hardware threads)", 0, 1024)
-      .custom("--dtype", "D", "f32, bf16 (default) or f16 weights and activations",
+      .custom("--dtype", "D,D",
+              "weight dtypes, rows of each in one run and compared at the end (the first is the baseline): f32, "
+              "bf16 (default), f16, or a GGUF block format (q8_0, q4_0, q4_k, q5_k, q6_k, iq4_xs, mxfp4: float "
+              "weights quantized by ep_moe)",
               [&o](const std::string& v, std::string* err) {
-                if (presets::parse_dtype(v, &o.dtype)) return true;
-                *err = "takes f32, bf16 or f16";
-                return false;
+                o.dtypes.clear();
+                for (const auto& d : cli::split(v)) {
+                  ep_moe_dtype_t t;
+                  if (!presets::parse_dtype(d, &t, true)) {
+                    *err = "unknown dtype " + d;
+                    return false;
+                  }
+                  o.dtypes.push_back(t);
+                }
+                return !o.dtypes.empty();
+              })
+      .custom("--act-dtype", "D",
+              "activations: f32, bf16 or f16 (default: the weights' float type; bf16 for block formats)",
+              [&o](const std::string& v, std::string* err) {
+                ep_moe_dtype_t t;
+                if (!presets::parse_dtype(v, &t)) {
+                  *err = "takes f32, bf16 or f16";
+                  return false;
+                }
+                o.act = t;
+                return true;
               })
       .option("--min-time", &o.min_time, "seconds per measurement (default 0.5)", 0, 3600)
       .option("--peak-time", &o.peak_time,
@@ -396,7 +555,7 @@ int main(int argc, char** argv) {
     lc.hidden_size = lc.intermediate_size = 64;
     lc.num_experts = 2;
     lc.top_k = 1;
-    lc.weight_dtype = lc.act_dtype = o.dtype;
+    lc.weight_dtype = lc.act_dtype = o.act_of(o.dtypes[0]);
     lc.num_threads = 1;
     ep_moe_layer_t* probe = nullptr;
     if (ep_moe_layer_create(&probe, &lc, map, nullptr, nullptr) == EP_MOE_OK)
@@ -412,240 +571,163 @@ int main(int argc, char** argv) {
                   ? " (this CPU's bf16 pair dot products timed slower than widening bf16 to f32 FMAs: bf16 rows are "
                     "held to the FMA peak)"
                   : "");
-  std::printf("%-14s %4s %6s %-7s %9s %9s %11s %9s %6s %7s %9s %6s %6s %6s %7s %6s\n", "preset", "ep", "tokens",
-              "strat", "ms", "expert_ms", "tokens/s", "GFLOP/s", "%peak", "rowPk", "wGB/s", "rowBW", "%bw", "bound",
-              "pairs", "active");
+  std::printf("%-14s %-6s %4s %6s %-7s %9s %9s %11s %9s %6s %7s %9s %6s %6s %6s %7s %6s\n", "preset", "dtype", "ep",
+              "tokens", "strat", "ms", "expert_ms", "tokens/s", "GFLOP/s", "%peak", "rowPk", "wGB/s", "rowBW", "%bw",
+              "bound", "pairs", "active");
 
   std::vector<Row> rows;
   std::vector<RatioRow> ratios;
   int max_tokens = *std::max_element(o.tokens.begin(), o.tokens.end());
-  for (const auto& name : o.presets) {
-    const presets::Model* m = ckl.ck ? &ckl.model : presets::find(name);
-    if (!m) {
-      std::fprintf(stderr, "unknown preset %s\n", name.c_str());
-      return 2;
-    }
-    const int ep = o.ep > 0 ? o.ep : m->default_ep;
-    const int shared = m->shared_intermediate;
-    // The preset's layers by strategy (skip, weight-0), kept for the
-    // alternated comparison below and destroyed after it.
-    ep_moe_layer_t* by[2] = {nullptr, nullptr};
-    for (int strategy : o.strategies) {
-      if (strategy == EP_MOE_SKIP_WEIGHT_ZERO && ep == 1) continue;  // nothing is non-local
-      ep_moe_expert_map_t* map = presets::linear_map(ep, 0, m->experts);
-      if (!map) {
-        std::fprintf(stderr, "map: %s\n", ep_moe_last_error());
-        return 1;
+  for (const ep_moe_dtype_t wdt : o.dtypes)
+    for (const auto& name : o.presets) {
+      const ep_moe_dtype_t act = o.act_of(wdt);
+      const presets::Model* m = ckl.ck ? &ckl.model : presets::find(name);
+      if (!m) {
+        std::fprintf(stderr, "unknown preset %s\n", name.c_str());
+        return 2;
       }
-      ep_moe_layer_config_t lc = presets::layer_config(*m, shared, o.dtype, o.dtype, max_tokens, threads);
-      if (ckl.ck) {  // the file's semantics and weight dtype; the activations in --dtype
-        lc = ckl.config;
-        lc.act_dtype = o.dtype;
-        lc.max_tokens = max_tokens;
-        lc.num_threads = threads;
+      const int ep = o.ep > 0 ? o.ep : m->default_ep;
+      const int shared = m->shared_intermediate;
+      // The preset's layers by strategy (skip, weight-0), kept for the
+      // alternated comparison below and destroyed after it.
+      ep_moe_layer_t* by[2] = {nullptr, nullptr};
+      for (int strategy : o.strategies) {
+        if (strategy == EP_MOE_SKIP_WEIGHT_ZERO && ep == 1) continue;  // nothing is non-local
+        ep_moe_expert_map_t* map = presets::linear_map(ep, 0, m->experts);
+        if (!map) {
+          std::fprintf(stderr, "map: %s\n", ep_moe_last_error());
+          return 1;
+        }
+        ep_moe_layer_config_t lc = presets::layer_config(*m, shared, wdt, act, max_tokens, threads);
+        if (ckl.ck) {  // the file's semantics and weight dtype; the activations' dtype of the options
+          lc = ckl.config;
+          lc.act_dtype = act;
+          lc.max_tokens = max_tokens;
+          lc.num_threads = threads;
+        }
+        lc.skip_mode = strategy;
+        ep_moe_layer_t* layer = nullptr;
+        if (ep_moe_layer_create(&layer, &lc, map, nullptr, nullptr) != EP_MOE_OK) {
+          std::fprintf(stderr, "layer: %s\n", ep_moe_last_error());
+          return 1;
+        }
+        std::string err;
+        if (!ckl.ck) err = presets::load_random_weights(layer, map, *m, shared, 1);
+        else if (ep_moe_layer_load(layer, ckl.ck, ckl.layer) != EP_MOE_OK) err = ep_moe_layer_last_error(layer);
+        ep_moe_expert_map_destroy(map);
+        if (!err.empty()) {
+          std::fprintf(stderr, "weights: %s\n", err.c_str());
+          return 1;
+        }
+        int64_t shard = 0, isa = 0;
+        ep_moe_layer_get_attr(&isa, layer, EP_MOE_LAYER_ATTR_CPU_ISA);
+        ep_moe_layer_get_attr(&shard, layer, EP_MOE_LAYER_ATTR_SHARED_SHARD_SIZE);
+        // The bf16 kernels run bf16 weights with bf16 activations on pair dot
+        // products: their peak is the dot-product peak. A block format's
+        // shared expert is kept in f32.
+        const auto lw = static_cast<ep_moe_dtype_t>(lc.weight_dtype);
+        const bool dot = isa == 3 && lw == EP_MOE_DTYPE_BF16 && act == EP_MOE_DTYPE_BF16 && dot_peak > 0;
+        const double shared_size = bytes_per_weight(lw) < 2.0 ? 4.0 : bytes_per_weight(lw);
+        const RowContext cx{o,
+                            m,
+                            name,
+                            ep,
+                            threads,
+                            strategy,
+                            lw,
+                            act,
+                            peak,
+                            dot_peak,
+                            bw,
+                            bw_probe,
+                            dot,
+                            dot ? dot_peak : peak,
+                            3.0 * m->hidden * m->intermediate * bytes_per_weight(lw),
+                            3.0 * m->hidden * static_cast<double>(shard) * shared_size,
+                            shard};
+        for (int T : o.tokens) {
+          Row r;
+          if (!measure_row(cx, layer, T, &r)) return 1;
+          rows.push_back(r);
+        }
+        ep_moe_layer_t*& kept = by[strategy == EP_MOE_SKIP_TOKENS ? 0 : 1];
+        if (kept) ep_moe_layer_destroy(kept);  // a strategy named twice: its last layer is kept
+        kept = layer;
       }
-      lc.skip_mode = strategy;
-      ep_moe_layer_t* layer = nullptr;
-      if (ep_moe_layer_create(&layer, &lc, map, nullptr, nullptr) != EP_MOE_OK) {
-        std::fprintf(stderr, "layer: %s\n", ep_moe_last_error());
-        return 1;
-      }
-      std::string err;
-      if (!ckl.ck) err = presets::load_random_weights(layer, map, *m, shared, 1);
-      else if (ep_moe_layer_load(layer, ckl.ck, ckl.layer) != EP_MOE_OK) err = ep_moe_layer_last_error(layer);
-      ep_moe_expert_map_destroy(map);
-      if (!err.empty()) {
-        std::fprintf(stderr, "weights: %s\n", err.c_str());
-        return 1;
-      }
-      int64_t weight_bytes = 0, n_local = 0, shard = 0, isa = 0;
-      ep_moe_layer_get_attr(&isa, layer, EP_MOE_LAYER_ATTR_CPU_ISA);
-      // The bf16 kernels run bf16 weights with bf16 activations on pair dot
-      // products: their peak is the dot-product peak.
-      const bool dot = isa == 3 && o.dtype == EP_MOE_DTYPE_BF16 && dot_peak > 0;
-      const double row_peak = dot ? dot_peak : peak;
-      ep_moe_layer_get_attr(&weight_bytes, layer, EP_MOE_LAYER_ATTR_WEIGHT_BYTES);
-      ep_moe_layer_get_attr(&n_local, layer, EP_MOE_LAYER_ATTR_NUM_LOCAL_EXPERTS);
-      ep_moe_layer_get_attr(&shard, layer, EP_MOE_LAYER_ATTR_SHARED_SHARD_SIZE);
-      const double wsize = lc.weight_dtype == EP_MOE_DTYPE_F32 ? 4.0 : 2.0;
-      const double expert_bytes = 3.0 * m->hidden * m->intermediate * wsize;
-      const double shared_bytes = 3.0 * m->hidden * static_cast<double>(shard) * wsize;
-
-      for (int T : o.tokens) {
-        Feed feed(*m, T, o.dtype);
-        const Batches& batches = feed.batches;
-        ep_moe_forward_args_t& a = feed.a;
-        int64_t pairs_sum = 0, active_sum = 0, expert_ns_sum = 0;
-        std::vector<double> times;
-        // The bandwidth of this moment, not of the start of the run (this
-        // VM's moves by tens of per cent); weight-streaming rows are run
-        // again when it moved during them.
-        const bool local_bw = o.min_time > 0;
-        const bool bw_retry = local_bw && T <= kLocalBwTokens;
-        double row_bw = bw, bw_before = 0, bw_after = 0;
-        // Compute rows: the peak of this moment, as row_bw is for streaming ones.
-        const bool local_peak = T > kLocalBwTokens && o.min_time > 0;
-        const double peak_s = std::min(o.peak_time, kLocalPeakSeconds);
-        const auto measure_peak = [&] {
-          const char* unused = nullptr;
-          return dot ? bench::bf16_dot_peak_gflops(threads, peak_s) : bench::fma_peak_gflops(threads, peak_s, &unused);
-        };
-        const double peak_before = local_peak ? measure_peak() : 0.0;
-        bool steady = true;
-        int attempt = 0;
-        while (attempt < kRowAttempts) {
-          ++attempt;
-          pairs_sum = active_sum = expert_ns_sum = 0;
-          times.clear();
-          if (local_bw) bw_before = bw_probe.measure(kLocalBwSeconds);
-          const auto start = Clock::now();
-          for (int it = 0;; ++it) {
-            double dt = 0;
+      // The weight-0 / skip ratio the issue asks for, of the two rows and
+      // alternated: the rows ran seconds to minutes apart, and this VM's
+      // peaks move by 15 % over such spans, so their ratio carries that
+      // drift; the rounds here put both strategies into the same moments.
+      if (by[0] && by[1]) {
+        for (int T : o.tokens) {
+          RatioRow q;
+          q.preset = name + " " + dtype_name(wdt);
+          q.ep = ep;
+          q.tokens = T;
+          const Row* rs = nullptr;
+          const Row* rw = nullptr;
+          for (const auto& r : rows)
+            if (r.preset == name && r.tokens == T && r.ep == ep && r.dtype == dtype_name(wdt))
+              (r.strategy == "skip" ? rs : rw) = &r;
+          if (rs && rw) {
+            q.rows_expert = rw->expert_ms / rs->expert_ms;
+            q.rows_forward = rw->ms / rs->ms;
+            const double sk = rs->roofline_s(rs->row_bw, rs->row_peak);
+            if (sk > 0) q.work = rw->roofline_s(rs->row_bw, rs->row_peak) / sk;
+          }
+          if (o.ratio_rounds > 0) {
+            Feed feed(*m, T, act);
+            const Batches& batches = feed.batches;
+            ep_moe_forward_args_t& a = feed.a;
+            // Each strategy cycles its own batches from where it left off.
+            int it[2] = {0, 0};
+            double wall = 0;
             int64_t ens = 0;
-            if (!forward_batch(layer, a, batches, it, &dt, &ens)) return 1;
-            if (it > 0 || o.min_time <= 0) {  // the first call warms up
-              times.push_back(dt);
-              int64_t v = 0;
-              ep_moe_layer_get_attr(&v, layer, EP_MOE_LAYER_ATTR_LAST_LOCAL_PAIRS);
-              pairs_sum += v;
-              ep_moe_layer_get_attr(&v, layer, EP_MOE_LAYER_ATTR_LAST_ACTIVE_EXPERTS);
-              active_sum += v;
-              expert_ns_sum += ens;
+            for (int s = 0; s < 2; ++s)  // warm-up
+              if (!forward_batch(by[s], a, batches, it[s]++, &wall, &ens)) return 1;
+            // A block: forwards of one strategy for at least a quarter of
+            // --min-time (at least one); which strategy goes first alternates.
+            const double block_s = o.min_time / 4;
+            // A round whose skip block had no local pair at all (a large EP
+            // at a few tokens) has no expert-time ratio; it is left out.
+            std::vector<double> er, fr;
+            for (int round = 0; round < o.ratio_rounds; ++round) {
+              double mean_e[2] = {0, 0}, mean_f[2] = {0, 0};
+              int64_t pairs[2] = {0, 0};
+              for (int ph = 0; ph < 2; ++ph) {
+                const int s = (ph + round) % 2;
+                double e_sum = 0, f_sum = 0;
+                int n = 0;
+                const auto start = Clock::now();
+                do {
+                  int64_t np = 0;
+                  if (!forward_batch(by[s], a, batches, it[s]++, &wall, &ens, &np)) return 1;
+                  e_sum += static_cast<double>(ens);
+                  f_sum += wall;
+                  pairs[s] += np;
+                  ++n;
+                } while (std::chrono::duration<double>(Clock::now() - start).count() < block_s);
+                mean_e[s] = e_sum / n;
+                mean_f[s] = f_sum / n;
+              }
+              if (pairs[0] == 0 || mean_e[0] <= 0 || mean_f[0] <= 0) continue;
+              er.push_back(mean_e[1] / mean_e[0]);
+              fr.push_back(mean_f[1] / mean_f[0]);
             }
-            const double total = std::chrono::duration<double>(Clock::now() - start).count();
-            if (times.size() >= 3 && total >= o.min_time) break;
-            if (!times.empty() && total >= 10 * o.min_time) break;  // very slow rows: a few samples
-          }
-          if (!local_bw) break;
-          bw_after = bw_probe.measure(kLocalBwSeconds);
-          row_bw = std::max(bw_before, bw_after);
-          steady = std::fabs(bw_before - bw_after) <= kBwJump * row_bw;
-          if (steady || !bw_retry) break;
-        }
-        const double peak_after = local_peak ? measure_peak() : 0.0;
-        // Work varies a little between batches: use mean work over mean time.
-        double t = 0;
-        for (double x : times) t += x;
-        t /= static_cast<double>(times.size());
-        Row r;
-        r.preset = name;
-        r.strategy = strategy == EP_MOE_SKIP_TOKENS ? "skip" : "weight0";
-        r.ep = ep;
-        r.tokens = T;
-        r.threads = threads;
-        r.iters = static_cast<int>(times.size());
-        const double n_samples = static_cast<double>(times.size());
-        r.local_pairs = static_cast<int64_t>(std::llround(static_cast<double>(pairs_sum) / n_samples));
-        r.active_experts = static_cast<int64_t>(std::llround(static_cast<double>(active_sum) / n_samples));
-        const double mean_pairs = static_cast<double>(pairs_sum) / n_samples;
-        const double mean_active = static_cast<double>(active_sum) / n_samples;
-        const double flops =
-            6.0 * m->hidden * (mean_pairs * m->intermediate + static_cast<double>(T) * static_cast<double>(shard));
-        r.ms = t * 1e3;
-        r.expert_ms = static_cast<double>(expert_ns_sum) / n_samples / 1e6;
-        r.tokens_per_s = T / t;
-        r.gflops = flops / t / 1e9;
-        r.row_peak = local_peak ? std::max(peak_before, peak_after) : row_peak;
-        r.peak_before = peak_before;
-        r.peak_after = peak_after;
-        r.gflops_frac = r.gflops / r.row_peak;
-        r.peak_kind = dot ? "bf16dot" : "f32fma";
-        r.flops = flops;
-        r.weight_bytes = mean_active * expert_bytes + shared_bytes;
-        r.weight_gbs = r.weight_bytes / t / 1e9;
-        r.row_bw = row_bw;
-        r.bw_before = bw_before;
-        r.bw_after = bw_after;
-        r.bw_steady = steady;
-        r.attempts = attempt;
-        r.weight_frac = r.weight_gbs / row_bw;
-        std::printf("%-14s %4d %6d %-7s %9.3f %9.3f %11.1f %9.1f %5.1f%% %7.1f %9.1f %6.1f %5.1f%%%c %5s %6lld %6lld\n",
-                    name.c_str(), ep, T, r.strategy.c_str(), r.ms, r.expert_ms, r.tokens_per_s, r.gflops,
-                    100 * r.gflops_frac, r.row_peak, r.weight_gbs, r.row_bw, 100 * r.weight_frac, steady ? ' ' : '~',
-                    r.compute_bound() ? "pk" : "bw", static_cast<long long>(r.local_pairs),
-                    static_cast<long long>(r.active_experts));
-        std::fflush(stdout);
-        rows.push_back(r);
-      }
-      ep_moe_layer_t*& kept = by[strategy == EP_MOE_SKIP_TOKENS ? 0 : 1];
-      if (kept) ep_moe_layer_destroy(kept);  // a strategy named twice: its last layer is kept
-      kept = layer;
-      (void)weight_bytes;
-      (void)n_local;
-    }
-    // The weight-0 / skip ratio the issue asks for, of the two rows and
-    // alternated: the rows ran seconds to minutes apart, and this VM's
-    // peaks move by 15 % over such spans, so their ratio carries that
-    // drift; the rounds here put both strategies into the same moments.
-    if (by[0] && by[1]) {
-      for (int T : o.tokens) {
-        RatioRow q;
-        q.preset = name;
-        q.ep = ep;
-        q.tokens = T;
-        const Row* rs = nullptr;
-        const Row* rw = nullptr;
-        for (const auto& r : rows)
-          if (r.preset == name && r.tokens == T && r.ep == ep) (r.strategy == "skip" ? rs : rw) = &r;
-        if (rs && rw) {
-          q.rows_expert = rw->expert_ms / rs->expert_ms;
-          q.rows_forward = rw->ms / rs->ms;
-          const double sk = rs->roofline_s(rs->row_bw, rs->row_peak);
-          if (sk > 0) q.work = rw->roofline_s(rs->row_bw, rs->row_peak) / sk;
-        }
-        if (o.ratio_rounds > 0) {
-          Feed feed(*m, T, o.dtype);
-          const Batches& batches = feed.batches;
-          ep_moe_forward_args_t& a = feed.a;
-          // Each strategy cycles its own batches from where it left off.
-          int it[2] = {0, 0};
-          double wall = 0;
-          int64_t ens = 0;
-          for (int s = 0; s < 2; ++s)  // warm-up
-            if (!forward_batch(by[s], a, batches, it[s]++, &wall, &ens)) return 1;
-          // A block: forwards of one strategy for at least a quarter of
-          // --min-time (at least one); which strategy goes first alternates.
-          const double block_s = o.min_time / 4;
-          // A round whose skip block had no local pair at all (a large EP
-          // at a few tokens) has no expert-time ratio; it is left out.
-          std::vector<double> er, fr;
-          for (int round = 0; round < o.ratio_rounds; ++round) {
-            double mean_e[2] = {0, 0}, mean_f[2] = {0, 0};
-            int64_t pairs[2] = {0, 0};
-            for (int ph = 0; ph < 2; ++ph) {
-              const int s = (ph + round) % 2;
-              double e_sum = 0, f_sum = 0;
-              int n = 0;
-              const auto start = Clock::now();
-              do {
-                int64_t np = 0;
-                if (!forward_batch(by[s], a, batches, it[s]++, &wall, &ens, &np)) return 1;
-                e_sum += static_cast<double>(ens);
-                f_sum += wall;
-                pairs[s] += np;
-                ++n;
-              } while (std::chrono::duration<double>(Clock::now() - start).count() < block_s);
-              mean_e[s] = e_sum / n;
-              mean_f[s] = f_sum / n;
+            q.rounds = static_cast<int>(er.size());
+            if (!er.empty()) {
+              q.expert = median_of(er);
+              q.expert_min = *std::min_element(er.begin(), er.end());
+              q.expert_max = *std::max_element(er.begin(), er.end());
+              q.forward = median_of(fr);
             }
-            if (pairs[0] == 0 || mean_e[0] <= 0 || mean_f[0] <= 0) continue;
-            er.push_back(mean_e[1] / mean_e[0]);
-            fr.push_back(mean_f[1] / mean_f[0]);
           }
-          q.rounds = static_cast<int>(er.size());
-          if (!er.empty()) {
-            q.expert = median_of(er);
-            q.expert_min = *std::min_element(er.begin(), er.end());
-            q.expert_max = *std::max_element(er.begin(), er.end());
-            q.forward = median_of(fr);
-          }
+          ratios.push_back(q);
         }
-        ratios.push_back(q);
       }
+      for (ep_moe_layer_t* l : by)
+        if (l) ep_moe_layer_destroy(l);
     }
-    for (ep_moe_layer_t* l : by)
-      if (l) ep_moe_layer_destroy(l);
-  }
   // The same-run ratios the issue asks for: skip vs weight-0 expert time.
   std::printf("\n");
   if (!ratios.empty() && o.ratio_rounds > 0)
@@ -666,6 +748,22 @@ int main(int argc, char** argv) {
     std::printf("\n");
   }
 
+  // The weight dtypes against the first, row by row (skip strategy), in this run.
+  if (o.dtypes.size() > 1) {
+    std::printf(
+        "\nweight dtypes against %s, the same preset and tokens in this run (forward time, expert time, "
+        "GFLOP/s; %%bw and bound of each row above):\n",
+        dtype_name(o.dtypes[0]));
+    for (const Row& r : rows) {
+      if (r.strategy != "skip" || r.dtype == dtype_name(o.dtypes[0])) continue;
+      for (const Row& b : rows)
+        if (b.strategy == "skip" && b.dtype == dtype_name(o.dtypes[0]) && b.preset == r.preset && b.tokens == r.tokens)
+          std::printf("%-14s T=%-5d %s / %s: %.2fx faster (%.3f vs %.3f ms), expert time %.2fx, GFLOP/s %.2fx\n",
+                      r.preset.c_str(), r.tokens, r.dtype.c_str(), b.dtype.c_str(), b.ms / r.ms, r.ms, b.ms,
+                      b.expert_ms / r.expert_ms, r.gflops / b.gflops);
+    }
+  }
+
   // Permutation and combine of the all-to-all flow against memcpy.
   std::vector<DispatchRow> drows;
   const int dranks = o.dispatch_ranks > 0 ? o.dispatch_ranks : o.dispatch_ranks < 0 ? 0 : threads;
@@ -681,14 +779,14 @@ int main(int argc, char** argv) {
         "against memcpy by %d concurrent threads: of the same bytes (memcpy, %%cpy: in cache when they fit) and "
         "from memory (%%mem: 128 MiB buffers, %.2f GB/s per thread); experts shrunk to intermediate 16, "
         "which fwd_us (a whole forward) includes\n",
-        dranks, dtype_name(o.dtype), dranks, mem_cpy);
+        dranks, dtype_name(o.act_of(o.dtypes[0])), dranks, mem_cpy);
     std::printf("%-14s %6s %6s %10s %9s %9s %6s %6s %10s %9s %9s %6s %6s %10s\n", "preset", "ranks", "tokens",
                 "perm_MB", "GB/s", "memcpy", "%cpy", "%mem", "comb_MB", "GB/s", "memcpy", "%cpy", "%mem", "fwd_us");
     for (const auto& name : o.presets) {
       const presets::Model* m = presets::find(name);
       for (int T : o.tokens) {
         DispatchRow d;
-        const std::string err = run_dispatch(*m, dranks, T, o.dtype, std::max(0.2, o.min_time / 2), &d);
+        const std::string err = run_dispatch(*m, dranks, T, o.act_of(o.dtypes[0]), std::max(0.2, o.min_time / 2), &d);
         if (!err.empty()) {
           std::fprintf(stderr, "dispatch part: %s\n", err.c_str());
           return 1;
@@ -712,8 +810,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "cannot write %s\n", o.json.c_str());
       return 1;
     }
-    std::fprintf(f, "{\n  \"ep_moe_version\": \"%s\",\n  \"dtype\": \"%s\",\n", ep_moe_version_string(),
-                 dtype_name(o.dtype));
+    std::string dts;
+    for (ep_moe_dtype_t d : o.dtypes) dts += std::string(dts.empty() ? "\"" : ", \"") + dtype_name(d) + "\"";
+    std::fprintf(f, "{\n  \"ep_moe_version\": \"%s\",\n  \"dtypes\": [%s],\n", ep_moe_version_string(), dts.c_str());
     std::fprintf(f,
                  "  \"machine\": {\"cpu\": \"%s\", \"threads\": %d, \"fma_isa\": \"%s\", \"fma_peak_gflops\": %.3f, "
                  "\"bf16_dot_peak_gflops\": %.3f, \"read_bandwidth_gbs\": %.3f, \"layer_kernels\": \"%s\"},\n"
@@ -723,7 +822,8 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::fprintf(f,
-                   "    {\"preset\": \"%s\", \"ep\": %d, \"tokens\": %d, \"strategy\": \"%s\", \"threads\": %d, "
+                   "    {\"preset\": \"%s\", \"dtype\": \"%s\", \"ep\": %d, \"tokens\": %d, \"strategy\": \"%s\", "
+                   "\"threads\": %d, "
                    "\"iters\": %d, \"ms\": %.6f, \"expert_ms\": %.6f, \"tokens_per_s\": %.3f, \"gflops\": %.3f, "
                    "\"gflops_frac_peak\": "
                    "%.5f, \"peak\": \"%s\", \"row_peak_gflops\": %.3f, \"peak_before_gflops\": %.3f, "
@@ -731,8 +831,8 @@ int main(int argc, char** argv) {
                    "\"weight_gbs\": %.3f, \"row_read_bandwidth_gbs\": %.3f, \"weight_frac_bw\": %.5f, "
                    "\"bw_before_gbs\": %.3f, \"bw_after_gbs\": %.3f, \"bw_steady\": %s, \"attempts\": %d, "
                    "\"bound\": \"%s\", \"roofline_frac\": %.5f, \"local_pairs\": %lld, \"active_experts\": %lld}%s\n",
-                   r.preset.c_str(), r.ep, r.tokens, r.strategy.c_str(), r.threads, r.iters, r.ms, r.expert_ms,
-                   r.tokens_per_s, r.gflops, r.gflops_frac, r.peak_kind.c_str(), r.row_peak, r.peak_before,
+                   r.preset.c_str(), r.dtype.c_str(), r.ep, r.tokens, r.strategy.c_str(), r.threads, r.iters, r.ms,
+                   r.expert_ms, r.tokens_per_s, r.gflops, r.gflops_frac, r.peak_kind.c_str(), r.row_peak, r.peak_before,
                    r.peak_after, r.weight_gbs, r.row_bw, r.weight_frac, r.bw_before, r.bw_after,
                    r.bw_steady ? "true" : "false", r.attempts, r.compute_bound() ? "compute" : "bandwidth",
                    r.roofline_frac(), static_cast<long long>(r.local_pairs), static_cast<long long>(r.active_experts),

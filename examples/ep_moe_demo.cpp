@@ -3,7 +3,7 @@
 // ranks, checks the result against the same layer on a single rank, and
 // reports tokens/s. Public API only.
 //
-//   ep_moe_demo [--model NAME] [--ep N] [--tokens T] [--dtype f32|bf16|f16]
+//   ep_moe_demo [--model NAME] [--ep N] [--tokens T] [--dtype f32|bf16|f16|q4_k|...]
 //               [--shared I] [--iters N] [--placement linear|round_robin]
 //               [--checkpoint PATH [--layer L]] [--plan] [--list]
 #include <algorithm>
@@ -35,7 +35,8 @@ struct Options {
   int ep = 4, tokens = 64, iters = 3, shared = -1, redundant = 0;
   int hidden = 0, inter = 0, experts = 0, top_k = 0;  // overrides of the model's sizes
   int placement = EP_MOE_PLACEMENT_LINEAR;
-  ep_moe_dtype_t dtype = EP_MOE_DTYPE_BF16;
+  ep_moe_dtype_t dtype = EP_MOE_DTYPE_BF16;    // activations
+  ep_moe_dtype_t weights = EP_MOE_DTYPE_BF16;  // weights (a block format: quantized by ep_moe)
   bool plan = false;
   bool mpi = false;  // one rank per MPI process (run under mpirun)
   // --checkpoint: the layer's configuration and weights come from it, and
@@ -107,7 +108,7 @@ std::string rank_body(const presets::Model& m, const Options& o, ep_moe_comm_t* 
     ep_moe_comm_abort(comm);
     return "map";
   }
-  ep_moe_layer_config_t lc = presets::layer_config(m, shared, o.dtype, o.dtype, o.tokens, 0);
+  ep_moe_layer_config_t lc = presets::layer_config(m, shared, o.weights, o.dtype, o.tokens, 0);
   if (o.ck) {
     lc = o.ck->config;
     lc.act_dtype = o.dtype;
@@ -269,11 +270,16 @@ int parse_options(int argc, char** argv, Options* op) {
   args.option("--model", &o.model, "model shape (--list shows them; default qwen3-30b-a3b)", "NAME")
       .option("--ep", &o.ep, "in-process expert-parallel ranks (default 4)", 1, 4096)
       .option("--tokens", &o.tokens, "tokens per forward (default 64)", 1, 1 << 20)
-      .custom("--dtype", "D", "weights and activations: f32, bf16 (default) or f16",
+      .custom("--dtype", "D",
+              "weights and activations: f32, bf16 (default) or f16; or weights in a GGUF block format (q8_0, "
+              "q4_0, q4_k, q5_k, q6_k, iq4_xs, mxfp4) with bf16 activations",
               [&o](const std::string& v, std::string* err) {
-                if (presets::parse_dtype(v, &o.dtype)) return true;
-                *err = "takes f32, bf16 or f16";
-                return false;
+                if (!presets::parse_dtype(v, &o.weights, true)) {
+                  *err = "takes f32, bf16, f16, q8_0, q4_0, q4_k, q5_k, q6_k, iq4_xs or mxfp4";
+                  return false;
+                }
+                o.dtype = o.weights <= EP_MOE_DTYPE_F16 ? o.weights : EP_MOE_DTYPE_BF16;
+                return true;
               })
       .option("--shared", &o.shared, "shared-expert intermediate size (0 = none; default: the model's)", 0, 1 << 18)
       .option("--hidden", &o.hidden, "override the model's hidden size (0: the model's)", 0, 1 << 16)
@@ -352,12 +358,10 @@ int main(int argc, char** argv) {
 #endif
   if (!quiet) {
     std::printf("ep_moe %s demo: %s\n", ep_moe_version_string(), m->note);
-    std::printf("layer: H=%d I=%d E=%d top-%d, shared expert %d, %s weights and activations, EP=%d, %d tokens\n\n",
+    std::printf("layer: H=%d I=%d E=%d top-%d, shared expert %d, %s weights, %s activations, EP=%d, %d tokens\n\n",
                 m->hidden, m->intermediate, m->experts, m->top_k, shared,
-                o.dtype == EP_MOE_DTYPE_F32    ? "f32"
-                : o.dtype == EP_MOE_DTYPE_BF16 ? "bf16"
-                                               : "f16",
-                o.ep, o.tokens);
+                o.ck ? "the checkpoint's" : presets::dtype_name(o.weights), presets::dtype_name(o.dtype), o.ep,
+                o.tokens);
     if (o.plan && !o.mpi) return print_plan(*m, o);
     print_plan(*m, o);
   }

@@ -139,12 +139,30 @@ inline ep_moe_layer_config_t layer_config(const Model& m, int shared, ep_moe_dty
   return c;
 }
 
-inline bool parse_dtype(const std::string& s, ep_moe_dtype_t* out) {
-  if (s == "f32") *out = EP_MOE_DTYPE_F32;
-  else if (s == "bf16") *out = EP_MOE_DTYPE_BF16;
-  else if (s == "f16") *out = EP_MOE_DTYPE_F16;
-  else return false;
-  return true;
+// The dtypes by the names the demo and the benchmarks take.
+inline const std::vector<std::pair<const char*, ep_moe_dtype_t>>& dtype_names() {
+  static const std::vector<std::pair<const char*, ep_moe_dtype_t>> v = {
+      {"f32", EP_MOE_DTYPE_F32},    {"bf16", EP_MOE_DTYPE_BF16}, {"f16", EP_MOE_DTYPE_F16},
+      {"q8_0", EP_MOE_DTYPE_Q8_0},  {"q4_0", EP_MOE_DTYPE_Q4_0}, {"q4_k", EP_MOE_DTYPE_Q4_K},
+      {"q5_k", EP_MOE_DTYPE_Q5_K},  {"q6_k", EP_MOE_DTYPE_Q6_K}, {"iq4_xs", EP_MOE_DTYPE_IQ4_XS},
+      {"mxfp4", EP_MOE_DTYPE_MXFP4}};
+  return v;
+}
+
+// A float dtype by name, or (with block_formats) a GGUF block format too.
+inline bool parse_dtype(const std::string& s, ep_moe_dtype_t* out, bool block_formats = false) {
+  for (const auto& d : dtype_names())
+    if (s == d.first && (block_formats || d.second <= EP_MOE_DTYPE_F16)) {
+      *out = d.second;
+      return true;
+    }
+  return false;
+}
+
+inline const char* dtype_name(ep_moe_dtype_t t) {
+  for (const auto& d : dtype_names())
+    if (d.second == t) return d.first;
+  return "?";
 }
 
 // Activations of dtype `dt` from floats.

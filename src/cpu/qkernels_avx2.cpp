@@ -49,19 +49,30 @@ inline __m256i dot_ss(__m256i w, __m256i a) {
 }
 
 // The int8 activation values of rows a[0 .. M) at element e.
+// s32: the sums of each 32 (the K formats' mins), from `sums32` when
+// given (qgemm makes them once per call), else null.
 template <int M>
 struct Rows {
   const int8_t* q[M];
   const float* d[M];
   const int16_t* s[M];
-  Rows(const void* const* a, int k) {
+  const int16_t* s32[M];
+  Rows(const void* const* a, int k, const int16_t* const* sums32 = nullptr) {
     for (int r = 0; r < M; ++r) {
       q[r] = act_q(a[r]);
       d[r] = act_d(a[r], k);
       s[r] = act_s(a[r], k);
+      s32[r] = sums32 ? sums32[r] : nullptr;
     }
   }
 };
+
+// The sums of each 32 activation values of a row (from its sums of 16).
+inline void sums32(const void* a, int k, int16_t* out) {
+  const int16_t* s = act_s(a, k);
+  for (int64_t j = 0; j < act_row_padded(k) / 32; j += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), _mm_hadd_epi16(load128(s + 2 * j), load128(s + 2 * j + 8)));
+}
 
 // --- Q8_0 ------------------------------------------------------------------
 template <int M>
@@ -103,7 +114,10 @@ void dot_mxfp4(const uint8_t* w, const Rows<M>& a, int k, float* out) {
   for (int r = 0; r < M; ++r) acc[r] = _mm256_setzero_ps();
   for (int b = 0; b < k / 32; ++b, w += 17) {
     const __m256i wq = _mm256_shuffle_epi8(table, nibbles(w + 1));
-    const float dw = e8m0_half(w[0]);
+    // 2^(e - 128) (e8m0_half, inlined: a call per block of 32 costs as much as its arithmetic).
+    const uint32_t bits = w[0] < 2 ? uint32_t{0x00200000} << w[0] : static_cast<uint32_t>(w[0] - 1) << 23;
+    float dw;
+    std::memcpy(&dw, &bits, 4);
     for (int r = 0; r < M; ++r) {
       const __m256i p = _mm256_madd_epi16(dot_ss(wq, load(a.q[r] + 32 * b)), _mm256_set1_epi16(1));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * a.d[r][b]), acc[r]);
@@ -114,22 +128,34 @@ void dot_mxfp4(const uint8_t* w, const Rows<M>& a, int k, float* out) {
 
 // --- Q4_K and Q5_K -----------------------------------------------------------
 // The 12 scale bytes -> sc[0..7] in the first 8 bytes, m[0..7] in the next.
-inline void k4_scales(const uint8_t* s12, uint32_t out[4]) {
+inline uint32_t rd32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+// As 8 u8 scales (low half) and 8 u8 mins (high half) of a 128-bit vector.
+inline __m128i k4_scales(const uint8_t* s12) {
   constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
-  uint32_t u[3];
-  std::memcpy(u, s12, 12);
-  out[0] = u[0] & kLow6;
-  out[1] = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);
-  out[2] = u[1] & kLow6;
-  out[3] = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);
+  const uint32_t u0 = rd32(s12), u1 = rd32(s12 + 4), u2 = rd32(s12 + 8);
+  return _mm_set_epi32(static_cast<int>(((u2 >> 4) & kLow4) | (((u1 >> 6) & kLow2) << 4)), static_cast<int>(u1 & kLow6),
+                       static_cast<int>((u2 & kLow4) | (((u0 >> 6) & kLow2) << 4)), static_cast<int>(u0 & kLow6));
 }
 
-// Shuffle masks that broadcast i16 word j of each 128-bit lane to all of it.
-inline __m256i word_bcast(int j) {
-  const char lo = static_cast<char>(2 * j), hi = static_cast<char>(2 * j + 1);
-  return _mm256_setr_epi8(lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo,
-                          hi, lo, hi, lo, hi, lo, hi, lo, hi);
-}
+// Shuffle masks that broadcast i16 word j of each 128-bit lane to all of it
+// (constants: built per call they cost more than the block's arithmetic).
+alignas(32) const int8_t kWordBcast[8][32] = {
+    {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1},
+    {2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3},
+    {4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5},
+    {6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7},
+    {8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9},
+    {10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11,
+     10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11},
+    {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13,
+     12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13},
+    {14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15,
+     14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15}};
+inline __m256i word_bcast(int j) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(kWordBcast[j])); }
 
 template <int M, bool Five>
 void dot_k45(const uint8_t* w, const Rows<M>& a, int k, float* out) {
@@ -141,16 +167,12 @@ void dot_k45(const uint8_t* w, const Rows<M>& a, int k, float* out) {
     acc[r] = _mm256_setzero_ps();
     accm[r] = _mm_setzero_ps();
   }
-  const __m256i bc[8] = {word_bcast(0), word_bcast(1), word_bcast(2), word_bcast(3),
-                         word_bcast(4), word_bcast(5), word_bcast(6), word_bcast(7)};
   for (int b = 0; b < k / 256; ++b, w += bb) {
-    uint32_t sm[4];
-    k4_scales(w + 4, sm);
-    const __m128i sc8 = _mm_set_epi32(0, 0, static_cast<int>(sm[1]), static_cast<int>(sm[0]));
-    const __m128i mn8 = _mm_set_epi32(0, 0, static_cast<int>(sm[3]), static_cast<int>(sm[2]));
-    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8));
-    const __m128i mn16 = _mm_cvtepu8_epi16(mn8);
-    const float d = f16(w), dmin = f16(w + 2);
+    const __m128i scm = k4_scales(w + 4);
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
+    const __m128i mn16 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scm, scm));
+    // d and dmin at once.
+    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(rd32(w))));
     const uint8_t* qs = Five ? w + 48 : w + 16;
     const __m256i qh = Five ? load(w + 16) : _mm256_setzero_si256();
     __m256i sumi[M];
@@ -165,7 +187,8 @@ void dot_k45(const uint8_t* w, const Rows<M>& a, int k, float* out) {
         lo = _mm256_or_si256(lo, _mm256_and_si256(h0, bit4));
         hi = _mm256_or_si256(hi, _mm256_and_si256(h1, bit4));
       }
-      const __m256i sl = _mm256_shuffle_epi8(sc16, bc[2 * j]), sh = _mm256_shuffle_epi8(sc16, bc[2 * j + 1]);
+      const __m256i sl = _mm256_shuffle_epi8(sc16, word_bcast(2 * j));
+      const __m256i sh = _mm256_shuffle_epi8(sc16, word_bcast(2 * j + 1));
       for (int r = 0; r < M; ++r) {
         const int8_t* ar = a.q[r] + 256 * b + 64 * j;
         const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load(ar)), sl);
@@ -174,11 +197,12 @@ void dot_k45(const uint8_t* w, const Rows<M>& a, int k, float* out) {
       }
     }
     for (int r = 0; r < M; ++r) {
-      const float da = a.d[r][8 * b];
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_set1_ps(d * da), acc[r]);
+      const __m128 dda = _mm_mul_ps(dd, _mm_set1_ps(a.d[r][8 * b]));  // [d da, dmin da]
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_broadcastss_ps(dda), acc[r]);
       // The mins against the 32-sums of the activations.
-      const __m128i s16 = _mm_hadd_epi16(load128(a.s[r] + 16 * b), load128(a.s[r] + 16 * b + 8));
-      accm[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, s16)), _mm_set1_ps(dmin * da), accm[r]);
+      const __m128i s16 =
+          a.s32[r] ? load128(a.s32[r] + 8 * b) : _mm_hadd_epi16(load128(a.s[r] + 16 * b), load128(a.s[r] + 16 * b + 8));
+      accm[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, s16)), _mm_shuffle_ps(dda, dda, 0x55), accm[r]);
     }
   }
   for (int r = 0; r < M; ++r) {
@@ -267,8 +291,8 @@ void dot_iq4_xs(const uint8_t* w, const Rows<M>& a, int k, float* out) {
 
 // --- the panel kernels ---------------------------------------------------------
 template <int T, int M>
-void dot_rows(const uint8_t* w, const void* const* a, int k, float* out) {
-  const Rows<M> rows(a, k);
+void dot_rows(const uint8_t* w, const void* const* a, int k, float* out, const int16_t* const* s32) {
+  const Rows<M> rows(a, k, s32);
   if constexpr (T == EP_MOE_DTYPE_Q8_0) dot_q8_0<M>(w, rows, k, out);
   else if constexpr (T == EP_MOE_DTYPE_Q4_0) dot_q4_0<M>(w, rows, k, out);
   else if constexpr (T == EP_MOE_DTYPE_MXFP4) dot_mxfp4<M>(w, rows, k, out);
@@ -279,19 +303,41 @@ void dot_rows(const uint8_t* w, const void* const* a, int k, float* out) {
 }
 
 template <int T>
-void qgemm(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc, const void* /*next*/) {
+void qgemm(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc, const void* next) {
   const size_t rb = quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k);
   float out[kTile];
+  // The K formats' mins take each row's sums of 32, made once per call.
+  constexpr bool kMins = T == EP_MOE_DTYPE_Q4_K || T == EP_MOE_DTYPE_Q5_K;
+  constexpr int kMaxK = 8192, kMaxRows = 64;  // 32 KiB of stack; beyond, the kernel sums itself
+  alignas(32) int16_t s32buf[kMins ? kMaxRows : 1][kMins ? kMaxK / 32 : 1];
+  const int16_t* s32[kMaxRows + kTile] = {};
+  const int16_t* const* s32p = m <= kMaxRows ? s32 : nullptr;
+  if (kMins && k <= kMaxK && m <= kMaxRows)
+    for (int i = 0; i < m; ++i) {
+      sums32(a[i], k, s32buf[i]);
+      s32[i] = s32buf[i];
+    }
   // Each weight row once, every activation row against it while it is in L1.
+  // Decode streams each row once: the row kAhead rows on (into the next
+  // panel at the end) is fetched into L2 while this one is computed, so
+  // the memory reads overlap the arithmetic instead of following it.
+  constexpr int kAhead = 2;
   for (int j = 0; j < nr; ++j) {
     const uint8_t* w = static_cast<const uint8_t*>(panel) + static_cast<size_t>(j) * rb;
+    if (m <= kTile) {
+      const uint8_t* f = j + kAhead < nr ? w + kAhead * rb
+                         : next          ? static_cast<const uint8_t*>(next) + static_cast<size_t>(j + kAhead - nr) * rb
+                                         : nullptr;
+      if (f)
+        for (size_t off = 0; off < rb; off += 64) _mm_prefetch(reinterpret_cast<const char*>(f + off), _MM_HINT_T1);
+    }
     for (int i0 = 0; i0 < m; i0 += kTile) {
       const int mm = m - i0 < kTile ? m - i0 : kTile;
       switch (mm) {
-        case 1: dot_rows<T, 1>(w, a + i0, k, out); break;
-        case 2: dot_rows<T, 2>(w, a + i0, k, out); break;
-        case 3: dot_rows<T, 3>(w, a + i0, k, out); break;
-        default: dot_rows<T, 4>(w, a + i0, k, out); break;
+        case 1: dot_rows<T, 1>(w, a + i0, k, out, s32p ? s32p + i0 : nullptr); break;
+        case 2: dot_rows<T, 2>(w, a + i0, k, out, s32p ? s32p + i0 : nullptr); break;
+        case 3: dot_rows<T, 3>(w, a + i0, k, out, s32p ? s32p + i0 : nullptr); break;
+        default: dot_rows<T, 4>(w, a + i0, k, out, s32p ? s32p + i0 : nullptr); break;
       }
       for (int i = 0; i < mm; ++i) c[(i0 + i) * ldc + j] = out[i];
     }
