@@ -99,6 +99,7 @@ int print_layer(const ep_moe_checkpoint_t* ck, int32_t L, int ep, int placement)
       EP_MOE_WEIGHT_ROUTER_BIAS,    EP_MOE_WEIGHT_SCORE_BIAS,          EP_MOE_WEIGHT_SHARED_GATE,
       EP_MOE_WEIGHT_SHARED_UP,      EP_MOE_WEIGHT_SHARED_DOWN,         EP_MOE_WEIGHT_SHARED_EXPERT_GATE};
   double expert_bytes = 0, other_bytes = 0, shared_bytes = 0;
+  std::vector<std::pair<std::string, double>> by_type;  // one expert's bytes per dtype (block formats as they are)
   bool fused = false, fused_bias = false;
   for (ep_moe_weight_t w : ws) {
     const bool routed = w <= EP_MOE_WEIGHT_EXPERT_GATE_UP ||
@@ -114,17 +115,21 @@ int print_layer(const ep_moe_checkpoint_t* ck, int32_t L, int ep, int placement)
     shape += "]";
     std::printf("  %-19s %-8s %-26s %12s  %s%s\n", weight_label(w), ti.dtype, shape.c_str(),
                 human(static_cast<double>(ti.bytes)).c_str(), ti.name, ti.transposed ? " (transposed)" : "");
-    if (routed) expert_bytes += static_cast<double>(ti.bytes);
-    else if (w >= EP_MOE_WEIGHT_SHARED_GATE && w <= EP_MOE_WEIGHT_SHARED_DOWN)
+    if (routed) {
+      expert_bytes += static_cast<double>(ti.bytes);
+      auto it = std::find_if(by_type.begin(), by_type.end(), [&](const auto& p) { return p.first == ti.dtype; });
+      if (it == by_type.end()) by_type.emplace_back(ti.dtype, static_cast<double>(ti.bytes));
+      else it->second += static_cast<double>(ti.bytes);
+    } else if (w >= EP_MOE_WEIGHT_SHARED_GATE && w <= EP_MOE_WEIGHT_SHARED_DOWN)
       shared_bytes += static_cast<double>(ti.bytes);
     else other_bytes += static_cast<double>(ti.bytes);
   }
   std::printf("  per expert %s, all experts %s, router/bias/gates %s, shared expert %s\n", human(expert_bytes).c_str(),
               human(expert_bytes * lc.num_experts).c_str(), human(other_bytes).c_str(), human(shared_bytes).c_str());
   if (ep <= 0) return 0;
-  std::printf("  EP %d (%s placement):\n  %-5s %-24s %12s %12s %12s\n", ep,
+  std::printf("  EP %d (%s placement):\n  %-5s %-24s %12s %12s %12s  %s\n", ep,
               placement == EP_MOE_PLACEMENT_LINEAR ? "linear" : "round-robin", "rank", "experts", "expert bytes",
-              "other bytes", "total");
+              "other bytes", "total", "expert bytes by type");
   for (int r = 0; r < ep; ++r) {
     ep_moe_expert_map_config_t mc;
     ep_moe_expert_map_config_init(&mc);
@@ -146,8 +151,10 @@ int print_layer(const ep_moe_checkpoint_t* ck, int32_t L, int ep, int placement)
     const int64_t Is = lc.shared_intermediate_size;
     const double shard = Is > 0 ? static_cast<double>(Is / ep + (r < Is % ep ? 1 : 0)) / static_cast<double>(Is) : 0;
     const double mine = expert_bytes * nl, other = other_bytes + shared_bytes * shard;
-    std::printf("  %-5d %-24s %12s %12s %12s\n", r, ranges(l2g).c_str(), human(mine).c_str(), human(other).c_str(),
-                human(mine + other).c_str());
+    std::string types;
+    for (const auto& t : by_type) types += (types.empty() ? "" : ", ") + t.first + " " + human(t.second * nl);
+    std::printf("  %-5d %-24s %12s %12s %12s  %s\n", r, ranges(l2g).c_str(), human(mine).c_str(), human(other).c_str(),
+                human(mine + other).c_str(), types.c_str());
   }
   return 0;
 }

@@ -133,12 +133,18 @@ inline uint32_t rd32(const uint8_t* p) {
   std::memcpy(&v, p, 4);
   return v;
 }
-// As 8 u8 scales (low half) and 8 u8 mins (high half) of a 128-bit vector.
+// As 8 u8 scales (low half) and 8 u8 mins (high half) of a 128-bit vector,
+// the four 32-bit words computed side by side:
+//   [u0 & 63s, (u2 & 15s) | (u0 >> 6 & 3s) << 4, u1 & 63s, (u2 >> 4 & 15s) | (u1 >> 6 & 3s) << 4].
 inline __m128i k4_scales(const uint8_t* s12) {
-  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
-  const uint32_t u0 = rd32(s12), u1 = rd32(s12 + 4), u2 = rd32(s12 + 8);
-  return _mm_set_epi32(static_cast<int>(((u2 >> 4) & kLow4) | (((u1 >> 6) & kLow2) << 4)), static_cast<int>(u1 & kLow6),
-                       static_cast<int>((u2 & kLow4) | (((u0 >> 6) & kLow2) << 4)), static_cast<int>(u0 & kLow6));
+  const __m128i u =
+      _mm_set_epi32(0, static_cast<int>(rd32(s12 + 8)), static_cast<int>(rd32(s12 + 4)), static_cast<int>(rd32(s12)));
+  const __m128i a = _mm_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0));  // [u0, u0, u1, u1]
+  const __m128i b = _mm_shuffle_epi32(u, _MM_SHUFFLE(2, 2, 2, 2));  // u2
+  const __m128i low6 = _mm_and_si128(a, _mm_set1_epi32(0x3f3f3f3f));
+  const __m128i top2 = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(a, 6), _mm_set1_epi32(0x03030303)), 4);
+  const __m128i nib = _mm_and_si128(_mm_srlv_epi32(b, _mm_setr_epi32(0, 0, 0, 4)), _mm_set1_epi32(0x0f0f0f0f));
+  return _mm_blend_epi32(low6, _mm_or_si128(nib, top2), 0xA);  // odd words: nibble | top bits
 }
 
 // Shuffle masks that broadcast i16 word j of each 128-bit lane to all of it

@@ -284,6 +284,49 @@ TEST_CASE("set_weight checks shapes, ids, dtypes and the configuration", "[layer
   CHECK(std::string(ep_moe_layer_last_error(nullptr)) == "the handle is NULL");
 }
 
+TEST_CASE("block-format weights: whole blocks, one type per part, sizes that fit the format",
+          "[layer][quant][errors]") {
+  MapHolder m(1, 0, 2);
+  auto c = small_config();
+  c.hidden_size = 64;
+  c.intermediate_size = 32;
+  c.num_experts = 2;
+  ep_moe_layer_t* l = nullptr;
+  REQUIRE(ep_moe_layer_create(&l, &c, m.m, nullptr, nullptr) == EP_MOE_OK);
+  std::vector<uint8_t> q8(32 * 2 * 34, 0);  // Q8_0 [32, 64]: 2 blocks a row
+  int32_t stored = 7;
+  CHECK(ep_moe_layer_set_weight(&stored, l, EP_MOE_WEIGHT_EXPERT_GATE, 0, q8.data(), EP_MOE_DTYPE_Q8_0, 32, 64) ==
+        EP_MOE_OK);
+  CHECK(stored == 1);
+  // Rows must be whole blocks of the format: a [64, 32] down is one Q8_0
+  // block a row, but no Q4_K one (256 elements).
+  stored = 7;
+  CHECK(ep_moe_layer_set_weight(&stored, l, EP_MOE_WEIGHT_EXPERT_DOWN, 0, q8.data(), EP_MOE_DTYPE_Q4_K, 64, 32) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(ep_moe_layer_last_error(l)).find("expert down_proj in q4_k: its rows are whole blocks of 256") !=
+        std::string::npos);
+  CHECK(stored == 7);
+  // One type per part: another format for the gate/up of another expert is refused, naming both.
+  std::vector<uint8_t> q4(32 * 2 * 18, 0);
+  CHECK(ep_moe_layer_set_weight(&stored, l, EP_MOE_WEIGHT_EXPERT_UP, 1, q4.data(), EP_MOE_DTYPE_Q4_0, 32, 64) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(ep_moe_layer_last_error(l))
+            .find("stored as q4_0, but this layer's other experts hold theirs as "
+                  "q8_0") != std::string::npos);
+  // Dtypes past the last format are not dtypes.
+  CHECK(ep_moe_layer_set_weight(&stored, l, EP_MOE_WEIGHT_EXPERT_UP, 0, q8.data(), static_cast<ep_moe_dtype_t>(13), 32,
+                                64) == EP_MOE_ERR_INVALID_ARGUMENT);
+  ep_moe_layer_destroy(l);
+  // A block-format weight_dtype needs sizes its blocks divide.
+  c.weight_dtype = EP_MOE_DTYPE_Q4_K;
+  CHECK(ep_moe_layer_create(&l, &c, m.m, nullptr, nullptr) == EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(ep_moe_last_error()).find("weight_dtype q4_k stores rows in blocks of 256 elements") !=
+        std::string::npos);
+  c.weight_dtype = EP_MOE_DTYPE_Q8_0;
+  REQUIRE(ep_moe_layer_create(&l, &c, m.m, nullptr, nullptr) == EP_MOE_OK);
+  ep_moe_layer_destroy(l);
+}
+
 TEST_CASE("bad forward input: clear status, nothing written, the layer stays usable", "[layer][errors]") {
   std::mt19937 rng(test_seed() + 11);
   Ready r(rng);

@@ -213,6 +213,17 @@ TEST_CASE("corrupt GGUF files are rejected with FORMAT naming the file and tenso
                EP_MOE_ERR_FORMAT, "'t.weight'"});
   f.push_back({"partial Q8_0 block", G(0x46554747u, 3, 1, 0).tensor("q.weight", {33, 2}, 8, 0).pad().data(256).b,
                EP_MOE_ERR_FORMAT, "'q.weight': row of 33 elements"});
+  // The block formats layers keep: rows of whole blocks, data inside the file.
+  f.push_back({"partial Q4_K block", G(0x46554747u, 3, 1, 0).tensor("k.weight", {300, 2}, 12, 0).pad().data(1024).b,
+               EP_MOE_ERR_FORMAT, "'k.weight': row of 300 elements is not a whole number of Q4_K blocks"});
+  f.push_back({"partial IQ4_XS block", G(0x46554747u, 3, 1, 0).tensor("x.weight", {128, 2}, 23, 0).pad().data(512).b,
+               EP_MOE_ERR_FORMAT, "'x.weight': row of 128 elements is not a whole number of IQ4_XS blocks"});
+  f.push_back({"partial MXFP4 block", G(0x46554747u, 3, 1, 0).tensor("m.weight", {48, 2}, 39, 0).pad().data(256).b,
+               EP_MOE_ERR_FORMAT, "'m.weight': row of 48 elements is not a whole number of MXFP4 blocks"});
+  f.push_back({"truncated Q6_K data", G(0x46554747u, 3, 1, 0).tensor("q6.weight", {256, 8}, 14, 0).pad().data(1000).b,
+               EP_MOE_ERR_FORMAT, "'q6.weight': data"});
+  f.push_back({"truncated Q5_K data", G(0x46554747u, 3, 1, 0).tensor("q5.weight", {512, 4}, 13, 0).pad().data(700).b,
+               EP_MOE_ERR_FORMAT, "'q5.weight': data"});
   f.push_back({"duplicate tensor",
                G(0x46554747u, 3, 2, 0).tensor("t.weight", {4}, 0, 0).tensor("t.weight", {4}, 0, 32).pad().data(64).b,
                EP_MOE_ERR_FORMAT, "'t.weight' appears twice"});
