@@ -565,3 +565,32 @@ TEST_CASE("GGUF block-format experts: the error is the int8 activations' as stat
     CHECK(err_f < 0.05);  // the 8-bit activations' error is about a hundredth here, not a mismatch
   }
 }
+
+TEST_CASE("GGUF block formats against the unquantized layer: each format's own error, in its order",
+          "[forward][quant]") {
+  // Float weights given to a layer whose weight_dtype is a block format
+  // (quantized by ep_moe's quantizers), against the float reference of the
+  // same weights: the whole quantization error of weights and activations.
+  // Each format within its bound (docs/quantization.md), and more bits
+  // never worse than fewer by much: Q8_0 < Q6_K < Q5_K < Q4_K.
+  const int types[] = {refq::Q8_0, refq::Q6_K, refq::Q5_K, refq::Q4_K, refq::IQ4_XS, refq::Q4_0, refq::MXFP4};
+  const double bound[] = {0.03, 0.06, 0.1, 0.2, 0.2, 0.22, 0.3};
+  double err[7] = {};
+  for (int i = 0; i < 7; ++i) {
+    std::mt19937 g(test_seed() + 77);  // the same weights and inputs for every format
+    Case c;
+    c.layer_wdt = types[i];
+    c.spec.H = 512;
+    c.spec.I = 256;
+    c.spec.E = 8;
+    c.spec.K = 2;
+    c.ep = 2;
+    c.tokens = {12};
+    c.tol = bound[i];
+    harness::run_case(c, g, &err[i]);
+    WARN("format " << types[i] << " against the unquantized layer: max error " << err[i]);
+  }
+  CHECK(err[0] < err[1]);
+  CHECK(err[1] < err[2]);
+  CHECK(err[2] < err[3]);
+}
