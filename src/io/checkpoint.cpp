@@ -605,8 +605,8 @@ LayerShape Checkpoint::layer_shape(int32_t layer) const {
   auto quantized = quantized_.find(layer);
   if (quantized != quantized_.end())
     fail(EP_MOE_ERR_UNSUPPORTED,
-         "%s: layer %d holds MXFP4-quantized experts ('%s', ...), which this version of ep_moe cannot load yet; use a "
-         "bf16 or f32 copy of the checkpoint (dequantized experts, named gate_up_proj / down_proj)",
+         "%s: layer %d holds MXFP4 experts as safetensors blocks and scales ('%s', ...), which ep_moe cannot load; use "
+         "a GGUF conversion (MXFP4 blocks are kept as they are) or a bf16 or f32 copy of the checkpoint",
          fname.c_str(), layer, quantized->second[0].c_str());
   LayerShape s;
   s.experts = expert_count_.at(layer);
