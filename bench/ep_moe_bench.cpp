@@ -131,6 +131,14 @@ struct RatioRow {
   double work = 0;
 };
 
+// One dtype against the baseline dtype, alternated (ratios of the
+// baseline's time to this dtype's: above 1, this dtype is faster).
+struct DtypeRatio {
+  std::string preset, dtype, base;
+  int tokens = 0, rounds = 0;
+  double expert = 0, expert_min = 0, expert_max = 0, forward = 0;
+};
+
 // Several different batches of T tokens, cycled, so that decode rows touch
 // different experts each call and the cache cannot keep the same weights hot.
 struct Batches {
@@ -304,6 +312,57 @@ std::string run_dispatch(const presets::Model& model, int ranks, int T, ep_moe_d
   row->permute_base_gbs = bench::memcpy_gbs_per_thread(ranks, min_time, static_cast<size_t>(pb / ranks));
   row->combine_base_gbs = bench::memcpy_gbs_per_thread(ranks, min_time, static_cast<size_t>(cb / ranks));
   return "";
+}
+
+// Rounds of a block of forwards of the baseline layer and of another dtype's,
+// in turn (who goes first alternates), T tokens: the median and range of
+// the rounds' ratios of mean expert time, and of forward time. False: a
+// forward failed.
+bool alternate_dtypes(const Options& o, const presets::Model& m, const std::string& name, int T, ep_moe_layer_t* base,
+                      ep_moe_layer_t* other, ep_moe_dtype_t base_dt, ep_moe_dtype_t other_dt, DtypeRatio* q) {
+  q->preset = name;
+  q->tokens = T;
+  q->base = dtype_name(base_dt);
+  q->dtype = dtype_name(other_dt);
+  if (!base || !other) return true;
+  Feed fb(m, T, o.act_of(base_dt)), fo(m, T, o.act_of(other_dt));
+  ep_moe_layer_t* layers[2] = {base, other};
+  Feed* feeds[2] = {&fb, &fo};
+  int it[2] = {0, 0};
+  double wall = 0;
+  int64_t ens = 0;
+  for (int s = 0; s < 2; ++s)  // warm-up
+    if (!forward_batch(layers[s], feeds[s]->a, feeds[s]->batches, it[s]++, &wall, &ens)) return false;
+  const double block_s = o.min_time / 4;
+  std::vector<double> er, fr;
+  for (int round = 0; round < o.ratio_rounds; ++round) {
+    double mean_e[2] = {0, 0}, mean_f[2] = {0, 0};
+    for (int ph = 0; ph < 2; ++ph) {
+      const int s = (ph + round) % 2;
+      double e_sum = 0, f_sum = 0;
+      int n = 0;
+      const auto start = Clock::now();
+      do {
+        if (!forward_batch(layers[s], feeds[s]->a, feeds[s]->batches, it[s]++, &wall, &ens)) return false;
+        e_sum += static_cast<double>(ens);
+        f_sum += wall;
+        ++n;
+      } while (std::chrono::duration<double>(Clock::now() - start).count() < block_s);
+      mean_e[s] = e_sum / n;
+      mean_f[s] = f_sum / n;
+    }
+    if (mean_e[1] <= 0 || mean_f[1] <= 0) continue;
+    er.push_back(mean_e[0] / mean_e[1]);
+    fr.push_back(mean_f[0] / mean_f[1]);
+  }
+  q->rounds = static_cast<int>(er.size());
+  if (!er.empty()) {
+    q->expert = median_of(er);
+    q->expert_min = *std::min_element(er.begin(), er.end());
+    q->expert_max = *std::max_element(er.begin(), er.end());
+    q->forward = median_of(fr);
+  }
+  return true;
 }
 
 // What one row of the table measures needs: the run's options, peaks and
@@ -578,8 +637,13 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   std::vector<RatioRow> ratios;
   int max_tokens = *std::max_element(o.tokens.begin(), o.tokens.end());
-  for (const ep_moe_dtype_t wdt : o.dtypes)
-    for (const auto& name : o.presets) {
+  std::vector<DtypeRatio> dratios;
+  for (const auto& name : o.presets) {
+    // Each dtype's skip layer, kept for the alternated comparison of dtypes.
+    std::vector<ep_moe_layer_t*> skip_layers(o.dtypes.size(), nullptr);
+    const presets::Model* model = nullptr;
+    for (size_t di = 0; di < o.dtypes.size(); ++di) {
+      const ep_moe_dtype_t wdt = o.dtypes[di];
       const ep_moe_dtype_t act = o.act_of(wdt);
       const presets::Model* m = ckl.ck ? &ckl.model : presets::find(name);
       if (!m) {
@@ -725,9 +789,22 @@ int main(int argc, char** argv) {
           ratios.push_back(q);
         }
       }
-      for (ep_moe_layer_t* l : by)
-        if (l) ep_moe_layer_destroy(l);
+      model = m;
+      skip_layers[di] = by[0];
+      if (by[1]) ep_moe_layer_destroy(by[1]);
     }
+    if (o.dtypes.size() > 1 && o.ratio_rounds > 0 && model) {
+      for (int T : o.tokens)
+        for (size_t di = 1; di < o.dtypes.size(); ++di) {
+          DtypeRatio q;
+          if (!alternate_dtypes(o, *model, name, T, skip_layers[0], skip_layers[di], o.dtypes[0], o.dtypes[di], &q))
+            return 1;
+          dratios.push_back(q);
+        }
+    }
+    for (ep_moe_layer_t* l : skip_layers)
+      if (l) ep_moe_layer_destroy(l);
+  }
   // The same-run ratios the issue asks for: skip vs weight-0 expert time.
   std::printf("\n");
   if (!ratios.empty() && o.ratio_rounds > 0)
@@ -762,6 +839,15 @@ int main(int argc, char** argv) {
                       r.preset.c_str(), r.tokens, r.dtype.c_str(), b.dtype.c_str(), b.ms / r.ms, r.ms, b.ms,
                       b.expert_ms / r.expert_ms, r.gflops / b.gflops);
     }
+    if (!dratios.empty())
+      std::printf(
+          "alternated (%d rounds of a block of forwards of each, at least %.3f s each; the median of the rounds' "
+          "ratios of mean times, and their range: the same moments for both, so the machine's drift cancels):\n",
+          o.ratio_rounds, o.min_time / 4);
+    for (const DtypeRatio& q : dratios)
+      std::printf("%-14s T=%-5d %s / %s alternated: %.2fx faster in expert time (%.2f-%.2f), forward time %.2fx\n",
+                  q.preset.c_str(), q.tokens, q.dtype.c_str(), q.base.c_str(), q.expert, q.expert_min, q.expert_max,
+                  q.forward);
   }
 
   // Permutation and combine of the all-to-all flow against memcpy.
@@ -848,6 +934,16 @@ int main(int argc, char** argv) {
                    "\"alternated_forward_ratio\": %.4f, \"roofline_work_ratio\": %.4f}%s\n",
                    q.preset.c_str(), q.ep, q.tokens, q.rows_expert, q.rows_forward, q.rounds, q.expert, q.expert_min,
                    q.expert_max, q.forward, q.work, i + 1 < ratios.size() ? "," : "");
+    }
+    std::fprintf(f, "  ],\n  \"dtype_ratios\": [\n");
+    for (size_t i = 0; i < dratios.size(); ++i) {
+      const DtypeRatio& q = dratios[i];
+      std::fprintf(f,
+                   "    {\"preset\": \"%s\", \"tokens\": %d, \"dtype\": \"%s\", \"baseline\": \"%s\", \"rounds\": %d, "
+                   "\"alternated_expert_speedup\": %.4f, \"alternated_expert_speedup_min\": %.4f, "
+                   "\"alternated_expert_speedup_max\": %.4f, \"alternated_forward_speedup\": %.4f}%s\n",
+                   q.preset.c_str(), q.tokens, q.dtype.c_str(), q.base.c_str(), q.rounds, q.expert, q.expert_min,
+                   q.expert_max, q.forward, i + 1 < dratios.size() ? "," : "");
     }
     std::fprintf(f, "  ],\n  \"dispatch\": [\n");
     for (size_t i = 0; i < drows.size(); ++i) {
