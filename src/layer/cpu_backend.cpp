@@ -175,6 +175,15 @@ void CpuBackend::extract_biases(int32_t s, uint8_t* out) const {
 // its replicas are copies, made before the vote.
 void CpuBackend::keep_before_vote(const LayerBackend& old_backend, const std::vector<KeptSlot>& kept, bool) {
   const auto& old = static_cast<const CpuBackend&>(old_backend);
+  // Kept experts keep their storage formats: a rank that receives nothing
+  // must still know them (and have the block kernels' scratch).
+  if (!kept.empty()) {
+    gu_type_ = old.gu_type_;
+    down_type_ = old.down_type_;
+    if (dtype_is_quant(static_cast<ep_moe_dtype_t>(gu_type_)) ||
+        dtype_is_quant(static_cast<ep_moe_dtype_t>(down_type_)))
+      enable_quant();
+  }
   auto copy = [](cpu::PackedWeight& d, const cpu::PackedWeight& s) {
     d.n = s.n;
     d.k = s.k;
