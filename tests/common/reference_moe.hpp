@@ -111,20 +111,30 @@ struct Spec {
   int act_block_gu = 0, act_block_down = 0;
 };
 
+// How near (in int8 steps) to a rounding boundary an activation must fall
+// for the kernels' f32 value, a few 1e-5 steps from the float64 one, to
+// round the other way: well inside this.
+constexpr double kNearBoundary = 1e-3;
+
 // x as the kernels quantize an activation row for block-format weights: per
 // block of `bs`, d = amax / 127 and q = x * (127 / amax) rounded to nearest
-// even, in f32; the row's values q * d.
-inline std::vector<double> quantize_acts(const std::vector<double>& x, int bs) {
+// even, in f32; the row's values q * d. `near` (optional) gets each
+// element's step d where it lies within kNearBoundary of a rounding
+// boundary (the kernels may land one step apart there), else 0.
+inline std::vector<double> quantize_acts(const std::vector<double>& x, int bs, std::vector<double>* near = nullptr) {
   const int n = static_cast<int>(x.size());
   std::vector<double> out(x.size());
+  if (near) near->assign(x.size(), 0.0);
   for (int b0 = 0; b0 < n; b0 += bs) {
     float amax = 0;
     for (int i = b0; i < std::min(n, b0 + bs); ++i)
       amax = std::max(amax, std::fabs(static_cast<float>(x[static_cast<size_t>(i)])));
     const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
-    for (int i = b0; i < std::min(n, b0 + bs); ++i)
-      out[static_cast<size_t>(i)] =
-          static_cast<double>(std::nearbyint(static_cast<float>(x[static_cast<size_t>(i)]) * id)) * d;
+    for (int i = b0; i < std::min(n, b0 + bs); ++i) {
+      const float v = static_cast<float>(x[static_cast<size_t>(i)]) * id;
+      out[static_cast<size_t>(i)] = static_cast<double>(std::nearbyint(v)) * d;
+      if (near && std::fabs(std::fabs(v - std::floor(v)) - 0.5) < kNearBoundary) (*near)[static_cast<size_t>(i)] = d;
+    }
   }
   return out;
 }
@@ -263,9 +273,13 @@ inline bool route(const Spec& s, const float* logits, const Weights& w, std::vec
 }
 
 // One token through the MoE: y = sum_k w_k FFN_{id_k}(x) + [gate] * shared(x).
+// slack (optional, [H]): per output, what the block-format experts' h
+// elements on a rounding boundary may move it (one step each, through down).
 inline void moe_token(const Spec& s, const Weights& w, const float* x, const std::vector<int>& ids,
-                      const std::vector<double>& wts, double* y) {
+                      const std::vector<double>& wts, double* y, double* slack = nullptr) {
   for (int i = 0; i < s.H; ++i) y[i] = 0;
+  if (slack)
+    for (int i = 0; i < s.H; ++i) slack[i] = 0;
   // Biases (gb, ub, db) may be null; qgu, qd: the activation block sizes
   // of block-format weights (0: float weights).
   auto ffn = [&](const std::vector<float>& g, const std::vector<float>& u, const std::vector<float>& d, int inter,
@@ -281,12 +295,16 @@ inline void moe_token(const Spec& s, const Weights& w, const float* x, const std
       }
       h[static_cast<size_t>(j)] = act_fn(s.act, a, b);
     }
-    if (qd > 0) h = quantize_acts(h, qd);
+    std::vector<double> near;
+    if (qd > 0) h = quantize_acts(h, qd, &near);
     for (int i = 0; i < s.H; ++i) {
-      double acc = db ? db[i] : 0.0;
-      for (int j = 0; j < inter; ++j)
+      double acc = db ? db[i] : 0.0, move = 0;
+      for (int j = 0; j < inter; ++j) {
         acc += static_cast<double>(d[static_cast<size_t>(i) * inter + j]) * h[static_cast<size_t>(j)];
+        if (!near.empty()) move += std::fabs(d[static_cast<size_t>(i) * inter + j]) * near[static_cast<size_t>(j)];
+      }
       y[i] += scale * acc;
+      if (slack) slack[i] += std::fabs(scale) * move;
     }
   };
   for (size_t k = 0; k < ids.size(); ++k) {

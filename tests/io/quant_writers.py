@@ -72,18 +72,23 @@ def dequant(name, blocks, rows, cols):
 
 def act_quant(x, bs):
     """x as the kernels quantize an activation row: per block of bs, f32 amax,
-    q = rint(x * (127 / amax)) in f32 (ties to even), values q * (amax / 127)."""
+    q = rint(x * (127 / amax)) in f32 (ties to even), values q * (amax / 127).
+    Also each element's step where it lies within 1e-3 steps of a rounding
+    boundary (the kernels' f32 value may round the other way there), else 0."""
     x = np.asarray(x, dtype=np.float32)
     y = np.zeros(x.shape, dtype=np.float64)
+    near = np.zeros(x.shape, dtype=np.float64)
     for b0 in range(0, x.size, bs):
         blk = x[b0:b0 + bs]
         amax = np.float32(np.max(np.abs(blk)))
         if amax == 0:
             continue
         idd = np.float32(127.0) / amax
-        q = np.rint(blk * idd)
-        y[b0:b0 + bs] = q.astype(np.float64) * np.float64(amax / np.float32(127.0))
-    return y
+        v = blk * idd
+        step = np.float64(amax / np.float32(127.0))
+        y[b0:b0 + bs] = np.rint(v).astype(np.float64) * step
+        near[b0:b0 + bs] = np.where(np.abs(np.abs(v - np.floor(v)) - 0.5) < 1e-3, step, 0.0)
+    return y, near
 
 
 # --- 1. blocks and their dequantization; gguf's quantizers -------------------
@@ -126,7 +131,7 @@ for name, gu_t, down_t in MODELS:
     d = [dequant(down_t, b, H, I) for b in db]
     bs_gu = gguf.constants.GGML_QUANT_SIZES[TYPES[gu_t][0]][0]
     bs_d = gguf.constants.GGML_QUANT_SIZES[TYPES[down_t][0]][0]
-    xs, ys = [], []
+    xs, ys, slacks = [], [], []
     while len(xs) < T:
         x = rng.standard_normal(H).astype(np.float32)
         logits = router.astype(np.float64) @ x.astype(np.float64)
@@ -137,17 +142,21 @@ for name, gu_t, down_t in MODELS:
             continue
         ids = order[:K]
         wts = p[ids] / p[ids].sum()  # qwen3moe renormalises the top-k
-        xq = act_quant(x, bs_gu)
-        y = np.zeros(H)
+        xq = act_quant(x, bs_gu)[0]
+        y, slack = np.zeros(H), np.zeros(H)
         for e, wt in zip(ids, wts):
             a = g[e] @ xq
             b = u[e] @ xq
             h = a / (1 + np.exp(-a)) * b
-            y += wt * (d[e] @ act_quant(h, bs_d))
+            hq, near = act_quant(h, bs_d)
+            y += wt * (d[e] @ hq)
+            slack += wt * (np.abs(d[e]) @ near)  # one step per boundary element, through down
         xs.append(x)
         ys.append(y)
+        slacks.append(slack)
     np.stack(xs).astype("<f4").tofile(f"{out}/model_{name}.x")
     np.stack(ys).astype("<f8").tofile(f"{out}/model_{name}.out")
+    np.stack(slacks).astype("<f8").tofile(f"{out}/model_{name}.slack")
     lines.append(f"{name} {E} {H} {I} {K} {L} {T} {TYPES[gu_t][1]} {TYPES[down_t][1]}")
 
 with open(f"{out}/models.txt", "w") as f:
