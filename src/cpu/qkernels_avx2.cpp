@@ -218,6 +218,65 @@ void dot_k45(const uint8_t* w, const Rows<M>& a, int k, float* out) {
   }
 }
 
+// One activation row against two weight rows (decode): the two rows'
+// independent chains interleave, and the activation loads are shared.
+template <bool Five>
+void dot_k45_two(const uint8_t* w0, const uint8_t* w1, const Rows<1>& a, int k, float* out) {
+  const int bb = Five ? 176 : 144;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m128 accm[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+  const uint8_t* w[2] = {w0, w1};
+  for (int b = 0; b < k / 256; ++b) {
+    __m256i sc16[2], sumi[2];
+    __m128i mn16[2];
+    __m128 dd[2];
+    for (int r = 0; r < 2; ++r) {
+      const uint8_t* wb = w[r] + static_cast<size_t>(b) * bb;
+      const __m128i scm = k4_scales(wb + 4);
+      sc16[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
+      mn16[r] = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scm, scm));
+      dd[r] = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(rd32(wb))));
+      sumi[r] = _mm256_setzero_si256();
+    }
+    for (int j = 0; j < 4; ++j) {
+      const int8_t* ar = a.q[0] + 256 * b + 64 * j;
+      const __m256i alo = load(ar), ahi = load(ar + 32);
+      for (int r = 0; r < 2; ++r) {
+        const uint8_t* wb = w[r] + static_cast<size_t>(b) * bb;
+        const __m256i q = load((Five ? wb + 48 : wb + 16) + 32 * j);
+        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if (Five) {
+          const __m256i qh = load(wb + 16);
+          const int s0 = 2 * j, s1 = 2 * j + 1;
+          const __m256i h0 = s0 <= 4 ? _mm256_slli_epi16(qh, 4 - s0) : _mm256_srli_epi16(qh, s0 - 4);
+          const __m256i h1 = s1 <= 4 ? _mm256_slli_epi16(qh, 4 - s1) : _mm256_srli_epi16(qh, s1 - 4);
+          lo = _mm256_or_si256(lo, _mm256_and_si256(h0, bit4));
+          hi = _mm256_or_si256(hi, _mm256_and_si256(h1, bit4));
+        }
+        const __m256i pl =
+            _mm256_madd_epi16(_mm256_maddubs_epi16(lo, alo), _mm256_shuffle_epi8(sc16[r], word_bcast(2 * j)));
+        const __m256i ph =
+            _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ahi), _mm256_shuffle_epi8(sc16[r], word_bcast(2 * j + 1)));
+        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(pl, ph));
+      }
+    }
+    const __m128 da = _mm_set1_ps(a.d[0][8 * b]);
+    const __m128i s16 =
+        a.s32[0] ? load128(a.s32[0] + 8 * b) : _mm_hadd_epi16(load128(a.s[0] + 16 * b), load128(a.s[0] + 16 * b + 8));
+    for (int r = 0; r < 2; ++r) {
+      const __m128 dda = _mm_mul_ps(dd[r], da);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_broadcastss_ps(dda), acc[r]);
+      accm[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16[r], s16)), _mm_shuffle_ps(dda, dda, 0x55), accm[r]);
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    __m128 t = _mm_add_ps(accm[r], _mm_movehl_ps(accm[r], accm[r]));
+    t = _mm_add_ss(t, _mm_movehdup_ps(t));
+    out[r] = hsum(acc[r]) - _mm_cvtss_f32(t);
+  }
+}
+
 // --- Q6_K --------------------------------------------------------------------
 template <int M>
 void dot_q6_k(const uint8_t* w, const Rows<M>& a, int k, float* out) {
@@ -328,8 +387,26 @@ void qgemm(int m, const void* const* a, int k, const void* panel, int nr, float*
   // panel at the end) is fetched into L2 while this one is computed, so
   // the memory reads overlap the arithmetic instead of following it.
   constexpr int kAhead = 2;
+  constexpr bool kTwo = T == EP_MOE_DTYPE_Q4_K || T == EP_MOE_DTYPE_Q5_K;
   for (int j = 0; j < nr; ++j) {
     const uint8_t* w = static_cast<const uint8_t*>(panel) + static_cast<size_t>(j) * rb;
+    if (kTwo && m == 1 && j + 1 < nr) {  // decode: two weight rows at a time
+      for (int q = 0; q < 2; ++q) {
+        const int jj = j + q;
+        const uint8_t* f = jj + kAhead < nr ? w + (q + kAhead) * rb
+                           : next ? static_cast<const uint8_t*>(next) + static_cast<size_t>(jj + kAhead - nr) * rb
+                                  : nullptr;
+        if (f)
+          for (size_t off = 0; off < rb; off += 64) _mm_prefetch(reinterpret_cast<const char*>(f + off), _MM_HINT_T1);
+      }
+      const Rows<1> rows(a, k, s32p);
+      float o2[2];
+      dot_k45_two<T == EP_MOE_DTYPE_Q5_K>(w, w + rb, rows, k, o2);
+      c[j] = o2[0];
+      c[j + 1] = o2[1];
+      ++j;
+      continue;
+    }
     if (m <= kTile) {
       const uint8_t* f = j + kAhead < nr ? w + kAhead * rb
                          : next          ? static_cast<const uint8_t*>(next) + static_cast<size_t>(j + kAhead - nr) * rb
