@@ -835,7 +835,7 @@ int main(int argc, char** argv) {
       if (r.strategy != "skip" || r.dtype == dtype_name(o.dtypes[0])) continue;
       for (const Row& b : rows)
         if (b.strategy == "skip" && b.dtype == dtype_name(o.dtypes[0]) && b.preset == r.preset && b.tokens == r.tokens)
-          std::printf("%-14s T=%-5d %s / %s: %.2fx faster (%.3f vs %.3f ms), expert time %.2fx, GFLOP/s %.2fx\n",
+          std::printf("%-14s T=%-5d %s / %s: speed %.2fx (%.3f vs %.3f ms), expert time %.2fx, GFLOP/s %.2fx\n",
                       r.preset.c_str(), r.tokens, r.dtype.c_str(), b.dtype.c_str(), b.ms / r.ms, r.ms, b.ms,
                       b.expert_ms / r.expert_ms, r.gflops / b.gflops);
     }
@@ -845,7 +845,7 @@ int main(int argc, char** argv) {
           "ratios of mean times, and their range: the same moments for both, so the machine's drift cancels):\n",
           o.ratio_rounds, o.min_time / 4);
     for (const DtypeRatio& q : dratios)
-      std::printf("%-14s T=%-5d %s / %s alternated: %.2fx faster in expert time (%.2f-%.2f), forward time %.2fx\n",
+      std::printf("%-14s T=%-5d %s / %s alternated: speed %.2fx in expert time (%.2f-%.2f), forward time %.2fx\n",
                   q.preset.c_str(), q.tokens, q.dtype.c_str(), q.base.c_str(), q.expert, q.expert_min, q.expert_max,
                   q.forward);
   }
