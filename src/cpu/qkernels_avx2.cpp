@@ -137,8 +137,7 @@ inline uint32_t rd32(const uint8_t* p) {
 // the four 32-bit words computed side by side:
 //   [u0 & 63s, (u2 & 15s) | (u0 >> 6 & 3s) << 4, u1 & 63s, (u2 >> 4 & 15s) | (u1 >> 6 & 3s) << 4].
 inline __m128i k4_scales(const uint8_t* s12) {
-  const __m128i u =
-      _mm_set_epi32(0, static_cast<int>(rd32(s12 + 8)), static_cast<int>(rd32(s12 + 4)), static_cast<int>(rd32(s12)));
+  const __m128i u = load128(s12);  // words 0-2; word 3 (the block's first quants) is not used
   const __m128i a = _mm_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0));  // [u0, u0, u1, u1]
   const __m128i b = _mm_shuffle_epi32(u, _MM_SHUFFLE(2, 2, 2, 2));  // u2
   const __m128i low6 = _mm_and_si128(a, _mm_set1_epi32(0x3f3f3f3f));
@@ -218,32 +217,46 @@ void dot_k45(const uint8_t* w, const Rows<M>& a, int k, float* out) {
   }
 }
 
+// Two rows' 12 scale bytes (at s0, s1) as 16 u8 scales and mins, one row a
+// lane: [sc0..7 | m0..7] each (k4_scales on 256 bits; the 16-byte loads
+// read 4 bytes past the scales, into the block's own quants).
+inline __m256i k4_scales_two(const uint8_t* s0, const uint8_t* s1) {
+  const __m256i u = _mm256_set_m128i(load128(s1), load128(s0));
+  const __m256i a = _mm256_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0));  // [u0, u0, u1, u1]
+  const __m256i b = _mm256_shuffle_epi32(u, _MM_SHUFFLE(2, 2, 2, 2));  // u2
+  const __m256i low6 = _mm256_and_si256(a, _mm256_set1_epi32(0x3f3f3f3f));
+  const __m256i top2 = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a, 6), _mm256_set1_epi32(0x03030303)), 4);
+  const __m256i nib =
+      _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4)), _mm256_set1_epi32(0x0f0f0f0f));
+  return _mm256_blend_epi32(low6, _mm256_or_si256(nib, top2), 0xAA);
+}
+
 // One activation row against two weight rows (decode): the two rows'
-// independent chains interleave, and the activation loads are shared.
+// independent chains interleave, the activation loads are shared, and both
+// rows' scales are unpacked in one pass (a lane each): the block's fixed
+// work is a large part of a one-row dot product.
 template <bool Five>
 void dot_k45_two(const uint8_t* w0, const uint8_t* w1, const Rows<1>& a, int k, float* out) {
   const int bb = Five ? 176 : 144;
   const __m256i m4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  __m128 accm[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
-  const uint8_t* w[2] = {w0, w1};
+  __m256 accm = _mm256_setzero_ps();  // lane r: row r's mins
   for (int b = 0; b < k / 256; ++b) {
-    __m256i sc16[2], sumi[2];
-    __m128i mn16[2];
-    __m128 dd[2];
-    for (int r = 0; r < 2; ++r) {
-      const uint8_t* wb = w[r] + static_cast<size_t>(b) * bb;
-      const __m128i scm = k4_scales(wb + 4);
-      sc16[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
-      mn16[r] = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scm, scm));
-      dd[r] = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(rd32(wb))));
-      sumi[r] = _mm256_setzero_si256();
-    }
+    const uint8_t* wb0 = w0 + static_cast<size_t>(b) * bb;
+    const uint8_t* wb1 = w1 + static_cast<size_t>(b) * bb;
+    const __m256i scm = k4_scales_two(wb0 + 4, wb1 + 4);
+    const __m256i sc = _mm256_unpacklo_epi8(scm, _mm256_setzero_si256());  // lane r: row r's 8 scales (i16)
+    const __m256i mn = _mm256_unpackhi_epi8(scm, _mm256_setzero_si256());  // and mins
+    __m256i sc16[2] = {_mm256_permute2x128_si256(sc, sc, 0x00), _mm256_permute2x128_si256(sc, sc, 0x11)};
+    // [d0, dmin0, d1, dmin1]
+    const __m128 dd = _mm_cvtph_ps(_mm_unpacklo_epi32(_mm_cvtsi32_si128(static_cast<int>(rd32(wb0))),
+                                                      _mm_cvtsi32_si128(static_cast<int>(rd32(wb1)))));
+    __m256i sumi[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int j = 0; j < 4; ++j) {
       const int8_t* ar = a.q[0] + 256 * b + 64 * j;
       const __m256i alo = load(ar), ahi = load(ar + 32);
       for (int r = 0; r < 2; ++r) {
-        const uint8_t* wb = w[r] + static_cast<size_t>(b) * bb;
+        const uint8_t* wb = r ? wb1 : wb0;
         const __m256i q = load((Five ? wb + 48 : wb + 16) + 32 * j);
         __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
         if (Five) {
@@ -261,17 +274,19 @@ void dot_k45_two(const uint8_t* w0, const uint8_t* w1, const Rows<1>& a, int k, 
         sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(pl, ph));
       }
     }
-    const __m128 da = _mm_set1_ps(a.d[0][8 * b]);
+    const __m128 dda = _mm_mul_ps(dd, _mm_set1_ps(a.d[0][8 * b]));  // [d0 da, dmin0 da, d1 da, dmin1 da]
     const __m128i s16 =
         a.s32[0] ? load128(a.s32[0] + 8 * b) : _mm_hadd_epi16(load128(a.s[0] + 16 * b), load128(a.s[0] + 16 * b + 8));
-    for (int r = 0; r < 2; ++r) {
-      const __m128 dda = _mm_mul_ps(dd[r], da);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_broadcastss_ps(dda), acc[r]);
-      accm[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16[r], s16)), _mm_shuffle_ps(dda, dda, 0x55), accm[r]);
-    }
+    acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[0]), _mm256_broadcastss_ps(dda), acc[0]);
+    acc[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[1]), _mm256_broadcastss_ps(_mm_movehl_ps(dda, dda)), acc[1]);
+    // The mins against the 32-sums of the activations, both rows at once.
+    const __m256 dmin =
+        _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dda), _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3));
+    accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(mn, _mm256_broadcastsi128_si256(s16))), dmin, accm);
   }
   for (int r = 0; r < 2; ++r) {
-    __m128 t = _mm_add_ps(accm[r], _mm_movehl_ps(accm[r], accm[r]));
+    __m128 m = r ? _mm256_extractf128_ps(accm, 1) : _mm256_castps256_ps128(accm);
+    __m128 t = _mm_add_ps(m, _mm_movehl_ps(m, m));
     t = _mm_add_ss(t, _mm_movehdup_ps(t));
     out[r] = hsum(acc[r]) - _mm_cvtss_f32(t);
   }
