@@ -1,5 +1,5 @@
 // AVX2 block-format kernels (kernels.hpp's QGemmFn; built with -mavx2 -mfma
-// -mf16c, called only when the CPU has them). Per weight row and up to four
+// -mf16c, called only when the CPU has them). Per weight row and up to eight
 // activation rows at a time: each 32-byte piece of a block is unpacked to
 // bytes once and multiplied with every row's int8 values by maddubs (u8 x
 // s8 pairs into i16; signed weights through the sign trick, |w| * sign(a,
@@ -9,7 +9,9 @@
 // only the order of the f32 additions differs.
 #include <immintrin.h>
 
+#include <array>
 #include <cstring>
+#include <utility>
 
 #include "common/dtype.hpp"
 #include "common/quant.hpp"
@@ -20,7 +22,10 @@ namespace cpu {
 
 namespace {
 
-constexpr int kTile = 4;  // activation rows per pass over a weight row
+// Activation rows per pass over a weight row: each pass unpacks the row's
+// blocks and their scales once for all of them, so more rows share that
+// work; beyond 8 the accumulators no longer fit the 16 registers and spill.
+constexpr int kTile = 8;
 
 inline float f16(const uint8_t* p) {
   uint16_t h;
@@ -382,6 +387,15 @@ void dot_rows(const uint8_t* w, const void* const* a, int k, float* out, const i
   else dot_iq4_xs<M>(w, rows, k, out);
 }
 
+// dot_rows<T, 1 .. kTile>, by row count - 1.
+using DotRowsFn = void (*)(const uint8_t*, const void* const*, int, float*, const int16_t* const*);
+template <int T, int... I>
+constexpr std::array<DotRowsFn, sizeof...(I)> dot_table(std::integer_sequence<int, I...>) {
+  return {dot_rows<T, I + 1>...};
+}
+template <int T>
+constexpr std::array<DotRowsFn, kTile> kDots = dot_table<T>(std::make_integer_sequence<int, kTile>{});
+
 template <int T>
 void qgemm(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc, const void* next) {
   const size_t rb = quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k);
@@ -431,12 +445,7 @@ void qgemm(int m, const void* const* a, int k, const void* panel, int nr, float*
     }
     for (int i0 = 0; i0 < m; i0 += kTile) {
       const int mm = m - i0 < kTile ? m - i0 : kTile;
-      switch (mm) {
-        case 1: dot_rows<T, 1>(w, a + i0, k, out, s32p ? s32p + i0 : nullptr); break;
-        case 2: dot_rows<T, 2>(w, a + i0, k, out, s32p ? s32p + i0 : nullptr); break;
-        case 3: dot_rows<T, 3>(w, a + i0, k, out, s32p ? s32p + i0 : nullptr); break;
-        default: dot_rows<T, 4>(w, a + i0, k, out, s32p ? s32p + i0 : nullptr); break;
-      }
+      kDots<T>[mm - 1](w, a + i0, k, out, s32p ? s32p + i0 : nullptr);
       for (int i = 0; i < mm; ++i) c[(i0 + i) * ldc + j] = out[i];
     }
   }

@@ -154,7 +154,7 @@ TEST_CASE("block-format kernels match a double product of the dequantized values
           dequantize_row(t, wq.data() + quant_row_bytes(t, k) * r, row.data(), k);
           for (int c = 0; c < k; ++c) wd[static_cast<size_t>(r) * k + c] = row[static_cast<size_t>(c)];
         }
-        for (int m : {1, 2, 3, 4, 5, 9}) {
+        for (int m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 17}) {  // every tile height, and tiles after tiles
           CAPTURE(m);
           std::vector<std::vector<uint8_t>> rows(static_cast<size_t>(m));
           std::vector<const void*> a(static_cast<size_t>(m));
