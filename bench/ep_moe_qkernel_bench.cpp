@@ -1,0 +1,265 @@
+// ep_moe_qkernel_bench: the block-format kernels (Kernels::qgemm) alone, on
+// every ISA table this CPU runs, so that the expert path's quantized figures
+// (ep_moe_bench --dtype) can be read against what the kernels themselves
+// reach: weight rows of k elements through the calls FfnRunner makes (one
+// panel of nr rows a call, the next panel given for the prefetch), m
+// activation rows a call, one thread each, over
+//   cache   a few panels that stay in L2 (the arithmetic alone);
+//   stream  a buffer far larger than the caches (the arithmetic while the
+//           blocks come from memory), next to
+//   read    a plain read of the same buffer by the same threads, in the
+//           same moments: stream / read is the share of the read rate the
+//           kernel keeps.
+// The variants alternate in short blocks (this VM's bandwidth moves within
+// seconds); each figure is the best block. Every table's results are
+// checked against the portable kernels' before anything is timed.
+// Uses the library's internals, not its C API.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli.hpp"
+#include "common/dtype.hpp"
+#include "common/quant.hpp"
+#include "cpu/aligned.hpp"
+#include "cpu/isa.hpp"
+#include "cpu/kernels.hpp"
+#include "presets.hpp"
+
+using namespace ep_moe;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Weights {
+  ep_moe_dtype_t dt;
+  int k = 0, nr = 0;
+  size_t row_bytes = 0, panel_bytes = 0, panels = 0;
+  std::vector<uint8_t> bytes;
+  const uint8_t* panel(size_t p) const { return bytes.data() + (p % panels) * panel_bytes; }
+};
+
+// `panels` panels of nr rows: 64 rows quantized from normal floats by
+// ep_moe's quantizers, repeated (the kernels' time does not depend on the
+// values).
+Weights make_weights(ep_moe_dtype_t dt, int k, int nr, size_t panels, std::mt19937& rng) {
+  Weights w;
+  w.dt = dt;
+  w.k = k;
+  w.nr = nr;
+  w.row_bytes = quant_row_bytes(dt, k);
+  w.panel_bytes = w.row_bytes * static_cast<size_t>(nr);
+  w.panels = panels;
+  w.bytes.resize(w.panel_bytes * panels);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(k));
+  constexpr size_t kDistinct = 64;
+  for (size_t r = 0; r < std::min(kDistinct, panels * static_cast<size_t>(nr)); ++r) {
+    for (float& v : x) v = nd(rng);
+    quantize_row(dt, x.data(), w.bytes.data() + r * w.row_bytes, k);
+  }
+  for (size_t off = kDistinct * w.row_bytes; off < w.bytes.size(); off += kDistinct * w.row_bytes)
+    std::memcpy(w.bytes.data() + off, w.bytes.data(), std::min(kDistinct * w.row_bytes, w.bytes.size() - off));
+  return w;
+}
+
+// m activation rows quantized as the weight's format wants them.
+struct Acts {
+  std::vector<std::vector<uint8_t>> rows;
+  std::vector<const void*> ptrs;
+};
+Acts make_acts(ep_moe_dtype_t dt, int k, int m, std::mt19937& rng) {
+  Acts a;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(k));
+  for (int i = 0; i < m; ++i) {
+    for (float& v : x) v = nd(rng);
+    a.rows.emplace_back(act_row_bytes(k));
+    quantize_act_row(x.data(), k, act_quant_of(dt), a.rows.back().data());
+  }
+  for (auto& r : a.rows) a.ptrs.push_back(r.data());
+  return a;
+}
+
+// Panels [p0, p1) of w through fn, m rows a call; the outputs' sum (kept
+// so the calls are not dropped).
+float run_panels(cpu::QGemmFn fn, const Weights& w, const Acts& a, size_t p0, size_t p1, float* c) {
+  const int m = static_cast<int>(a.ptrs.size());
+  float s = 0;
+  for (size_t p = p0; p < p1; ++p) {
+    fn(m, a.ptrs.data(), w.k, w.panel(p), w.nr, c, w.nr, p + 1 < p1 ? w.panel(p + 1) : nullptr);
+    s += c[0];
+  }
+  return s;
+}
+
+float read_bytes(const uint8_t* p, size_t n) {
+  uint64_t acc[8] = {};
+  for (size_t i = 0; i + 64 <= n; i += 64)
+    for (int j = 0; j < 8; ++j) {
+      uint64_t v;
+      std::memcpy(&v, p + i + 8 * j, 8);
+      acc[j] += v;
+    }
+  uint64_t s = 0;
+  for (uint64_t v : acc) s ^= v;
+  return static_cast<float>(s & 0xffff);
+}
+
+// Seconds of fn(t) on `threads` threads at once (the slowest thread's).
+template <class F>
+double timed(int threads, F&& fn) {
+  std::vector<double> sec(static_cast<size_t>(threads));
+  std::vector<std::thread> ts;
+  std::atomic<int> ready{0};
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([&, t] {
+      ready.fetch_add(1);
+      while (ready.load() < threads) {
+      }
+      const auto t0 = Clock::now();
+      fn(t);
+      sec[static_cast<size_t>(t)] = std::chrono::duration<double>(Clock::now() - t0).count();
+    });
+  for (auto& th : ts) th.join();
+  return *std::max_element(sec.begin(), sec.end());
+}
+
+// The largest difference between two tables' results over the first
+// panels, relative to the largest result.
+double check(cpu::QGemmFn fn, cpu::QGemmFn ref, const Weights& w, const Acts& a) {
+  const int m = static_cast<int>(a.ptrs.size());
+  std::vector<float> c1(static_cast<size_t>(m * w.nr)), c2(c1.size());
+  double diff = 0, top = 0;
+  for (size_t p = 0; p < std::min<size_t>(w.panels, 8); ++p) {
+    fn(m, a.ptrs.data(), w.k, w.panel(p), w.nr, c1.data(), w.nr, nullptr);
+    ref(m, a.ptrs.data(), w.k, w.panel(p), w.nr, c2.data(), w.nr, nullptr);
+    for (size_t i = 0; i < c1.size(); ++i) {
+      diff = std::max(diff, static_cast<double>(std::fabs(c1[i] - c2[i])));
+      top = std::max(top, static_cast<double>(std::fabs(c2[i])));
+    }
+  }
+  return top > 0 ? diff / top : diff;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<ep_moe_dtype_t> dtypes = {EP_MOE_DTYPE_Q4_K, EP_MOE_DTYPE_Q8_0};
+  std::vector<int> rows = {1, 8, 32};
+  int k = 2048, threads = 1, blocks = 6, cache_kib = 256, stream_mb = 256;
+  double block_s = 0.1;
+  cli::Parser args("ep_moe_qkernel_bench [options]",
+                   "The block-format kernels alone, per ISA table: in cache, streamed from memory, and a plain read "
+                   "of the same bytes in the same moments.");
+  args.custom("--dtype", "D,D", "block formats (default q4_k,q8_0; also q4_0, q5_k, q6_k, iq4_xs, mxfp4)",
+              [&dtypes](const std::string& v, std::string* err) {
+                dtypes.clear();
+                for (const auto& d : cli::split(v)) {
+                  ep_moe_dtype_t t;
+                  if (!presets::parse_dtype(d, &t, true) || !dtype_is_quant(t)) {
+                    *err = "not a block format: " + d;
+                    return false;
+                  }
+                  dtypes.push_back(t);
+                }
+                return !dtypes.empty();
+              })
+      .list("--rows", &rows, "activation rows per call (default 1,8,32)", 1, 64)
+      .option("--k", &k, "elements per weight row, a multiple of 256 (default 2048)", 256, 1 << 20)
+      .option("--threads", &threads, "threads, each on its own share (default 1)", 1, 1024)
+      .option("--blocks", &blocks, "alternated blocks per figure (default 6)", 1, 1 << 20)
+      .option("--block-seconds", &block_s, "seconds per block (default 0.1)", 1e-6, 3600)
+      .option("--cache-kib", &cache_kib, "weights of the in-cache pass per thread, KiB (default 256)", 1, 1 << 20)
+      .option("--stream-mb", &stream_mb, "weights of the streamed pass, MiB (default 256)", 1, 1 << 20);
+  if (const int rc = args.parse(argc, argv); rc != cli::Parser::kRun) return rc;
+  if (k % 256 != 0) {
+    std::fprintf(stderr, "--k must be a multiple of 256\n");
+    return 2;
+  }
+  const cpu::Isa top = cpu::detect_isa();
+  const cpu::Kernels& generic = cpu::kernels_for(cpu::Isa::Generic);
+  std::printf("threads %d, k %d, this CPU's best table: %s\n", threads, k, cpu::isa_name(top));
+  std::printf("%-8s %-8s %5s %11s %11s %9s %11s %9s %7s\n", "isa", "dtype", "rows", "cache Gw/s", "GMAC/s", "strm GB/s",
+              "stream Gw/s", "read GB/s", "strm/rd");
+  std::mt19937 rng(20261204);
+  int failures = 0;
+  for (ep_moe_dtype_t dt : dtypes) {
+    for (int i = 0; i <= static_cast<int>(top); ++i) {
+      const auto isa = static_cast<cpu::Isa>(i);
+      const cpu::Kernels& kern = cpu::kernels_for(isa);
+      const cpu::QGemmFn fn = kern.qgemm[quant_index(dt)];
+      if (!fn) continue;
+      const int nr = kern.nr;
+      const size_t row_bytes = quant_row_bytes(dt, k);
+      const size_t cache_panels =
+          std::max<size_t>(2, static_cast<size_t>(cache_kib) * 1024 / (row_bytes * static_cast<size_t>(nr)));
+      const size_t stream_panels =
+          std::max<size_t>(2, (static_cast<size_t>(stream_mb) << 20) / (row_bytes * static_cast<size_t>(nr)));
+      const Weights wc = make_weights(dt, k, nr, cache_panels, rng);
+      const Weights ws = make_weights(dt, k, nr, stream_panels, rng);
+      for (int m : rows) {
+        const Acts a = make_acts(dt, k, m, rng);
+        const double err = check(fn, generic.qgemm[quant_index(dt)], wc, a);
+        if (err > 1e-5) {
+          std::printf("%-8s %-8s %5d FAILED: differs from the portable kernel by %.3g of the largest result\n",
+                      cpu::isa_name(isa), presets::dtype_name(dt), m, err);
+          ++failures;
+          continue;
+        }
+        std::vector<std::vector<float>> c(static_cast<size_t>(threads),
+                                          std::vector<float>(static_cast<size_t>(64 * nr)));
+        std::vector<double> done(static_cast<size_t>(threads));
+        std::atomic<float> sink{0};
+        double best_cache = 0, best_stream = 0, best_read = 0;
+        const size_t share = stream_panels / static_cast<size_t>(threads);
+        for (int b = 0; b < blocks; ++b) {
+          // In cache: each thread its own passes over the small set.
+          const double dc = timed(threads, [&](int t) {
+            float s = 0;
+            const auto t0 = Clock::now();
+            double n = 0;
+            while (std::chrono::duration<double>(Clock::now() - t0).count() < block_s) {
+              s += run_panels(fn, wc, a, 0, cache_panels, c[static_cast<size_t>(t)].data());
+              n += static_cast<double>(cache_panels);
+            }
+            sink.store(s);
+            done[static_cast<size_t>(t)] = n;
+          });
+          double panels_done = 0;
+          for (double n : done) panels_done += n;
+          best_cache = std::max(best_cache, panels_done * nr * k / dc);
+          // Streamed, then a plain read of the same share.
+          const double dstream = timed(threads, [&](int t) {
+            const size_t p0 = share * static_cast<size_t>(t);
+            sink.store(run_panels(fn, ws, a, p0, p0 + share, c[static_cast<size_t>(t)].data()));
+          });
+          best_stream =
+              std::max(best_stream, static_cast<double>(share * static_cast<size_t>(threads)) * nr * k / dstream);
+          const double dread = timed(threads, [&](int t) {
+            const size_t p0 = share * static_cast<size_t>(t);
+            sink.store(read_bytes(ws.panel(p0), share * ws.panel_bytes));
+          });
+          best_read =
+              std::max(best_read, static_cast<double>(share * static_cast<size_t>(threads) * ws.panel_bytes) / dread);
+        }
+        const double bytes_per_w = static_cast<double>(row_bytes) / k;
+        std::printf("%-8s %-8s %5d %11.2f %11.1f %9.2f %11.2f %9.2f %6.0f%%\n", cpu::isa_name(isa),
+                    presets::dtype_name(dt), m, best_cache / 1e9, best_cache * m / 1e9, best_stream * bytes_per_w / 1e9,
+                    best_stream / 1e9, best_read / 1e9, 100.0 * best_stream * bytes_per_w / best_read);
+      }
+    }
+  }
+  std::printf(
+      "(Gw/s: G weight elements a second, each against every row of the call; GMAC/s = Gw/s x rows;\n"
+      " strm/rd: the streamed pass's bytes a second over the plain read's, in the same blocks)\n");
+  return failures ? 1 : 0;
+}
