@@ -488,4 +488,17 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
   return results;
 }
 
+// The ISA loops run each of these through EP_MOE_CPU_ISA, which can only
+// lower the kernels a layer picks: after a case under `isa`, true (with a
+// "skipped" line, never a pass) when the layer ran a lower table because
+// this CPU lacks it. The caller then leaves that ISA's remaining cases.
+inline const char* const kIsaNames[] = {"generic", "avx2", "avx512", "avx512bf16"};
+inline bool isa_skipped(const std::vector<RankResult>& res, int isa) {
+  const int64_t ran = res.empty() ? -1 : res[0].cpu_isa;
+  if (ran >= isa) return false;
+  WARN("skipped: " << kIsaNames[isa] << " kernels (this CPU has none; the layer ran "
+                   << (ran >= 0 && ran < 4 ? kIsaNames[ran] : "?") << ")");
+  return true;
+}
+
 }  // namespace harness

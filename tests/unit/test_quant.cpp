@@ -39,9 +39,13 @@ std::vector<double> act_values(const void* row, int64_t k) {
   return v;
 }
 
+// The ISA tables this CPU runs; the others are reported as skipped.
 std::vector<cpu::Isa> isas_here() {
   std::vector<cpu::Isa> v;
-  for (int i = 0; i <= static_cast<int>(cpu::detect_isa()); ++i) v.push_back(static_cast<cpu::Isa>(i));
+  const int top = static_cast<int>(cpu::detect_isa());
+  for (int i = 0; i <= top; ++i) v.push_back(static_cast<cpu::Isa>(i));
+  for (int i = top + 1; i <= static_cast<int>(cpu::Isa::Avx512Bf16); ++i)
+    WARN("skipped: " << cpu::isa_name(static_cast<cpu::Isa>(i)) << " kernels (this CPU has none)");
   return v;
 }
 
