@@ -17,8 +17,10 @@
 // else the widening tiles on f32 rows (AVX2, AVX-512 without BF16, the
 // portable fallback), each expert's rows through the calls FfnRunner
 // makes (gemv / gemm_run runs where the kernels have them). Uses the
-// library's internals, not its C API.
-//   ep_moe_stream_bench [--experts E] [--hidden H] [--inter I]
+// library's internals, not its C API. With --dtype a GGUF block format
+// the weights are blocks (quantized once by ep_moe and copied to every
+// expert) and the tiles are the block kernels on int8 activation rows.
+//   ep_moe_stream_bench [--experts E] [--hidden H] [--inter I] [--dtype D]
 //                       [--rows r1,r2,...] [--threads N] [--blocks B]
 //                       [--block-seconds S] [--bw-mb M]
 // --rows: rows per expert (1..64), cycled over the experts (default
@@ -44,7 +46,9 @@
 #include "cpu/pack.hpp"
 #include "cpu/thread_pool.hpp"
 #include "cli.hpp"
+#include "common/quant.hpp"
 #include "machine_peaks.hpp"
+#include "presets.hpp"
 
 using namespace ep_moe;
 using Clock = std::chrono::steady_clock;
@@ -78,6 +82,7 @@ int main(int argc, char** argv) {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   double block_s = 0.25;
   std::vector<int> rows_pattern = {2, 1, 3, 2, 5, 1, 4, 6};
+  ep_moe_dtype_t wdt = EP_MOE_DTYPE_BF16;
   cli::Parser args("ep_moe_stream_bench [options]",
                    "The expert path against its own tiles and a plain read of the same weights, each as a fraction "
                    "of the read probe in the same moment.");
@@ -88,14 +93,26 @@ int main(int argc, char** argv) {
       .option("--blocks", &blocks, "alternated measurement blocks (default 20)", 1, 1 << 20)
       .option("--bw-mb", &bw_mb, "buffer of the read probe, MiB (default 1024)", 1, 1 << 20)
       .option("--block-seconds", &block_s, "seconds per block (default 0.25)", 1e-6, 3600)
-      .list("--rows", &rows_pattern, "the rows per expert of successive steps (default 2,1,3,2,5,1,4,6)", 1, kMaxRows);
+      .list("--rows", &rows_pattern, "the rows per expert of successive steps (default 2,1,3,2,5,1,4,6)", 1, kMaxRows)
+      .custom("--dtype", "D", "weights: bf16 (default) or a GGUF block format (q4_k, q8_0, ...)",
+              [&wdt](const std::string& v, std::string* err) {
+                if (presets::parse_dtype(v, &wdt, true) && (wdt == EP_MOE_DTYPE_BF16 || dtype_is_quant(wdt)))
+                  return true;
+                *err = "not bf16 or a block format: " + v;
+                return false;
+              });
   if (const int rc = args.parse(argc, argv); rc != cli::Parser::kRun) return rc;
+  const bool quant = dtype_is_quant(wdt);
+  if (quant && (hidden % 256 != 0 || inter % 256 != 0)) {
+    std::fprintf(stderr, "block formats need --hidden and --inter multiples of 256\n");
+    return 2;
+  }
   const cpu::Kernels& kern = cpu::layer_kernels();  // the kernels a layer takes here
   // With bf16 dot-product tiles (AVX512_BF16) the passes run them on bf16
   // rows, as the layer does with bf16 activations; without them (AVX2,
   // AVX-512 without BF16) the tiles widen the bf16 weights and keep f32
   // rows, as the layer does there.
-  const bool dot = kern.gemm_bf16 != nullptr;
+  const bool dot = !quant && kern.gemm_bf16 != nullptr;
   const int nr = kern.nr;
 
   // Weights: each expert's gate/up and down packed into their own buffers,
@@ -103,10 +120,23 @@ int main(int argc, char** argv) {
   const std::vector<uint16_t> src = random_bf16(static_cast<size_t>(hidden) * static_cast<size_t>(inter));
   std::vector<cpu::PackedWeight> gate_up(static_cast<size_t>(experts)), down(static_cast<size_t>(experts));
   for (size_t e = 0; e < gate_up.size(); ++e) {
-    cpu::init_gate_up(gate_up[e], inter, hidden, nr, EP_MOE_DTYPE_BF16);
+    if (quant && e > 0) {  // quantizing is slow: the first expert's blocks, copied
+      for (auto* m : {&gate_up, &down}) {
+        cpu::PackedWeight& d = (*m)[e];
+        const cpu::PackedWeight& f = (*m)[0];
+        d.n = f.n;
+        d.k = f.k;
+        d.nr = f.nr;
+        d.dtype = f.dtype;
+        d.data.resize(f.data.size());
+        std::memcpy(d.data.data(), f.data.data(), f.data.size());
+      }
+      continue;
+    }
+    cpu::init_gate_up(gate_up[e], inter, hidden, nr, wdt);
     for (int half = 0; half < 2; ++half)
       cpu::pack_gate_up_half(gate_up[e], Source{src.data(), EP_MOE_DTYPE_BF16, hidden}, half, inter);
-    cpu::pack(down[e], Source{src.data(), EP_MOE_DTYPE_BF16, inter}, hidden, inter, nr, EP_MOE_DTYPE_BF16);
+    cpu::pack(down[e], Source{src.data(), EP_MOE_DTYPE_BF16, inter}, hidden, inter, nr, wdt);
   }
 
   // Jobs: expert e takes rows_pattern[e % size] token rows out of T tokens.
@@ -141,6 +171,24 @@ int main(int argc, char** argv) {
 
   cpu::ThreadPool pool(threads);
   cpu::FfnRunner ffn(kern, hidden, inter, pairs, dot);
+  if (quant) ffn.reserve_quant();
+  // The int8 activation rows of the block kernels (gate/up: k = hidden;
+  // down: k = inter), as FfnRunner quantizes them.
+  std::vector<std::vector<uint8_t>> xq(static_cast<size_t>(max_rows)), hq(static_cast<size_t>(max_rows));
+  const void* xq_ptr[kMaxRows];
+  const void* hq_ptr[kMaxRows];
+  if (quant) {
+    const std::vector<float> hrow(static_cast<size_t>(inter), 0.5f);
+    for (int r = 0; r < max_rows; ++r) {
+      xq[static_cast<size_t>(r)].resize(act_row_bytes(hidden));
+      hq[static_cast<size_t>(r)].resize(act_row_bytes(inter));
+      quantize_act_row(x.data() + static_cast<size_t>(r) * hidden, hidden, act_quant_of(wdt),
+                       xq[static_cast<size_t>(r)].data());
+      quantize_act_row(hrow.data(), inter, act_quant_of(wdt), hq[static_cast<size_t>(r)].data());
+      xq_ptr[r] = xq[static_cast<size_t>(r)].data();
+      hq_ptr[r] = hq[static_cast<size_t>(r)].data();
+    }
+  }
   const int use = pool.size();
 
   // The kernels alone: every expert's gate/up then down panels with the
@@ -173,11 +221,13 @@ int main(int argc, char** argv) {
   // Panels per call for an item of m rows: a run where FfnRunner makes one
   // (Kernels::runs_rows; as many as its c tile holds), else 1.
   constexpr int kBf16 = static_cast<int>(EP_MOE_DTYPE_BF16);
-  const auto run_cap = [&](int m) -> int { return kern.runs_rows(m, kBf16, dot) ? kMaxRows * 32 / (nr * m) : 1; };
+  const auto run_cap = [&](int m) -> int {
+    return !quant && kern.runs_rows(m, kBf16, dot) ? kMaxRows * 32 / (nr * m) : 1;
+  };
   // at[i]: the bytes of the panels before item i. Share boundaries: equal
   // bytes per thread.
   std::vector<size_t> at(items.size() + 1, 0);
-  for (size_t i = 0; i < items.size(); ++i) at[i + 1] = at[i] + items[i].w->panel_elems() * 2;
+  for (size_t i = 0; i < items.size(); ++i) at[i + 1] = at[i] + items[i].w->panel_bytes();
   const double bytes = static_cast<double>(at.back());  // every expert's weights, once per pass
   std::vector<size_t> cut(static_cast<size_t>(use) + 1, items.size());
   cut[0] = 0;
@@ -204,7 +254,9 @@ int main(int argc, char** argv) {
           a16[r] = it.rows16 + static_cast<size_t>(r) * static_cast<size_t>(it.ld);
           a32[r] = it.rows32 + static_cast<size_t>(r) * static_cast<size_t>(it.ld);
         }
-        if (cap > 1 && it.m == 1 && dot) kern.gemv_bf16(a16[0], it.w->k, panel(i), np, c, next);
+        if (quant)
+          kern.qgemm[quant_index(wdt)](it.m, it.w->k == hidden ? xq_ptr : hq_ptr, it.w->k, panel(i), nr, c, nr, next);
+        else if (cap > 1 && it.m == 1 && dot) kern.gemv_bf16(a16[0], it.w->k, panel(i), np, c, next);
         else if (cap > 1 && it.m == 1) kern.gemv[kBf16](a32[0], it.w->k, panel(i), np, c, next);
         else if (cap > 1) kern.gemm_run[kBf16](it.m, a32, it.w->k, panel(i), np, c, np * nr, next);
         else if (dot) kern.gemm_bf16(it.m, a16, it.w->k, panel(i), c, nr, next);
@@ -237,11 +289,13 @@ int main(int argc, char** argv) {
 
   std::printf("CPU: %s\n", bench::cpu_description().c_str());
   std::printf(
-      "%d experts (H %d, I %d, rows per expert %d..%d, %lld pairs), %.1f MB of bf16 weights per pass, "
+      "%d experts (H %d, I %d, rows per expert %d..%d, %lld pairs), %.1f MB of %s weights per pass, "
       "%d threads, %s %s tiles\n",
       experts, hidden, inter, *std::min_element(rows_pattern.begin(), rows_pattern.end()), max_rows,
-      static_cast<long long>(pairs), bytes / 1e6, pool.size(), cpu::isa_name(kern.isa),
-      dot ? "bf16 dot-product" : "widening");
+      static_cast<long long>(pairs), bytes / 1e6, presets::dtype_name(wdt), pool.size(), cpu::isa_name(kern.isa),
+      quant ? "block"
+      : dot ? "bf16 dot-product"
+            : "widening");
   // The read bandwidth, measured in every block as ep_moe_bench measures
   // it next to each decode row: the figure %bw there is against.
   bench::ReadBandwidth probe(use, bw_mb);
