@@ -121,16 +121,8 @@ int main(int argc, char** argv) {
   std::vector<cpu::PackedWeight> gate_up(static_cast<size_t>(experts)), down(static_cast<size_t>(experts));
   for (size_t e = 0; e < gate_up.size(); ++e) {
     if (quant && e > 0) {  // quantizing is slow: the first expert's blocks, copied
-      for (auto* m : {&gate_up, &down}) {
-        cpu::PackedWeight& d = (*m)[e];
-        const cpu::PackedWeight& f = (*m)[0];
-        d.n = f.n;
-        d.k = f.k;
-        d.nr = f.nr;
-        d.dtype = f.dtype;
-        d.data.resize(f.data.size());
-        std::memcpy(d.data.data(), f.data.data(), f.data.size());
-      }
+      cpu::copy_packed(gate_up[e], gate_up[0]);
+      cpu::copy_packed(down[e], down[0]);
       continue;
     }
     cpu::init_gate_up(gate_up[e], inter, hidden, nr, wdt);

@@ -16,6 +16,15 @@ size_t PackedWeight::panel_bytes() const {
 
 const void* PackedWeight::panel(int32_t p) const { return data.data<char>() + static_cast<size_t>(p) * panel_bytes(); }
 
+void copy_packed(PackedWeight& dst, const PackedWeight& src) {
+  dst.n = src.n;
+  dst.k = src.k;
+  dst.nr = src.nr;
+  dst.dtype = src.dtype;
+  dst.data.resize(src.data.size());
+  if (src.data.size()) std::memcpy(dst.data.data(), src.data.data(), src.data.size());
+}
+
 namespace {
 inline float src_at(const Source& s, int64_t r, int64_t c) { return source_at(s, r, c); }
 

@@ -49,6 +49,9 @@ struct PackedWeight {
   size_t bytes() const { return data.size(); }
 };
 
+// dst becomes a copy of src (shape, dtype and bytes).
+void copy_packed(PackedWeight& dst, const PackedWeight& src);
+
 // Packs an [n, k] window of `src` (converted to `dtype`; into a block
 // format: copied when `src` is in it, else quantized with quantize_row;
 // from one: dequantized).

@@ -184,20 +184,12 @@ void CpuBackend::keep_before_vote(const LayerBackend& old_backend, const std::ve
         dtype_is_quant(static_cast<ep_moe_dtype_t>(down_type_)))
       enable_quant();
   }
-  auto copy = [](cpu::PackedWeight& d, const cpu::PackedWeight& s) {
-    d.n = s.n;
-    d.k = s.k;
-    d.nr = s.nr;
-    d.dtype = s.dtype;
-    d.data.resize(s.data.size());
-    if (s.data.size()) std::memcpy(d.data.data(), s.data.data(), s.data.size());
-  };
   for (const KeptSlot& k : kept) {
     if (k.first) continue;
     const Slot& src = old.slot(k.old_slot);
     Slot& dst = slot(k.new_slot);
-    copy(dst.gate_up, src.gate_up);
-    copy(dst.down, src.down);
+    cpu::copy_packed(dst.gate_up, src.gate_up);
+    cpu::copy_packed(dst.down, src.down);
     dst.gate_bias = src.gate_bias;
     dst.up_bias = src.up_bias;
     dst.down_bias = src.down_bias;
