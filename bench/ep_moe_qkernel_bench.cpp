@@ -27,11 +27,11 @@
 #include <vector>
 
 #include "cli.hpp"
-#include "common/dtype.hpp"
 #include "common/quant.hpp"
 #include "cpu/aligned.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/kernels.hpp"
+#include "machine_peaks.hpp"
 #include "presets.hpp"
 
 using namespace ep_moe;
@@ -40,11 +40,10 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 struct Weights {
-  ep_moe_dtype_t dt;
   int k = 0, nr = 0;
   size_t row_bytes = 0, panel_bytes = 0, panels = 0;
-  std::vector<uint8_t> bytes;
-  const uint8_t* panel(size_t p) const { return bytes.data() + (p % panels) * panel_bytes; }
+  AlignedBuffer bytes;  // 64-byte aligned, as the layer's weights (and sum_words) want
+  const uint8_t* panel(size_t p) const { return bytes.data<uint8_t>() + (p % panels) * panel_bytes; }
 };
 
 // `panels` panels of nr rows: 64 rows quantized from normal floats by
@@ -52,7 +51,6 @@ struct Weights {
 // values).
 Weights make_weights(ep_moe_dtype_t dt, int k, int nr, size_t panels, std::mt19937& rng) {
   Weights w;
-  w.dt = dt;
   w.k = k;
   w.nr = nr;
   w.row_bytes = quant_row_bytes(dt, k);
@@ -64,10 +62,11 @@ Weights make_weights(ep_moe_dtype_t dt, int k, int nr, size_t panels, std::mt199
   constexpr size_t kDistinct = 64;
   for (size_t r = 0; r < std::min(kDistinct, panels * static_cast<size_t>(nr)); ++r) {
     for (float& v : x) v = nd(rng);
-    quantize_row(dt, x.data(), w.bytes.data() + r * w.row_bytes, k);
+    quantize_row(dt, x.data(), w.bytes.data<uint8_t>() + r * w.row_bytes, k);
   }
   for (size_t off = kDistinct * w.row_bytes; off < w.bytes.size(); off += kDistinct * w.row_bytes)
-    std::memcpy(w.bytes.data() + off, w.bytes.data(), std::min(kDistinct * w.row_bytes, w.bytes.size() - off));
+    std::memcpy(w.bytes.data<uint8_t>() + off, w.bytes.data<uint8_t>(),
+                std::min(kDistinct * w.row_bytes, w.bytes.size() - off));
   return w;
 }
 
@@ -99,19 +98,6 @@ float run_panels(cpu::QGemmFn fn, const Weights& w, const Acts& a, size_t p0, si
     s += c[0];
   }
   return s;
-}
-
-float read_bytes(const uint8_t* p, size_t n) {
-  uint64_t acc[8] = {};
-  for (size_t i = 0; i + 64 <= n; i += 64)
-    for (int j = 0; j < 8; ++j) {
-      uint64_t v;
-      std::memcpy(&v, p + i + 8 * j, 8);
-      acc[j] += v;
-    }
-  uint64_t s = 0;
-  for (uint64_t v : acc) s ^= v;
-  return static_cast<float>(s & 0xffff);
 }
 
 // Seconds of fn(t) on `threads` threads at once (the slowest thread's).
@@ -246,7 +232,10 @@ int main(int argc, char** argv) {
               std::max(best_stream, static_cast<double>(share * static_cast<size_t>(threads)) * nr * k / dstream);
           const double dread = timed(threads, [&](int t) {
             const size_t p0 = share * static_cast<size_t>(t);
-            sink.store(read_bytes(ws.panel(p0), share * ws.panel_bytes));
+            // sum_words wants 32-byte aligned words: the share from the line it starts in.
+            const size_t off = p0 * ws.panel_bytes / 64 * 64;
+            sink.store(static_cast<float>(bench::sum_words(reinterpret_cast<const uint64_t*>(ws.panel(0) + off),
+                                                           share * ws.panel_bytes / 64 * 8)));
           });
           best_read =
               std::max(best_read, static_cast<double>(share * static_cast<size_t>(threads) * ws.panel_bytes) / dread);
