@@ -17,6 +17,7 @@
 #include "cpu/isa.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/pack.hpp"
+#include "isas_here.hpp"
 
 using namespace ep_moe;
 
@@ -39,15 +40,7 @@ std::vector<double> act_values(const void* row, int64_t k) {
   return v;
 }
 
-// The ISA tables this CPU runs; the others are reported as skipped.
-std::vector<cpu::Isa> isas_here() {
-  std::vector<cpu::Isa> v;
-  const int top = static_cast<int>(cpu::detect_isa());
-  for (int i = 0; i <= top; ++i) v.push_back(static_cast<cpu::Isa>(i));
-  for (int i = top + 1; i <= static_cast<int>(cpu::Isa::Avx512Bf16); ++i)
-    WARN("skipped: " << cpu::isa_name(static_cast<cpu::Isa>(i)) << " kernels (this CPU has none)");
-  return v;
-}
+using ep_moe_test::isas_here;
 
 }  // namespace
 
