@@ -75,38 +75,200 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+struct Options {
   int experts = 28, hidden = 2048, inter = 768, blocks = 20, bw_mb = 1024;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   double block_s = 0.25;
   std::vector<int> rows_pattern = {2, 1, 3, 2, 5, 1, 4, 6};
   ep_moe_dtype_t wdt = EP_MOE_DTYPE_BF16;
+};
+
+// cli::Parser::kRun when the options are good, else the exit code.
+int parse_options(int argc, char** argv, Options* o) {
   cli::Parser args("ep_moe_stream_bench [options]",
                    "The expert path against its own tiles and a plain read of the same weights, each as a fraction "
                    "of the read probe in the same moment.");
-  args.option("--experts", &experts, "experts streamed (default 28)", 1, 1 << 16)
-      .option("--hidden", &hidden, "hidden size (default 2048)", 2, 1 << 16)
-      .option("--inter", &inter, "intermediate size (default 768)", 2, 1 << 18)
-      .option("--threads", &threads, "threads (default: all hardware threads)", 1, 1024)
-      .option("--blocks", &blocks, "alternated measurement blocks (default 20)", 1, 1 << 20)
-      .option("--bw-mb", &bw_mb, "buffer of the read probe, MiB (default 1024)", 1, 1 << 20)
-      .option("--block-seconds", &block_s, "seconds per block (default 0.25)", 1e-6, 3600)
-      .list("--rows", &rows_pattern, "the rows per expert of successive steps (default 2,1,3,2,5,1,4,6)", 1, kMaxRows)
+  args.option("--experts", &o->experts, "experts streamed (default 28)", 1, 1 << 16)
+      .option("--hidden", &o->hidden, "hidden size (default 2048)", 2, 1 << 16)
+      .option("--inter", &o->inter, "intermediate size (default 768)", 2, 1 << 18)
+      .option("--threads", &o->threads, "threads (default: all hardware threads)", 1, 1024)
+      .option("--blocks", &o->blocks, "alternated measurement blocks (default 20)", 1, 1 << 20)
+      .option("--bw-mb", &o->bw_mb, "buffer of the read probe, MiB (default 1024)", 1, 1 << 20)
+      .option("--block-seconds", &o->block_s, "seconds per block (default 0.25)", 1e-6, 3600)
+      .list("--rows", &o->rows_pattern, "the rows per expert of successive steps (default 2,1,3,2,5,1,4,6)", 1,
+            kMaxRows)
       .custom("--dtype", "D", "weights: bf16 (default) or a GGUF block format (q4_k, q8_0, ...)",
-              [&wdt](const std::string& v, std::string* err) {
-                if (presets::parse_dtype(v, &wdt, true) && (wdt == EP_MOE_DTYPE_BF16 || dtype_is_quant(wdt)))
+              [o](const std::string& v, std::string* err) {
+                if (presets::parse_dtype(v, &o->wdt, true) && (o->wdt == EP_MOE_DTYPE_BF16 || dtype_is_quant(o->wdt)))
                   return true;
                 *err = "not bf16 or a block format: " + v;
                 return false;
               });
   if (const int rc = args.parse(argc, argv); rc != cli::Parser::kRun) return rc;
-  const bool quant = dtype_is_quant(wdt);
-  if (quant && (hidden % 256 != 0 || inter % 256 != 0)) {
+  if (dtype_is_quant(o->wdt) && (o->hidden % 256 != 0 || o->inter % 256 != 0)) {
     std::fprintf(stderr, "block formats need --hidden and --inter multiples of 256\n");
     return 2;
   }
+  return cli::Parser::kRun;
+}
+
+// Each expert's gate/up and down packed into their own buffers, as the
+// layer loads them (one random source serves every matrix; block formats
+// are quantized once, slow, and the first expert's blocks copied).
+void pack_experts(const Options& o, int nr, std::vector<cpu::PackedWeight>* gate_up,
+                  std::vector<cpu::PackedWeight>* down) {
+  const std::vector<uint16_t> src = random_bf16(static_cast<size_t>(o.hidden) * static_cast<size_t>(o.inter));
+  gate_up->resize(static_cast<size_t>(o.experts));
+  down->resize(static_cast<size_t>(o.experts));
+  for (size_t e = 0; e < gate_up->size(); ++e) {
+    if (dtype_is_quant(o.wdt) && e > 0) {
+      cpu::copy_packed((*gate_up)[e], (*gate_up)[0]);
+      cpu::copy_packed((*down)[e], (*down)[0]);
+      continue;
+    }
+    cpu::init_gate_up((*gate_up)[e], o.inter, o.hidden, nr, o.wdt);
+    for (int half = 0; half < 2; ++half)
+      cpu::pack_gate_up_half((*gate_up)[e], Source{src.data(), EP_MOE_DTYPE_BF16, o.hidden}, half, o.inter);
+    cpu::pack((*down)[e], Source{src.data(), EP_MOE_DTYPE_BF16, o.inter}, o.hidden, o.inter, nr, o.wdt);
+  }
+}
+
+// Expert e takes rows_pattern[e % size] token rows out of T tokens.
+struct Jobs {
+  std::vector<std::vector<int32_t>> rows;
+  std::vector<std::vector<float>> weights;
+  std::vector<cpu::ExpertJob> jobs;  // pointing into rows and weights
+  int64_t pairs = 0;
+};
+void make_jobs(const Options& o, int T, std::vector<cpu::PackedWeight>& gate_up, std::vector<cpu::PackedWeight>& down,
+               Jobs* out) {
+  out->rows.resize(static_cast<size_t>(o.experts));
+  out->weights.resize(static_cast<size_t>(o.experts));
+  std::mt19937 rng(7);
+  for (int e = 0; e < o.experts; ++e) {
+    const auto ue = static_cast<size_t>(e);
+    const int m = o.rows_pattern[ue % o.rows_pattern.size()];
+    std::vector<int32_t> toks(static_cast<size_t>(T));
+    for (int t = 0; t < T; ++t) toks[static_cast<size_t>(t)] = t;
+    std::shuffle(toks.begin(), toks.end(), rng);
+    toks.resize(static_cast<size_t>(m));
+    std::sort(toks.begin(), toks.end());
+    out->rows[ue] = std::move(toks);
+    out->weights[ue].assign(static_cast<size_t>(m), 0.125f);
+    cpu::ExpertJob j;
+    j.gate_up = &gate_up[ue];
+    j.down = &down[ue];
+    j.inter = o.inter;
+    j.rows = out->rows[ue].data();
+    j.weights = out->weights[ue].data();
+    j.n = m;
+    out->jobs.push_back(j);
+    out->pairs += m;
+  }
+}
+
+// The int8 activation rows of the block kernels (gate/up: k = hidden, from
+// x; down: k = inter), as FfnRunner quantizes them.
+struct QuantRows {
+  std::vector<std::vector<uint8_t>> xq, hq;
+  const void* x[kMaxRows] = {};
+  const void* h[kMaxRows] = {};
+};
+void make_quant_rows(const Options& o, int rows, const std::vector<float>& x, QuantRows* q) {
+  const std::vector<float> hrow(static_cast<size_t>(o.inter), 0.5f);
+  const ActQuant aq = act_quant_of(o.wdt);
+  q->xq.resize(static_cast<size_t>(rows));
+  q->hq.resize(static_cast<size_t>(rows));
+  for (int r = 0; r < rows; ++r) {
+    const auto ur = static_cast<size_t>(r);
+    q->xq[ur].resize(act_row_bytes(o.hidden));
+    q->hq[ur].resize(act_row_bytes(o.inter));
+    quantize_act_row(x.data() + ur * static_cast<size_t>(o.hidden), o.hidden, aq, q->xq[ur].data());
+    quantize_act_row(hrow.data(), o.inter, aq, q->hq[ur].data());
+    q->x[r] = q->xq[ur].data();
+    q->h[r] = q->hq[ur].data();
+  }
+}
+
+// One panel of an expert's weight with the expert's rows: a call of the
+// kernel pass.
+struct Rows {
+  const uint16_t* rows16;  // m rows of k elements, `ld` apart (bf16 tiles)
+  const float* rows32;     // the same in f32 (widening tiles)
+  int ld;
+};
+struct Item {
+  const cpu::PackedWeight* w;
+  int32_t p;
+  int m;
+  Rows rows;
+};
+// Every expert's gate/up panels (rows x), then every expert's down panels
+// (rows h).
+std::vector<Item> make_items(const Jobs& jobs, const std::vector<cpu::PackedWeight>& gate_up,
+                             const std::vector<cpu::PackedWeight>& down, Rows x, Rows h) {
+  std::vector<Item> items;
+  for (const auto* ws : {&gate_up, &down})
+    for (size_t e = 0; e < ws->size(); ++e)
+      for (int32_t p = 0; p < (*ws)[e].panels(); ++p)
+        items.push_back(Item{&(*ws)[e], p, static_cast<int>(jobs.jobs[e].n), ws == &gate_up ? x : h});
+  return items;
+}
+
+constexpr int kVariants = 5;  // the probe, then the passes
+
+// The alternated blocks: in each, the probe and every pass (run_pass(v),
+// v = 1 .. 4, repeated for block_s seconds), the first one rotating; each
+// pass's GB/s (bytes[v] a run) and its fraction of the probe, then medians.
+template <class Pass>
+void measure(const Options& o, bench::ReadBandwidth& probe, const double (&bytes)[kVariants], Pass&& run_pass) {
+  const char* names[] = {"probe", "read", "flat", "tiles", "FfnRunner"};
+  for (int v = 1; v < kVariants; ++v) run_pass(v);  // warm up
+  std::printf("GB/s of each pass, and in brackets its fraction of the probe in the same block\n");
+  std::printf("block  %6s  %15s  %15s  %15s  %15s  %s\n", names[0], names[1], names[2], names[3], names[4],
+              "FfnRunner/tiles");
+  std::vector<double> gb[kVariants], frac[kVariants], ratios;
+  for (int b = 0; b < o.blocks; ++b) {
+    double gbs[kVariants];
+    for (int ph = 0; ph < kVariants; ++ph) {
+      const int v = (ph + b) % kVariants;  // which one goes first rotates
+      if (v == 0) {
+        gbs[0] = probe.measure(o.block_s);
+        continue;
+      }
+      double t = 0;
+      int n = 0;
+      const auto start = Clock::now();
+      while (n < 2 || std::chrono::duration<double>(Clock::now() - start).count() < o.block_s) {
+        const auto t0 = Clock::now();
+        run_pass(v);
+        t += std::chrono::duration<double>(Clock::now() - t0).count();
+        ++n;
+      }
+      gbs[v] = bytes[v] * n / t / 1e9;
+    }
+    std::printf("%5d  %6.1f", b, gbs[0]);
+    for (int v = 0; v < kVariants; ++v) {
+      gb[v].push_back(gbs[v]);
+      frac[v].push_back(gbs[v] / std::max(1e-9, gbs[0]));
+      if (v > 0) std::printf("  %6.1f (%5.1f%%)", gbs[v], 100 * gbs[v] / std::max(1e-9, gbs[0]));
+    }
+    ratios.push_back(gbs[4] / gbs[3]);
+    std::printf("  %15.3f\n", gbs[4] / gbs[3]);
+  }
+  std::printf("medians over the blocks: probe %.1f GB/s", median(gb[0]));
+  for (int v = 1; v < kVariants; ++v) std::printf(", %s %.1f (%.1f%%)", names[v], median(gb[v]), 100 * median(frac[v]));
+  std::printf("; FfnRunner/tiles %.3f (min %.3f, max %.3f)\n", median(ratios),
+              *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (const int rc = parse_options(argc, argv, &o); rc != cli::Parser::kRun) return rc;
+  const int hidden = o.hidden, inter = o.inter;
+  const bool quant = dtype_is_quant(o.wdt);
   const cpu::Kernels& kern = cpu::layer_kernels();  // the kernels a layer takes here
   // With bf16 dot-product tiles (AVX512_BF16) the passes run them on bf16
   // rows, as the layer does with bf16 activations; without them (AVX2,
@@ -115,71 +277,21 @@ int main(int argc, char** argv) {
   const bool dot = !quant && kern.gemm_bf16 != nullptr;
   const int nr = kern.nr;
 
-  // Weights: each expert's gate/up and down packed into their own buffers,
-  // as the layer loads them (one random source serves every matrix).
-  const std::vector<uint16_t> src = random_bf16(static_cast<size_t>(hidden) * static_cast<size_t>(inter));
-  std::vector<cpu::PackedWeight> gate_up(static_cast<size_t>(experts)), down(static_cast<size_t>(experts));
-  for (size_t e = 0; e < gate_up.size(); ++e) {
-    if (quant && e > 0) {  // quantizing is slow: the first expert's blocks, copied
-      cpu::copy_packed(gate_up[e], gate_up[0]);
-      cpu::copy_packed(down[e], down[0]);
-      continue;
-    }
-    cpu::init_gate_up(gate_up[e], inter, hidden, nr, wdt);
-    for (int half = 0; half < 2; ++half)
-      cpu::pack_gate_up_half(gate_up[e], Source{src.data(), EP_MOE_DTYPE_BF16, hidden}, half, inter);
-    cpu::pack(down[e], Source{src.data(), EP_MOE_DTYPE_BF16, inter}, hidden, inter, nr, wdt);
-  }
-
-  // Jobs: expert e takes rows_pattern[e % size] token rows out of T tokens.
-  const int max_rows = *std::max_element(rows_pattern.begin(), rows_pattern.end());
+  std::vector<cpu::PackedWeight> gate_up, down;
+  pack_experts(o, nr, &gate_up, &down);
+  const int max_rows = *std::max_element(o.rows_pattern.begin(), o.rows_pattern.end());
   const int T = std::max(32, max_rows);
-  std::vector<std::vector<int32_t>> job_rows(static_cast<size_t>(experts));
-  std::vector<std::vector<float>> job_w(static_cast<size_t>(experts));
-  std::mt19937 rng(7);
-  std::vector<cpu::ExpertJob> jobs;
-  int64_t pairs = 0;
-  for (int e = 0; e < experts; ++e) {
-    const int m = rows_pattern[static_cast<size_t>(e) % rows_pattern.size()];
-    std::vector<int32_t> toks(static_cast<size_t>(T));
-    for (int t = 0; t < T; ++t) toks[static_cast<size_t>(t)] = t;
-    std::shuffle(toks.begin(), toks.end(), rng);
-    toks.resize(static_cast<size_t>(m));
-    std::sort(toks.begin(), toks.end());
-    job_rows[static_cast<size_t>(e)] = std::move(toks);
-    job_w[static_cast<size_t>(e)].assign(static_cast<size_t>(m), 0.125f);
-    cpu::ExpertJob j;
-    j.gate_up = &gate_up[static_cast<size_t>(e)];
-    j.down = &down[static_cast<size_t>(e)];
-    j.inter = inter;
-    j.rows = job_rows[static_cast<size_t>(e)].data();
-    j.weights = job_w[static_cast<size_t>(e)].data();
-    j.n = m;
-    jobs.push_back(j);
-    pairs += m;
-  }
+  Jobs jobs;
+  make_jobs(o, T, gate_up, down, &jobs);
   std::vector<float> x(static_cast<size_t>(T) * hidden, 0.5f), acc(static_cast<size_t>(T) * hidden, 0.0f);
   std::vector<uint16_t> x16(static_cast<size_t>(T) * hidden, 0x3f00);
 
-  cpu::ThreadPool pool(threads);
-  cpu::FfnRunner ffn(kern, hidden, inter, pairs, dot);
-  if (quant) ffn.reserve_quant();
-  // The int8 activation rows of the block kernels (gate/up: k = hidden;
-  // down: k = inter), as FfnRunner quantizes them.
-  std::vector<std::vector<uint8_t>> xq(static_cast<size_t>(max_rows)), hq(static_cast<size_t>(max_rows));
-  const void* xq_ptr[kMaxRows];
-  const void* hq_ptr[kMaxRows];
+  cpu::ThreadPool pool(o.threads);
+  cpu::FfnRunner ffn(kern, hidden, inter, jobs.pairs, dot);
+  QuantRows q;
   if (quant) {
-    const std::vector<float> hrow(static_cast<size_t>(inter), 0.5f);
-    for (int r = 0; r < max_rows; ++r) {
-      xq[static_cast<size_t>(r)].resize(act_row_bytes(hidden));
-      hq[static_cast<size_t>(r)].resize(act_row_bytes(inter));
-      quantize_act_row(x.data() + static_cast<size_t>(r) * hidden, hidden, act_quant_of(wdt),
-                       xq[static_cast<size_t>(r)].data());
-      quantize_act_row(hrow.data(), inter, act_quant_of(wdt), hq[static_cast<size_t>(r)].data());
-      xq_ptr[r] = xq[static_cast<size_t>(r)].data();
-      hq_ptr[r] = hq[static_cast<size_t>(r)].data();
-    }
+    ffn.reserve_quant();
+    make_quant_rows(o, max_rows, x, &q);
   }
   const int use = pool.size();
 
@@ -189,27 +301,10 @@ int main(int argc, char** argv) {
   // panels through gemv or gemm_run for experts of 1 .. run_rows rows,
   // where the kernels have them; else gemm per panel), the next panel
   // prefetched as FfnRunner's calls do; no activation, no combine.
-  struct Item {
-    const cpu::PackedWeight* w;
-    int32_t p;
-    int m;
-    const uint16_t* rows16;  // m rows of k elements, `ld` apart (bf16 tiles)
-    const float* rows32;     // the same in f32 (widening tiles)
-    int ld;
-  };
   std::vector<uint16_t> hrows(static_cast<size_t>(max_rows) * static_cast<size_t>(inter + 32), 0x3f00);
   std::vector<float> hrows32(hrows.size(), 0.5f);
-  std::vector<Item> items;
-  for (int e = 0; e < experts; ++e) {
-    const int m = static_cast<int>(jobs[static_cast<size_t>(e)].n);
-    for (int32_t p = 0; p < gate_up[static_cast<size_t>(e)].panels(); ++p)
-      items.push_back(Item{&gate_up[static_cast<size_t>(e)], p, m, x16.data(), x.data(), hidden});
-  }
-  for (int e = 0; e < experts; ++e) {
-    const int m = static_cast<int>(jobs[static_cast<size_t>(e)].n);
-    for (int32_t p = 0; p < down[static_cast<size_t>(e)].panels(); ++p)
-      items.push_back(Item{&down[static_cast<size_t>(e)], p, m, hrows.data(), hrows32.data(), inter + 32});
-  }
+  const std::vector<Item> items =
+      make_items(jobs, gate_up, down, {x16.data(), x.data(), hidden}, {hrows.data(), hrows32.data(), inter + 32});
   // Panels per call for an item of m rows: a run where FfnRunner makes one
   // (Kernels::runs_rows; as many as its c tile holds), else 1.
   constexpr int kBf16 = static_cast<int>(EP_MOE_DTYPE_BF16);
@@ -243,11 +338,11 @@ int main(int argc, char** argv) {
         const void* next = j < e ? panel(j) : nullptr;
         const auto np = static_cast<int>(j - i);
         for (int r = 0; r < it.m; ++r) {
-          a16[r] = it.rows16 + static_cast<size_t>(r) * static_cast<size_t>(it.ld);
-          a32[r] = it.rows32 + static_cast<size_t>(r) * static_cast<size_t>(it.ld);
+          a16[r] = it.rows.rows16 + static_cast<size_t>(r) * static_cast<size_t>(it.rows.ld);
+          a32[r] = it.rows.rows32 + static_cast<size_t>(r) * static_cast<size_t>(it.rows.ld);
         }
         if (quant)
-          kern.qgemm[quant_index(wdt)](it.m, it.w->k == hidden ? xq_ptr : hq_ptr, it.w->k, panel(i), nr, c, nr, next);
+          kern.qgemm[quant_index(o.wdt)](it.m, it.w->k == hidden ? q.x : q.h, it.w->k, panel(i), nr, c, nr, next);
         else if (cap > 1 && it.m == 1 && dot) kern.gemv_bf16(a16[0], it.w->k, panel(i), np, c, next);
         else if (cap > 1 && it.m == 1) kern.gemv[kBf16](a32[0], it.w->k, panel(i), np, c, next);
         else if (cap > 1) kern.gemm_run[kBf16](it.m, a32, it.w->k, panel(i), np, c, np * nr, next);
@@ -276,70 +371,31 @@ int main(int argc, char** argv) {
   };
   auto layer_path = [&] {
     std::fill(acc.begin(), acc.end(), 0.0f);
-    ffn.run(pool, jobs, x.data(), hidden, acc.data(), hidden, cpu::Act::Silu, x16.data(), hidden);
+    ffn.run(pool, jobs.jobs, x.data(), hidden, acc.data(), hidden, cpu::Act::Silu, x16.data(), hidden);
   };
 
   std::printf("CPU: %s\n", bench::cpu_description().c_str());
   std::printf(
       "%d experts (H %d, I %d, rows per expert %d..%d, %lld pairs), %.1f MB of %s weights per pass, "
       "%d threads, %s %s tiles\n",
-      experts, hidden, inter, *std::min_element(rows_pattern.begin(), rows_pattern.end()), max_rows,
-      static_cast<long long>(pairs), bytes / 1e6, presets::dtype_name(wdt), pool.size(), cpu::isa_name(kern.isa),
+      o.experts, hidden, inter, *std::min_element(o.rows_pattern.begin(), o.rows_pattern.end()), max_rows,
+      static_cast<long long>(jobs.pairs), bytes / 1e6, presets::dtype_name(o.wdt), pool.size(), cpu::isa_name(kern.isa),
       quant ? "block"
       : dot ? "bf16 dot-product"
             : "widening");
   // The read bandwidth, measured in every block as ep_moe_bench measures
   // it next to each decode row: the figure %bw there is against.
-  bench::ReadBandwidth probe(use, bw_mb);
+  bench::ReadBandwidth probe(use, o.bw_mb);
   if (probe.measure(0.01) <= 0) {
-    std::fprintf(stderr, "could not allocate the probe's %d MB buffer (--bw-mb)\n", bw_mb);
+    std::fprintf(stderr, "could not allocate the probe's %d MB buffer (--bw-mb)\n", o.bw_mb);
     return 1;
   }
-  // Variant 0 is the probe; the others are passes, each timed for a block.
-  const char* names[] = {"probe", "read", "flat", "tiles", "FfnRunner"};
-  constexpr int kVariants = 5;
-  auto run_pass = [&](int v) {
+  const double pass_bytes[kVariants] = {0, static_cast<double>(read_bytes), bytes, bytes, bytes};
+  measure(o, probe, pass_bytes, [&](int v) {
     if (v == 1) plain_read();
     else if (v == 2) tile_pass([&](size_t i) { return static_cast<const void*>(flat.data<char>() + at[i]); });
     else if (v == 3) tile_pass([&](size_t i) { return items[i].w->panel(items[i].p); });
     else layer_path();
-  };
-  for (int v = 1; v < kVariants; ++v) run_pass(v);  // warm up
-  std::printf("GB/s of each pass, and in brackets its fraction of the probe in the same block\n");
-  std::printf("block  %6s  %15s  %15s  %15s  %15s  %s\n", names[0], names[1], names[2], names[3], names[4],
-              "FfnRunner/tiles");
-  std::vector<double> gb[kVariants], frac[kVariants], ratios;
-  for (int b = 0; b < blocks; ++b) {
-    double gbs[kVariants];
-    for (int ph = 0; ph < kVariants; ++ph) {
-      const int v = (ph + b) % kVariants;  // which one goes first rotates
-      if (v == 0) {
-        gbs[0] = probe.measure(block_s);
-        continue;
-      }
-      double t = 0;
-      int n = 0;
-      const auto start = Clock::now();
-      while (n < 2 || std::chrono::duration<double>(Clock::now() - start).count() < block_s) {
-        const auto t0 = Clock::now();
-        run_pass(v);
-        t += std::chrono::duration<double>(Clock::now() - t0).count();
-        ++n;
-      }
-      gbs[v] = (v == 1 ? static_cast<double>(read_bytes) : bytes) * n / t / 1e9;
-    }
-    std::printf("%5d  %6.1f", b, gbs[0]);
-    for (int v = 0; v < kVariants; ++v) {
-      gb[v].push_back(gbs[v]);
-      frac[v].push_back(gbs[v] / std::max(1e-9, gbs[0]));
-      if (v > 0) std::printf("  %6.1f (%5.1f%%)", gbs[v], 100 * gbs[v] / std::max(1e-9, gbs[0]));
-    }
-    ratios.push_back(gbs[4] / gbs[3]);
-    std::printf("  %15.3f\n", gbs[4] / gbs[3]);
-  }
-  std::printf("medians over the blocks: probe %.1f GB/s", median(gb[0]));
-  for (int v = 1; v < kVariants; ++v) std::printf(", %s %.1f (%.1f%%)", names[v], median(gb[v]), 100 * median(frac[v]));
-  std::printf("; FfnRunner/tiles %.3f (min %.3f, max %.3f)\n", median(ratios),
-              *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()));
+  });
   return 0;
 }
