@@ -217,7 +217,7 @@ EP_MOE_API ep_moe_status_t ep_moe_set_log_callback(ep_moe_log_fn fn, ep_moe_log_
  *  IQ4_XS 256 elements in 144, 176, 210 and 136 bytes
  *  (ep_moe_dtype_block()). CPU layers keep routed experts in these formats
  *  and compute on them (docs/quantization.md); other weights given in them
- *  are dequantized at store. */
+ *  are dequantized at store, as is every weight of a CUDA layer. */
 typedef enum ep_moe_dtype {
   EP_MOE_DTYPE_F32 = 0,     /**< IEEE binary32. */
   EP_MOE_DTYPE_BF16 = 1,    /**< bfloat16 (upper half of a binary32). */
@@ -1187,12 +1187,17 @@ typedef enum ep_moe_weight {
  * \param[in]  expert     Global expert id in [0, E) for routed tensors;
  *                        ignored (pass -1) for the others.
  * \param[in]  data       rows * cols elements of `dtype`, row-major.
- * \param[in]  dtype      f32, bf16 or f16.
+ * \param[in]  dtype      f32, bf16, f16, or a GGUF block format (rows of
+ *                        whole blocks: CPU layers keep routed experts as
+ *                        they are, CUDA layers widen them on the host, from
+ *                        host memory only).
  * \param[in]  rows       Must match the tensor's shape.
  * \param[in]  cols       Must match the tensor's shape.
  * \return ::EP_MOE_OK; ::EP_MOE_ERR_INVALID_ARGUMENT (shape, id, dtype,
  *         NULL data, a tensor the configuration does not use);
- *         ::EP_MOE_ERR_INVALID_HANDLE; ::EP_MOE_ERR_OUT_OF_MEMORY.
+ *         ::EP_MOE_ERR_UNSUPPORTED (block-format data in device memory; a
+ *         bias on a CUDA layer); ::EP_MOE_ERR_INVALID_HANDLE;
+ *         ::EP_MOE_ERR_OUT_OF_MEMORY.
  */
 EP_MOE_API ep_moe_status_t ep_moe_layer_set_weight(int32_t* out_stored, ep_moe_layer_t* layer, ep_moe_weight_t which,
                                                    int32_t expert, const void* data, ep_moe_dtype_t dtype, int64_t rows,
@@ -1482,10 +1487,14 @@ EP_MOE_API ep_moe_status_t ep_moe_checkpoint_moe_layers(int32_t* out, size_t out
  * \brief Fills the model-shape fields of a layer config from the checkpoint.
  *
  * Sets hidden_size, intermediate_size, num_experts, top_k (when declared),
- * activation, weight_dtype (the experts' dtype; f32 for Q8_0), scoring,
- * renormalize, num_expert_group, topk_group, use_score_bias,
- * routed_scaling_factor, shared_intermediate_size and shared_expert_gate.
- * act_dtype, router_dtype, max_tokens, num_threads and skip_mode are kept.
+ * activation, weight_dtype, scoring, renormalize, num_expert_group,
+ * topk_group, use_score_bias, routed_scaling_factor,
+ * shared_intermediate_size and shared_expert_gate. weight_dtype is the
+ * experts' dtype (bf16 and f16 as stored, other floats f32); for a GGUF block
+ * format it is that format where its blocks divide the hidden and
+ * intermediate sizes, else bf16, and bf16 when `device` >= 0 (CUDA layers
+ * widen block formats as they are stored). act_dtype, router_dtype,
+ * max_tokens, num_threads, skip_mode and device are kept.
  * The shapes come from the tensors; the routing and activation from a
  * table per architecture (ep_moe_checkpoint_architecture()), overridden by
  * every key the file states (docs/formats.md). An architecture the table

@@ -119,13 +119,14 @@ ep_moe_status_t ep_moe_checkpoint_layer_config(ep_moe_layer_config_t* config, co
     c.num_experts = s.experts;
     if (m.top_k > 0) c.top_k = m.top_k;
     c.activation = m.activation;
-    // Block-format experts are kept as they are whatever weight_dtype says;
-    // it names their gate's format where its blocks divide both sizes (it
-    // is then what float-given experts would be quantized to), else bf16.
+    // CPU layers keep block-format experts as they are whatever weight_dtype
+    // says; it names their gate's format where its blocks divide both sizes
+    // (it is then what float-given experts would be quantized to), else
+    // bf16. CUDA layers (device >= 0) widen them to bf16 as they are stored.
     const auto et = static_cast<ep_moe_dtype_t>(io::elem_dtype(s.expert_elem));
     if (dtype_is_quant(et)) {
       const int qk = quant_block_elems(et);
-      c.weight_dtype = s.hidden % qk == 0 && s.inter % qk == 0 ? et : EP_MOE_DTYPE_BF16;
+      c.weight_dtype = c.device < 0 && s.hidden % qk == 0 && s.inter % qk == 0 ? et : EP_MOE_DTYPE_BF16;
     } else {
       c.weight_dtype = et == EP_MOE_DTYPE_BF16 || et == EP_MOE_DTYPE_F16 ? et : EP_MOE_DTYPE_F32;
     }

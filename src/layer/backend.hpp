@@ -53,10 +53,8 @@ class LayerBackend {
   virtual void put(WeightPart part, int32_t slot, int64_t row0, const Source& src, int64_t rows, int64_t cols,
                    bool src_on_device) = 0;
   // Whether this backend computes expert and router biases (and GPT-OSS's
-  // clamped activation), and weights in GGUF block formats; the layer
-  // refuses them by name otherwise.
+  // clamped activation); the layer refuses them by name otherwise.
   virtual bool takes_biases() const = 0;
-  virtual bool takes_quant() const = 0;
   // The storage types of the routed experts' gate/up and down weights
   // (EP_MOE_DTYPE_F32 ... or a block format), or -1 before the first is
   // stored: every expert of a layer keeps one type per part.

@@ -27,7 +27,6 @@ class CpuBackend final : public LayerBackend {
   void put(WeightPart part, int32_t slot, int64_t row0, const Source& src, int64_t rows, int64_t cols,
            bool src_on_device) override;
   bool takes_biases() const override { return true; }
-  bool takes_quant() const override { return true; }
   void routed_types(int32_t* gate_up, int32_t* down) const override {
     *gate_up = gu_type_;
     *down = down_type_;

@@ -33,7 +33,6 @@ class CudaBackend final : public LayerBackend {
   void put(WeightPart part, int32_t slot, int64_t row0, const Source& src, int64_t rows, int64_t cols,
            bool src_on_device) override;
   bool takes_biases() const override { return false; }
-  bool takes_quant() const override { return false; }
   void routed_types(int32_t* gate_up, int32_t* down) const override { *gate_up = *down = cfg_.weight_dtype; }
   int pointer_device(const void* p) const override { return dev_->pointer_device(p); }
   void download(void* dst, const void* src, size_t bytes) const override { dev_->download(dst, src, bytes); }
@@ -97,8 +96,8 @@ CudaBackend::CudaBackend(Layer& L, int64_t max_rows, int64_t send_rows, int64_t 
     fail(EP_MOE_ERR_UNSUPPORTED, "CUDA layers support up to %d experts, got %d", kMaxDeviceExperts, c.num_experts);
   if (dtype_is_quant(static_cast<ep_moe_dtype_t>(c.weight_dtype)))
     fail(EP_MOE_ERR_UNSUPPORTED,
-         "CUDA layers hold no block-format (GGUF-quantized) weights (weight_dtype %s); use f32, bf16 or f16, or a CPU "
-         "layer (device -1)",
+         "CUDA layers hold no block-format (GGUF-quantized) weights (weight_dtype %s); use f32, bf16 or f16 (block-"
+         "format files and buffers are widened to it as they are stored), or a CPU layer (device -1)",
          dtype_name(static_cast<ep_moe_dtype_t>(c.weight_dtype)));
   if (c.activation == EP_MOE_ACT_SWIGLU_OAI)
     fail(EP_MOE_ERR_UNSUPPORTED,
@@ -176,6 +175,21 @@ void CudaBackend::put(WeightPart part, int32_t slot, int64_t row0, const Source&
   if (part == WeightPart::RouterBias || part == WeightPart::ExpertGateBias || part == WeightPart::ExpertUpBias ||
       part == WeightPart::ExpertDownBias)
     fail(EP_MOE_ERR_INTERNAL, "a CUDA layer was given a bias (takes_biases() is false)");
+  if (dtype_is_quant(src.dtype)) {
+    // CUDA layers hold weight_dtype (f32, bf16 or f16): block formats are
+    // widened on the host first, each stored row decoded once.
+    if (src_on_device)
+      fail(EP_MOE_ERR_UNSUPPORTED,
+           "%s weights in device memory: a CUDA layer widens block formats on the host; give them in host memory",
+           dtype_name(src.dtype));
+    std::vector<float> wide(static_cast<size_t>(rows * cols)), row(static_cast<size_t>(src.ld));
+    for (int64_t r = 0; r < rows; ++r) {
+      dequantize_row(src.dtype, source_row(src, r), row.data(), src.ld);
+      std::memcpy(wide.data() + r * cols, row.data() + src.col0, static_cast<size_t>(cols) * 4);
+    }
+    dev_->upload(part, slot < 0 ? 0 : slot, row0, Source{wide.data(), EP_MOE_DTYPE_F32, cols}, rows, cols, false);
+    return;
+  }
   dev_->upload(part, slot < 0 ? 0 : slot, row0, src, rows, cols, src_on_device);
 }
 

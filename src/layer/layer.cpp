@@ -324,11 +324,6 @@ bool Layer::set_weight(ep_moe_weight_t which, int32_t expert, const void* data, 
     EP_MOE_CHECK_ARG(cols % quant_block_elems(dtype) == 0,
                      "%s in %s: its rows are whole blocks of %d elements, and %lld columns are not", weight_name(which),
                      dtype_name(dtype), quant_block_elems(dtype), static_cast<long long>(cols));
-    if (!backend_->takes_quant() && wants(which, expert))
-      fail(EP_MOE_ERR_UNSUPPORTED,
-           "%s in %s: CUDA layers hold no block-format (GGUF-quantized) weights; give them in f32, bf16 or f16, or "
-           "use a CPU layer (device -1)",
-           weight_name(which), dtype_name(dtype));
   }
   const int on = wants(which, expert) ? backend_->pointer_device(data) : -1;
   EP_MOE_CHECK_ARG(on < 0 || on == cfg_.device, "data is memory of CUDA device %d, but the layer is on device %d", on,

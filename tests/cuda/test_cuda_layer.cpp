@@ -647,7 +647,7 @@ std::vector<GroupCase> group_cases() {
 }
 
 // Weights from the checkpoint loader (safetensors in two namings, GGUF
-// Q8_0), each of 2 ranks reading its own experts into device memory; the
+// Q8_0 widened to bf16), each of 2 ranks reading its own experts into device memory; the
 // layer's own loaded router routes.
 void loader_case(std::mt19937& rng) {
   using writers::Scheme;
@@ -698,9 +698,9 @@ void loader_case(std::mt19937& rng) {
       rl.map = make_map(cr, r);
       ep_moe_layer_config_t lc;
       ep_moe_layer_config_init(&lc);
+      lc.device = 0;  // before: a CUDA layer's weight_dtype for block formats is bf16, which they are widened to
       ok = ep_moe_checkpoint_layer_config(&lc, ck, m.layer) == EP_MOE_OK;
       lc.max_tokens = 64;
-      lc.device = 0;
       ok = ok && rl.map && ep_moe_layer_create(&rl.layer, &lc, rl.map, nullptr, nullptr) == EP_MOE_OK;
       ok = ok && ep_moe_layer_load(rl.layer, ck, m.layer) == EP_MOE_OK;
       if (!ok) {
@@ -941,6 +941,33 @@ void error_cases(std::mt19937& rng) {
     CU(cudaDeviceSynchronize());
     const double err = rel_err(read_out(out.p, c, static_cast<size_t>(T) * c.s.H), st.expect);
     expect(err <= 1e-4, "and computes the right output");
+  }
+  {
+    // GGUF block formats: a CUDA layer holds weight_dtype (no block-format
+    // weight_dtype); blocks from host memory are widened to it as they are
+    // stored, blocks in device memory are refused.
+    ep_moe_layer_config_t qc = lc;
+    qc.weight_dtype = EP_MOE_DTYPE_Q8_0;
+    ep_moe_layer_t* q = nullptr;
+    expect(ep_moe_layer_create(&q, &qc, rl.map, nullptr, nullptr) == EP_MOE_ERR_UNSUPPORTED,
+           "a block-format weight_dtype is UNSUPPORTED on a CUDA layer");
+    if (q) ep_moe_layer_destroy(q);
+    ref::Weights wq = w;
+    const std::vector<uint8_t> blocks = writers::quantize_q8_0(wq.down[1]);  // wq.down[1]: the blocks' values
+    expect(ep_moe_layer_set_weight(nullptr, rl.layer, EP_MOE_WEIGHT_EXPERT_DOWN, 1, upload(blocks, keep),
+                                   EP_MOE_DTYPE_Q8_0, c.s.H, c.s.I) == EP_MOE_ERR_UNSUPPORTED,
+           "Q8_0 blocks in device memory are UNSUPPORTED");
+    const bool set = ep_moe_layer_set_weight(nullptr, rl.layer, EP_MOE_WEIGHT_EXPERT_DOWN, 1, blocks.data(),
+                                             EP_MOE_DTYPE_Q8_0, c.s.H, c.s.I) == EP_MOE_OK;
+    expect(set, std::string("Q8_0 blocks from host memory are widened: ") + ep_moe_layer_last_error(rl.layer));
+    const Step sq = draw(c, T, wq, {}, rng);
+    DeviceStep d;
+    fill_step(d, c, sq, T, out.p, nullptr);
+    expect(set && ep_moe_layer_forward(rl.layer, &d.args) == EP_MOE_OK, "a forward with the widened blocks");
+    CU(cudaDeviceSynchronize());
+    const double err = rel_err(read_out(out.p, c, static_cast<size_t>(T) * c.s.H), sq.expect);
+    std::printf("  errors: Q8_0 host blocks widened to f32: rel err %.3g (tol 1e-4)\n", err);
+    expect(err <= 1e-4, "which hold the blocks' values exactly");
   }
 }
 

@@ -279,6 +279,13 @@ TEST_CASE("every naming scheme and element type loads at several EP sizes and ma
                                 : dt == "F16"  ? EP_MOE_DTYPE_F16
                                 : dt == "Q8_0" ? EP_MOE_DTYPE_Q8_0
                                                : EP_MOE_DTYPE_F32));
+      // For a CUDA layer (device kept): bf16, which it widens blocks to.
+      ep_moe_layer_config_t gc;
+      ep_moe_layer_config_init(&gc);
+      gc.device = 0;
+      REQUIRE(ep_moe_checkpoint_layer_config(&gc, ck.c, 3) == EP_MOE_OK);
+      CHECK(gc.device == 0);
+      CHECK(gc.weight_dtype == (dt == "Q8_0" ? EP_MOE_DTYPE_BF16 : lc.weight_dtype));
       // Dense layers have no experts.
       CHECK(ep_moe_checkpoint_layer_config(&lc, ck.c, 0) == EP_MOE_ERR_NOT_FOUND);
     }
