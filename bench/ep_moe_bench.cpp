@@ -688,10 +688,13 @@ int main(int argc, char** argv) {
         ep_moe_layer_get_attr(&shard, layer, EP_MOE_LAYER_ATTR_SHARED_SHARD_SIZE);
         // The bf16 kernels run bf16 weights with bf16 activations on pair dot
         // products: their peak is the dot-product peak. A block format's
-        // shared expert is kept in f32.
+        // shared expert is held in it where this rank's shard (rank 0's,
+        // from column 0) is whole blocks, else in f32.
         const auto lw = static_cast<ep_moe_dtype_t>(lc.weight_dtype);
         const bool dot = isa == 3 && lw == EP_MOE_DTYPE_BF16 && act == EP_MOE_DTYPE_BF16 && dot_peak > 0;
-        const double shared_size = bytes_per_weight(lw) < 2.0 ? 4.0 : bytes_per_weight(lw);
+        int64_t block = 1, block_bytes = 0;
+        if (ep_moe_dtype_block(&block, &block_bytes, lw) != EP_MOE_OK) block = 1;
+        const double shared_size = bytes_per_weight(lw) >= 2.0 || shard % block == 0 ? bytes_per_weight(lw) : 4.0;
         const RowContext cx{o,
                             m,
                             name,

@@ -215,9 +215,10 @@ EP_MOE_API ep_moe_status_t ep_moe_set_log_callback(ep_moe_log_fn fn, ep_moe_log_
  *  blocks). `cols` must be a multiple of the block's elements:
  *  Q8_0, Q4_0, MXFP4 32 elements in 34, 18, 17 bytes; Q4_K, Q5_K, Q6_K and
  *  IQ4_XS 256 elements in 144, 176, 210 and 136 bytes
- *  (ep_moe_dtype_block()). CPU layers keep routed experts in these formats
- *  and compute on them (docs/quantization.md); other weights given in them
- *  are dequantized at store, as is every weight of a CUDA layer. */
+ *  (ep_moe_dtype_block()). CPU layers keep routed and shared experts in
+ *  these formats and compute on them (the shared expert's down where this
+ *  rank's columns of it are whole blocks; docs/quantization.md); the router
+ *  is dequantized at store, as is every weight of a CUDA layer. */
 typedef enum ep_moe_dtype {
   EP_MOE_DTYPE_F32 = 0,     /**< IEEE binary32. */
   EP_MOE_DTYPE_BF16 = 1,    /**< bfloat16 (upper half of a binary32). */
@@ -1019,7 +1020,11 @@ typedef struct ep_moe_layer_config {
   int32_t top_k;
   /** ::ep_moe_activation_t. Default ::EP_MOE_ACT_SILU. */
   int32_t activation;
-  /** ::ep_moe_dtype_t of stored weights: f32, bf16 or f16. Default f32. */
+  /** ::ep_moe_dtype_t of stored weights: f32, bf16 or f16; on CPU layers
+   *  also a GGUF block format (hidden_size and intermediate_size whole
+   *  blocks of it), which expert weights given in floats are quantized to.
+   *  Weights given in a block format keep it whatever this says
+   *  (docs/quantization.md). Default f32. */
   int32_t weight_dtype;
   /** ::ep_moe_dtype_t of hidden states and output: f32, bf16 or f16
    *  (arithmetic accumulates in f32). Default f32. */

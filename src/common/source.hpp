@@ -18,6 +18,9 @@ struct Source {
   int64_t ld;
   int64_t row0 = 0, col0 = 0;
   bool transposed = false;
+  // Values dequantized from blocks (the shared expert's units in a
+  // re-placement): held in a float type, never quantized again.
+  bool dequantized = false;
 };
 
 // A block-format view (common/quant.hpp) is never transposed: its stored

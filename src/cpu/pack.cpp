@@ -68,8 +68,8 @@ void source_row_f32(const Source& s, int64_t row, int32_t k, float* dst) {
 // blocks copied (the same format, window on whole blocks) or quantized.
 void put_quant_row(PackedWeight& out, int32_t p, int32_t j, const Source& s, int64_t row) {
   char* dst = static_cast<char*>(const_cast<void*>(out.panel(p))) + static_cast<size_t>(j) * out.row_bytes();
-  if (s.dtype == out.dtype) {
-    std::memcpy(dst, source_row(s, row), out.row_bytes());
+  if (s.dtype == out.dtype) {  // col0 on a block boundary
+    std::memcpy(dst, static_cast<const char*>(source_row(s, row)) + quant_row_bytes(s.dtype, s.col0), out.row_bytes());
     return;
   }
   std::vector<float> x(static_cast<size_t>(out.k));

@@ -66,7 +66,8 @@ class LayerBackend {
 
   // --- live re-placement (replace.cpp) --------------------------------------
   // `n` units [gate row | up row | down column] (H elements each, in the
-  // weight dtype) from unit j0 of local slot `slot` (-1: the shared shard).
+  // layer's unit_dtype(); parts held as blocks dequantized) from unit j0 of
+  // local slot `slot` (-1: the shared shard).
   virtual void extract_units(int32_t slot, int32_t j0, int32_t n, uint8_t* out) const = 0;
   // A routed slot's weights as stored: gate rows (I), up rows (I), down
   // rows (H), each its blocks (block formats) or elements.
@@ -78,6 +79,9 @@ class LayerBackend {
   // was; keep_at_commit cannot fail and may take `old`'s storage.
   virtual void keep_before_vote(const LayerBackend& old, const std::vector<KeptSlot>& kept, bool router) = 0;
   virtual void keep_at_commit(LayerBackend& old, const std::vector<KeptSlot>& kept, bool router) noexcept = 0;
+  // The shared expert's shard copied from `old`, whose range it is, as it is
+  // held (blocks stay blocks); false where it moves as units only.
+  virtual bool keep_shared(const LayerBackend& old) = 0;
 
   // --- the forward steps, in the order forward() calls them ----------------
   // Before validation: wakes what a forward will use (the CPU's pool).

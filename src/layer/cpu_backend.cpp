@@ -97,8 +97,13 @@ void CpuBackend::put(WeightPart part, int32_t s, int64_t row0, const Source& src
       down_type_ = t;
       break;
     }
-    case WeightPart::SharedGateUp: put_gate_up_half(slot(s), row0 == 0 ? 0 : 1, src, n, float_type_); break;
-    case WeightPart::SharedDown: cpu::pack(slot(s).down, src, n, k, kern_.nr, float_type_); break;
+    case WeightPart::SharedGateUp: put_shared_gate_up(row0 == 0 ? 0 : 1, src, n); break;
+    case WeightPart::SharedDown: {
+      const ep_moe_dtype_t t = shared_type(src, k);
+      if (dtype_is_quant(t)) enable_quant();
+      cpu::pack(shared_.down, src, n, k, kern_.nr, t);
+      break;
+    }
     case WeightPart::Router: cpu::pack(router_, src, n, k, kern_.nr, EP_MOE_DTYPE_F32); break;
     case WeightPart::ExpertGateBias: put_bias(slot(s).gate_bias, src, cols, ipad); break;
     case WeightPart::ExpertUpBias: put_bias(slot(s).up_bias, src, cols, ipad); break;
@@ -111,6 +116,48 @@ void CpuBackend::put_gate_up_half(Slot& x, int half, const Source& src, int32_t 
   if (x.gate_up.empty() || x.gate_up.dtype != dtype)
     cpu::init_gate_up(x.gate_up, inter, cfg_.hidden_size, kern_.nr, dtype);
   cpu::pack_gate_up_half(x.gate_up, src, half, inter);
+}
+
+// The shared gate and up are held in one format: blocks (given, or floats
+// quantized to a block weight_dtype) when both come in it, else both in
+// the float type.
+ep_moe_dtype_t CpuBackend::shared_type(const Source& src, int64_t k) const {
+  const auto wdt = static_cast<ep_moe_dtype_t>(cfg_.weight_dtype);
+  const ep_moe_dtype_t t = dtype_is_quant(src.dtype) ? src.dtype : src.dequantized ? float_type_ : wdt;
+  if (!dtype_is_quant(t)) return float_type_;
+  const int qk = quant_block_elems(t);
+  return src.col0 % qk == 0 && k % qk == 0 ? t : float_type_;
+}
+
+void CpuBackend::put_shared_gate_up(int half, const Source& src, int32_t inter) {
+  cpu::PackedWeight& gu = shared_.gate_up;
+  ep_moe_dtype_t t = shared_type(src, cfg_.hidden_size);
+  if (!gu.empty() && gu.dtype != t) {
+    // gate_up holds the other half (or an earlier copy of this one).
+    t = float_type_;
+    if (gu.dtype != t) widen_gate_up(gu, inter, t);
+  }
+  if (dtype_is_quant(t)) enable_quant();
+  put_gate_up_half(shared_, half, src, inter, t);
+}
+
+void CpuBackend::widen_gate_up(cpu::PackedWeight& gu, int32_t inter, ep_moe_dtype_t to) const {
+  const int32_t H = cfg_.hidden_size;
+  cpu::PackedWeight wide;
+  cpu::init_gate_up(wide, inter, H, kern_.nr, to);
+  std::vector<uint8_t> raw(Layer::row_bytes_of(gu.dtype, H));
+  std::vector<float> rows(static_cast<size_t>(inter) * static_cast<size_t>(H));
+  for (int half = 0; half < 2; ++half) {
+    for (int32_t r = 0; r < inter; ++r) {
+      cpu::unpack_gate_up_row(gu, half, r, raw.data());
+      float* dst = rows.data() + static_cast<size_t>(r) * static_cast<size_t>(H);
+      if (gu.quant()) dequantize_row(gu.dtype, raw.data(), dst, H);
+      else
+        for (int32_t c = 0; c < H; ++c) dst[c] = load_elem(raw.data(), gu.dtype, c);
+    }
+    cpu::pack_gate_up_half(wide, Source{rows.data(), EP_MOE_DTYPE_F32, H}, half, inter);
+  }
+  gu = std::move(wide);
 }
 
 ep_moe_dtype_t CpuBackend::routed_type(ep_moe_dtype_t src, int32_t* fixed, const char* part) const {
@@ -141,13 +188,42 @@ void CpuBackend::download(void* dst, const void* src, size_t bytes) const { std:
 
 void CpuBackend::extract_units(int32_t s, int32_t j0, int32_t n, uint8_t* out) const {
   const Slot& x = slot(s);
-  const size_t es = dtype_size(x.gate_up.dtype);
-  const size_t H = static_cast<size_t>(cfg_.hidden_size), ub = 3 * H * es;
+  const ep_moe_dtype_t ut = L_.unit_dtype();
+  const size_t es = dtype_size(ut);
+  const int32_t H = cfg_.hidden_size;
+  const size_t ub = 3 * static_cast<size_t>(H) * es;
+  // Parts held as blocks (a shared expert's) are dequantized into the units.
+  std::vector<uint8_t> raw;
+  std::vector<float> f;
+  auto row = [&](const cpu::PackedWeight& w, int half, int32_t r, uint8_t* dst) {
+    if (!w.quant()) return cpu::unpack_gate_up_row(w, half, r, dst);
+    raw.resize(w.row_bytes());
+    f.resize(static_cast<size_t>(w.k));
+    cpu::unpack_gate_up_row(w, half, r, raw.data());
+    dequantize_row(w.dtype, raw.data(), f.data(), w.k);
+    for (int32_t c = 0; c < w.k; ++c) store_elem(dst, ut, c, f[static_cast<size_t>(c)]);
+  };
+  std::vector<float> down;  // the down rows' columns [j0, j0 + n), when in blocks
+  if (x.down.quant()) {
+    down.resize(static_cast<size_t>(H) * static_cast<size_t>(n));
+    raw.resize(x.down.row_bytes());
+    f.resize(static_cast<size_t>(x.down.k));
+    for (int32_t h = 0; h < H; ++h) {
+      cpu::unpack_row(x.down, h, raw.data());
+      dequantize_row(x.down.dtype, raw.data(), f.data(), x.down.k);
+      for (int32_t j = 0; j < n; ++j) down[static_cast<size_t>(j) * H + h] = f[static_cast<size_t>(j0 + j)];
+    }
+  }
   for (int32_t j = 0; j < n; ++j) {
     uint8_t* u = out + static_cast<size_t>(j) * ub;
-    cpu::unpack_gate_up_row(x.gate_up, 0, j0 + j, u);
-    cpu::unpack_gate_up_row(x.gate_up, 1, j0 + j, u + H * es);
-    cpu::unpack_col(x.down, j0 + j, u + 2 * H * es);
+    row(x.gate_up, 0, j0 + j, u);
+    row(x.gate_up, 1, j0 + j, u + H * es);
+    if (down.empty()) {
+      cpu::unpack_col(x.down, j0 + j, u + 2 * H * es);
+    } else {
+      for (int32_t h = 0; h < H; ++h)
+        store_elem(u + 2 * H * es, ut, h, down[static_cast<size_t>(j) * H + static_cast<size_t>(h)]);
+    }
   }
 }
 
@@ -194,6 +270,14 @@ void CpuBackend::keep_before_vote(const LayerBackend& old_backend, const std::ve
     dst.up_bias = src.up_bias;
     dst.down_bias = src.down_bias;
   }
+}
+
+bool CpuBackend::keep_shared(const LayerBackend& old_backend) {
+  const auto& old = static_cast<const CpuBackend&>(old_backend);
+  cpu::copy_packed(shared_.gate_up, old.shared_.gate_up);
+  cpu::copy_packed(shared_.down, old.shared_.down);
+  if (shared_.gate_up.quant() || shared_.down.quant()) enable_quant();
+  return true;
 }
 
 void CpuBackend::keep_at_commit(LayerBackend& old_backend, const std::vector<KeptSlot>& kept, bool router) noexcept {

@@ -38,6 +38,7 @@ class CpuBackend final : public LayerBackend {
   void extract_biases(int32_t slot, uint8_t* out) const override;
   void keep_before_vote(const LayerBackend& old, const std::vector<KeptSlot>& kept, bool router) override;
   void keep_at_commit(LayerBackend& old, const std::vector<KeptSlot>& kept, bool router) noexcept override;
+  bool keep_shared(const LayerBackend& old) override;
 
   void wake() override { pool_->wake(); }
   void route(const ep_moe_forward_args_t& a) override;
@@ -75,6 +76,16 @@ class CpuBackend final : public LayerBackend {
   Slot& slot(int32_t s) { return s < 0 ? shared_ : slots_[static_cast<size_t>(s)]; }
   const Slot& slot(int32_t s) const { return s < 0 ? shared_ : slots_[static_cast<size_t>(s)]; }
   void put_gate_up_half(Slot& x, int half, const Source& src, int32_t inter, ep_moe_dtype_t dtype);
+  // The storage type of a shared-expert part of k columns from `src`: its
+  // block format, or a block weight_dtype's that floats are quantized to
+  // (not dequantized values), where the columns are whole blocks; else
+  // float_type_.
+  ep_moe_dtype_t shared_type(const Source& src, int64_t k) const;
+  // The shared expert's gate (half 0) or up (half 1): held in blocks when
+  // both halves come in the same format, else both in float_type_.
+  void put_shared_gate_up(int half, const Source& src, int32_t inter);
+  // A gate/up pair re-packed in `to` (its rows dequantized or widened).
+  void widen_gate_up(cpu::PackedWeight& gu, int32_t inter, ep_moe_dtype_t to) const;
   // The storage type of a routed expert's part from a source of `src`:
   // a block format as it is, else weight_dtype; checked against the type
   // the part already has (*fixed, -1 before the first).
@@ -131,8 +142,9 @@ class CpuBackend final : public LayerBackend {
   Slot shared_;
   cpu::PackedWeight router_;  // [E, H] f32, when given
   // The routed parts' storage types (-1: none stored yet), and the type of
-  // the float parts (the shared expert): weight_dtype, or f32 when that is
-  // a block format (dequantized values kept exactly).
+  // the float parts (a shared expert given in floats, or whose blocks cannot
+  // be kept): weight_dtype, or f32 when that is a block format (dequantized
+  // values kept exactly).
   int32_t gu_type_ = -1, down_type_ = -1;
   ep_moe_dtype_t float_type_ = EP_MOE_DTYPE_F32;
   int64_t max_rows_ = 0;

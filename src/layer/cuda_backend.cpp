@@ -49,6 +49,7 @@ class CudaBackend final : public LayerBackend {
   // before the vote, and nothing is left for the commit.
   void keep_before_vote(const LayerBackend& old, const std::vector<KeptSlot>& kept, bool router) override;
   void keep_at_commit(LayerBackend&, const std::vector<KeptSlot>&, bool) noexcept override {}
+  bool keep_shared(const LayerBackend&) override { return false; }  // units, on the device
 
   void route(const ep_moe_forward_args_t& a) override;
   void choice_to_host(const ep_moe_forward_args_t& a) override;

@@ -90,11 +90,13 @@ class Reader {
       fetch(f, t, s.offset, s.rows * s.cols, &out.buf);
       return out;
     }
-    // Whole rows are contiguous; a column window of a plain type is read row
-    // by row. Blocks cannot be split: a column window of a block format (a
-    // shared expert's down shard) reads whole rows and dequantizes the window.
+    // Whole rows are contiguous; a column window of a plain type, or of a
+    // block format on whole blocks, is read row by row. Blocks cannot be
+    // split: another window of a block format (a shared expert's down shard)
+    // reads whole rows and dequantizes the window.
     const bool quant = dtype_is_quant(dt);
-    const bool whole_rows = nc == s.cols || quant;
+    const int64_t qk = quant ? quant_block_elems(dt) : 1;
+    const bool whole_rows = nc == s.cols || (quant && (c0 % qk != 0 || nc % qk != 0));
     const int64_t row_elems = s.cols;
     const uint64_t row_bytes = t.bytes_of(static_cast<uint64_t>(row_elems));
     if (whole_rows) {
@@ -113,12 +115,13 @@ class Reader {
       }
       return out;
     }
-    const size_t es = dtype_size(dt);
-    out.buf.resize(static_cast<size_t>(nr * nc) * es);
+    // The window's bytes in each row (a block format's: its whole blocks).
+    const uint64_t skip = t.bytes_of(static_cast<uint64_t>(c0)), take = t.bytes_of(static_cast<uint64_t>(nc));
+    out.buf.resize(static_cast<size_t>(static_cast<uint64_t>(nr) * take));
     for (int64_t r = 0; r < nr; ++r) {
-      const uint64_t off = s.offset + static_cast<uint64_t>(r0 + r) * row_bytes + static_cast<uint64_t>(c0) * es;
-      f.read(off, out.buf.data() + static_cast<size_t>(r * nc) * es, static_cast<size_t>(nc) * es);
-      bytes_ += static_cast<uint64_t>(nc) * es;
+      const uint64_t off = s.offset + static_cast<uint64_t>(r0 + r) * row_bytes + skip;
+      f.read(off, out.buf.data() + static_cast<size_t>(static_cast<uint64_t>(r) * take), static_cast<size_t>(take));
+      bytes_ += take;
     }
     out.cols = nc;
     return out;

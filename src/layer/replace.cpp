@@ -100,6 +100,7 @@ ep_moe_dtype_t Layer::unit_dtype() const {
 void Layer::store_units(int32_t expert, const uint8_t* units) {
   const int64_t H = cfg_.hidden_size;
   Source gate{units, unit_dtype(), 3 * H};
+  gate.dequantized = true;
   Source up = gate;
   up.col0 = H;
   Source down = gate;  // element (h, j) = units[j * 3H + 2H + h]
@@ -481,6 +482,8 @@ class Replacement {
           parts.experts.assign(static_cast<size_t>(E_), 0);
           parts.others = false;
           read_ += static_cast<int64_t>(nl_->load_parts(*ck_, L_, parts));
+        } else if (keeps_whole_shard() && nl_->backend_->keep_shared(*o_.backend_)) {
+          nl_->shared_held_ = o_.shared_held_;  // as it is held: a shard in blocks stays in blocks
         } else {
           for (const auto& seg : shared_keep_)
             o_.backend_->extract_units(-1, seg.first - o_.shared_begin_, seg.second - seg.first,
@@ -496,6 +499,13 @@ class Replacement {
       }
       keep_experts();
     });
+  }
+
+  // Whether this rank's new shard of the shared expert is its old one.
+  bool keeps_whole_shard() const {
+    const int32_t lo = o_.shared_begin_, hi = o_.shared_begin_ + o_.shared_count_;
+    return my_lo_ == lo && my_hi_ == hi && shared_keep_.size() == 1 && shared_keep_[0].first == lo &&
+           shared_keep_[0].second == hi;
   }
 
   // The kept experts (every slot of the new layer whose expert this rank

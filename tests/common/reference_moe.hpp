@@ -109,6 +109,8 @@ struct Spec {
   // Routed experts in block formats: the int8 activation blocks (elements)
   // the kernels quantize the inputs of gate/up and of down to (0: none).
   int act_block_gu = 0, act_block_down = 0;
+  // The same for the shared expert when its parts are held as blocks.
+  int shared_act_block_gu = 0, shared_act_block_down = 0;
 };
 
 // How near (in int8 steps) to a rounding boundary an activation must fall
@@ -149,6 +151,7 @@ struct Weights {
   // Routed experts given in a block format: the blocks (per expert) whose
   // values gate, up and down hold.
   std::vector<std::vector<uint8_t>> gate_q, up_q, down_q;
+  std::vector<uint8_t> s_gate_q, s_up_q, s_down_q;  // the shared expert's, likewise
 };
 
 inline Weights random_weights(const Spec& s, int wdt, std::mt19937& rng) {
@@ -320,7 +323,7 @@ inline void moe_token(const Spec& s, const Weights& w, const float* x, const std
       for (int i = 0; i < s.H; ++i) dot += static_cast<double>(w.s_gate_w[static_cast<size_t>(i)]) * x[i];
       g = 1.0 / (1.0 + std::exp(-dot));
     }
-    ffn(w.s_gate, w.s_up, w.s_down, s.Is, g, nullptr, nullptr, nullptr, 0, 0);
+    ffn(w.s_gate, w.s_up, w.s_down, s.Is, g, nullptr, nullptr, nullptr, s.shared_act_block_gu, s.shared_act_block_down);
   }
 }
 

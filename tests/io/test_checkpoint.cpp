@@ -97,10 +97,23 @@ struct CkHolder {
 // with the reference; returns the bytes each rank read.
 std::vector<int64_t> run_loaded(const Written& wr, int ep, int tokens) {
   // Q8_0 experts are kept as blocks: the reference quantizes their
-  // activations as the kernels state (blocks of 32).
+  // activations as the kernels state (blocks of 32). So is the shared
+  // expert's gate/up, and its down where every rank's shard of it is whole
+  // blocks (else it is dequantized and its input stays f32); the cases have
+  // no sizes where only some ranks' shards are.
   ref::Spec s = wr.m.spec;
   const bool q8 = wr.m.dtype == "Q8_0";
   if (q8) s.act_block_gu = s.act_block_down = 32;
+  if (q8 && s.Is > 0) {
+    bool whole = true;
+    for (int r = 0, start = 0; r < ep; ++r) {
+      const int shard = s.Is / ep + (r < s.Is % ep ? 1 : 0);
+      whole = whole && start % 32 == 0 && shard % 32 == 0;
+      start += shard;
+    }
+    s.shared_act_block_gu = 32;
+    s.shared_act_block_down = whole ? 32 : 0;
+  }
   INFO("scheme " << static_cast<int>(wr.scheme) << " dtype " << wr.m.dtype << " ep " << ep);
   CkHolder ck(wr.path);
   // Tokens whose routing has no near-ties (logits from the stored router).
@@ -196,8 +209,10 @@ int64_t expected_bytes(const writers::Model& m, bool gguf, int ep, int r) {
     const int shard = s.Is / ep + (r < s.Is % ep ? 1 : 0);
     if (shard > 0) {
       b += 2.0 * shard * s.H * es;
-      // A column window of Q8_0 cannot split blocks: whole rows are read.
-      b += s.H * (m.dtype == "Q8_0" ? static_cast<double>(s.Is) : shard) * es;
+      // A column window of Q8_0 that would split blocks reads whole rows.
+      const int start = r * (s.Is / ep) + std::min(r, s.Is % ep);
+      const bool split = m.dtype == "Q8_0" && (start % 32 != 0 || shard % 32 != 0);
+      b += s.H * (split ? static_cast<double>(s.Is) : shard) * es;
     }
     if (s.shared_gate) b += 4.0 * s.H;
   }
@@ -296,6 +311,25 @@ TEST_CASE("every naming scheme and element type loads at several EP sizes and ma
         CHECK(bytes[static_cast<size_t>(r)] ==
               expected_bytes(wr.m, c.scheme == Scheme::Gguf || c.scheme == Scheme::GgufFused, ep, r));
       }
+    }
+  }
+}
+
+TEST_CASE("GGUF Q8_0 shared expert: a shard on whole blocks reads only its blocks, another whole rows",
+          "[checkpoint][bytes][quant]") {
+  ref::Spec s;
+  s.H = 64;
+  s.I = 32;
+  s.E = 8;
+  s.K = 2;
+  s.Is = 128;
+  s.shared_gate = true;
+  const Written wr = write_model(Scheme::Gguf, "Q8_0", s);
+  for (int ep : {1, 2, 3, 4}) {  // shards 128, 64, 32: whole blocks; 43/43/42: not
+    const auto bytes = run_loaded(wr, ep, 7);
+    for (int r = 0; r < ep; ++r) {
+      INFO("ep " << ep << " rank " << r);
+      CHECK(bytes[static_cast<size_t>(r)] == expected_bytes(wr.m, true, ep, r));
     }
   }
 }

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +38,10 @@ struct Case {
   // (ep_moe_dtype_t values; 0: in wdt), and the config's weight_dtype
   // (-1: wdt).
   int qgu = 0, qdown = 0, layer_wdt = -1;
+  // The shared expert's gate/up and down likewise (0: in wdt), and its up
+  // in another format than its gate (0: the same; not with fused_gate_up).
+  int qsgu = 0, qsdown = 0, qsup = 0;
+  bool quant() const { return qgu || qdown || qsgu || qsdown; }
   // The reference leaves the activations of block-format experts in float
   // (how far the kernels' int8 activations move the result), and a bound
   // that replaces the dtypes' tolerance (< 0: the tolerance).
@@ -60,11 +65,12 @@ struct Case {
     o << "ep=" << ep << " dp=" << dp << (dp > 1 && dp == ep ? (dp_same_handle ? "(same)" : "(split)") : "")
       << " place=" << placement << " redundant=" << redundant << " custom=" << custom_slots.size() << " H=" << spec.H
       << " I=" << spec.I << " E=" << spec.E << " K=" << spec.K << " act=" << spec.act << " wdt=" << wdt
-      << " qgu=" << qgu << " qdown=" << qdown << " layer_wdt=" << layer_wdt << " adt=" << adt
-      << " sigmoid=" << spec.sigmoid << " groups=" << spec.groups << "/" << spec.topk_group << " bias=" << spec.use_bias
-      << " Is=" << spec.Is << " sgate=" << spec.shared_gate << " ebias=" << spec.expert_bias
-      << " topk_given=" << given_topk << " fused=" << fused_gate_up << " skip=" << skip_mode << " dispatch=" << dispatch
-      << " decode=" << all_decode << " prefill=" << is_prefill << " graph=" << is_graph << " tokens=[";
+      << " qgu=" << qgu << " qdown=" << qdown << " qsgu=" << qsgu << " qsdown=" << qsdown << " layer_wdt=" << layer_wdt
+      << " adt=" << adt << " sigmoid=" << spec.sigmoid << " groups=" << spec.groups << "/" << spec.topk_group
+      << " bias=" << spec.use_bias << " Is=" << spec.Is << " sgate=" << spec.shared_gate
+      << " ebias=" << spec.expert_bias << " topk_given=" << given_topk << " fused=" << fused_gate_up
+      << " skip=" << skip_mode << " dispatch=" << dispatch << " decode=" << all_decode << " prefill=" << is_prefill
+      << " graph=" << is_graph << " tokens=[";
     for (size_t i = 0; i < tokens.size(); ++i) o << (i ? "," : "") << tokens[i];
     o << "]";
     return o.str();
@@ -80,6 +86,24 @@ inline double tolerance(int adt, int wdt, bool quant = false) {
   // which the reference's slack allows for that element's outputs alone.
   if (quant) return 1e-5;
   return 1e-4;
+}
+
+// Whether every rank's shard of the shared expert's down columns is whole
+// blocks of the case's shared down format (the all-gather flow splits the
+// intermediate over the EP ranks, the others keep it whole); the harness
+// refuses cases where only some ranks' are.
+inline bool shared_down_whole_blocks(const Case& c) {
+  const int Is = c.spec.Is, qk = refq::block_elems(c.qsdown);
+  if (c.dispatch != EP_MOE_DISPATCH_ALLGATHER) return Is % qk == 0;
+  int whole = 0;
+  for (int r = 0, start = 0; r < c.ep; ++r) {
+    const int n = Is / c.ep + (r < Is % c.ep ? 1 : 0);
+    whole += start % qk == 0 && n % qk == 0;
+    start += n;
+  }
+  if (whole != 0 && whole != c.ep)
+    throw std::runtime_error("a case where only some shared down shards are whole blocks");
+  return whole == c.ep;
 }
 
 // The case's weights: random in wdt, the routed experts' parts in block
@@ -99,6 +123,18 @@ inline ref::Weights case_weights(const Case& c, ref::Spec* spec, std::mt19937& r
     w.down_q.push_back(refq::random_blocks(c.qdown, s.H, s.I, sd, rng, &w.down[static_cast<size_t>(e)]));
   spec->act_block_gu = c.qgu && !c.ref_float_acts ? refq::act_block(c.qgu) : 0;
   spec->act_block_down = c.qdown && !c.ref_float_acts ? refq::act_block(c.qdown) : 0;
+  if (s.Is > 0 && c.qsgu) {
+    w.s_gate_q = refq::random_blocks(c.qsgu, s.Is, s.H, sw, rng, &w.s_gate);
+    w.s_up_q = refq::random_blocks(c.qsup ? c.qsup : c.qsgu, s.Is, s.H, sw, rng, &w.s_up);
+    // Two formats: the layer holds both dequantized, and reads f32 inputs.
+    spec->shared_act_block_gu = c.ref_float_acts || c.qsup ? 0 : refq::act_block(c.qsgu);
+  }
+  if (s.Is > 0 && c.qsdown) {
+    w.s_down_q = refq::random_blocks(c.qsdown, s.H, s.Is, 1.0f / std::sqrt(static_cast<float>(s.Is)), rng, &w.s_down);
+    // The down shard keeps its blocks (and quantizes its input) where it is
+    // whole blocks: on every rank here, or on none (shared_blocks_everywhere).
+    spec->shared_act_block_down = c.ref_float_acts || !shared_down_whole_blocks(c) ? 0 : refq::act_block(c.qsdown);
+  }
   return w;
 }
 
@@ -163,6 +199,7 @@ struct RankResult {
   // EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS .. LAST_COMBINE_BYTES after the last forward
   int64_t permute_ns = -1, permute_bytes = -1, expert_ns = -1, combine_ns = -1, combine_bytes = -1;
   int64_t cpu_isa = -1;
+  int64_t weight_bytes = -1;  // EP_MOE_LAYER_ATTR_WEIGHT_BYTES
   int stored = 0;
 };
 
@@ -222,12 +259,14 @@ inline std::string load_weights(ep_moe_layer_t* layer, const Case& c, const ref:
     if (c.fused_gate_up) {
       std::vector<float> gu = w.s_gate;
       gu.insert(gu.end(), w.s_up.begin(), w.s_up.end());
-      ok = put(EP_MOE_WEIGHT_SHARED_GATE_UP, -1, gu, 2 * s.Is, s.H, nullptr);
+      std::vector<uint8_t> guq = w.s_gate_q;
+      guq.insert(guq.end(), w.s_up_q.begin(), w.s_up_q.end());
+      ok = put_q(EP_MOE_WEIGHT_SHARED_GATE_UP, -1, gu, &guq, c.qsgu, 2 * s.Is, s.H, nullptr);
     } else {
-      ok = put(EP_MOE_WEIGHT_SHARED_GATE, -1, w.s_gate, s.Is, s.H, nullptr) &&
-           put(EP_MOE_WEIGHT_SHARED_UP, -1, w.s_up, s.Is, s.H, nullptr);
+      ok = put_q(EP_MOE_WEIGHT_SHARED_GATE, -1, w.s_gate, &w.s_gate_q, c.qsgu, s.Is, s.H, nullptr) &&
+           put_q(EP_MOE_WEIGHT_SHARED_UP, -1, w.s_up, &w.s_up_q, c.qsup ? c.qsup : c.qsgu, s.Is, s.H, nullptr);
     }
-    ok = ok && put(EP_MOE_WEIGHT_SHARED_DOWN, -1, w.s_down, s.H, s.Is, nullptr);
+    ok = ok && put_q(EP_MOE_WEIGHT_SHARED_DOWN, -1, w.s_down, &w.s_down_q, c.qsdown, s.H, s.Is, nullptr);
     if (ok && s.shared_gate)
       ok = ep_moe_layer_set_weight(nullptr, layer, EP_MOE_WEIGHT_SHARED_EXPERT_GATE, -1, w.s_gate_w.data(),
                                    EP_MOE_DTYPE_F32, 1, s.H) == EP_MOE_OK;
@@ -421,6 +460,7 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
     ep_moe_layer_get_attr(&res.permute_ns, layer, EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS);
     ep_moe_layer_get_attr(&res.permute_bytes, layer, EP_MOE_LAYER_ATTR_LAST_PERMUTE_BYTES);
     ep_moe_layer_get_attr(&res.cpu_isa, layer, EP_MOE_LAYER_ATTR_CPU_ISA);
+    ep_moe_layer_get_attr(&res.weight_bytes, layer, EP_MOE_LAYER_ATTR_WEIGHT_BYTES);
     ep_moe_layer_get_attr(&res.expert_ns, layer, EP_MOE_LAYER_ATTR_LAST_EXPERT_NS);
     ep_moe_layer_get_attr(&res.combine_ns, layer, EP_MOE_LAYER_ATTR_LAST_COMBINE_NS);
     ep_moe_layer_get_attr(&res.combine_bytes, layer, EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES);
@@ -466,7 +506,7 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
     }
   }
 
-  const double tol = c.tol >= 0 ? c.tol : tolerance(c.adt, c.wdt, c.qgu || c.qdown);
+  const double tol = c.tol >= 0 ? c.tol : tolerance(c.adt, c.wdt, c.quant());
   for (int f = 0; f < c.forwards; ++f) {
     for (int r = 0; r < c.ep; ++r) {
       const int replica = c.dp > 1 ? r / attn_tp : 0;

@@ -121,7 +121,7 @@ std::vector<std::vector<float>> forward(World& W, const Step& s) {
     if (out.back() != 0xAB) errs[static_cast<size_t>(r)] = "wrote past the output";
     outs[static_cast<size_t>(r)] = ref::decode(out.data(), static_cast<size_t>(T) * W.c.spec.H, W.c.adt);
   });
-  const double tol = harness::tolerance(W.c.adt, W.c.wdt, W.c.qgu || W.c.qdown);
+  const double tol = harness::tolerance(W.c.adt, W.c.wdt, W.c.quant());
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r << ": " << errs[static_cast<size_t>(r)]);
     REQUIRE(errs[static_cast<size_t>(r)].empty());
@@ -568,7 +568,7 @@ TEST_CASE("replace: expert biases travel with their experts (GPT-OSS)", "[eplb][
 TEST_CASE("replace: experts in GGUF block formats travel as their blocks, in every dispatch mode",
           "[eplb][replace][quant]") {
   // Q4_K gate/up with Q6_K down (Q4_K_M-like), on a bf16 layer (the blocks
-  // are kept as given), and Q8_0 throughout on a Q8_0 layer with a float
+  // are kept as given), and Q8_0 throughout on a Q8_0 layer with a Q8_0
   // shared expert beside.
   for (int variant = 0; variant < 2; ++variant)
     for (int dispatch : {EP_MOE_DISPATCH_ALLGATHER, EP_MOE_DISPATCH_ALLTOALL}) {
@@ -583,6 +583,7 @@ TEST_CASE("replace: experts in GGUF block formats travel as their blocks, in eve
       W.c.qdown = variant == 0 ? refq::Q6_K : refq::Q8_0;
       W.c.layer_wdt = variant == 0 ? -1 : refq::Q8_0;
       W.c.spec.Is = variant == 1 && dispatch == EP_MOE_DISPATCH_ALLTOALL ? 64 : 0;
+      W.c.qsgu = W.c.qsdown = W.c.spec.Is > 0 ? refq::Q8_0 : 0;
       W.c.dispatch = dispatch;
       W.c.max_tokens = 12;
       W.c.given_topk = true;
@@ -626,6 +627,51 @@ TEST_CASE("replace: experts in GGUF block formats travel as their blocks, in eve
       }
       check_close(kept, forward(W, s2), 1e-6);
     }
+}
+
+TEST_CASE("replace: a shared expert in blocks stays so where its shard stays, and moves dequantized where it changes",
+          "[eplb][replace][quant]") {
+  World W;
+  W.c.spec.H = 256;
+  W.c.spec.I = 256;
+  W.c.spec.E = 6;
+  W.c.spec.K = 2;
+  W.c.spec.Is = 768;  // shards of 256 on 3 ranks (whole Q4_K/Q6_K blocks), of 192 on 4 (not)
+  W.c.qgu = W.c.qsgu = refq::Q4_K;
+  W.c.qdown = W.c.qsdown = refq::Q6_K;
+  W.c.dispatch = EP_MOE_DISPATCH_ALLGATHER;
+  W.c.max_tokens = 12;
+  W.c.given_topk = true;
+  W.w = harness::case_weights(W.c, &W.c.spec, rng());
+  REQUIRE(W.c.spec.shared_act_block_down == 256);  // the reference quantizes the shard's input
+  create(W, 3);
+  const Step s = draw(W, 3);
+  const auto before = forward(W, s);
+  std::vector<int64_t> bytes;
+  for (auto* l : W.layers) bytes.push_back(attr(l, EP_MOE_LAYER_ATTR_WEIGHT_BYTES));
+  // Experts rotate between the ranks; every shard of the shared expert stays.
+  const auto st = replace(W, {2, 3, 4, 5, 0, 1}, 3, {}, nullptr, 0);
+  for (auto x : st) REQUIRE(x == EP_MOE_OK);
+  check_close(before, forward(W, s), 1e-6);  // the same blocks
+  for (size_t r = 0; r < W.layers.size(); ++r)
+    CHECK(attr(W.layers[r], EP_MOE_LAYER_ATTR_WEIGHT_BYTES) == bytes[r]);  // still blocks
+  // A fourth rank joins: every shard changes, and moves as units of the
+  // dequantized values (f32 here, exact); the shared expert then reads f32
+  // inputs, as the reference now does.
+  W.old_groups.push_back(W.comms);
+  std::vector<ep_moe_comm_t*> group(4, nullptr);
+  REQUIRE(ep_moe_comm_create_local(group.data(), 4, nullptr) == EP_MOE_OK);
+  const ep_moe_layer_config_t lc = harness::layer_config(W.c);
+  ep_moe_expert_map_t* m = make_map(4, 3, W.c.spec.E, {});
+  ep_moe_layer_t* fresh = nullptr;
+  REQUIRE(ep_moe_layer_create(&fresh, &lc, m, group[3], nullptr) == EP_MOE_OK);
+  ep_moe_expert_map_destroy(m);
+  W.layers.push_back(fresh);
+  for (auto x : replace(W, {}, 4, group, nullptr, 0)) REQUIRE(x == EP_MOE_OK);
+  W.comms = group;
+  W.c.spec.shared_act_block_gu = W.c.spec.shared_act_block_down = 0;
+  for (auto* l : W.layers) CHECK(attr(l, EP_MOE_LAYER_ATTR_READY) == 1);
+  for (int i = 0; i < 2; ++i) forward(W, draw(W, 4));
 }
 
 TEST_CASE("replace: a placement that keeps every expert in place moves no bytes", "[eplb][replace]") {

@@ -540,6 +540,55 @@ TEST_CASE("GGUF block-format experts: every type and mix, every ISA path, EP, DP
   unsetenv("EP_MOE_CPU_ISA");
 }
 
+TEST_CASE("GGUF block-format shared expert: kept as blocks where its shard is whole blocks, else dequantized",
+          "[forward][quant]") {
+  // The shared expert given as blocks (a Q4_K_M-like mix of formats,
+  // Q8_0, gate and up in two formats), beside block-format routed experts:
+  // its gate/up blocks are kept (when in one format), its down blocks where this rank's column shard
+  // is whole blocks (the reference then quantizes its input as the kernels
+  // state), else dequantized. Kept, the layer holds a fraction of the f32
+  // bytes of the shared expert.
+  for (int variant = 0; variant < 7; ++variant) {
+    INFO("variant " << variant);
+    Case c;
+    c.qgu = refq::Q4_K;
+    c.qdown = refq::Q6_K;
+    c.qsgu = variant == 3 ? refq::Q8_0 : refq::Q4_K;
+    c.qsdown = variant == 3 ? refq::Q8_0 : refq::Q6_K;
+    c.spec.H = 256;
+    c.spec.I = 256;
+    c.spec.E = 6;
+    c.spec.K = 2;
+    c.spec.Is = 1024;
+    c.spec.shared_gate = variant % 2 == 0;
+    c.ep = 1 + variant % 3;  // shards 1024, 512, 342/341/341 (all-gather)
+    c.fused_gate_up = variant == 1;
+    c.tokens = {variant == 4 ? 1 : 11};
+    if (variant == 4) c.qsdown = 0;  // floats beside blocks
+    // variant 2: shards of 342/341/341 columns, not whole blocks: dequantized
+    if (variant == 6) c.qsup = refq::Q8_0;  // gate and up in two formats: both held dequantized (f32 here)
+    if (variant == 5) {                     // all-to-all: every rank the whole shared expert
+      c.dp = c.ep;
+      c.dispatch = EP_MOE_DISPATCH_ALLTOALL;
+      c.tokens = {4, 0, 7};
+    }
+    double worst = 0;
+    const auto res = harness::run_case(c, rng(), &worst);
+    WARN("shared expert " << c.qsgu << "/" << c.qsdown << " ep " << c.ep << ": max error " << worst);
+    // Every routed expert in its blocks, the router and the small vectors:
+    // above what any rank holds beside its shared shard.
+    const int64_t H = c.spec.H, I = c.spec.I, Is = c.spec.Is;
+    const int64_t others = c.spec.E * (2 * I * H / 256 * 144 + H * I / 256 * 210) + c.spec.E * H * 4 + 65536;
+    const bool split = c.dispatch == EP_MOE_DISPATCH_ALLGATHER;
+    const int64_t shard_f32 = 3 * (split ? Is / c.ep : Is) * H * 4;  // this rank's shard in f32
+    for (const auto& r : res) {
+      INFO("weight bytes " << r.weight_bytes << ", the shard in f32 " << shard_f32 << ", the rest below " << others);
+      if (c.qsdown && !c.qsup && (c.ep != 3 || !split)) CHECK(r.weight_bytes < others + shard_f32 / 2);
+      if (c.qsup) CHECK(r.weight_bytes > 2 * shard_f32 / 3);  // gate and up in f32
+    }
+  }
+}
+
 TEST_CASE("GGUF block-format experts: the error is the int8 activations' as stated, not a bug", "[forward][quant]") {
   // The same layer and inputs against two references: one that quantizes
   // the block-format experts' activations as the kernels state (the
@@ -575,8 +624,9 @@ TEST_CASE("GGUF block-format experts: the error is the int8 activations' as stat
 TEST_CASE("GGUF block formats against the unquantized layer: each format's own error, in its order",
           "[forward][quant]") {
   // Float weights given to a layer whose weight_dtype is a block format
-  // (quantized by ep_moe's quantizers), against the float reference of the
-  // same weights: the whole quantization error of weights and activations.
+  // (routed and shared experts quantized by ep_moe's quantizers), against
+  // the float reference of the same weights: the whole quantization error
+  // of weights and activations.
   // Each format within its bound (docs/quantization.md), and more bits
   // never worse than fewer by much: Q8_0 < Q6_K < Q5_K < Q4_K.
   const int types[] = {refq::Q8_0, refq::Q6_K, refq::Q5_K, refq::Q4_K, refq::IQ4_XS, refq::Q4_0, refq::MXFP4};
@@ -590,11 +640,18 @@ TEST_CASE("GGUF block formats against the unquantized layer: each format's own e
     c.spec.I = 256;
     c.spec.E = 8;
     c.spec.K = 2;
+    c.spec.Is = 512;  // a shard of 256 on each rank: whole blocks, quantized too
     c.ep = 2;
     c.tokens = {12};
     c.tol = bound[i];
-    harness::run_case(c, g, &err[i]);
+    const auto res = harness::run_case(c, g, &err[i]);
     WARN("format " << types[i] << " against the unquantized layer: max error " << err[i]);
+    // Held as blocks, the shared shard too: below the routed blocks, the
+    // router and half the shard in f32.
+    const double bpw = static_cast<double>(refq::block_bytes(types[i])) / refq::block_elems(types[i]);
+    const double H = c.spec.H, I = c.spec.I;
+    const double shard_f32 = 3 * 256 * H * 4, others = 4 * 3 * I * H * bpw + c.spec.E * H * 4 + 65536;
+    for (const auto& r : res) CHECK(static_cast<double>(r.weight_bytes) < others + shard_f32 / 2);
   }
   CHECK(err[0] < err[1]);
   CHECK(err[1] < err[2]);
