@@ -56,13 +56,22 @@ inline __m256i dot_ss(__m256i w, __m256i a) {
 // The int8 activation values of rows a[0 .. M) at element e.
 // s32: the sums of each 32 (the K formats' mins), from `sums32` when
 // given (qgemm makes them once per call), else null.
+// ahead: where the kernel prefetches the weights it reads kAheadBytes on
+// (decode), or null.
+struct Ahead {
+  const uint8_t* end;   // the panel's end: beyond it, the stream goes on at
+  const uint8_t* next;  // the panel this thread takes next (null: none)
+  size_t next_bytes;    // of which this many bytes (taken to be this panel's size)
+};
+
 template <int M>
 struct Rows {
   const int8_t* q[M];
   const float* d[M];
   const int16_t* s[M];
   const int16_t* s32[M];
-  Rows(const void* const* a, int k, const int16_t* const* sums32 = nullptr) {
+  const Ahead* ahead;
+  Rows(const void* const* a, int k, const int16_t* const* sums32 = nullptr, const Ahead* ah = nullptr) : ahead(ah) {
     for (int r = 0; r < M; ++r) {
       q[r] = act_q(a[r]);
       d[r] = act_d(a[r], k);
@@ -71,6 +80,27 @@ struct Rows {
     }
   }
 };
+
+// Decode reads each weight once, from memory: every block prefetches the
+// lines kAheadBytes on in the stream (into the next panel past this one's
+// end), spread over the row so that the reads overlap the arithmetic. A
+// burst of a whole row's lines at once leaves long rows (k of 4096 and
+// more) waiting on the memory more than short ones; a few KiB ahead covers
+// the latency at two threads' share of the bandwidth. Inlined: a call would
+// spill every live vector register around it (all are caller-saved).
+constexpr size_t kAheadBytes = 6144;
+[[gnu::always_inline]] inline void prefetch_ahead(const Ahead* ah, const uint8_t* block, int bb) {
+  if (!ah) return;
+  for (int off = 0; off < bb; off += 64) {
+    const uint8_t* t = block + kAheadBytes + off;
+    if (t >= ah->end) {
+      const auto past = static_cast<size_t>(t - ah->end);
+      if (!ah->next || past >= ah->next_bytes) return;
+      t = ah->next + past;
+    }
+    _mm_prefetch(reinterpret_cast<const char*>(t), _MM_HINT_T0);
+  }
+}
 
 // The sums of each 32 activation values of a row (from its sums of 16).
 inline void sums32(const void* a, int k, int16_t* out) {
@@ -85,6 +115,7 @@ void dot_q8_0(const uint8_t* w, const Rows<M>& a, int k, float* out) {
   __m256 acc[M];
   for (int r = 0; r < M; ++r) acc[r] = _mm256_setzero_ps();
   for (int b = 0; b < k / 32; ++b, w += 34) {
+    prefetch_ahead(a.ahead, w, 34);
     const __m256i wq = load(w + 2);
     const float dw = f16(w);
     for (int r = 0; r < M; ++r) {
@@ -101,6 +132,7 @@ void dot_q4_0(const uint8_t* w, const Rows<M>& a, int k, float* out) {
   __m256 acc[M];
   for (int r = 0; r < M; ++r) acc[r] = _mm256_setzero_ps();
   for (int b = 0; b < k / 32; ++b, w += 18) {
+    prefetch_ahead(a.ahead, w, 18);
     const __m256i wq = _mm256_sub_epi8(nibbles(w + 2), _mm256_set1_epi8(8));
     const float dw = f16(w);
     for (int r = 0; r < M; ++r) {
@@ -118,6 +150,7 @@ void dot_mxfp4(const uint8_t* w, const Rows<M>& a, int k, float* out) {
   __m256 acc[M];
   for (int r = 0; r < M; ++r) acc[r] = _mm256_setzero_ps();
   for (int b = 0; b < k / 32; ++b, w += 17) {
+    prefetch_ahead(a.ahead, w, 17);
     const __m256i wq = _mm256_shuffle_epi8(table, nibbles(w + 1));
     // 2^(e - 128) (e8m0_half, inlined: a call per block of 32 costs as much as its arithmetic).
     const uint32_t bits = w[0] < 2 ? uint32_t{0x00200000} << w[0] : static_cast<uint32_t>(w[0] - 1) << 23;
@@ -178,6 +211,7 @@ void dot_k45(const uint8_t* w, const Rows<M>& a, int k, float* out) {
     accm[r] = _mm_setzero_ps();
   }
   for (int b = 0; b < k / 256; ++b, w += bb) {
+    prefetch_ahead(a.ahead, w, bb);
     const __m128i scm = k4_scales(w + 4);
     const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
     const __m128i mn16 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scm, scm));
@@ -249,6 +283,8 @@ void dot_k45_two(const uint8_t* w0, const uint8_t* w1, const Rows<1>& a, int k, 
   for (int b = 0; b < k / 256; ++b) {
     const uint8_t* wb0 = w0 + static_cast<size_t>(b) * bb;
     const uint8_t* wb1 = w1 + static_cast<size_t>(b) * bb;
+    prefetch_ahead(a.ahead, wb0, bb);
+    prefetch_ahead(a.ahead, wb1, bb);
     const __m256i scm = k4_scales_two(wb0 + 4, wb1 + 4);
     const __m256i sc = _mm256_unpacklo_epi8(scm, _mm256_setzero_si256());  // lane r: row r's 8 scales (i16)
     const __m256i mn = _mm256_unpackhi_epi8(scm, _mm256_setzero_si256());  // and mins
@@ -304,6 +340,7 @@ void dot_q6_k(const uint8_t* w, const Rows<M>& a, int k, float* out) {
   __m256 acc[M];
   for (int r = 0; r < M; ++r) acc[r] = _mm256_setzero_ps();
   for (int b = 0; b < k / 256; ++b, w += 210) {
+    prefetch_ahead(a.ahead, w, 210);
     const uint8_t* ql = w;
     const uint8_t* qh = w + 128;
     const auto* sc = reinterpret_cast<const int8_t*>(w + 192);
@@ -343,6 +380,7 @@ void dot_iq4_xs(const uint8_t* w, const Rows<M>& a, int k, float* out) {
   __m256 acc[M];
   for (int r = 0; r < M; ++r) acc[r] = _mm256_setzero_ps();
   for (int b = 0; b < k / 256; ++b, w += 136) {
+    prefetch_ahead(a.ahead, w, 136);
     const float d = f16(w);
     const int sh = w[2] | (w[3] << 8);
     const uint8_t* sl = w + 4;
@@ -376,8 +414,8 @@ void dot_iq4_xs(const uint8_t* w, const Rows<M>& a, int k, float* out) {
 
 // --- the panel kernels ---------------------------------------------------------
 template <int T, int M>
-void dot_rows(const uint8_t* w, const void* const* a, int k, float* out, const int16_t* const* s32) {
-  const Rows<M> rows(a, k, s32);
+void dot_rows(const uint8_t* w, const void* const* a, int k, float* out, const int16_t* const* s32, const Ahead* ah) {
+  const Rows<M> rows(a, k, s32, ah);
   if constexpr (T == EP_MOE_DTYPE_Q8_0) dot_q8_0<M>(w, rows, k, out);
   else if constexpr (T == EP_MOE_DTYPE_Q4_0) dot_q4_0<M>(w, rows, k, out);
   else if constexpr (T == EP_MOE_DTYPE_MXFP4) dot_mxfp4<M>(w, rows, k, out);
@@ -388,7 +426,7 @@ void dot_rows(const uint8_t* w, const void* const* a, int k, float* out, const i
 }
 
 // dot_rows<T, 1 .. kTile>, by row count - 1.
-using DotRowsFn = void (*)(const uint8_t*, const void* const*, int, float*, const int16_t* const*);
+using DotRowsFn = void (*)(const uint8_t*, const void* const*, int, float*, const int16_t* const*, const Ahead*);
 template <int T, int... I>
 constexpr std::array<DotRowsFn, sizeof...(I)> dot_table(std::integer_sequence<int, I...>) {
   return {dot_rows<T, I + 1>...};
@@ -411,24 +449,21 @@ void qgemm(int m, const void* const* a, int k, const void* panel, int nr, float*
       sums32(a[i], k, s32buf[i]);
       s32[i] = s32buf[i];
     }
-  // Each weight row once, every activation row against it while it is in L1.
-  // Decode streams each row once: the row kAhead rows on (into the next
-  // panel at the end) is fetched into L2 while this one is computed, so
-  // the memory reads overlap the arithmetic instead of following it.
-  constexpr int kAhead = 2;
+  // Each weight row once, every activation row against it while it is in
+  // L1. Calls of up to kTile rows (decode) stream the panel: the kernels
+  // prefetch ahead in it, and on into `next`.
+  const uint8_t* p0 = static_cast<const uint8_t*>(panel);
+  const Ahead ahead{p0 + static_cast<size_t>(nr) * rb, static_cast<const uint8_t*>(next),
+                    next ? static_cast<size_t>(nr) * rb : 0};
   constexpr bool kTwo = T == EP_MOE_DTYPE_Q4_K || T == EP_MOE_DTYPE_Q5_K;
+  // The Q4_K/Q5_K kernels of two rows and more are bound by their
+  // arithmetic, which the prefetches then slow down; the others' gain up to
+  // a tile.
+  const Ahead* ah = m <= (kTwo ? 1 : kTile) ? &ahead : nullptr;
   for (int j = 0; j < nr; ++j) {
-    const uint8_t* w = static_cast<const uint8_t*>(panel) + static_cast<size_t>(j) * rb;
+    const uint8_t* w = p0 + static_cast<size_t>(j) * rb;
     if (kTwo && m == 1 && j + 1 < nr) {  // decode: two weight rows at a time
-      for (int q = 0; q < 2; ++q) {
-        const int jj = j + q;
-        const uint8_t* f = jj + kAhead < nr ? w + (q + kAhead) * rb
-                           : next ? static_cast<const uint8_t*>(next) + static_cast<size_t>(jj + kAhead - nr) * rb
-                                  : nullptr;
-        if (f)
-          for (size_t off = 0; off < rb; off += 64) _mm_prefetch(reinterpret_cast<const char*>(f + off), _MM_HINT_T1);
-      }
-      const Rows<1> rows(a, k, s32p);
+      const Rows<1> rows(a, k, s32p, ah);
       float o2[2];
       dot_k45_two<T == EP_MOE_DTYPE_Q5_K>(w, w + rb, rows, k, o2);
       c[j] = o2[0];
@@ -436,16 +471,9 @@ void qgemm(int m, const void* const* a, int k, const void* panel, int nr, float*
       ++j;
       continue;
     }
-    if (m <= kTile) {
-      const uint8_t* f = j + kAhead < nr ? w + kAhead * rb
-                         : next          ? static_cast<const uint8_t*>(next) + static_cast<size_t>(j + kAhead - nr) * rb
-                                         : nullptr;
-      if (f)
-        for (size_t off = 0; off < rb; off += 64) _mm_prefetch(reinterpret_cast<const char*>(f + off), _MM_HINT_T1);
-    }
     for (int i0 = 0; i0 < m; i0 += kTile) {
       const int mm = m - i0 < kTile ? m - i0 : kTile;
-      kDots<T>[mm - 1](w, a + i0, k, out, s32p ? s32p + i0 : nullptr);
+      kDots<T>[mm - 1](w, a + i0, k, out, s32p ? s32p + i0 : nullptr, ah);
       for (int i = 0; i < mm; ++i) c[(i0 + i) * ldc + j] = out[i];
     }
   }
