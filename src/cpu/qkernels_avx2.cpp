@@ -204,12 +204,10 @@ template <int M, bool Five>
 void dot_k45(const uint8_t* w, const Rows<M>& a, int k, float* out) {
   const int bb = Five ? 176 : 144;
   const __m256i m4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+  // One accumulator a row: the scaled block sums, less (in lanes 0-3) the
+  // mins against the activations' sums of 32 (a second one a row spills).
   __m256 acc[M];
-  __m128 accm[M];
-  for (int r = 0; r < M; ++r) {
-    acc[r] = _mm256_setzero_ps();
-    accm[r] = _mm_setzero_ps();
-  }
+  for (int r = 0; r < M; ++r) acc[r] = _mm256_setzero_ps();
   for (int b = 0; b < k / 256; ++b, w += bb) {
     prefetch_ahead(a.ahead, w, bb);
     const __m128i scm = k4_scales(w + 4);
@@ -246,14 +244,11 @@ void dot_k45(const uint8_t* w, const Rows<M>& a, int k, float* out) {
       // The mins against the 32-sums of the activations.
       const __m128i s16 =
           a.s32[r] ? load128(a.s32[r] + 8 * b) : _mm_hadd_epi16(load128(a.s[r] + 16 * b), load128(a.s[r] + 16 * b + 8));
-      accm[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, s16)), _mm_shuffle_ps(dda, dda, 0x55), accm[r]);
+      const __m256 mins = _mm256_zextps128_ps256(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, s16)));
+      acc[r] = _mm256_fnmadd_ps(mins, _mm256_broadcastss_ps(_mm_shuffle_ps(dda, dda, 0x55)), acc[r]);
     }
   }
-  for (int r = 0; r < M; ++r) {
-    __m128 t = _mm_add_ps(accm[r], _mm_movehl_ps(accm[r], accm[r]));
-    t = _mm_add_ss(t, _mm_movehdup_ps(t));
-    out[r] = hsum(acc[r]) - _mm_cvtss_f32(t);
-  }
+  for (int r = 0; r < M; ++r) out[r] = hsum(acc[r]);
 }
 
 // Two rows' 12 scale bytes (at s0, s1) as 16 u8 scales and mins, one row a
