@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "common/dtype.hpp"
 #include "common/quant.hpp"
@@ -40,6 +42,18 @@ inline float source_at(const Source& s, int64_t r, int64_t c) {
   if (dtype_is_quant(s.dtype)) return dequantize_at(s.dtype, source_row(s, r), s.col0 + c);
   const int64_t i = s.transposed ? (s.col0 + c) * s.ld + s.row0 + r : (s.row0 + r) * s.ld + s.col0 + c;
   return load_elem(s.data, s.dtype, i);
+}
+
+// Row `r` of the view, `n` elements, widened to f32 at dst (a block
+// format's whole stored row dequantized once, then the window).
+inline void source_row_f32(const Source& s, int64_t r, int64_t n, float* dst) {
+  if (dtype_is_quant(s.dtype)) {
+    std::vector<float> whole(static_cast<size_t>(s.ld));
+    dequantize_row(s.dtype, source_row(s, r), whole.data(), s.ld);
+    std::memcpy(dst, whole.data() + s.col0, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  for (int64_t c = 0; c < n; ++c) dst[c] = source_at(s, r, c);
 }
 
 // Which weight of a layer a backend stores (layer/backend.hpp). Gate and

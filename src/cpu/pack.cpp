@@ -52,18 +52,6 @@ void put_row_raw(PackedWeight& out, int32_t p, int32_t j, const Source& s, int64
   }
 }
 
-// Source row `row` as k floats at dst (a block-format source: its whole
-// stored row dequantized, then the window).
-void source_row_f32(const Source& s, int64_t row, int32_t k, float* dst) {
-  if (dtype_is_quant(s.dtype) && !s.transposed) {
-    std::vector<float> whole(static_cast<size_t>(s.ld));
-    dequantize_row(s.dtype, source_row(s, row), whole.data(), s.ld);
-    std::memcpy(dst, whole.data() + s.col0, static_cast<size_t>(k) * 4);
-    return;
-  }
-  for (int32_t kk = 0; kk < k; ++kk) dst[kk] = src_at(s, row, kk);
-}
-
 // Row j of panel p of a block-format weight from source row `row`: its
 // blocks copied (the same format, window on whole blocks) or quantized.
 void put_quant_row(PackedWeight& out, int32_t p, int32_t j, const Source& s, int64_t row) {

@@ -188,8 +188,11 @@ void CudaLayer::upload(Part part, int32_t slot, int64_t row0, const Source& src,
     hs.data = span.data() - first * static_cast<int64_t>(ses);
   }
   std::vector<char> stage(static_cast<size_t>(rows) * row_bytes);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) store_elem(stage.data(), ddt, r * cols + c, source_at(hs, r, c));
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    source_row_f32(hs, r, cols, row.data());  // a block format's row decoded once
+    for (int64_t c = 0; c < cols; ++c) store_elem(stage.data(), ddt, r * cols + c, row[static_cast<size_t>(c)]);
+  }
   check(cudaMemcpy(dst, stage.data(), stage.size(), cudaMemcpyHostToDevice), "weight upload");
 }
 

@@ -176,21 +176,12 @@ void CudaBackend::put(WeightPart part, int32_t slot, int64_t row0, const Source&
   if (part == WeightPart::RouterBias || part == WeightPart::ExpertGateBias || part == WeightPart::ExpertUpBias ||
       part == WeightPart::ExpertDownBias)
     fail(EP_MOE_ERR_INTERNAL, "a CUDA layer was given a bias (takes_biases() is false)");
-  if (dtype_is_quant(src.dtype)) {
-    // CUDA layers hold weight_dtype (f32, bf16 or f16): block formats are
-    // widened on the host first, each stored row decoded once.
-    if (src_on_device)
-      fail(EP_MOE_ERR_UNSUPPORTED,
-           "%s weights in device memory: a CUDA layer widens block formats on the host; give them in host memory",
-           dtype_name(src.dtype));
-    std::vector<float> wide(static_cast<size_t>(rows * cols)), row(static_cast<size_t>(src.ld));
-    for (int64_t r = 0; r < rows; ++r) {
-      dequantize_row(src.dtype, source_row(src, r), row.data(), src.ld);
-      std::memcpy(wide.data() + r * cols, row.data() + src.col0, static_cast<size_t>(cols) * 4);
-    }
-    dev_->upload(part, slot < 0 ? 0 : slot, row0, Source{wide.data(), EP_MOE_DTYPE_F32, cols}, rows, cols, false);
-    return;
-  }
+  // CUDA layers hold weight_dtype (f32, bf16 or f16): the upload widens
+  // block formats on the host, from host memory only.
+  if (dtype_is_quant(src.dtype) && src_on_device)
+    fail(EP_MOE_ERR_UNSUPPORTED,
+         "%s weights in device memory: a CUDA layer widens block formats on the host; give them in host memory",
+         dtype_name(src.dtype));
   dev_->upload(part, slot < 0 ? 0 : slot, row0, src, rows, cols, src_on_device);
 }
 

@@ -103,12 +103,9 @@ class Reader {
       fetch(f, t, s.offset + static_cast<uint64_t>(r0) * row_bytes, nr * row_elems, &out.buf);
       out.cols = row_elems;
       if (nc != s.cols) {
-        std::vector<uint8_t> narrow(static_cast<size_t>(nr * nc) * 4);
-        std::vector<float> row(static_cast<size_t>(row_elems));
-        for (int64_t r = 0; r < nr; ++r) {
-          dequantize_row(dt, out.buf.data() + static_cast<size_t>(r) * row_bytes, row.data(), row_elems);
-          std::memcpy(narrow.data() + static_cast<size_t>(r * nc) * 4, row.data() + c0, static_cast<size_t>(nc) * 4);
-        }
+        std::vector<uint8_t> narrow(static_cast<size_t>(nr * nc) * sizeof(float));
+        const Source rows{out.buf.data(), dt, row_elems, 0, c0};
+        for (int64_t r = 0; r < nr; ++r) source_row_f32(rows, r, nc, reinterpret_cast<float*>(narrow.data()) + r * nc);
         out.buf.swap(narrow);
         out.dtype = EP_MOE_DTYPE_F32;
         out.cols = nc;
