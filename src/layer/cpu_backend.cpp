@@ -133,27 +133,25 @@ void CpuBackend::put_shared_gate_up(int half, const Source& src, int32_t inter) 
   cpu::PackedWeight& gu = shared_.gate_up;
   ep_moe_dtype_t t = shared_type(src, cfg_.hidden_size);
   if (!gu.empty() && gu.dtype != t) {
-    // gate_up holds the other half (or an earlier copy of this one).
+    // gate_up holds the other half (or an earlier copy of this one), in
+    // blocks or in the float type: both end in the float type.
     t = float_type_;
-    if (gu.dtype != t) widen_gate_up(gu, inter, t);
+    if (gu.quant()) dequantize_gate_up(gu, inter);
   }
   if (dtype_is_quant(t)) enable_quant();
   put_gate_up_half(shared_, half, src, inter, t);
 }
 
-void CpuBackend::widen_gate_up(cpu::PackedWeight& gu, int32_t inter, ep_moe_dtype_t to) const {
+void CpuBackend::dequantize_gate_up(cpu::PackedWeight& gu, int32_t inter) const {
   const int32_t H = cfg_.hidden_size;
   cpu::PackedWeight wide;
-  cpu::init_gate_up(wide, inter, H, kern_.nr, to);
-  std::vector<uint8_t> raw(Layer::row_bytes_of(gu.dtype, H));
+  cpu::init_gate_up(wide, inter, H, kern_.nr, float_type_);
+  std::vector<uint8_t> raw(gu.row_bytes());
   std::vector<float> rows(static_cast<size_t>(inter) * static_cast<size_t>(H));
   for (int half = 0; half < 2; ++half) {
     for (int32_t r = 0; r < inter; ++r) {
       cpu::unpack_gate_up_row(gu, half, r, raw.data());
-      float* dst = rows.data() + static_cast<size_t>(r) * static_cast<size_t>(H);
-      if (gu.quant()) dequantize_row(gu.dtype, raw.data(), dst, H);
-      else
-        for (int32_t c = 0; c < H; ++c) dst[c] = load_elem(raw.data(), gu.dtype, c);
+      dequantize_row(gu.dtype, raw.data(), rows.data() + static_cast<size_t>(r) * static_cast<size_t>(H), H);
     }
     cpu::pack_gate_up_half(wide, Source{rows.data(), EP_MOE_DTYPE_F32, H}, half, inter);
   }

@@ -84,8 +84,8 @@ class CpuBackend final : public LayerBackend {
   // The shared expert's gate (half 0) or up (half 1): held in blocks when
   // both halves come in the same format, else both in float_type_.
   void put_shared_gate_up(int half, const Source& src, int32_t inter);
-  // A gate/up pair re-packed in `to` (its rows dequantized or widened).
-  void widen_gate_up(cpu::PackedWeight& gu, int32_t inter, ep_moe_dtype_t to) const;
+  // A block-format gate/up pair re-packed in float_type_, dequantized.
+  void dequantize_gate_up(cpu::PackedWeight& gu, int32_t inter) const;
   // The storage type of a routed expert's part from a source of `src`:
   // a block format as it is, else weight_dtype; checked against the type
   // the part already has (*fixed, -1 before the first).
