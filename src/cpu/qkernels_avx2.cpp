@@ -61,7 +61,7 @@ inline __m256i dot_ss(__m256i w, __m256i a) {
 struct Ahead {
   const uint8_t* end;   // the panel's end: beyond it, the stream goes on at
   const uint8_t* next;  // the panel this thread takes next (null: none)
-  size_t next_bytes;    // of which this many bytes (taken to be this panel's size)
+  size_t bytes;         // this panel's size, taken to be the next one's too
 };
 
 template <int M>
@@ -95,7 +95,7 @@ constexpr size_t kAheadBytes = 6144;
     const uint8_t* t = block + kAheadBytes + off;
     if (t >= ah->end) {
       const auto past = static_cast<size_t>(t - ah->end);
-      if (!ah->next || past >= ah->next_bytes) return;
+      if (!ah->next || past >= ah->bytes) return;
       t = ah->next + past;
     }
     _mm_prefetch(reinterpret_cast<const char*>(t), _MM_HINT_T0);
@@ -171,18 +171,24 @@ inline uint32_t rd32(const uint8_t* p) {
   std::memcpy(&v, p, 4);
   return v;
 }
-// As 8 u8 scales (low half) and 8 u8 mins (high half) of a 128-bit vector,
-// the four 32-bit words computed side by side:
+// Two rows' 12 scale bytes (at s0, s1) as 8 u8 scales (low half) and 8 u8
+// mins (high half) of each 128-bit lane, one row a lane, the four 32-bit
+// words of a lane computed side by side:
 //   [u0 & 63s, (u2 & 15s) | (u0 >> 6 & 3s) << 4, u1 & 63s, (u2 >> 4 & 15s) | (u1 >> 6 & 3s) << 4].
-inline __m128i k4_scales(const uint8_t* s12) {
-  const __m128i u = load128(s12);  // words 0-2; word 3 (the block's first quants) is not used
-  const __m128i a = _mm_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0));  // [u0, u0, u1, u1]
-  const __m128i b = _mm_shuffle_epi32(u, _MM_SHUFFLE(2, 2, 2, 2));  // u2
-  const __m128i low6 = _mm_and_si128(a, _mm_set1_epi32(0x3f3f3f3f));
-  const __m128i top2 = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(a, 6), _mm_set1_epi32(0x03030303)), 4);
-  const __m128i nib = _mm_and_si128(_mm_srlv_epi32(b, _mm_setr_epi32(0, 0, 0, 4)), _mm_set1_epi32(0x0f0f0f0f));
-  return _mm_blend_epi32(low6, _mm_or_si128(nib, top2), 0xA);  // odd words: nibble | top bits
+// The 16-byte loads read words 0-2; word 3 (the block's first quants) is
+// not used.
+inline __m256i k4_scales_two(const uint8_t* s0, const uint8_t* s1) {
+  const __m256i u = _mm256_set_m128i(load128(s1), load128(s0));
+  const __m256i a = _mm256_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0));  // [u0, u0, u1, u1]
+  const __m256i b = _mm256_shuffle_epi32(u, _MM_SHUFFLE(2, 2, 2, 2));  // u2
+  const __m256i low6 = _mm256_and_si256(a, _mm256_set1_epi32(0x3f3f3f3f));
+  const __m256i top2 = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a, 6), _mm256_set1_epi32(0x03030303)), 4);
+  const __m256i nib =
+      _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4)), _mm256_set1_epi32(0x0f0f0f0f));
+  return _mm256_blend_epi32(low6, _mm256_or_si256(nib, top2), 0xAA);  // odd words: nibble | top bits
 }
+// One row's: the low lane.
+inline __m128i k4_scales(const uint8_t* s12) { return _mm256_castsi256_si128(k4_scales_two(s12, s12)); }
 
 // Shuffle masks that broadcast i16 word j of each 128-bit lane to all of it
 // (constants: built per call they cost more than the block's arithmetic).
@@ -249,20 +255,6 @@ void dot_k45(const uint8_t* w, const Rows<M>& a, int k, float* out) {
     }
   }
   for (int r = 0; r < M; ++r) out[r] = hsum(acc[r]);
-}
-
-// Two rows' 12 scale bytes (at s0, s1) as 16 u8 scales and mins, one row a
-// lane: [sc0..7 | m0..7] each (k4_scales on 256 bits; the 16-byte loads
-// read 4 bytes past the scales, into the block's own quants).
-inline __m256i k4_scales_two(const uint8_t* s0, const uint8_t* s1) {
-  const __m256i u = _mm256_set_m128i(load128(s1), load128(s0));
-  const __m256i a = _mm256_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0));  // [u0, u0, u1, u1]
-  const __m256i b = _mm256_shuffle_epi32(u, _MM_SHUFFLE(2, 2, 2, 2));  // u2
-  const __m256i low6 = _mm256_and_si256(a, _mm256_set1_epi32(0x3f3f3f3f));
-  const __m256i top2 = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a, 6), _mm256_set1_epi32(0x03030303)), 4);
-  const __m256i nib =
-      _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4)), _mm256_set1_epi32(0x0f0f0f0f));
-  return _mm256_blend_epi32(low6, _mm256_or_si256(nib, top2), 0xAA);
 }
 
 // One activation row against two weight rows (decode): the two rows'
@@ -448,8 +440,8 @@ void qgemm(int m, const void* const* a, int k, const void* panel, int nr, float*
   // L1. Calls of up to kTile rows (decode) stream the panel: the kernels
   // prefetch ahead in it, and on into `next`.
   const uint8_t* p0 = static_cast<const uint8_t*>(panel);
-  const Ahead ahead{p0 + static_cast<size_t>(nr) * rb, static_cast<const uint8_t*>(next),
-                    next ? static_cast<size_t>(nr) * rb : 0};
+  const size_t panel_bytes = static_cast<size_t>(nr) * rb;
+  const Ahead ahead{p0 + panel_bytes, static_cast<const uint8_t*>(next), panel_bytes};
   constexpr bool kTwo = T == EP_MOE_DTYPE_Q4_K || T == EP_MOE_DTYPE_Q5_K;
   // The Q4_K/Q5_K kernels of two rows and more are bound by their
   // arithmetic, which the prefetches then slow down; the others' gain up to
