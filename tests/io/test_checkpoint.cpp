@@ -219,6 +219,18 @@ int64_t expected_bytes(const writers::Model& m, bool gguf, int ep, int r) {
   return static_cast<int64_t>(std::llround(b));
 }
 
+// Runs the loaded layer on EP 1 .. 4 (run_loaded): every rank read exactly
+// its expected bytes.
+void check_loaded_bytes(const Written& wr, bool gguf, int tokens) {
+  for (int ep : {1, 2, 3, 4}) {
+    const auto bytes = run_loaded(wr, ep, tokens);
+    for (int r = 0; r < ep; ++r) {
+      INFO("ep " << ep << " rank " << r);
+      CHECK(bytes[static_cast<size_t>(r)] == expected_bytes(wr.m, gguf, ep, r));
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("every naming scheme and element type loads at several EP sizes and matches the reference",
@@ -304,14 +316,7 @@ TEST_CASE("every naming scheme and element type loads at several EP sizes and ma
       // Dense layers have no experts.
       CHECK(ep_moe_checkpoint_layer_config(&lc, ck.c, 0) == EP_MOE_ERR_NOT_FOUND);
     }
-    for (int ep : {1, 2, 3, 4}) {
-      const auto bytes = run_loaded(wr, ep, 9);
-      for (int r = 0; r < ep; ++r) {
-        INFO("ep " << ep << " rank " << r);
-        CHECK(bytes[static_cast<size_t>(r)] ==
-              expected_bytes(wr.m, c.scheme == Scheme::Gguf || c.scheme == Scheme::GgufFused, ep, r));
-      }
-    }
+    check_loaded_bytes(wr, c.scheme == Scheme::Gguf || c.scheme == Scheme::GgufFused, 9);
   }
 }
 
@@ -325,13 +330,7 @@ TEST_CASE("GGUF Q8_0 shared expert: a shard on whole blocks reads only its block
   s.Is = 128;
   s.shared_gate = true;
   const Written wr = write_model(Scheme::Gguf, "Q8_0", s);
-  for (int ep : {1, 2, 3, 4}) {  // shards 128, 64, 32: whole blocks; 43/43/42: not
-    const auto bytes = run_loaded(wr, ep, 7);
-    for (int r = 0; r < ep; ++r) {
-      INFO("ep " << ep << " rank " << r);
-      CHECK(bytes[static_cast<size_t>(r)] == expected_bytes(wr.m, true, ep, r));
-    }
-  }
+  check_loaded_bytes(wr, true, 7);  // shards 128, 64, 32 on EP 1, 2, 4: whole blocks; 43/43/42 on EP 3: not
 }
 
 TEST_CASE("rank r of R reads at most expert_bytes/R + non-expert bytes + 5%", "[checkpoint][bytes]") {

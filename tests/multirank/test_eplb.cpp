@@ -172,6 +172,24 @@ std::vector<ep_moe_comm_t*> lose_last_rank(World& W) {
   return group;
 }
 
+// A rank joins: a new group one larger (returned, and the world's now; the
+// old one stays alive, owned by the world) and, last in W.layers, the joining rank's layer of
+// the new linear placement, without weights.
+std::vector<ep_moe_comm_t*> join_fresh_rank(World& W) {
+  const int n = static_cast<int>(W.layers.size()) + 1;
+  W.old_groups.push_back(W.comms);
+  std::vector<ep_moe_comm_t*> group(static_cast<size_t>(n), nullptr);
+  REQUIRE(ep_moe_comm_create_local(group.data(), n, nullptr) == EP_MOE_OK);
+  const ep_moe_layer_config_t lc = harness::layer_config(W.c);
+  ep_moe_expert_map_t* m = make_map(n, n - 1, W.c.spec.E, {});
+  ep_moe_layer_t* fresh = nullptr;
+  REQUIRE(ep_moe_layer_create(&fresh, &lc, m, group.back(), nullptr) == EP_MOE_OK);
+  ep_moe_expert_map_destroy(m);
+  W.layers.push_back(fresh);
+  W.comms = group;
+  return group;
+}
+
 int64_t attr(ep_moe_layer_t* l, ep_moe_layer_attr_t a) {
   int64_t v = -1;
   REQUIRE(ep_moe_layer_get_attr(&v, l, a) == EP_MOE_OK);
@@ -658,17 +676,8 @@ TEST_CASE("replace: a shared expert in blocks stays so where its shard stays, an
   // A fourth rank joins: every shard changes, and moves as units of the
   // dequantized values (f32 here, exact); the shared expert then reads f32
   // inputs, as the reference now does.
-  W.old_groups.push_back(W.comms);
-  std::vector<ep_moe_comm_t*> group(4, nullptr);
-  REQUIRE(ep_moe_comm_create_local(group.data(), 4, nullptr) == EP_MOE_OK);
-  const ep_moe_layer_config_t lc = harness::layer_config(W.c);
-  ep_moe_expert_map_t* m = make_map(4, 3, W.c.spec.E, {});
-  ep_moe_layer_t* fresh = nullptr;
-  REQUIRE(ep_moe_layer_create(&fresh, &lc, m, group[3], nullptr) == EP_MOE_OK);
-  ep_moe_expert_map_destroy(m);
-  W.layers.push_back(fresh);
+  const auto group = join_fresh_rank(W);
   for (auto x : replace(W, {}, 4, group, nullptr, 0)) REQUIRE(x == EP_MOE_OK);
-  W.comms = group;
   W.c.spec.shared_act_block_gu = W.c.spec.shared_act_block_down = 0;
   for (auto* l : W.layers) CHECK(attr(l, EP_MOE_LAYER_ATTR_READY) == 1);
   for (int i = 0; i < 2; ++i) forward(W, draw(W, 4));
@@ -784,20 +793,11 @@ TEST_CASE("elastic: 3 -> 4 ranks; the new rank receives everything it holds", "[
   create(W, 3);
   const Step s3 = draw(W, 3);
   forward(W, s3);
-  W.old_groups.push_back(W.comms);
-  std::vector<ep_moe_comm_t*> group(4, nullptr);
-  REQUIRE(ep_moe_comm_create_local(group.data(), 4, nullptr) == EP_MOE_OK);
-  // The joining rank: a layer of the new placement, no weights.
-  const ep_moe_layer_config_t lc = harness::layer_config(W.c);
-  ep_moe_expert_map_t* m = make_map(4, 3, W.c.spec.E, {});
-  ep_moe_layer_t* fresh = nullptr;
-  REQUIRE(ep_moe_layer_create(&fresh, &lc, m, group[3], nullptr) == EP_MOE_OK);
-  ep_moe_expert_map_destroy(m);
+  const auto group = join_fresh_rank(W);
+  ep_moe_layer_t* fresh = W.layers.back();
   CHECK(attr(fresh, EP_MOE_LAYER_ATTR_READY) == 0);
-  W.layers.push_back(fresh);
   const auto st = replace(W, {}, 4, group, nullptr, 0);
   for (auto x : st) REQUIRE(x == EP_MOE_OK);
-  W.comms = group;
   CHECK(attr(fresh, EP_MOE_LAYER_ATTR_READY) == 1);
   CHECK(attr(fresh, EP_MOE_LAYER_ATTR_REPLACE_BYTES_RECEIVED) > 0);
   CHECK(attr(fresh, EP_MOE_LAYER_ATTR_REPLACE_EXPERTS_KEPT) == 0);
