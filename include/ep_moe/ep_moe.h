@@ -1527,15 +1527,18 @@ typedef struct ep_moe_tensor_info {
   size_t struct_size;
   /** Name of the tensor holding the weight (NUL-terminated, truncated to fit). */
   char name[256];
-  /** Element type as the file names it ("BF16", "Q8_0", ...). */
+  /** Element type as the file names it ("BF16", "Q8_0", ...); "MXFP4" for
+   *  GPT-OSS's safetensors MXFP4 experts, which are two U8 tensors, the
+   *  blocks (`name`, `dims`) and their scales (`<...>_scales`). */
   char dtype[16];
   /** Dimensions of that tensor, outermost first. */
   int32_t n_dims;
   /** The first n_dims entries are valid. */
   int64_t dims[8];
-  /** Bytes of the whole tensor. */
+  /** Bytes of the whole tensor (an MXFP4 pair's: blocks and scales). */
   int64_t tensor_bytes;
-  /** Bytes of this weight within it (one expert's block of a 3-D tensor). */
+  /** Bytes of this weight within it (one expert's block of a 3-D tensor;
+   *  an MXFP4 pair's: its blocks and scales, 17 bytes per 32 elements). */
   int64_t bytes;
   /** Index of the file holding it. */
   int32_t file_index;

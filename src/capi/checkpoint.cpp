@@ -166,11 +166,11 @@ ep_moe_status_t ep_moe_checkpoint_tensor_info(ep_moe_tensor_info_t* out, const e
     std::memset(&info, 0, sizeof info);
     info.struct_size = sizeof info;
     copy_text(info.name, sizeof info.name, t.name);
-    copy_text(info.dtype, sizeof info.dtype, t.type_name);
+    copy_text(info.dtype, sizeof info.dtype, sl.scales ? std::string("MXFP4") : t.type_name);
     info.n_dims = static_cast<int32_t>(std::min<size_t>(t.shape.size(), 8));
     for (int i = 0; i < info.n_dims; ++i) info.dims[i] = t.shape[static_cast<size_t>(i)];
-    info.tensor_bytes = static_cast<int64_t>(t.bytes);
-    info.bytes = static_cast<int64_t>(t.bytes_of(static_cast<uint64_t>(sl.rows * sl.cols)));
+    info.tensor_bytes = static_cast<int64_t>(t.bytes + (sl.scales ? sl.scales->bytes : 0));
+    info.bytes = static_cast<int64_t>(sl.bytes());
     info.file_index = t.file;
     info.transposed = sl.transposed ? 1 : 0;
     *out = info;

@@ -22,9 +22,8 @@ namespace {
 
 // Roles of tensors within a layer. Per-expert roles carry the expert id;
 // 3-D roles hold every expert (outermost dimension) and use expert -1.
-// R2_*: [E, n] tensors of every expert's bias. R_MXFP4: GPT-OSS's MXFP4
-// expert blocks and scales, which make a layer an MoE layer that
-// layer_shape() refuses (quantized experts are not supported yet).
+// R2_*: [E, n] tensors of every expert's bias. R_MXFP4_*: GPT-OSS's MXFP4
+// expert blocks (4-D) and, one role on, their scales (3-D); see Slice.
 enum Role : int {
   R_GATE = 0,
   R_UP,
@@ -41,7 +40,9 @@ enum Role : int {
   R2_DOWN_BIAS,
   R2_GATE_UP_BIAS,
   R_MXFP4_GATE_UP,
+  R_MXFP4_GATE_UP_SCALES,
   R_MXFP4_DOWN,
+  R_MXFP4_DOWN_SCALES,
   R3_GATE,
   R3_UP,
   R3_DOWN,
@@ -49,7 +50,28 @@ enum Role : int {
 };
 // Roles that hold routed experts' weight matrices (the scheme votes, the
 // MoE layers).
-bool expert_role(int r) { return r <= R_DOWN || r >= R3_GATE || r == R_MXFP4_GATE_UP || r == R_MXFP4_DOWN; }
+bool expert_role(int r) { return r <= R_DOWN || r >= R3_GATE || (r >= R_MXFP4_GATE_UP && r <= R_MXFP4_DOWN_SCALES); }
+// Dimensions of a tensor that holds every expert of a layer in a role.
+size_t role_dims(int r) { return r == R_MXFP4_GATE_UP || r == R_MXFP4_DOWN ? 4 : 3; }
+
+// A 1-D or 2-D tensor's [rows, cols] (1-D: one row).
+void matrix_dims(const std::string& fname, const TensorInfo* t, int64_t* r, int64_t* c) {
+  if (t->shape.size() == 1) {
+    *r = 1;
+    *c = t->shape[0];
+  } else if (t->shape.size() == 2) {
+    *r = t->shape[0];
+    *c = t->shape[1];
+  } else {
+    fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s' should be 2-D", fname.c_str(), t->name.c_str());
+  }
+}
+
+std::string dims_text(const std::vector<int64_t>& shape) {
+  std::string t = "[";
+  for (size_t i = 0; i < shape.size(); ++i) t += (i ? ", " : "") + std::to_string(shape[i]);
+  return t + "]";
+}
 
 bool is_dir(const std::string& p) {
   struct stat st;
@@ -120,9 +142,9 @@ bool parse_hf(const std::string& name, std::string* prefix, Parsed* out) {
       {"mlp.experts.gate_up_proj_bias", Naming::HfFused, R2_GATE_UP_BIAS},
       {"mlp.experts.down_proj_bias", Naming::HfFused, R2_DOWN_BIAS},
       {"mlp.experts.gate_up_proj_blocks", Naming::HfFused, R_MXFP4_GATE_UP},
-      {"mlp.experts.gate_up_proj_scales", Naming::HfFused, R_MXFP4_GATE_UP},
+      {"mlp.experts.gate_up_proj_scales", Naming::HfFused, R_MXFP4_GATE_UP_SCALES},
       {"mlp.experts.down_proj_blocks", Naming::HfFused, R_MXFP4_DOWN},
-      {"mlp.experts.down_proj_scales", Naming::HfFused, R_MXFP4_DOWN},
+      {"mlp.experts.down_proj_scales", Naming::HfFused, R_MXFP4_DOWN_SCALES},
       {"block_sparse_moe.gate.weight", Naming::Mixtral, R_ROUTER},
       {"mlp.gate.e_score_correction_bias", Naming::Auto, R_BIAS},
       {"mlp.shared_expert.gate_proj.weight", Naming::Auto, R_S_GATE},
@@ -506,15 +528,6 @@ void Checkpoint::index_names(Naming want, const std::string& prefix) {
     const bool is_expert = expert_role(p.role);
     if (is_expert && p.scheme != scheme) continue;  // another scheme's expert names
     if (p.scheme == Naming::Mixtral && scheme != Naming::Mixtral) continue;
-    if (p.role == R_MXFP4_GATE_UP || p.role == R_MXFP4_DOWN) {  // blocks and scales: two tensors a role
-      quantized_[p.layer].push_back(tensors_[std::get<0>(e)].name);
-      layers.insert(p.layer);
-      const TensorInfo& t = tensors_[std::get<0>(e)];
-      if (!t.shape.empty())
-        expert_count_[p.layer] = std::max<int32_t>(expert_count_[p.layer], static_cast<int32_t>(t.shape[0]));
-      num_layers_ = std::max(num_layers_, p.layer + 1);
-      continue;
-    }
     const auto key = std::make_tuple(p.layer, p.role, p.expert);
     if (!roles_.emplace(key, std::get<0>(e)).second)
       fail(EP_MOE_ERR_FORMAT, "%s: two tensors play the same role in layer %d", files_[0]->name().c_str(), p.layer);
@@ -526,9 +539,9 @@ void Checkpoint::index_names(Naming want, const std::string& prefix) {
         cnt = std::max(cnt, p.expert + 1);
       } else {
         const TensorInfo& t = tensors_[std::get<0>(e)];
-        if (t.shape.size() != 3)
-          fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s' should be 3-D [experts, ...], it has %zu dimensions",
-               file(t.file).name().c_str(), t.name.c_str(), t.shape.size());
+        if (t.shape.size() != role_dims(p.role))
+          fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s' should be %zu-D [experts, ...], it has %zu dimensions",
+               file(t.file).name().c_str(), t.name.c_str(), role_dims(p.role), t.shape.size());
         cnt = std::max<int32_t>(cnt, static_cast<int32_t>(t.shape[0]));
       }
     }
@@ -602,25 +615,9 @@ LayerShape Checkpoint::layer_shape(int32_t layer) const {
          fname.c_str(), layer, arch_.empty() ? "" : " (architecture '", arch_.c_str(), arch_.empty() ? "" : "')",
          names.size(), list.c_str());
   }
-  auto quantized = quantized_.find(layer);
-  if (quantized != quantized_.end())
-    fail(EP_MOE_ERR_UNSUPPORTED,
-         "%s: layer %d holds MXFP4 experts as safetensors blocks and scales ('%s', ...), which ep_moe cannot load; use "
-         "a GGUF conversion (MXFP4 blocks are kept as they are) or a bf16 or f32 copy of the checkpoint",
-         fname.c_str(), layer, quantized->second[0].c_str());
   LayerShape s;
   s.experts = expert_count_.at(layer);
-  auto dims2 = [&](const TensorInfo* t, int64_t* r, int64_t* c) {
-    if (t->shape.size() == 1) {
-      *r = 1;
-      *c = t->shape[0];
-    } else if (t->shape.size() == 2) {
-      *r = t->shape[0];
-      *c = t->shape[1];
-    } else {
-      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s' should be 2-D", fname.c_str(), t->name.c_str());
-    }
-  };
+  const auto dims2 = [&](const TensorInfo* t, int64_t* r, int64_t* c) { matrix_dims(fname, t, r, c); };
   int64_t H = hidden_hint(layer), I = 0;
   if (const TensorInfo* router = tensor(layer, R_ROUTER, -1)) {
     int64_t r, c;
@@ -630,40 +627,15 @@ LayerShape Checkpoint::layer_shape(int32_t layer) const {
            router->name.c_str(), static_cast<long long>(r), layer, s.experts);
     s.router = true;
   }
-  const TensorInfo* g = tensor(layer, R_GATE, 0);
-  const TensorInfo* g3 = tensor(layer, R3_GATE, -1);
-  const TensorInfo* gu3 = tensor(layer, R3_GATE_UP, -1);
-  const TensorInfo* d = tensor(layer, R_DOWN, 0);
-  if (g) {
-    int64_t r, c;
-    dims2(g, &r, &c);
-    I = r;
-    H = c;
-    s.expert_elem = g->elem;
-  } else if (g3) {
-    I = g3->shape[1];
-    H = g3->shape[2];
-    s.expert_elem = g3->elem;
-  } else if (gu3) {
-    s.expert_elem = gu3->elem;
-    const bool transposed = fused_transposed(layer);
-    const int64_t two_i = transposed ? gu3->shape[2] : gu3->shape[1];
-    H = transposed ? gu3->shape[1] : gu3->shape[2];
-    if (two_i % 2)
-      fail(EP_MOE_ERR_FORMAT, "%s: '%s' has an odd gate_up dimension %lld", fname.c_str(), gu3->name.c_str(),
-           static_cast<long long>(two_i));
-    I = two_i / 2;
-  } else if (d) {
-    int64_t r, c;
-    dims2(d, &r, &c);
-    H = r;
-    I = c;
-    s.expert_elem = d->elem;
-  }
+  s.expert_elem = expert_sizes(layer, &H, &I);
   if (H <= 0 || I <= 0 || H > (1 << 24) || I > (1 << 24))
     fail(EP_MOE_ERR_FORMAT, "%s: cannot tell the hidden/intermediate sizes of layer %d", fname.c_str(), layer);
   s.hidden = static_cast<int32_t>(H);
   s.inter = static_cast<int32_t>(I);
+  // MXFP4 blocks and scales: both there, in the shapes the sizes imply.
+  Slice probe;
+  locate_mxfp4(layer, R_MXFP4_GATE_UP, s.experts, 2 * I, H, 0, &probe);
+  locate_mxfp4(layer, R_MXFP4_DOWN, s.experts, H, I, 0, &probe);
 
   if (const TensorInfo* sg = tensor(layer, R_S_GATE, -1)) {
     int64_t r, c;
@@ -693,14 +665,63 @@ LayerShape Checkpoint::layer_shape(int32_t layer) const {
   // An architecture whose fused gate_up_proj (and its bias) alternates gate
   // and up (GPT-OSS: gate_up[..., ::2], [..., 1::2]).
   const bool interleaved = format_ == Format::Safetensors && hf_fused_layout(arch_).interleaved;
-  s.gate_up_interleaved = interleaved && gu3 != nullptr;
-  if (interleaved && !gu3)
+  s.gate_up_interleaved =
+      interleaved && (tensor(layer, R3_GATE_UP, -1) != nullptr || tensor(layer, R_MXFP4_GATE_UP, -1) != nullptr);
+  if (interleaved && !s.gate_up_interleaved)
     fail(EP_MOE_ERR_UNSUPPORTED,
          "%s: layer %d: model_type '%s' stores gate and up interleaved in one gate_up_proj, and this layer has none: "
          "not a layout ep_moe knows",
          fname.c_str(), layer, arch_.c_str());
 
   return s;
+}
+
+// The hidden and intermediate sizes the routed experts' tensors give
+// (H, I unchanged when none does), and their encoding.
+Elem Checkpoint::expert_sizes(int32_t layer, int64_t* H, int64_t* I) const {
+  const std::string& fname = files_[0]->name();
+  Elem elem = Elem::Other;
+  const TensorInfo* g = tensor(layer, R_GATE, 0);
+  const TensorInfo* g3 = tensor(layer, R3_GATE, -1);
+  const TensorInfo* gu3 = tensor(layer, R3_GATE_UP, -1);
+  const TensorInfo* d = tensor(layer, R_DOWN, 0);
+  const TensorInfo* gub = tensor(layer, R_MXFP4_GATE_UP, -1);
+  const TensorInfo* dnb = tensor(layer, R_MXFP4_DOWN, -1);
+  if (g) {
+    int64_t r, c;
+    matrix_dims(fname, g, &r, &c);
+    *I = r;
+    *H = c;
+    elem = g->elem;
+  } else if (g3) {
+    *I = g3->shape[1];
+    *H = g3->shape[2];
+    elem = g3->elem;
+  } else if (gu3) {
+    elem = gu3->elem;
+    const bool transposed = fused_transposed(layer);
+    const int64_t two_i = transposed ? gu3->shape[2] : gu3->shape[1];
+    *H = transposed ? gu3->shape[1] : gu3->shape[2];
+    if (two_i % 2)
+      fail(EP_MOE_ERR_FORMAT, "%s: '%s' has an odd gate_up dimension %lld", fname.c_str(), gu3->name.c_str(),
+           static_cast<long long>(two_i));
+    *I = two_i / 2;
+  } else if (gub) {  // [E, 2I, H / 32, 16]
+    elem = Elem::MXFP4;
+    *H = gub->shape[2] * 32;
+    *I = gub->shape[1] / 2;
+  } else if (d) {
+    int64_t r, c;
+    matrix_dims(fname, d, &r, &c);
+    *H = r;
+    *I = c;
+    elem = d->elem;
+  } else if (dnb) {  // [E, H, I / 32, 16]
+    elem = Elem::MXFP4;
+    *H = dnb->shape[1];
+    *I = dnb->shape[2] * 32;
+  }
+  return elem;
 }
 
 Semantics Checkpoint::layer_semantics(int32_t layer, const LayerShape& shape) const {
@@ -710,6 +731,7 @@ Semantics Checkpoint::layer_semantics(int32_t layer, const LayerShape& shape) co
 }
 
 bool Checkpoint::locate(int32_t layer, ep_moe_weight_t which, int32_t expert, Slice* out) const {
+  *out = Slice{};
   const LayerShape s = layer_shape(layer);
   const int64_t H = s.hidden, I = s.inter;
   const std::string& fname = files_[0]->name();
@@ -757,7 +779,7 @@ bool Checkpoint::locate(int32_t layer, ep_moe_weight_t which, int32_t expert, Sl
         fail(EP_MOE_ERR_INVALID_ARGUMENT, "expert %d is outside [0, %d) of layer %d", expert, s.experts, layer);
       if (which == EP_MOE_WEIGHT_EXPERT_GATE_UP) {
         const TensorInfo* t = tensor(layer, R3_GATE_UP, -1);
-        return t ? sub(t, 2 * I, H, fused_t) : false;
+        return t ? sub(t, 2 * I, H, fused_t) : locate_mxfp4(layer, R_MXFP4_GATE_UP, s.experts, 2 * I, H, expert, out);
       }
       const int role = which == EP_MOE_WEIGHT_EXPERT_GATE ? R_GATE : which == EP_MOE_WEIGHT_EXPERT_UP ? R_UP : R_DOWN;
       const int64_t rows = which == EP_MOE_WEIGHT_EXPERT_DOWN ? H : I,
@@ -767,7 +789,7 @@ bool Checkpoint::locate(int32_t layer, ep_moe_weight_t which, int32_t expert, Sl
         const bool tr = which == EP_MOE_WEIGHT_EXPERT_DOWN && fused_t;
         return sub(t, rows, cols, tr);
       }
-      return false;
+      return which == EP_MOE_WEIGHT_EXPERT_DOWN && locate_mxfp4(layer, R_MXFP4_DOWN, s.experts, H, I, expert, out);
     }
     case EP_MOE_WEIGHT_ROUTER:
       if (const TensorInfo* t = tensor(layer, R_ROUTER, -1)) return whole(t, s.experts, H);
@@ -819,6 +841,38 @@ bool Checkpoint::locate(int32_t layer, ep_moe_weight_t which, int32_t expert, Sl
     default: break;
   }
   return false;
+}
+
+bool Checkpoint::locate_mxfp4(int32_t layer, int blocks_role, int32_t experts, int64_t rows, int64_t cols,
+                              int32_t expert, Slice* out) const {
+  const TensorInfo* b = tensor(layer, blocks_role, -1);
+  const TensorInfo* sc = tensor(layer, blocks_role + 1, -1);
+  if (!b && !sc) return false;
+  const TensorInfo& any = b ? *b : *sc;
+  const std::string& fname = file(any.file).name();
+  if (!b || !sc)
+    fail(EP_MOE_ERR_FORMAT, "%s: layer %d has MXFP4 %s '%s' but not its %s: they come in pairs", fname.c_str(), layer,
+         b ? "blocks" : "scales", any.name.c_str(), b ? "scales" : "blocks");
+  const int64_t groups = cols / 32;
+  const std::vector<int64_t> want_b{experts, rows, groups, 16}, want_s{experts, rows, groups};
+  if (cols % 32 != 0 || b->type_name != "U8" || b->shape != want_b)
+    fail(EP_MOE_ERR_FORMAT,
+         "%s: MXFP4 blocks '%s' should be U8 %s (rows of %lld elements in blocks of 32), it is %s %s",
+         file(b->file).name().c_str(), b->name.c_str(), dims_text(want_b).c_str(), static_cast<long long>(cols),
+         b->type_name.c_str(), dims_text(b->shape).c_str());
+  if (sc->type_name != "U8" || sc->shape != want_s)
+    fail(EP_MOE_ERR_FORMAT, "%s: MXFP4 scales '%s' should be U8 %s, one exponent per block of '%s', it is %s %s",
+         file(sc->file).name().c_str(), sc->name.c_str(), dims_text(want_s).c_str(), b->name.c_str(),
+         sc->type_name.c_str(), dims_text(sc->shape).c_str());
+  const auto per_expert = static_cast<uint64_t>(rows) * static_cast<uint64_t>(groups);
+  out->tensor = b;
+  out->offset = b->offset + static_cast<uint64_t>(expert) * per_expert * 16;
+  out->scales = sc;
+  out->scales_offset = sc->offset + static_cast<uint64_t>(expert) * per_expert;
+  out->rows = rows;
+  out->cols = cols;
+  out->transposed = false;
+  return true;
 }
 
 }  // namespace io

@@ -34,11 +34,26 @@ const char* naming_name(Naming n);
 
 // One weight matrix: a [rows, cols] view (checkpoint orientation, as
 // ep_moe_layer_set_weight takes it) of bytes in a tensor.
+//
+// GPT-OSS's MXFP4 experts as OpenAI ships them are two tensors a weight: the
+// blocks (U8 [E, rows, cols / 32, 16], two 4-bit codes a byte) and their
+// scales (U8 [E, rows, cols / 32], an E8M0 exponent each). Such a slice has
+// `scales` set: `tensor` and `offset` are the blocks', `scales_offset` the
+// first row's scale; the loader reads both and puts them together into
+// GGUF MXFP4 blocks (the same codes and exponents, nibbles reordered).
 struct Slice {
   const TensorInfo* tensor = nullptr;
   uint64_t offset = 0;  // absolute file offset of element (0, 0)
   int64_t rows = 0, cols = 0;
   bool transposed = false;  // stored [cols, rows]
+  const TensorInfo* scales = nullptr;
+  uint64_t scales_offset = 0;
+
+  // The bytes the weight takes in the checkpoint (blocks and scales).
+  uint64_t bytes() const {
+    const auto n = static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols);
+    return scales ? n / 32 * 17 : tensor->bytes_of(n);
+  }
 };
 
 // What a checkpoint's tensors say about one MoE layer: its shapes and which
@@ -101,6 +116,12 @@ class Checkpoint {
   const TensorInfo* tensor(int32_t layer, int role, int32_t expert) const;
   int64_t hidden_hint(int32_t layer) const;
   bool fused_transposed(int32_t layer) const;
+  Elem expert_sizes(int32_t layer, int64_t* H, int64_t* I) const;
+  // A weight's MXFP4 blocks and scales (the roles given), checked against
+  // [E, rows, cols / 32, 16] and [E, rows, cols / 32]: its Slice for
+  // `expert`; false when the layer has neither tensor.
+  bool locate_mxfp4(int32_t layer, int blocks_role, int32_t experts, int64_t rows, int64_t cols, int32_t expert,
+                    Slice* out) const;
 
   Format format_ = Format::Safetensors;
   Naming naming_ = Naming::Auto;
@@ -117,8 +138,6 @@ class Checkpoint {
   // Per layer: tensors in its MoE block's namespace that play no role the
   // layer knows (expert biases, another router, ...).
   std::map<int32_t, std::vector<std::string>> unknown_;
-  // Per layer: quantized expert tensors it cannot load yet (MXFP4).
-  std::map<int32_t, std::vector<std::string>> quantized_;
   // Declared configuration.
   std::map<std::string, double> cfg_num_;
   std::map<std::string, std::string> cfg_str_;

@@ -74,6 +74,7 @@ class Reader {
 
   // Rows [r0, r0 + nr) and columns [c0, c0 + nc) of a slice.
   Loaded read(const io::Slice& s, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+    if (s.scales) return read_mxfp4(s, r0, nr, c0, nc);
     const io::TensorInfo& t = *s.tensor;
     const ep_moe_dtype_t dt = dtype_of(t, ck_);
     const io::ByteSource& f = ck_.file(t.file);
@@ -125,6 +126,55 @@ class Reader {
   }
 
  private:
+  // The same window of an MXFP4 blocks + scales pair (io::Slice), as GGUF
+  // MXFP4 blocks: each block's exponent byte, then its 16 code bytes with
+  // elements j and j + 16 in byte j (low and high nibble), where the pair
+  // holds elements 2j and 2j + 1 in byte j. A window on whole blocks reads
+  // only its blocks; another (not met in GPT-OSS, which has no shared
+  // expert) reads whole rows and dequantizes the window.
+  Loaded read_mxfp4(const io::Slice& s, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+    const bool whole_blocks = c0 % 32 == 0 && nc % 32 == 0;
+    const int64_t groups = s.cols / 32, g0 = whole_blocks ? c0 / 32 : 0, ng = whole_blocks ? nc / 32 : groups;
+    std::vector<uint8_t> codes(static_cast<size_t>(nr * ng) * 16), exps(static_cast<size_t>(nr * ng));
+    for (int64_t r = 0; r < nr; ++r) {  // one read each when the window has whole rows
+      const int64_t rows = ng == groups ? nr : 1;
+      const auto first = static_cast<uint64_t>((r0 + r) * groups + g0);
+      read_bytes(*s.tensor, s.offset + first * 16, static_cast<size_t>(rows * ng) * 16,
+                 codes.data() + static_cast<size_t>(r * ng) * 16);
+      read_bytes(*s.scales, s.scales_offset + first, static_cast<size_t>(rows * ng),
+                 exps.data() + static_cast<size_t>(r * ng));
+      r += rows - 1;
+    }
+    Loaded out;
+    out.dtype = EP_MOE_DTYPE_MXFP4;
+    out.cols = ng * 32;
+    out.buf.resize(exps.size() * 17);
+    for (size_t b = 0; b < exps.size(); ++b) {
+      const uint8_t* in = codes.data() + b * 16;
+      uint8_t* blk = out.buf.data() + b * 17;
+      blk[0] = exps[b];
+      const auto code = [&](int i) { return static_cast<uint8_t>(i % 2 ? in[i / 2] >> 4 : in[i / 2] & 0x0F); };
+      for (int j = 0; j < 16; ++j) blk[1 + j] = static_cast<uint8_t>(code(j) | code(j + 16) << 4);
+    }
+    if (!whole_blocks) {
+      std::vector<uint8_t> narrow(static_cast<size_t>(nr * nc) * sizeof(float));
+      const Source rows{out.buf.data(), out.dtype, out.cols, 0, c0};
+      for (int64_t r = 0; r < nr; ++r) source_row_f32(rows, r, nc, reinterpret_cast<float*>(narrow.data()) + r * nc);
+      out.buf.swap(narrow);
+      out.dtype = EP_MOE_DTYPE_F32;
+      out.cols = nc;
+    }
+    return out;
+  }
+
+  // n bytes of tensor t at an absolute file offset inside it.
+  void read_bytes(const io::TensorInfo& t, uint64_t offset, size_t n, uint8_t* dst) {
+    if (offset < t.offset || offset + n > t.offset + t.bytes)
+      fail(EP_MOE_ERR_INTERNAL, "read outside tensor '%s'", t.name.c_str());
+    ck_.file(t.file).read(offset, dst, n);
+    bytes_ += n;
+  }
+
   void fetch(const io::ByteSource& f, const io::TensorInfo& t, uint64_t offset, int64_t count,
              std::vector<uint8_t>* dst) {
     const uint64_t n = t.bytes_of(static_cast<uint64_t>(count));
@@ -150,7 +200,7 @@ uint64_t expert_bytes(const io::Checkpoint& ck, int32_t L, const std::vector<int
       if (fused && (w == EP_MOE_WEIGHT_EXPERT_GATE || w == EP_MOE_WEIGHT_EXPERT_UP)) continue;  // read as gate_up
       io::Slice sl;
       if (!ck.locate(L, w, e, &sl)) continue;
-      total += sl.tensor->bytes_of(static_cast<uint64_t>(sl.rows * sl.cols));
+      total += sl.bytes();
       fused = fused || w == EP_MOE_WEIGHT_EXPERT_GATE_UP;
     }
   }

@@ -365,13 +365,36 @@ gguf_case("gguf_olmoe", "olmoe", ex, K, lambda w: None, {}, x, y, ["renormalize"
 # the clamped SwiGLU (up + 1) * gate * sigmoid(1.702 gate) (gate <= 7, up in
 # [-7, 7]); down_proj [E, I, H] has a bias. Weights scaled up so that the
 # clamp is reached; each part of the block is checked to matter below.
-def gpt_oss_block(x, r_w, r_b, gu, gu_b, dn, dn_b, K, interleaved=True, clamp=True, biases=True, act="oai"):
+def quantize_acts(v, bs=32):
+    """v as the kernels quantize an activation row for block-format weights
+    (Q8_0-style for MXFP4): per block of bs, in f32, d = amax / 127 and
+    q = x * (127 / amax) rounded to nearest even; returns the values q * d
+    and how near (in steps) the nearest x * (127 / amax) lies to a rounding
+    boundary, where the kernels' f32 inputs may round the other way."""
+    x = np.asarray(v, np.float32).reshape(-1, bs)
+    amax = np.abs(x).max(axis=1, keepdims=True)
+    d = amax / np.float32(127)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, np.float32(1)), np.float32(0))
+    sc = x * inv.astype(np.float32)
+    q = np.rint(sc)
+    near = np.abs(np.abs(sc - np.floor(sc)) - 0.5).min()
+    return (q.astype(np.float64) * d.astype(np.float64)).reshape(-1), near
+
+
+def gpt_oss_block(x, r_w, r_b, gu, gu_b, dn, dn_b, K, interleaved=True, clamp=True, biases=True, act="oai",
+                  quant_acts=False):
+    """quant_acts: the activations of gate_up and of down quantized as the
+    kernels do for MXFP4 experts (a token near a rounding boundary is not ok)."""
     logits = x @ r_w.T.astype(np.float64) + (r_b if biases else 0)
     ids, ok = topk(logits, K)
     w = softmax(logits[ids])
     y = np.zeros(H)
+    xe = x
+    if quant_acts:
+        xe, near = quantize_acts(x)
+        ok = ok and near > 1e-3
     for e, wt in zip(ids, w):
-        z = x @ gu[e].astype(np.float64) + (gu_b[e] if biases else 0)
+        z = xe @ gu[e].astype(np.float64) + (gu_b[e] if biases else 0)
         g, u = (z[0::2], z[1::2]) if interleaved else (z[:I], z[I:])
         if act == "silu":
             h = silu(g) * u
@@ -379,24 +402,27 @@ def gpt_oss_block(x, r_w, r_b, gu, gu_b, dn, dn_b, K, interleaved=True, clamp=Tr
             if clamp:
                 g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
             h = (u + 1.0) * g * sigmoid(1.702 * g)
+        if quant_acts:
+            h, near = quantize_acts(h)
+            ok = ok and near > 1e-3
         y += wt * (h @ dn[e].astype(np.float64) + (dn_b[e] if biases else 0))
     return y, ok
 
 
-def gpt_oss_tokens(parts, K):
+def gpt_oss_tokens(parts, K, quant_acts=False):
     xs, ys, variants = [], [], {"interleaved": [], "clamp": [], "biases": [], "activation": []}
     while len(xs) < T:
         x = rng.standard_normal(H).astype(np.float32)
         xd = x.astype(np.float64)
-        y, ok = gpt_oss_block(xd, *parts, K)
+        y, ok = gpt_oss_block(xd, *parts, K, quant_acts=quant_acts)
         if not ok:
             continue
         xs.append(x)
         ys.append(y)
-        variants["interleaved"].append(gpt_oss_block(xd, *parts, K, interleaved=False)[0])
-        variants["clamp"].append(gpt_oss_block(xd, *parts, K, clamp=False)[0])
-        variants["biases"].append(gpt_oss_block(xd, *parts, K, biases=False)[0])
-        variants["activation"].append(gpt_oss_block(xd, *parts, K, act="silu")[0])
+        variants["interleaved"].append(gpt_oss_block(xd, *parts, K, interleaved=False, quant_acts=quant_acts)[0])
+        variants["clamp"].append(gpt_oss_block(xd, *parts, K, clamp=False, quant_acts=quant_acts)[0])
+        variants["biases"].append(gpt_oss_block(xd, *parts, K, biases=False, quant_acts=quant_acts)[0])
+        variants["activation"].append(gpt_oss_block(xd, *parts, K, act="silu", quant_acts=quant_acts)[0])
     x, y = np.stack(xs), np.stack(ys)
     # A library that dropped any of these would be off by at least this much.
     for k, v in variants.items():
@@ -415,6 +441,43 @@ x, y = gpt_oss_tokens((r_w, r_b, gu_t, gu_b, dn, dn_b), K)
 save_case("gpt_oss", {p + "router.weight": r_w, p + "router.bias": r_b, p + "experts.gate_up_proj": gu_t,
                       p + "experts.gate_up_proj_bias": gu_b, p + "experts.down_proj": dn,
                       p + "experts.down_proj_bias": dn_b},
+          hf_common(E, K, model_type="gpt_oss", num_local_experts=E, intermediate_size=I, swiglu_limit=7.0,
+                    experts_per_token=K),
+          x, y, "gpt_oss", ["activation"])
+
+# GPT-OSS as OpenAI ships it: the experts in MXFP4, each weight a blocks
+# tensor and a scales tensor (mxfp4_pair), gate_up's rows alternating gate
+# and up. Their values follow transformers' convert_moe_packed_tensors; the
+# reference quantizes the activations as the kernels do, so the tolerance
+# is the float one.
+FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def mxfp4_pair(E, rows, cols, scale):
+    """Random MXFP4 blocks U8 [E, rows, cols / 32, 16] and scales U8
+    [E, rows, cols / 32], and the [E, rows, cols] float64 values they hold:
+    byte j of a block holds element 2j (low nibble) and 2j + 1 (high), each
+    FP4_VALUES[code] * 2^(scale - 127); exponents around `scale`'s."""
+    G = cols // 32
+    blocks = rng.integers(0, 256, (E, rows, G, 16), dtype=np.uint8)
+    base = 127 + int(np.round(np.log2(scale / 2.0)))
+    scales = (base + rng.integers(-1, 2, (E, rows, G))).astype(np.uint8)
+    vals = np.empty((E, rows, G, 32))
+    vals[..., 0::2] = FP4_VALUES[blocks & 15]
+    vals[..., 1::2] = FP4_VALUES[blocks >> 4]
+    vals *= np.exp2(scales.astype(np.float64) - 127)[..., None]
+    return blocks, scales, vals.reshape(E, rows, cols)
+
+
+r_w, r_b = normal(E, H, scale=2 * H ** -0.5), normal(E, scale=0.5)
+gub, gus, gu_v = mxfp4_pair(E, 2 * I, H, 4 * H ** -0.5)  # rows 0, 2, 4, ... gate
+dnb, dns, dn_v = mxfp4_pair(E, H, I, I ** -0.5)
+gu_b, dn_b = normal(E, 2 * I), normal(E, H, scale=0.5)
+x, y = gpt_oss_tokens((r_w, r_b, gu_v.transpose(0, 2, 1), gu_b, dn_v.transpose(0, 2, 1), dn_b), K, quant_acts=True)
+save_case("gpt_oss_mxfp4", {p + "router.weight": r_w, p + "router.bias": r_b, p + "experts.gate_up_proj_blocks": gub,
+                            p + "experts.gate_up_proj_scales": gus, p + "experts.gate_up_proj_bias": gu_b,
+                            p + "experts.down_proj_blocks": dnb, p + "experts.down_proj_scales": dns,
+                            p + "experts.down_proj_bias": dn_b},
           hf_common(E, K, model_type="gpt_oss", num_local_experts=E, intermediate_size=I, swiglu_limit=7.0,
                     experts_per_token=K),
           x, y, "gpt_oss", ["activation"])
@@ -456,16 +519,18 @@ refuse_case("gpt_oss_limit", {p + "router.weight": r_w, p + "router.bias": r_b, 
                               p + "experts.down_proj_bias": dn_b},
             hf_common(E, K, model_type="gpt_oss", num_local_experts=E, intermediate_size=I, swiglu_limit=5.0),
             "swiglu_limit")
-# ... GPT-OSS as OpenAI ships it, MXFP4 experts (until quantized experts exist) ...
-refuse_case("gpt_oss_mxfp4", {p + "router.weight": r_w, p + "router.bias": r_b,
-                              p + "experts.gate_up_proj_blocks": np.zeros((E, 2 * I, H // 32, 16), np.uint8),
-                              p + "experts.gate_up_proj_scales": np.zeros((E, 2 * I, H // 32), np.uint8),
-                              p + "experts.gate_up_proj_bias": gu_b,
-                              p + "experts.down_proj_blocks": np.zeros((E, H, I // 32, 16), np.uint8),
-                              p + "experts.down_proj_scales": np.zeros((E, H, I // 32), np.uint8),
-                              p + "experts.down_proj_bias": dn_b},
-            hf_common(E, K, model_type="gpt_oss", num_local_experts=E, intermediate_size=I), "MXFP4",
-            kind="refuse_load")
+# ... and MXFP4 pairs that are not whole: down's scales missing, or gate_up's
+# scales not one per block of its blocks.
+gub, gus, _ = mxfp4_pair(E, 2 * I, H, 0.5)
+dnb, dns, _ = mxfp4_pair(E, H, I, I ** -0.5)
+mx = {p + "router.weight": r_w, p + "router.bias": r_b, p + "experts.gate_up_proj_blocks": gub,
+      p + "experts.gate_up_proj_scales": gus, p + "experts.gate_up_proj_bias": gu_b,
+      p + "experts.down_proj_blocks": dnb, p + "experts.down_proj_bias": dn_b}
+gpt_oss_cfg = hf_common(E, K, model_type="gpt_oss", num_local_experts=E, intermediate_size=I)
+refuse_case("gpt_oss_mxfp4_no_scales", mx, gpt_oss_cfg, "but not its scales")
+mx[p + "experts.down_proj_scales"] = dns
+mx[p + "experts.gate_up_proj_scales"] = np.ascontiguousarray(gus[:, :, :1])
+refuse_case("gpt_oss_mxfp4_bad_scales", mx, gpt_oss_cfg, "one exponent per block")
 ex = Experts(E)
 # ... a model type ep_moe does not know that leaves out a semantic key ...
 refuse_case("unknown_type", {p + "gate.weight": ex.router, p + "experts.gate_up_proj": fused(ex)[0],

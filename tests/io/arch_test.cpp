@@ -47,6 +47,35 @@ std::vector<T> read_all(const std::string& path, size_t n) {
   return v;
 }
 
+// The bytes a rank must read of a layer without a shared expert, by the
+// checkpoint's own account (ep_moe_checkpoint_tensor_info): each of its
+// experts' weights and biases (fused gate_up where the file has it), the
+// router and its bias, the score bias. -1 when a lookup fails.
+int64_t expected_bytes(ep_moe_checkpoint_t* ck, int layer, const ep_moe_expert_map_t* map, int experts) {
+  int64_t total = 0;
+  const auto add = [&](ep_moe_weight_t w, int32_t e) {
+    ep_moe_tensor_info_t t;
+    ep_moe_tensor_info_init(&t);
+    if (ep_moe_checkpoint_tensor_info(&t, ck, layer, w, e) != EP_MOE_OK) return false;
+    total += t.bytes;
+    return true;
+  };
+  for (int32_t e = 0; e < experts; ++e) {
+    int32_t local = 0;
+    if (ep_moe_expert_map_is_local(&local, map, e) != EP_MOE_OK) return -1;
+    if (!local) continue;
+    if (!add(EP_MOE_WEIGHT_EXPERT_GATE_UP, e) &&
+        !(add(EP_MOE_WEIGHT_EXPERT_GATE, e) && add(EP_MOE_WEIGHT_EXPERT_UP, e)))
+      return -1;
+    if (!add(EP_MOE_WEIGHT_EXPERT_DOWN, e)) return -1;
+    if (!add(EP_MOE_WEIGHT_EXPERT_GATE_UP_BIAS, e) && add(EP_MOE_WEIGHT_EXPERT_GATE_BIAS, e))
+      add(EP_MOE_WEIGHT_EXPERT_UP_BIAS, e);
+    add(EP_MOE_WEIGHT_EXPERT_DOWN_BIAS, e);
+  }
+  for (ep_moe_weight_t w : {EP_MOE_WEIGHT_ROUTER, EP_MOE_WEIGHT_ROUTER_BIAS, EP_MOE_WEIGHT_SCORE_BIAS}) add(w, -1);
+  return total;
+}
+
 // One forward of `T` tokens over `ep` ranks; `dp`: every rank its own DP
 // replica (rank r takes its share of the tokens, rank 0 none when ep >= 3),
 // else every rank passes all T. Returns the largest |out - expect| over
@@ -94,6 +123,15 @@ double run(const Case& c, ep_moe_checkpoint_t* ck, const ep_moe_layer_config_t& 
         e = std::string("create: ") + ep_moe_last_error();
       if (e.empty() && ep_moe_layer_load(layer, ck, c.layer) != EP_MOE_OK)
         e = std::string("load: ") + ep_moe_last_error();
+      // Only this rank's experts' bytes were read (block formats as they are).
+      if (e.empty() && lc.shared_intermediate_size == 0) {
+        int64_t loaded = -1;
+        const int64_t want = expected_bytes(ck, c.layer, map, lc.num_experts);
+        ep_moe_layer_get_attr(&loaded, layer, EP_MOE_LAYER_ATTR_BYTES_LOADED);
+        if (want < 0 || loaded != want)
+          e = "read " + std::to_string(loaded) + " bytes of the checkpoint, its tensors' account is " +
+              std::to_string(want);
+      }
       if (e.empty() &&
           (ep_moe_layer_get_attr(&has_router, layer, EP_MOE_LAYER_ATTR_HAS_ROUTER) != EP_MOE_OK || has_router != 1))
         e = "EP_MOE_LAYER_ATTR_HAS_ROUTER is not 1 after loading a checkpoint with a router";
