@@ -9,7 +9,12 @@
 //           blocks come from memory), next to
 //   read    a plain read of the same buffer by the same threads, in the
 //           same moments: stream / read is the share of the read rate the
-//           kernel keeps.
+//           kernel keeps;
+//   wide    where the table widens panels for the f32 tiles (a prefill's
+//           many rows: Kernels::qdequant), the in-cache calls that way:
+//           each panel widened, then the f32 tile over the rows widened
+//           back from their int8 values (FfnRunner's path at and above
+//           Kernels::qdequant_rows rows).
 // The variants alternate in short blocks (this VM's bandwidth moves within
 // seconds); each figure is the best block. Every table's results are
 // checked against the portable kernels' before anything is timed.
@@ -88,6 +93,37 @@ Acts make_acts(ep_moe_dtype_t dt, int k, int m, std::mt19937& rng) {
   return a;
 }
 
+// The activation rows' values as f32 (q * d), as the widened path takes them.
+struct WideActs {
+  std::vector<std::vector<float>> rows;
+  std::vector<const float*> ptrs;
+};
+WideActs widen_acts(const Acts& a, int k) {
+  WideActs w;
+  for (const auto& r : a.rows) {
+    w.rows.emplace_back(static_cast<size_t>(k));
+    const int8_t* q = act_q(r.data());
+    const float* d = act_d(r.data(), k);
+    for (int e = 0; e < k; ++e) w.rows.back()[static_cast<size_t>(e)] = static_cast<float>(q[e]) * d[e / 32];
+  }
+  for (auto& r : w.rows) w.ptrs.push_back(r.data());
+  return w;
+}
+
+// Panels [p0, p1) of w widened into `wide` (k * nr floats), each through
+// the f32 tile with the rows of a; the outputs' sum.
+float run_widened(const cpu::Kernels& kern, ep_moe_dtype_t dt, const Weights& w, const WideActs& a, size_t p0,
+                  size_t p1, float* c, float* wide) {
+  const int m = static_cast<int>(a.ptrs.size());
+  float s = 0;
+  for (size_t p = p0; p < p1; ++p) {
+    kern.qdequant[quant_index(dt)](w.panel(p), w.nr, w.k, wide);
+    kern.gemm[0](m, a.ptrs.data(), w.k, wide, c, w.nr, nullptr);
+    s += c[0];
+  }
+  return s;
+}
+
 // Panels [p0, p1) of w through fn, m rows a call; the outputs' sum (kept
 // so the calls are not dropped).
 float run_panels(cpu::QGemmFn fn, const Weights& w, const Acts& a, size_t p0, size_t p1, float* c) {
@@ -136,6 +172,85 @@ double check(cpu::QGemmFn fn, cpu::QGemmFn ref, const Weights& w, const Acts& a)
   return top > 0 ? diff / top : diff;
 }
 
+struct Figures {
+  double cache = 0, stream = 0, read = 0, wide = 0;  // weights a second; read: bytes a second
+  double wide_err = 0;                               // the widened path against the block kernel (relative)
+};
+
+// The widened path's results against the block kernel's, over the first
+// panels (the largest difference over the largest result).
+double check_wide(const cpu::Kernels& kern, ep_moe_dtype_t dt, const Weights& w, const Acts& a, const WideActs& wa,
+                  float* wide) {
+  const int m = static_cast<int>(a.ptrs.size());
+  std::vector<float> c1(static_cast<size_t>(m * w.nr)), c2(c1.size());
+  double diff = 0, top = 0;
+  for (size_t p = 0; p < std::min<size_t>(w.panels, 4); ++p) {
+    run_widened(kern, dt, w, wa, p, p + 1, c1.data(), wide);
+    kern.qgemm[quant_index(dt)](m, a.ptrs.data(), w.k, w.panel(p), w.nr, c2.data(), w.nr, nullptr);
+    for (size_t i = 0; i < c1.size(); ++i) {
+      diff = std::max(diff, static_cast<double>(std::fabs(c1[i] - c2[i])));
+      top = std::max(top, static_cast<double>(std::fabs(c2[i])));
+    }
+  }
+  return top > 0 ? diff / top : diff;
+}
+
+// The best of `blocks` alternated blocks of each pass (header comment).
+Figures measure(const cpu::Kernels& kern, ep_moe_dtype_t dt, const Weights& wc, const Weights& ws, const Acts& a,
+                int threads, int blocks, double block_s) {
+  const cpu::QGemmFn fn = kern.qgemm[quant_index(dt)];
+  const int nr = kern.nr, k = wc.k;
+  const bool widens = kern.qdequant[quant_index(dt)] != nullptr;
+  const WideActs wa = widen_acts(a, k);
+  std::vector<std::vector<float>> c(static_cast<size_t>(threads), std::vector<float>(static_cast<size_t>(64 * nr)));
+  std::vector<AlignedBuffer> wide(static_cast<size_t>(threads));
+  for (auto& b : wide) b.resize(static_cast<size_t>(nr) * static_cast<size_t>(k) * sizeof(float));
+  Figures f;
+  if (widens) f.wide_err = check_wide(kern, dt, wc, a, wa, wide[0].data<float>());
+  std::vector<double> done(static_cast<size_t>(threads));
+  std::atomic<float> sink{0};
+  const size_t share = ws.panels / static_cast<size_t>(threads);
+  // In cache: each thread its own passes over the small set, through the
+  // block kernel or the widened panels.
+  const auto in_cache = [&](bool through_wide) {
+    const double dc = timed(threads, [&](int t) {
+      float s = 0;
+      const auto t0 = Clock::now();
+      double n = 0;
+      float* ct = c[static_cast<size_t>(t)].data();
+      while (std::chrono::duration<double>(Clock::now() - t0).count() < block_s) {
+        s += through_wide ? run_widened(kern, dt, wc, wa, 0, wc.panels, ct, wide[static_cast<size_t>(t)].data<float>())
+                          : run_panels(fn, wc, a, 0, wc.panels, ct);
+        n += static_cast<double>(wc.panels);
+      }
+      sink.store(s);
+      done[static_cast<size_t>(t)] = n;
+    });
+    double panels_done = 0;
+    for (double n : done) panels_done += n;
+    return panels_done * nr * k / dc;
+  };
+  for (int b = 0; b < blocks; ++b) {
+    f.cache = std::max(f.cache, in_cache(false));
+    if (widens) f.wide = std::max(f.wide, in_cache(true));
+    // Streamed, then a plain read of the same share.
+    const double dstream = timed(threads, [&](int t) {
+      const size_t p0 = share * static_cast<size_t>(t);
+      sink.store(run_panels(fn, ws, a, p0, p0 + share, c[static_cast<size_t>(t)].data()));
+    });
+    f.stream = std::max(f.stream, static_cast<double>(share * static_cast<size_t>(threads)) * nr * k / dstream);
+    const double dread = timed(threads, [&](int t) {
+      const size_t p0 = share * static_cast<size_t>(t);
+      // sum_words wants 32-byte aligned words: the share from the line it starts in.
+      const size_t off = p0 * ws.panel_bytes / 64 * 64;
+      sink.store(static_cast<float>(
+          bench::sum_words(reinterpret_cast<const uint64_t*>(ws.panel(0) + off), share * ws.panel_bytes / 64 * 8)));
+    });
+    f.read = std::max(f.read, static_cast<double>(share * static_cast<size_t>(threads) * ws.panel_bytes) / dread);
+  }
+  return f;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -174,8 +289,8 @@ int main(int argc, char** argv) {
   const cpu::Isa top = cpu::detect_isa();
   const cpu::Kernels& generic = cpu::kernels_for(cpu::Isa::Generic);
   std::printf("threads %d, k %d, this CPU's best table: %s\n", threads, k, cpu::isa_name(top));
-  std::printf("%-8s %-8s %5s %11s %11s %9s %11s %9s %7s\n", "isa", "dtype", "rows", "cache Gw/s", "GMAC/s", "strm GB/s",
-              "stream Gw/s", "read GB/s", "strm/rd");
+  std::printf("%-8s %-8s %5s %11s %11s %9s %11s %9s %7s %11s %6s\n", "isa", "dtype", "rows", "cache Gw/s", "GMAC/s",
+              "strm GB/s", "stream Gw/s", "read GB/s", "strm/rd", "wide GMAC/s", "w/c");
   std::mt19937 rng(20261204);
   int failures = 0;
   for (ep_moe_dtype_t dt : dtypes) {
@@ -201,54 +316,25 @@ int main(int argc, char** argv) {
           ++failures;
           continue;
         }
-        std::vector<std::vector<float>> c(static_cast<size_t>(threads),
-                                          std::vector<float>(static_cast<size_t>(64 * nr)));
-        std::vector<double> done(static_cast<size_t>(threads));
-        std::atomic<float> sink{0};
-        double best_cache = 0, best_stream = 0, best_read = 0;
-        const size_t share = stream_panels / static_cast<size_t>(threads);
-        for (int b = 0; b < blocks; ++b) {
-          // In cache: each thread its own passes over the small set.
-          const double dc = timed(threads, [&](int t) {
-            float s = 0;
-            const auto t0 = Clock::now();
-            double n = 0;
-            while (std::chrono::duration<double>(Clock::now() - t0).count() < block_s) {
-              s += run_panels(fn, wc, a, 0, cache_panels, c[static_cast<size_t>(t)].data());
-              n += static_cast<double>(cache_panels);
-            }
-            sink.store(s);
-            done[static_cast<size_t>(t)] = n;
-          });
-          double panels_done = 0;
-          for (double n : done) panels_done += n;
-          best_cache = std::max(best_cache, panels_done * nr * k / dc);
-          // Streamed, then a plain read of the same share.
-          const double dstream = timed(threads, [&](int t) {
-            const size_t p0 = share * static_cast<size_t>(t);
-            sink.store(run_panels(fn, ws, a, p0, p0 + share, c[static_cast<size_t>(t)].data()));
-          });
-          best_stream =
-              std::max(best_stream, static_cast<double>(share * static_cast<size_t>(threads)) * nr * k / dstream);
-          const double dread = timed(threads, [&](int t) {
-            const size_t p0 = share * static_cast<size_t>(t);
-            // sum_words wants 32-byte aligned words: the share from the line it starts in.
-            const size_t off = p0 * ws.panel_bytes / 64 * 64;
-            sink.store(static_cast<float>(bench::sum_words(reinterpret_cast<const uint64_t*>(ws.panel(0) + off),
-                                                           share * ws.panel_bytes / 64 * 8)));
-          });
-          best_read =
-              std::max(best_read, static_cast<double>(share * static_cast<size_t>(threads) * ws.panel_bytes) / dread);
+        const Figures f = measure(kern, dt, wc, ws, a, threads, blocks, block_s);
+        if (f.wide_err > 1e-5) {
+          std::printf("%-8s %-8s %5d FAILED: the widened path differs from the block kernel by %.3g\n",
+                      cpu::isa_name(isa), presets::dtype_name(dt), m, f.wide_err);
+          ++failures;
+          continue;
         }
         const double bytes_per_w = static_cast<double>(row_bytes) / k;
-        std::printf("%-8s %-8s %5d %11.2f %11.1f %9.2f %11.2f %9.2f %6.0f%%\n", cpu::isa_name(isa),
-                    presets::dtype_name(dt), m, best_cache / 1e9, best_cache * m / 1e9, best_stream * bytes_per_w / 1e9,
-                    best_stream / 1e9, best_read / 1e9, 100.0 * best_stream * bytes_per_w / best_read);
+        std::printf("%-8s %-8s %5d %11.2f %11.1f %9.2f %11.2f %9.2f %6.0f%% ", cpu::isa_name(isa),
+                    presets::dtype_name(dt), m, f.cache / 1e9, f.cache * m / 1e9, f.stream * bytes_per_w / 1e9,
+                    f.stream / 1e9, f.read / 1e9, 100.0 * f.stream * bytes_per_w / f.read);
+        if (f.wide > 0) std::printf("%11.1f %5.2fx\n", f.wide * m / 1e9, f.wide / f.cache);
+        else std::printf("%11s %6s\n", "-", "-");
       }
     }
   }
   std::printf(
       "(Gw/s: G weight elements a second, each against every row of the call; GMAC/s = Gw/s x rows;\n"
-      " strm/rd: the streamed pass's bytes a second over the plain read's, in the same blocks)\n");
+      " strm/rd: the streamed pass's bytes a second over the plain read's, in the same blocks;\n"
+      " wide: in cache through widened panels and the f32 tiles; w/c: its rate over the block kernel's)\n");
   return failures ? 1 : 0;
 }

@@ -64,7 +64,12 @@ class FfnRunner {
   // with such a job (at store time: run() allocates nothing). Every
   // block-format gate_up of one run must share one activation format, and
   // every block-format down one (the layer keeps one storage type per part).
-  void reserve_quant();
+  // Where the kernels widen panels of block format `t` for many rows
+  // (Kernels::widens), also room for `threads` widened panels and for the
+  // values of up to `x_rows` rows of x as quantized (run() then takes that
+  // path for an expert's rows in a chunk when x has at most x_rows rows,
+  // else stays on the block kernels). Called once per format held.
+  void reserve_quant(int threads, int64_t x_rows, ep_moe_dtype_t t);
 
  private:
   struct Segment {
@@ -92,6 +97,13 @@ class FfnRunner {
   // The chunk's rows of x (xq) or of h (hq, after phase A) as int8
   // activation rows, for the segments whose weight `down`? is in a block format.
   void quantize_rows(const Chunk& ch, int64_t rows, ThreadPool& pool, const float* x, int64_t ldx, bool down);
+  // Widened block panels (Kernels::widens): whether segment sg's rows go
+  // through them for its gate_up (down false) or down; the rows of x as
+  // quantized (xf_, when any gate_up of the run widens: wide_x_).
+  bool widened(const Segment& sg, bool down) const;
+  void widen_x(const std::vector<ExpertJob>& jobs, ThreadPool& pool, const float* x, int64_t ldx);
+  // Thread t's panel widened from block panel p of w (nr * k floats).
+  const float* widen_panel(const PackedWeight& w, int32_t p, int t);
   void phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64_t ldx, Act act);
   void phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t ldacc);
   int run_rows_of(const Segment& sg, const PackedWeight& w, bool dot) const;
@@ -108,6 +120,13 @@ class FfnRunner {
   // Block-format weights: int8 activation rows of x and h (reserve_quant).
   AlignedBuffer xq_, hq_;
   size_t ldxq_ = 0, ldhq_ = 0;  // bytes a row
+  // Widened panels: one per thread (nr * wide_k_ floats); x's rows as
+  // quantized (xf_, hidden_ floats a row, xf_rows_ of them) and a
+  // quantized row per thread to make them (xt_).
+  AlignedBuffer wide_, xf_, xt_;
+  int64_t wide_k_ = 0, xf_rows_ = 0;
+  int wide_threads_ = 0;
+  bool wide_ok_ = false, wide_x_ = false;  // this run: panels may widen; so may gate_up
   // Per chunk: its segments (segs_), them by rows (ord_), and the first
   // gate/up panel of each in that order (first_): kept between runs.
   std::vector<Segment> segs_;

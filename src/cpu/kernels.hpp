@@ -49,6 +49,11 @@ using GemmRunFn = void (*)(int m, const float* const* a, int k, const void* pane
 using QGemmFn = void (*)(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc,
                          const void* next);
 
+// A block-format panel (nr rows of blocks, k elements each; nr a multiple
+// of 8) widened into an f32 panel (k * nr floats, pack.hpp's f32 layout),
+// each value as common/quant.cpp's dequantize_row makes it.
+using QDequantFn = void (*)(const void* panel, int nr, int k, float* out);
+
 struct Kernels {
   Isa isa;
   int nr;                          // panel width (output columns per tile)
@@ -90,6 +95,19 @@ struct Kernels {
   QGemmFn qgemm[kQuantTypes] = {};
   // An f32 row into an activation row (quantize_act_row's bytes).
   void (*quantize_act)(const float* x, int64_t k, ActQuant aq, void* out) = nullptr;
+  // Where set: block-format weights widened a panel at a time for the f32
+  // tiles (gemm[0]), used for an expert's calls of at least qdequant_rows
+  // rows (by quant_index; 0: never), with the activations quantized as
+  // for qgemm and widened back (the same values: the same products, summed
+  // in another order). Below that the block kernels are faster.
+  QDequantFn qdequant[kQuantTypes] = {};
+  int qdequant_rows[kQuantTypes] = {};
+  // Whether an expert's call of m rows on weights of block format `t`
+  // takes the widened panels.
+  bool widens(ep_moe_dtype_t t, int64_t m) const {
+    const int i = quant_index(t);
+    return qdequant[i] != nullptr && qdequant_rows[i] > 0 && m >= qdequant_rows[i];
+  }
 
   // Whether an expert's m rows with weights of dtype w go through runs of
   // consecutive panels (gemv or gemv_bf16 for one row, gemm_run for 2 ..
@@ -130,6 +148,8 @@ void sum_rows_scalar(void* out, ep_moe_dtype_t out_dt, const float* init, const 
 void qkernels_generic(QGemmFn* out);
 void qkernels_avx2(QGemmFn* out);
 void quantize_act_avx2(const float* x, int64_t k, ActQuant aq, void* out);
+// The AVX2 panel widening (qdequant_avx2.cpp), a full table by quant_index.
+void qdequant_avx2(QDequantFn* out);
 
 // Per-ISA tables, defined in their own translation units.
 const Kernels& kernels_generic();

@@ -2,6 +2,7 @@
 // when the CPU has them).
 #include <immintrin.h>
 
+#include <initializer_list>
 #include <type_traits>
 
 #include <cmath>
@@ -396,6 +397,14 @@ const Kernels& kernels_avx2() {
               {kRunRows<0>, kRunRows<1>, kRunRows<2>}};
     qkernels_avx2(t.qgemm);
     t.quantize_act = quantize_act_avx2;
+    qdequant_avx2(t.qdequant);
+    // Rows of an expert's call from which widened panels beat the block
+    // kernels (ep_moe_qkernel_bench's w/c column): the formats with a
+    // scale per 32, whose kernels convert and scale every block for every
+    // row; the K formats' kernels scale per 256 and stay ahead up to 64
+    // rows, so they never widen.
+    for (ep_moe_dtype_t q : {EP_MOE_DTYPE_Q8_0, EP_MOE_DTYPE_Q4_0, EP_MOE_DTYPE_MXFP4, EP_MOE_DTYPE_IQ4_XS})
+      t.qdequant_rows[quant_index(q)] = 24;
     return t;
   }();
   return k;

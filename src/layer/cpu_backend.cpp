@@ -42,7 +42,7 @@ CpuBackend::CpuBackend(Layer& L, int64_t max_rows, int64_t send_rows, int64_t fa
   float_type_ = dtype_is_quant(wdt) ? EP_MOE_DTYPE_F32 : wdt;
   max_rows_ = max_rows;
   direct_bf16_ = !dtype_is_quant(wdt) && ffn_->reads_bf16_rows(wdt);
-  if (dtype_is_quant(wdt)) ffn_->reserve_quant();
+  if (dtype_is_quant(wdt)) ffn_->reserve_quant(pool_->size(), max_rows, wdt);
   if (!direct_bf16_) x_f32_.resize(static_cast<size_t>(max_rows * H) * 4);
   acc_.resize(static_cast<size_t>(max_rows * H) * 4);
   own_x_.resize(static_cast<size_t>(T * H) * 4);
@@ -85,14 +85,14 @@ void CpuBackend::put(WeightPart part, int32_t s, int64_t row0, const Source& src
   switch (part) {
     case WeightPart::ExpertGateUp: {
       const ep_moe_dtype_t t = routed_type(src.dtype, &gu_type_, "gate/up");
-      if (dtype_is_quant(t)) enable_quant();
+      if (dtype_is_quant(t)) enable_quant(t);
       put_gate_up_half(slot(s), row0 == 0 ? 0 : 1, src, n, t);
       gu_type_ = t;
       break;
     }
     case WeightPart::ExpertDown: {
       const ep_moe_dtype_t t = routed_type(src.dtype, &down_type_, "down");
-      if (dtype_is_quant(t)) enable_quant();
+      if (dtype_is_quant(t)) enable_quant(t);
       cpu::pack(slot(s).down, src, n, k, kern_.nr, t);
       down_type_ = t;
       break;
@@ -100,7 +100,7 @@ void CpuBackend::put(WeightPart part, int32_t s, int64_t row0, const Source& src
     case WeightPart::SharedGateUp: put_shared_gate_up(row0 == 0 ? 0 : 1, src, n); break;
     case WeightPart::SharedDown: {
       const ep_moe_dtype_t t = shared_type(src, k);
-      if (dtype_is_quant(t)) enable_quant();
+      if (dtype_is_quant(t)) enable_quant(t);
       cpu::pack(shared_.down, src, n, k, kern_.nr, t);
       break;
     }
@@ -138,7 +138,7 @@ void CpuBackend::put_shared_gate_up(int half, const Source& src, int32_t inter) 
     t = float_type_;
     if (gu.quant()) dequantize_gate_up(gu, inter);
   }
-  if (dtype_is_quant(t)) enable_quant();
+  if (dtype_is_quant(t)) enable_quant(t);
   put_gate_up_half(shared_, half, src, inter, t);
 }
 
@@ -168,8 +168,8 @@ ep_moe_dtype_t CpuBackend::routed_type(ep_moe_dtype_t src, int32_t* fixed, const
   return t;
 }
 
-void CpuBackend::enable_quant() {
-  ffn_->reserve_quant();
+void CpuBackend::enable_quant(ep_moe_dtype_t t) {
+  ffn_->reserve_quant(pool_->size(), max_rows_, t);
   if (!direct_bf16_) return;
   // Rows are quantized from f32: the flows widen them again.
   direct_bf16_ = false;
@@ -254,9 +254,8 @@ void CpuBackend::keep_before_vote(const LayerBackend& old_backend, const std::ve
   if (!kept.empty()) {
     gu_type_ = old.gu_type_;
     down_type_ = old.down_type_;
-    if (dtype_is_quant(static_cast<ep_moe_dtype_t>(gu_type_)) ||
-        dtype_is_quant(static_cast<ep_moe_dtype_t>(down_type_)))
-      enable_quant();
+    for (const int32_t t : {gu_type_, down_type_})
+      if (dtype_is_quant(static_cast<ep_moe_dtype_t>(t))) enable_quant(static_cast<ep_moe_dtype_t>(t));
   }
   for (const KeptSlot& k : kept) {
     if (k.first) continue;
@@ -274,7 +273,8 @@ bool CpuBackend::keep_shared(const LayerBackend& old_backend) {
   const auto& old = static_cast<const CpuBackend&>(old_backend);
   cpu::copy_packed(shared_.gate_up, old.shared_.gate_up);
   cpu::copy_packed(shared_.down, old.shared_.down);
-  if (shared_.gate_up.quant() || shared_.down.quant()) enable_quant();
+  for (const cpu::PackedWeight* w : {&shared_.gate_up, &shared_.down})
+    if (w->quant()) enable_quant(w->dtype);
   return true;
 }
 

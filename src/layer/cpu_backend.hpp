@@ -90,8 +90,9 @@ class CpuBackend final : public LayerBackend {
   // a block format as it is, else weight_dtype; checked against the type
   // the part already has (*fixed, -1 before the first).
   ep_moe_dtype_t routed_type(ep_moe_dtype_t src, int32_t* fixed, const char* part) const;
-  // The first block-format expert: int8 activation rows and f32 x rows.
-  void enable_quant();
+  // A block-format part of format t: int8 activation rows and f32 x rows
+  // (the first), the widened panels' room (the first of a format that widens).
+  void enable_quant(ep_moe_dtype_t t);
   // `n` values into a bias padded to `padded` values.
   static void put_bias(std::vector<float>& dst, const Source& src, int64_t n, int64_t padded);
   void compute_logits(const float* x, int64_t T, float* logits);

@@ -540,6 +540,53 @@ TEST_CASE("GGUF block-format experts: every type and mix, every ISA path, EP, DP
   unsetenv("EP_MOE_CPU_ISA");
 }
 
+TEST_CASE("GGUF block-format experts through widened panels: prefill rows of each widening format and mix",
+          "[forward][quant]") {
+  // Experts with many rows in a chunk (prefill) whose format widens its
+  // panels for the f32 tiles (Kernels::qdequant_rows: Q8_0, Q4_0, MXFP4,
+  // IQ4_XS on AVX2) against the reference with the activations quantized
+  // as stated, on every ISA path (the portable one never widens): gate/up
+  // and down each widened or not (mixes), an expert's rows past one
+  // kernel call, a block-format shared expert over every token (rows past
+  // one kernel call in down's panel-by-panel order), DP with uneven
+  // tokens, bf16 activations, two threads, fresh inputs a second forward.
+  const int types[] = {refq::Q8_0, refq::Q4_0, refq::MXFP4, refq::IQ4_XS};
+  for (int isa_i = 0; isa_i < 4; ++isa_i) {
+    const char* isa = harness::kIsaNames[isa_i];
+    setenv("EP_MOE_CPU_ISA", isa, 1);
+    for (int variant = 0; variant < 8; ++variant) {
+      INFO("isa " << isa << " variant " << variant);
+      Case c;
+      c.qgu = c.qdown = types[variant % 4];
+      if (variant == 4) c.qgu = refq::Q4_K;    // down widens, gate/up does not
+      if (variant == 5) c.qdown = refq::Q6_K;  // gate/up widens, down does not
+      c.spec.H = variant == 3 ? 512 : 256;
+      c.spec.I = 256;
+      c.spec.E = 4;
+      c.spec.K = 2;
+      c.ep = 1 + variant % 2;
+      c.threads = 2;
+      c.max_tokens = 100;
+      c.tokens = {100};
+      c.forwards = 2;
+      c.fused_gate_up = variant == 2;
+      if (variant == 6) {  // a Q8_0 shared expert over every token beside them
+        c.spec.Is = 256;
+        c.qsgu = c.qsdown = refq::Q8_0;
+      }
+      if (variant == 7) {  // DP attention, uneven, bf16 activations
+        c.dp = 2;
+        c.tokens = {70, 30};
+        c.adt = ref::BF16;
+      }
+      double worst = 0;
+      if (harness::isa_skipped(harness::run_case(c, rng(), &worst), isa_i)) break;
+      WARN("widened " << c.qgu << "/" << c.qdown << " " << isa << " variant " << variant << ": max error " << worst);
+    }
+  }
+  unsetenv("EP_MOE_CPU_ISA");
+}
+
 TEST_CASE("GGUF block-format shared expert: kept as blocks where its shard is whole blocks, else dequantized",
           "[forward][quant]") {
   // The shared expert given as blocks (a Q4_K_M-like mix of formats,
