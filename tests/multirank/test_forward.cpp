@@ -543,8 +543,8 @@ TEST_CASE("GGUF block-format experts: every type and mix, every ISA path, EP, DP
 TEST_CASE("GGUF block-format experts through widened panels: prefill rows of each widening format and mix",
           "[forward][quant]") {
   // Experts with many rows in a chunk (prefill) whose format widens its
-  // panels for the f32 tiles (Kernels::qdequant_rows: Q8_0, Q4_0, MXFP4,
-  // IQ4_XS on AVX2) against the reference with the activations quantized
+  // panels for the f32 tiles (Kernels::qdequant_rows: Q8_0, Q4_0, MXFP4 on
+  // AVX2; IQ4_XS does not) against the reference with the activations quantized
   // as stated, on every ISA path (the portable one never widens): gate/up
   // and down each widened or not (mixes), an expert's rows past one
   // kernel call, a block-format shared expert over every token (rows past
