@@ -102,9 +102,7 @@ WideActs widen_acts(const Acts& a, int k) {
   WideActs w;
   for (const auto& r : a.rows) {
     w.rows.emplace_back(static_cast<size_t>(k));
-    const int8_t* q = act_q(r.data());
-    const float* d = act_d(r.data(), k);
-    for (int e = 0; e < k; ++e) w.rows.back()[static_cast<size_t>(e)] = static_cast<float>(q[e]) * d[e / 32];
+    act_row_values(r.data(), k, w.rows.back().data());
   }
   for (auto& r : w.rows) w.ptrs.push_back(r.data());
   return w;

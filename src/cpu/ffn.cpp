@@ -85,15 +85,6 @@ void FfnRunner::reserve_quant(int threads, int64_t x_rows, ep_moe_dtype_t t) {
   }
 }
 
-namespace {
-// An int8 activation row's values, q * d (what the widened path computes with).
-void act_values(const void* row, int64_t k, float* out) {
-  const int8_t* q = act_q(row);
-  const float* d = act_d(row, k);
-  for (int64_t e = 0; e < k; ++e) out[e] = static_cast<float>(q[e]) * d[e / 32];
-}
-}  // namespace
-
 bool FfnRunner::widened(const Segment& sg, bool down) const {
   const PackedWeight& w = down ? *sg.job->down : *sg.job->gate_up;
   return w.quant() && wide_ok_ && (down || wide_x_) && k_.widens(w.dtype, sg.len) && w.k <= wide_k_;
@@ -118,7 +109,7 @@ void FfnRunner::widen_x(const std::vector<ExpertJob>& jobs, ThreadPool& pool, co
     char* q = xt_.data<char>() + static_cast<size_t>(t) * tb;
     for (size_t r = b0; r < b1; ++r) {
       k_.quantize_act(x + static_cast<int64_t>(r) * ldx, hidden_, aq, q);
-      act_values(q, hidden_, xf_.data<float>() + r * static_cast<size_t>(hidden_));
+      act_row_values(q, hidden_, xf_.data<float>() + r * static_cast<size_t>(hidden_));
     }
   });
   wide_x_ = true;
@@ -215,7 +206,7 @@ void FfnRunner::quantize_rows(const Chunk& ch, int64_t rows, ThreadPool& pool, c
         // Widened: h's row becomes its quantized values in place.
         char* hq = ch.hq + r * static_cast<int64_t>(ldhq_);
         k_.quantize_act(ch.hbuf + r * ldh_, w.k, aq, hq);
-        if (wide) act_values(hq, w.k, ch.hbuf + r * ldh_);
+        if (wide) act_row_values(hq, w.k, ch.hbuf + r * ldh_);
       } else if (!wide) {  // widened gate_up rows read xf_
         const int64_t tok = j.rows[segs[s].begin + (r - segs[s].offset)];
         k_.quantize_act(x + tok * ldx, w.k, aq, ch.xq + r * static_cast<int64_t>(ldxq_));

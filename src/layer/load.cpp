@@ -136,15 +136,17 @@ class Reader {
     const bool whole_blocks = c0 % 32 == 0 && nc % 32 == 0;
     const int64_t groups = s.cols / 32, g0 = whole_blocks ? c0 / 32 : 0, ng = whole_blocks ? nc / 32 : groups;
     std::vector<uint8_t> codes(static_cast<size_t>(nr * ng) * 16), exps(static_cast<size_t>(nr * ng));
-    for (int64_t r = 0; r < nr; ++r) {  // one read each when the window has whole rows
-      const int64_t rows = ng == groups ? nr : 1;
+    // Rows r .. r + n of the window (whole rows: all in one read each).
+    const auto fetch_rows = [&](int64_t r, int64_t n) {
       const auto first = static_cast<uint64_t>((r0 + r) * groups + g0);
-      read_bytes(*s.tensor, s.offset + first * 16, static_cast<size_t>(rows * ng) * 16,
+      read_bytes(*s.tensor, s.offset + first * 16, static_cast<size_t>(n * ng) * 16,
                  codes.data() + static_cast<size_t>(r * ng) * 16);
-      read_bytes(*s.scales, s.scales_offset + first, static_cast<size_t>(rows * ng),
+      read_bytes(*s.scales, s.scales_offset + first, static_cast<size_t>(n * ng),
                  exps.data() + static_cast<size_t>(r * ng));
-      r += rows - 1;
-    }
+    };
+    if (ng == groups) fetch_rows(0, nr);
+    else
+      for (int64_t r = 0; r < nr; ++r) fetch_rows(r, 1);
     Loaded out;
     out.dtype = EP_MOE_DTYPE_MXFP4;
     out.cols = ng * 32;
