@@ -119,7 +119,7 @@ std::vector<int64_t> run_loaded(const Written& wr, int ep, int tokens) {
   // Tokens whose routing has no near-ties (logits from the stored router).
   std::normal_distribution<float> n(0.0f, 1.0f);
   std::vector<float> hid(static_cast<size_t>(tokens * s.H));
-  std::vector<double> expect(static_cast<size_t>(tokens * s.H));
+  std::vector<double> expect(static_cast<size_t>(tokens * s.H)), slack(expect.size());
   for (int t = 0; t < tokens; ++t) {
     std::vector<int> ids;
     std::vector<double> wts;
@@ -133,7 +133,8 @@ std::vector<int64_t> run_loaded(const Written& wr, int ep, int tokens) {
         logits[static_cast<size_t>(e)] = static_cast<float>(acc);
       }
     } while (!ref::route(s, logits.data(), wr.m.w, ids, wts, 1e-3));
-    ref::moe_token(s, wr.m.w, x, ids, wts, expect.data() + static_cast<size_t>(t) * s.H);
+    ref::moe_token(s, wr.m.w, x, ids, wts, expect.data() + static_cast<size_t>(t) * s.H,
+                   slack.data() + static_cast<size_t>(t) * s.H);
   }
   std::vector<ep_moe_comm_t*> comms(static_cast<size_t>(ep));
   REQUIRE(ep_moe_comm_create_local(comms.data(), ep, nullptr) == EP_MOE_OK);
@@ -185,13 +186,20 @@ std::vector<int64_t> run_loaded(const Written& wr, int ep, int tokens) {
   for (int r = 0; r < ep; ++r) {
     INFO("rank " << r << ": " << errors[static_cast<size_t>(r)]);
     REQUIRE(errors[static_cast<size_t>(r)].empty());
+    // Beyond each output's slack: what an h element on a rounding boundary
+    // of the int8 activations (f32 in the kernels, float64 here) may move it.
     double scale = 1e-6, err = 0;
+    size_t worst = 0;
     for (double v : expect) scale = std::max(scale, std::fabs(v));
-    for (size_t i = 0; i < expect.size(); ++i)
-      err = std::max(err, std::fabs(outs[static_cast<size_t>(r)][i] - expect[i]));
-    // f32 activations; weights are the stored values (Q8_0: the int8
-    // activations' rounding boundaries, harness::tolerance).
-    CHECK(err / scale <= (q8 ? 2e-3 : 1e-4));
+    for (size_t i = 0; i < expect.size(); ++i) {
+      const double e = std::fabs(outs[static_cast<size_t>(r)][i] - expect[i]) - slack[i];
+      if (e > err) err = e, worst = i;
+    }
+    INFO("worst element " << worst << ": " << outs[static_cast<size_t>(r)][worst] << " against " << expect[worst]
+                          << ", slack " << slack[worst]);
+    // f32 activations and accumulation; the weights are the stored values,
+    // Q8_0's activations quantized as the kernels state.
+    CHECK(err / scale <= (q8 ? 1e-5 : 1e-4));
   }
   return bytes;
 }
