@@ -488,8 +488,9 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
     CHECK(x.expert_ns >= 0);
     CHECK(x.combine_ns >= 0);
     // bf16 rows with bf16 weights on AVX512_BF16 go to the bf16 tiles where
-    // they are: no row is widened, only the routing rows are unpacked.
-    const bool direct = c.adt == ref::BF16 && c.wdt == ref::BF16 && x.cpu_isa == 3;
+    // they are: no row is widened, only the routing rows are unpacked. Not
+    // where any part is held in blocks: its int8 rows are quantized from f32.
+    const bool direct = c.adt == ref::BF16 && c.wdt == ref::BF16 && x.cpu_isa == 3 && !c.quant();
     // f32 rows in the all-gather flow without DP are read where they are
     // too (Layer::f32_rows): nothing to widen.
     const bool in_place = direct || (c.adt == ref::F32 && x.dispatch == EP_MOE_DISPATCH_ALLGATHER && c.dp == 1);
