@@ -34,6 +34,15 @@ Isa detect_isa() {
   return hw;
 }
 
+bool has_avx512_vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return hardware_isa() >= Isa::Avx512 && __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::Generic: return "generic";

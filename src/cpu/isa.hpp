@@ -14,5 +14,10 @@ enum class Isa : int { Generic = 0, Avx2 = 1, Avx512 = 2, Avx512Bf16 = 3 };
 Isa detect_isa();
 const char* isa_name(Isa isa);
 
+// Whether the CPU has AVX512_VNNI (with AVX-512 F/BW/VL): the AVX-512
+// tables' block-format kernels then use it. Not lowered by EP_MOE_CPU_ISA:
+// those kernels give the AVX2 ones' results bit for bit.
+bool has_avx512_vnni();
+
 }  // namespace cpu
 }  // namespace ep_moe

@@ -142,11 +142,15 @@ void sum_rows_avx2(void* out, ep_moe_dtype_t out_dt, const float* init, const vo
 void sum_rows_scalar(void* out, ep_moe_dtype_t out_dt, const float* init, const void* const* rows, int nrows,
                      ep_moe_dtype_t dt, int64_t col0, int64_t n);
 
-// The block-format kernels: portable (qkernels_generic.cpp) and AVX2
-// (qkernels_avx2.cpp: maddubs integer dot products; the AVX-512 tables take
-// them too), each a full table by quant_index.
+// The block-format kernels: portable (qkernels_generic.cpp), AVX2
+// (qkernels_avx2.cpp: maddubs integer dot products) and AVX512-VNNI
+// (qkernels_avx512vnni.cpp: vpdpbusd / vpdpwssd, the AVX2 kernels' results
+// bit for bit), each a full table by quant_index. The AVX-512 tables take
+// the VNNI ones where the CPU has AVX512_VNNI (has_avx512_vnni), else
+// AVX2's.
 void qkernels_generic(QGemmFn* out);
 void qkernels_avx2(QGemmFn* out);
+void qkernels_avx512vnni(QGemmFn* out);
 void quantize_act_avx2(const float* x, int64_t k, ActQuant aq, void* out);
 // The AVX2 panel widening (qdequant_avx2.cpp), a full table by quant_index.
 void qdequant_avx2(QDequantFn* out);

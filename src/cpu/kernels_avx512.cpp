@@ -12,8 +12,8 @@ namespace cpu {
 #include "cpu/kernels_avx512.inc"
 
 const Kernels& kernels_avx512() {
-  // The block-format kernels are AVX2's (256-bit maddubs), which every
-  // AVX-512 CPU runs.
+  // The block-format kernels on 256-bit vectors: VNNI's where the CPU has
+  // it, else AVX2's (maddubs), which every AVX-512 CPU runs.
   static const Kernels k = [] {
     Kernels t{Isa::Avx512,
               NR,
@@ -29,7 +29,8 @@ const Kernels& kernels_avx512() {
               sum_rows_avx2,
               {gemv<0>, gemv<1>, gemv<2>},
               nullptr};
-    qkernels_avx2(t.qgemm);
+    if (has_avx512_vnni()) qkernels_avx512vnni(t.qgemm);
+    else qkernels_avx2(t.qgemm);
     t.quantize_act = quantize_act_avx2;
     return t;
   }();

@@ -171,7 +171,8 @@ const Kernels& kernels_avx512bf16() {
               sum_rows_avx2,
               {gemv<0>, gemv<1>, gemv<2>},
               dot_gemv};
-    qkernels_avx2(t.qgemm);
+    if (has_avx512_vnni()) qkernels_avx512vnni(t.qgemm);
+    else qkernels_avx2(t.qgemm);
     t.quantize_act = quantize_act_avx2;
     return t;
   }();

@@ -187,6 +187,58 @@ TEST_CASE("block-format kernels match a double product of the dequantized values
   }
 }
 
+TEST_CASE("AVX512-VNNI block kernels: the AVX2 kernels' results bit for bit, every type and row count",
+          "[unit][quant][kernels]") {
+  if (!cpu::has_avx512_vnni() || cpu::detect_isa() < cpu::Isa::Avx512) {
+    WARN("skipped: this CPU has no AVX512_VNNI (or EP_MOE_CPU_ISA is below avx512)");
+    return;
+  }
+  // The two builds differ only in how the exact i32 sums are made, so
+  // every output must be equal. Weights with a few outliers and activation
+  // rows likewise reach the ends of each format's range (the i16 bounds of
+  // maddubs that vpdpbusd does not have).
+  std::mt19937 rng(Catch::rngSeed() + 29);
+  // The AVX-512 table takes the VNNI kernels here (kernels.hpp).
+  const cpu::QGemmFn* avx2 = cpu::kernels_for(cpu::Isa::Avx2).qgemm;
+  const cpu::QGemmFn* vnni = cpu::kernels_for(cpu::Isa::Avx512).qgemm;
+  const int nr = cpu::kernels_for(cpu::Isa::Avx512).nr;
+  const auto spiky = [&](size_t n, float sd) {
+    std::vector<float> v = normal(n, rng, sd);
+    std::uniform_int_distribution<size_t> at(0, n - 1);
+    for (size_t i = 0; i < n / 64; ++i) v[at(rng)] *= 40.0f;
+    return v;
+  };
+  for (ep_moe_dtype_t t : kTypes) {
+    for (int k : {256, 2048}) {
+      CAPTURE(dtype_name(t), k);
+      const int n = 2 * nr;
+      const size_t rb = quant_row_bytes(t, k);
+      std::vector<uint8_t> wq(rb * static_cast<size_t>(n));
+      const std::vector<float> wf = spiky(static_cast<size_t>(n) * k, 0.05f);
+      for (int r = 0; r < n; ++r) quantize_row(t, wf.data() + static_cast<size_t>(r) * k, wq.data() + rb * r, k);
+      cpu::PackedWeight w;
+      cpu::pack(w, Source{wq.data(), t, k}, n, k, nr, t);
+      REQUIRE(w.panels() == 2);
+      for (int m : {1, 2, 3, 5, 8, 9, 17}) {
+        CAPTURE(m);
+        std::vector<std::vector<uint8_t>> rows(static_cast<size_t>(m));
+        std::vector<const void*> a(static_cast<size_t>(m));
+        for (int i = 0; i < m; ++i) {
+          const std::vector<float> x = spiky(static_cast<size_t>(k), 1.0f);
+          rows[static_cast<size_t>(i)].resize(act_row_bytes(k));
+          quantize_act_row(x.data(), k, act_quant_of(t), rows[static_cast<size_t>(i)].data());
+          a[static_cast<size_t>(i)] = rows[static_cast<size_t>(i)].data();
+        }
+        std::vector<float> c2(static_cast<size_t>(m) * nr, NAN), cv(c2.size(), NAN);
+        const int qi = quant_index(t);
+        avx2[qi](m, a.data(), k, w.panel(0), nr, c2.data(), nr, w.panel(1));  // with `next`: decode's prefetches
+        vnni[qi](m, a.data(), k, w.panel(0), nr, cv.data(), nr, w.panel(1));
+        CHECK(std::memcmp(c2.data(), cv.data(), c2.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("widened block panels: every value as dequantize_row makes it, bit for bit, every ISA and type",
           "[unit][quant][kernels]") {
   std::mt19937 rng(Catch::rngSeed() + 15);
