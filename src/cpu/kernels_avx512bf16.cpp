@@ -2,6 +2,7 @@
 // only when the CPU has AVX512_BF16).
 #include <immintrin.h>
 
+#include <initializer_list>
 #include <type_traits>
 
 #include <cstring>
@@ -174,6 +175,12 @@ const Kernels& kernels_avx512bf16() {
     if (has_avx512_vnni()) qkernels_avx512vnni(t.qgemm);
     else qkernels_avx2(t.qgemm);
     t.quantize_act = quantize_act_avx2;
+    // Prefill rows of the formats with a scale per 32 elements widen their
+    // panels for the f32 tiles from the row count where that beats the
+    // block kernels (ep_moe_qkernel_bench's w/c column on these tables).
+    qdequant_avx2(t.qdequant);
+    for (ep_moe_dtype_t q : {EP_MOE_DTYPE_Q8_0, EP_MOE_DTYPE_Q4_0, EP_MOE_DTYPE_MXFP4})
+      t.qdequant_rows[quant_index(q)] = 32;
     return t;
   }();
   return k;
