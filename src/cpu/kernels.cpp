@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <vector>
 
 #include "common/dtype.hpp"
@@ -26,6 +27,14 @@ const Kernels& kernels_for(Isa isa) {
 }
 
 #if defined(EP_MOE_X86_KERNELS)
+void set_x86_block_kernels(Kernels& t, void (*qtable)(QGemmFn*), int widen_rows) {
+  qtable(t.qgemm);
+  t.quantize_act = quantize_act_avx2;
+  qdequant_avx2(t.qdequant);
+  for (ep_moe_dtype_t q : {EP_MOE_DTYPE_Q8_0, EP_MOE_DTYPE_Q4_0, EP_MOE_DTYPE_MXFP4})
+    t.qdequant_rows[quant_index(q)] = widen_rows;
+}
+
 namespace {
 // Ratio of the time of `dot` to that of `wide` on the same work: the best
 // of several alternated rounds each (a preempted vCPU spoils one round).

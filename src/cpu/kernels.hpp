@@ -154,6 +154,16 @@ void qkernels_avx512vnni(QGemmFn* out);
 void quantize_act_avx2(const float* x, int64_t k, ActQuant aq, void* out);
 // The AVX2 panel widening (qdequant_avx2.cpp), a full table by quant_index.
 void qdequant_avx2(QDequantFn* out);
+// An x86 table's block-format entries: qgemm from `qtable`, the AVX2
+// activation quantizer and panel widening, and widening from `widen_rows`
+// rows an expert for the formats with a scale per 32 elements (Q8_0, Q4_0,
+// MXFP4), whose kernels convert and scale every block for every row. The
+// K formats and IQ4_XS apply their per-32 scales in the integer sums and
+// scale per 256: their kernels stay level with or ahead of the widened
+// path to 48 rows at k = 2048, so they never widen. Each table's
+// `widen_rows` is where ep_moe_qkernel_bench's w/c column passes 1
+// against its own block kernels (k 768 and 2048).
+void set_x86_block_kernels(Kernels& t, void (*qtable)(QGemmFn*), int widen_rows);
 
 // Per-ISA tables, defined in their own translation units.
 const Kernels& kernels_generic();

@@ -2,7 +2,6 @@
 // when the CPU has them).
 #include <immintrin.h>
 
-#include <initializer_list>
 #include <type_traits>
 
 #include <cmath>
@@ -395,18 +394,7 @@ const Kernels& kernels_avx2() {
               nullptr,
               {gemm_run<0>, gemm_run<1>, gemm_run<2>},
               {kRunRows<0>, kRunRows<1>, kRunRows<2>}};
-    qkernels_avx2(t.qgemm);
-    t.quantize_act = quantize_act_avx2;
-    qdequant_avx2(t.qdequant);
-    // Rows of an expert's call from which widened panels beat the block
-    // kernels (ep_moe_qkernel_bench's w/c column, k 768 and 2048): the
-    // formats with a scale per 32-element block, whose kernels convert and
-    // scale every block for every row. The K formats and IQ4_XS apply their
-    // per-32 scales in the integer sums and scale per 256: their kernels
-    // stay level with or ahead of the widened path to 48 rows at k = 2048,
-    // so they never widen.
-    for (ep_moe_dtype_t q : {EP_MOE_DTYPE_Q8_0, EP_MOE_DTYPE_Q4_0, EP_MOE_DTYPE_MXFP4})
-      t.qdequant_rows[quant_index(q)] = 24;
+    set_x86_block_kernels(t, qkernels_avx2, 24);
     return t;
   }();
   return k;

@@ -2,7 +2,6 @@
 // called only when the CPU has them).
 #include <immintrin.h>
 
-#include <initializer_list>
 #include <type_traits>
 
 #include "cpu/kernels.hpp"
@@ -13,8 +12,6 @@ namespace cpu {
 #include "cpu/kernels_avx512.inc"
 
 const Kernels& kernels_avx512() {
-  // The block-format kernels on 256-bit vectors: VNNI's where the CPU has
-  // it, else AVX2's (maddubs), which every AVX-512 CPU runs.
   static const Kernels k = [] {
     Kernels t{Isa::Avx512,
               NR,
@@ -30,15 +27,7 @@ const Kernels& kernels_avx512() {
               sum_rows_avx2,
               {gemv<0>, gemv<1>, gemv<2>},
               nullptr};
-    if (has_avx512_vnni()) qkernels_avx512vnni(t.qgemm);
-    else qkernels_avx2(t.qgemm);
-    t.quantize_act = quantize_act_avx2;
-    // Prefill rows of the formats with a scale per 32 elements widen their
-    // panels for the f32 tiles from the row count where that beats the
-    // block kernels (ep_moe_qkernel_bench's w/c column on these tables).
-    qdequant_avx2(t.qdequant);
-    for (ep_moe_dtype_t q : {EP_MOE_DTYPE_Q8_0, EP_MOE_DTYPE_Q4_0, EP_MOE_DTYPE_MXFP4})
-      t.qdequant_rows[quant_index(q)] = 32;
+    set_x86_block_kernels(t, has_avx512_vnni() ? qkernels_avx512vnni : qkernels_avx2, 32);
     return t;
   }();
   return k;

@@ -2,7 +2,6 @@
 // only when the CPU has AVX512_BF16).
 #include <immintrin.h>
 
-#include <initializer_list>
 #include <type_traits>
 
 #include <cstring>
@@ -172,15 +171,7 @@ const Kernels& kernels_avx512bf16() {
               sum_rows_avx2,
               {gemv<0>, gemv<1>, gemv<2>},
               dot_gemv};
-    if (has_avx512_vnni()) qkernels_avx512vnni(t.qgemm);
-    else qkernels_avx2(t.qgemm);
-    t.quantize_act = quantize_act_avx2;
-    // Prefill rows of the formats with a scale per 32 elements widen their
-    // panels for the f32 tiles from the row count where that beats the
-    // block kernels (ep_moe_qkernel_bench's w/c column on these tables).
-    qdequant_avx2(t.qdequant);
-    for (ep_moe_dtype_t q : {EP_MOE_DTYPE_Q8_0, EP_MOE_DTYPE_Q4_0, EP_MOE_DTYPE_MXFP4})
-      t.qdequant_rows[quant_index(q)] = 32;
+    set_x86_block_kernels(t, has_avx512_vnni() ? qkernels_avx512vnni : qkernels_avx2, 32);
     return t;
   }();
   return k;
