@@ -46,16 +46,6 @@ ActQuant act_quant_of(ep_moe_dtype_t weight) {
   return quant_block_elems(weight) == 256 ? ActQuant::Q8_K : ActQuant::Q8_0;
 }
 
-namespace {
-
-uint16_t rd16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
-void wr16(uint8_t* p, uint16_t v) {
-  p[0] = static_cast<uint8_t>(v & 0xff);
-  p[1] = static_cast<uint8_t>(v >> 8);
-}
-float rdf16(const uint8_t* p) { return f16_to_f32(rd16(p)); }
-
-// Q4_K / Q5_K: the 6-bit scale and min of sub-block j from the 12 bytes.
 void scale_min_k4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
   if (j < 4) {
     *sc = q[j] & 63;
@@ -65,6 +55,15 @@ void scale_min_k4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
     *m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
   }
 }
+
+namespace {
+
+uint16_t rd16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+void wr16(uint8_t* p, uint16_t v) {
+  p[0] = static_cast<uint8_t>(v & 0xff);
+  p[1] = static_cast<uint8_t>(v >> 8);
+}
+float rdf16(const uint8_t* p) { return f16_to_f32(rd16(p)); }
 
 void dequant_block(ep_moe_dtype_t t, const uint8_t* b, float* y) {
   switch (t) {

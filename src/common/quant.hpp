@@ -72,6 +72,10 @@ inline void act_row_values(const void* row, int64_t k, float* out) {
   for (int64_t e = 0; e < k; ++e) out[e] = static_cast<float>(q[e]) * d[e / 32];
 }
 
+// Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0 .. 7) from a
+// block's 12 scale bytes.
+void scale_min_k4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m);
+
 // Tables of the non-linear formats.
 extern const int8_t kIq4nlValues[16];  // IQ4_NL / IQ4_XS
 extern const int8_t kMxfp4Values[16];  // E2M1, doubled

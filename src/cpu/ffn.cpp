@@ -72,7 +72,17 @@ void FfnRunner::reserve_quant(int threads, int64_t x_rows, ep_moe_dtype_t t) {
     xq_.resize(static_cast<size_t>(chunk_) * ldxq_);
     hq_.resize(static_cast<size_t>(chunk_) * ldhq_);
   }
-  if (!dtype_is_quant(t) || !k_.widens(t, std::numeric_limits<int64_t>::max())) return;
+  if (!dtype_is_quant(t)) return;
+  if (k_.tiles(t, std::numeric_limits<int64_t>::max()) && k_.nr == kQTileCols) {
+    const int64_t kmax = (std::max(hidden_, ldh_) + 255) / 256 * 256;
+    const size_t bytes = std::max(tile_bytes_, qtile_panel_bytes(t, kmax));
+    if (threads > tile_threads_ || bytes > tile_bytes_) {
+      tile_bytes_ = bytes;
+      tile_threads_ = std::max(tile_threads_, threads);
+      tiles_.resize(static_cast<size_t>(tile_threads_) * tile_bytes_);
+    }
+  }
+  if (!k_.widens(t, std::numeric_limits<int64_t>::max())) return;
   if (threads > wide_threads_) {
     wide_k_ = std::max(hidden_, ldh_);
     wide_.resize(static_cast<size_t>(threads) * static_cast<size_t>(k_.nr) * static_cast<size_t>(wide_k_) * 4);
@@ -88,6 +98,17 @@ void FfnRunner::reserve_quant(int threads, int64_t x_rows, ep_moe_dtype_t t) {
 bool FfnRunner::widened(const Segment& sg, bool down) const {
   const PackedWeight& w = down ? *sg.job->down : *sg.job->gate_up;
   return w.quant() && wide_ok_ && (down || wide_x_) && k_.widens(w.dtype, sg.len) && w.k <= wide_k_;
+}
+
+bool FfnRunner::tiled(const Segment& sg, bool down) const {
+  const PackedWeight& w = down ? *sg.job->down : *sg.job->gate_up;
+  return w.quant() && tile_ok_ && k_.tiles(w.dtype, sg.len) && qtile_panel_bytes(w.dtype, w.k) <= tile_bytes_;
+}
+
+const void* FfnRunner::tile_panel(const PackedWeight& w, int32_t p, int t) {
+  char* out = tiles_.data<char>() + static_cast<size_t>(t) * tile_bytes_;
+  k_.qunpack[quant_index(w.dtype)](w.panel(p), w.k, out);
+  return out;
 }
 
 // x's rows as the block kernels would quantize them for the run's gate_up
@@ -130,6 +151,7 @@ void FfnRunner::reserve_jobs(size_t max_jobs) {
 void FfnRunner::run(ThreadPool& pool, const std::vector<ExpertJob>& jobs, const float* x, int64_t ldx, float* acc,
                     int64_t ldacc, Act act, const uint16_t* x16, int64_t ldx16) {
   widen_x(jobs, pool, x, ldx);
+  tile_ok_ = tile_threads_ >= pool.size();
   segs_.clear();
   int64_t used = 0;
   for (const ExpertJob& j : jobs) {
@@ -318,7 +340,8 @@ void FfnRunner::phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64
         continue;
       }
       const void* next = next_after(q + 1);
-      const float* wide = widened(s, false) ? widen_panel(w, p, t) : nullptr;
+      const void* tile = tiled(s, false) ? tile_panel(w, p, t) : nullptr;
+      const float* wide = !tile && widened(s, false) ? widen_panel(w, p, t) : nullptr;
       for (int64_t r0 = 0; r0 < s.len; r0 += kRows) {
         const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
         if (wide) {
@@ -327,7 +350,8 @@ void FfnRunner::phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64
         } else if (w.quant()) {
           const void* aq[kRows];
           for (int i = 0; i < m; ++i) aq[i] = xq + (s.offset + r0 + i) * static_cast<int64_t>(ldxq_);
-          k_.qgemm[quant_index(w.dtype)](m, aq, w.k, w.panel(p), nr, c, nr, r0 == 0 ? next : nullptr);
+          if (tile) k_.qtile[quant_index(w.dtype)](m, aq, w.k, tile, c, nr, r0 == 0 ? next : nullptr);
+          else k_.qgemm[quant_index(w.dtype)](m, aq, w.k, w.panel(p), nr, c, nr, r0 == 0 ? next : nullptr);
         } else if (dot) {
           for (int i = 0; i < m; ++i) a16[i] = xb + (s.offset + r0 + i) * ldxb_;
           k_.gemm_bf16(m, a16, w.k, w.panel(p), c, nr, r0 == 0 ? next : nullptr);
@@ -366,9 +390,11 @@ void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t l
   const auto grain_b = static_cast<size_t>(std::max(1, std::min(16, panels / (2 * pool.size()))));
   // Rows r0 .. r0 + m of segment s (m returned, kRows at most) through
   // down panel p into c, ldc floats a row.
-  // wide: panel p widened (widened segments), else null.
+  // wide: panel p widened (widened segments), else null; tile: unpacked
+  // for the int8 tiles (tiled segments), else null.
   const auto down_rows = [&](const Segment& s, const PackedWeight& w, int32_t p, int64_t r0, float* c, int ldc,
-                             const void* next, const float** a, const uint16_t** a16, const float* wide) {
+                             const void* next, const float** a, const uint16_t** a16, const float* wide,
+                             const void* tile) {
     const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
     if (wide) {
       for (int i = 0; i < m; ++i) a[i] = hbuf + (s.offset + r0 + i) * ldh_;
@@ -376,7 +402,8 @@ void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t l
     } else if (w.quant()) {
       const void* aq[kRows];
       for (int i = 0; i < m; ++i) aq[i] = ch.hq + (s.offset + r0 + i) * static_cast<int64_t>(ldhq_);
-      k_.qgemm[quant_index(w.dtype)](m, aq, w.k, w.panel(p), nr, c, ldc, next);
+      if (tile) k_.qtile[quant_index(w.dtype)](m, aq, w.k, tile, c, ldc, next);
+      else k_.qgemm[quant_index(w.dtype)](m, aq, w.k, w.panel(p), nr, c, ldc, next);
     } else if (dot) {
       for (int i = 0; i < m; ++i) a16[i] = hb + (s.offset + r0 + i) * ldh_;
       k_.gemm_bf16(m, a16, w.k, w.panel(p), c, ldc, next);
@@ -435,18 +462,19 @@ void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t l
           // The sums are the same as panel by panel (each acc element still
           // gets its one addition per row of the segment, segments in order),
           // so the bits are too.
-          // Widened panels: each once, so a segment of more row blocks goes
-          // panel by panel.
+          // Widened or unpacked panels: each once, so a segment of more row
+          // blocks goes panel by panel.
           const size_t panel_bytes = w.panel_bytes();
-          const bool wide = widened(s, true);
-          if (s.len <= kRows || (!wide && static_cast<size_t>(p_end - p0) * panel_bytes <= kRowBlockClaimBytes)) {
+          const bool tile = tiled(s, true), wide = !tile && widened(s, true);
+          if (s.len <= kRows ||
+              (!wide && !tile && static_cast<size_t>(p_end - p0) * panel_bytes <= kRowBlockClaimBytes)) {
             for (int64_t r0 = 0; r0 < s.len; r0 += kRows)
               for (int32_t p = p0; p < p_end; p += run_b) {
                 const int32_t np = std::min(run_b, p_end - p), col0 = p * nr;
                 const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
                 for (int32_t j = 0; j < np; ++j)
                   down_rows(s, w, p + j, r0, c + j * nr, np * nr, r0 == 0 ? next_after(p + j + 1) : nullptr, a, a16,
-                            wide ? widen_panel(w, p + j, t) : nullptr);
+                            wide ? widen_panel(w, p + j, t) : nullptr, tile ? tile_panel(w, p + j, t) : nullptr);
                 if (s.job->down_bias) add_bias_rows(c, np * nr, m, np * nr, s.job->down_bias + col0);
                 k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin + r0, s.job->weights + s.begin + r0, c, np * nr,
                                m, std::min(np * nr, hidden_ - col0));
@@ -458,8 +486,9 @@ void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t l
             const int ncols = std::min(nr, hidden_ - col0);
             const void* next = next_after(p + 1);
             const float* wp = wide ? widen_panel(w, p, t) : nullptr;
+            const void* tp = tile ? tile_panel(w, p, t) : nullptr;
             for (int64_t r0 = 0; r0 < s.len; r0 += kRows) {
-              const int m = down_rows(s, w, p, r0, c, nr, r0 == 0 ? next : nullptr, a, a16, wp);
+              const int m = down_rows(s, w, p, r0, c, nr, r0 == 0 ? next : nullptr, a, a16, wp, tp);
               if (s.job->down_bias) add_bias_rows(c, nr, m, nr, s.job->down_bias + col0);
               k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin + r0, s.job->weights + s.begin + r0, c, nr, m,
                              ncols);

@@ -64,8 +64,9 @@ class FfnRunner {
   // with such a job (at store time: run() allocates nothing). Every
   // block-format gate_up of one run must share one activation format, and
   // every block-format down one (the layer keeps one storage type per part).
-  // Where the kernels widen panels of block format `t` for many rows
-  // (Kernels::widens), also room for `threads` widened panels and for the
+  // Where the kernels have int8 tiles for `t` (Kernels::tiles), room for
+  // `threads` unpacked panels. Where they widen panels of block format `t`
+  // for many rows (Kernels::widens), also room for `threads` widened panels and for the
   // values of up to `x_rows` rows of x as quantized (run() then takes that
   // path for an expert's rows in a chunk when x has at most x_rows rows,
   // else stays on the block kernels). Called once per format held.
@@ -104,6 +105,11 @@ class FfnRunner {
   void widen_x(const std::vector<ExpertJob>& jobs, ThreadPool& pool, const float* x, int64_t ldx);
   // Thread t's panel widened from block panel p of w (nr * k floats).
   const float* widen_panel(const PackedWeight& w, int32_t p, int t);
+  // The int8 tiles (Kernels::tiles): whether segment sg's rows go through
+  // them for its gate_up (down false) or down (ahead of widening); thread
+  // t's unpacked panel from block panel p of w.
+  bool tiled(const Segment& sg, bool down) const;
+  const void* tile_panel(const PackedWeight& w, int32_t p, int t);
   void phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64_t ldx, Act act);
   void phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t ldacc);
   int run_rows_of(const Segment& sg, const PackedWeight& w, bool dot) const;
@@ -127,6 +133,11 @@ class FfnRunner {
   int64_t wide_k_ = 0, xf_rows_ = 0;
   int wide_threads_ = 0;
   bool wide_ok_ = false, wide_x_ = false;  // this run: panels may widen; so may gate_up
+  // Unpacked panels for the int8 tiles: one per thread, tile_bytes_ each.
+  AlignedBuffer tiles_;
+  size_t tile_bytes_ = 0;
+  int tile_threads_ = 0;
+  bool tile_ok_ = false;  // this run: the pool has no more threads than tiles_ has room for
   // Per chunk: its segments (segs_), them by rows (ord_), and the first
   // gate/up panel of each in that order (first_): kept between runs.
   std::vector<Segment> segs_;

@@ -27,12 +27,20 @@ const Kernels& kernels_for(Isa isa) {
 }
 
 #if defined(EP_MOE_X86_KERNELS)
-void set_x86_block_kernels(Kernels& t, void (*qtable)(QGemmFn*), int widen_rows) {
-  qtable(t.qgemm);
+void set_x86_block_kernels(Kernels& t, bool avx512) {
+  const bool vnni = avx512 && has_avx512_vnni();
+  (vnni ? qkernels_avx512vnni : qkernels_avx2)(t.qgemm);
   t.quantize_act = quantize_act_avx2;
   qdequant_avx2(t.qdequant);
   for (ep_moe_dtype_t q : {EP_MOE_DTYPE_Q8_0, EP_MOE_DTYPE_Q4_0, EP_MOE_DTYPE_MXFP4})
-    t.qdequant_rows[quant_index(q)] = widen_rows;
+    t.qdequant_rows[quant_index(q)] = avx512 ? 32 : 24;
+  if (!vnni) return;
+  qtiles_avx512vnni(t.qunpack, t.qtile);
+  t.qtile_rows[quant_index(EP_MOE_DTYPE_Q8_0)] = 4;
+  t.qtile_rows[quant_index(EP_MOE_DTYPE_Q4_0)] = 4;
+  t.qtile_rows[quant_index(EP_MOE_DTYPE_MXFP4)] = 4;
+  t.qtile_rows[quant_index(EP_MOE_DTYPE_Q4_K)] = 16;
+  t.qtile_rows[quant_index(EP_MOE_DTYPE_Q5_K)] = 16;
 }
 
 namespace {

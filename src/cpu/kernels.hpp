@@ -54,6 +54,34 @@ using QGemmFn = void (*)(int m, const void* const* a, int k, const void* panel, 
 // each value as common/quant.cpp's dequantize_row makes it.
 using QDequantFn = void (*)(const void* panel, int nr, int k, float* out);
 
+// Block-format panels of kQTileCols weight rows unpacked for the int8
+// tiles (AVX512-VNNI, qtile_avx512vnni.cpp): the weights as u8 in k-groups
+// of 4 across the 32 rows, with their scales per block (qtile_panel_bytes
+// bytes for k elements a row).
+constexpr int kQTileCols = 32;
+using QUnpackFn = void (*)(const void* panel, int k, void* out);
+// m activation rows (as for QGemmFn) through an unpacked panel:
+// c[i * ldc + j] for j < kQTileCols, the same exact integer sums per block
+// as the block kernels' (summed in f32 in another order). `next`: the
+// block panel the caller unpacks next (or null), prefetched into L2 over
+// the call.
+using QTileFn = void (*)(int m, const void* const* a, int k, const void* tiles, float* c, int ldc, const void* next);
+// Bytes of an unpacked panel of block format t (0 for the formats without
+// int8 tiles): per 32 elements (Q8_0, Q4_0, MXFP4) 32 x 32 u8 and 32 f32
+// scales; per 256 (Q4_K, Q5_K) 256 x 32 u8, 8 x 32 i32 scales, 8 x 32 i16
+// mins, 32 f32 d and 32 f32 dmin.
+constexpr size_t qtile_panel_bytes(ep_moe_dtype_t t, int64_t k) {
+  constexpr size_t c = kQTileCols;
+  switch (t) {
+    case EP_MOE_DTYPE_Q8_0:
+    case EP_MOE_DTYPE_Q4_0:
+    case EP_MOE_DTYPE_MXFP4: return static_cast<size_t>(k / 32) * (32 * c + 4 * c);
+    case EP_MOE_DTYPE_Q4_K:
+    case EP_MOE_DTYPE_Q5_K: return static_cast<size_t>(k / 256) * (256 * c + (32 + 16 + 4 + 4) * c);
+    default: return 0;
+  }
+}
+
 struct Kernels {
   Isa isa;
   int nr;                          // panel width (output columns per tile)
@@ -102,11 +130,22 @@ struct Kernels {
   // in another order). Below that the block kernels are faster.
   QDequantFn qdequant[kQuantTypes] = {};
   int qdequant_rows[kQuantTypes] = {};
+  // Where set: block-format panels unpacked for the int8 tiles (a panel
+  // of nr == kQTileCols rows at a time), used for an expert's calls of at
+  // least qtile_rows rows (by quant_index; 0: never), ahead of widening.
+  QUnpackFn qunpack[kQuantTypes] = {};
+  QTileFn qtile[kQuantTypes] = {};
+  int qtile_rows[kQuantTypes] = {};
   // Whether an expert's call of m rows on weights of block format `t`
-  // takes the widened panels.
+  // takes the int8 tiles.
+  bool tiles(ep_moe_dtype_t t, int64_t m) const {
+    const int i = quant_index(t);
+    return qtile[i] != nullptr && qtile_rows[i] > 0 && m >= qtile_rows[i];
+  }
+  // Whether it takes the widened panels (where it does not take the tiles).
   bool widens(ep_moe_dtype_t t, int64_t m) const {
     const int i = quant_index(t);
-    return qdequant[i] != nullptr && qdequant_rows[i] > 0 && m >= qdequant_rows[i];
+    return qdequant[i] != nullptr && qdequant_rows[i] > 0 && m >= qdequant_rows[i] && !tiles(t, m);
   }
 
   // Whether an expert's m rows with weights of dtype w go through runs of
@@ -154,16 +193,21 @@ void qkernels_avx512vnni(QGemmFn* out);
 void quantize_act_avx2(const float* x, int64_t k, ActQuant aq, void* out);
 // The AVX2 panel widening (qdequant_avx2.cpp), a full table by quant_index.
 void qdequant_avx2(QDequantFn* out);
-// An x86 table's block-format entries: qgemm from `qtable`, the AVX2
-// activation quantizer and panel widening, and widening from `widen_rows`
-// rows an expert for the formats with a scale per 32 elements (Q8_0, Q4_0,
-// MXFP4), whose kernels convert and scale every block for every row. The
-// K formats and IQ4_XS apply their per-32 scales in the integer sums and
-// scale per 256: their kernels stay level with or ahead of the widened
-// path to 48 rows at k = 2048, so they never widen. Each table's
-// `widen_rows` is where ep_moe_qkernel_bench's w/c column passes 1
-// against its own block kernels (k 768 and 2048).
-void set_x86_block_kernels(Kernels& t, void (*qtable)(QGemmFn*), int widen_rows);
+// An x86 table's block-format entries: the AVX2 activation quantizer and
+// panel widening; qgemm from the AVX2 kernels, or on the AVX-512 tables
+// (avx512) from the VNNI ones where the CPU has AVX512_VNNI, with the int8
+// tiles too. Widening from 24 rows an expert (AVX2; 32 on the AVX-512
+// tables) for the formats with a scale per 32 elements (Q8_0, Q4_0,
+// MXFP4), whose block kernels convert and scale every block for every
+// row. The K formats and IQ4_XS apply their per-32 scales in the integer
+// sums and scale per 256: their kernels stay level with or ahead of the
+// widened path to 48 rows at k = 2048, so they never widen. Each
+// threshold is where ep_moe_qkernel_bench's w/c (widening) or t/c (tiles)
+// column passes 1 against the table's own block kernels (k 768 and 2048).
+void set_x86_block_kernels(Kernels& t, bool avx512);
+// The int8 tiles (qtile_avx512vnni.cpp), by quant_index (null where a
+// format has none).
+void qtiles_avx512vnni(QUnpackFn* unpack, QTileFn* tile);
 
 // Per-ISA tables, defined in their own translation units.
 const Kernels& kernels_generic();

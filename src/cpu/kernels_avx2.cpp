@@ -394,7 +394,7 @@ const Kernels& kernels_avx2() {
               nullptr,
               {gemm_run<0>, gemm_run<1>, gemm_run<2>},
               {kRunRows<0>, kRunRows<1>, kRunRows<2>}};
-    set_x86_block_kernels(t, qkernels_avx2, 24);
+    set_x86_block_kernels(t, false);
     return t;
   }();
   return k;

@@ -27,7 +27,7 @@ const Kernels& kernels_avx512() {
               sum_rows_avx2,
               {gemv<0>, gemv<1>, gemv<2>},
               nullptr};
-    set_x86_block_kernels(t, has_avx512_vnni() ? qkernels_avx512vnni : qkernels_avx2, 32);
+    set_x86_block_kernels(t, true);
     return t;
   }();
   return k;

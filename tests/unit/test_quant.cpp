@@ -239,6 +239,114 @@ TEST_CASE("AVX512-VNNI block kernels: the AVX2 kernels' results bit for bit, eve
   }
 }
 
+TEST_CASE("int8 tiles: a double product of the dequantized values, and the block kernels' sums, every tile format",
+          "[unit][quant][kernels]") {
+  const cpu::Kernels& kern = cpu::kernels_for(cpu::Isa::Avx512);
+  if (cpu::detect_isa() < cpu::Isa::Avx512 || !kern.qtile[quant_index(EP_MOE_DTYPE_Q8_0)]) {
+    WARN("skipped: this CPU has no AVX512_VNNI (or EP_MOE_CPU_ISA is below avx512): no int8 tiles");
+    return;
+  }
+  std::mt19937 rng(Catch::rngSeed() + 31);
+  const int nr = kern.nr, n = nr + 3;  // a second, partly empty panel
+  REQUIRE(nr == cpu::kQTileCols);
+  // Rows from normal floats, with outliers (each format's largest steps),
+  // and every fourth row random block bytes under sane scales: every
+  // quant value (Q8_0's -128 too), 6-bit scale and min.
+  const auto weight_row = [&](ep_moe_dtype_t t, int k, int r, uint8_t* out) {
+    if (r % 4 == 3) {
+      std::uniform_int_distribution<int> byte(0, 255);
+      const int bb = quant_block_bytes(t);
+      for (int b = 0; b < k / quant_block_elems(t); ++b) {
+        uint8_t* blk = out + static_cast<size_t>(b) * bb;
+        for (int i = 0; i < bb; ++i) blk[i] = static_cast<uint8_t>(byte(rng));
+        const uint16_t d = f32_to_f16(0.01f * static_cast<float>(1 + byte(rng) % 8));
+        if (t == EP_MOE_DTYPE_MXFP4) blk[0] = static_cast<uint8_t>(120 + byte(rng) % 8);
+        else std::memcpy(blk, &d, 2);
+        if (t == EP_MOE_DTYPE_Q4_K || t == EP_MOE_DTYPE_Q5_K) std::memcpy(blk + 2, &d, 2);  // dmin
+      }
+      return;
+    }
+    std::vector<float> x = normal(static_cast<size_t>(k), rng, 0.05f);
+    std::uniform_int_distribution<size_t> at(0, x.size() - 1);
+    for (size_t i = 0; i < x.size() / 64; ++i) x[at(rng)] *= 40.0f;
+    quantize_row(t, x.data(), out, k);
+  };
+  for (ep_moe_dtype_t t : kTypes) {
+    const int qi = quant_index(t);
+    if (!kern.qtile[qi]) continue;
+    for (int k : {256, 512, 2048}) {
+      CAPTURE(dtype_name(t), k);
+      const size_t rb = quant_row_bytes(t, k);
+      std::vector<uint8_t> wq(rb * static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r) weight_row(t, k, r, wq.data() + rb * static_cast<size_t>(r));
+      cpu::PackedWeight w;
+      cpu::pack(w, Source{wq.data(), t, k}, n, k, nr, t);
+      // wd: the values; wp: for Q4_K / Q5_K, their d * scale * q parts
+      // alone (dmin zeroed), the values being wp less the mins' parts.
+      const bool mins = t == EP_MOE_DTYPE_Q4_K || t == EP_MOE_DTYPE_Q5_K;
+      std::vector<double> wd(static_cast<size_t>(n) * k), wp(wd.size());
+      std::vector<float> row(static_cast<size_t>(k));
+      std::vector<uint8_t> pos(rb);
+      for (int r = 0; r < n; ++r) {
+        dequantize_row(t, wq.data() + rb * static_cast<size_t>(r), row.data(), k);
+        for (int q = 0; q < k; ++q) wd[static_cast<size_t>(r) * k + q] = row[static_cast<size_t>(q)];
+        std::memcpy(pos.data(), wq.data() + rb * static_cast<size_t>(r), rb);
+        for (size_t b = 0; mins && b < rb; b += static_cast<size_t>(quant_block_bytes(t))) pos[b + 2] = pos[b + 3] = 0;
+        dequantize_row(t, pos.data(), row.data(), k);
+        for (int q = 0; q < k; ++q) wp[static_cast<size_t>(r) * k + q] = row[static_cast<size_t>(q)];
+      }
+      std::vector<uint8_t> tiles(cpu::qtile_panel_bytes(t, k));
+      for (int m : {1, 2, 3, 4, 5, 6, 7, 9, 13, 17}) {  // every tile height, and tiles after tiles
+        CAPTURE(m);
+        std::vector<std::vector<uint8_t>> rows(static_cast<size_t>(m));
+        std::vector<const void*> a(static_cast<size_t>(m));
+        std::vector<std::vector<double>> av(static_cast<size_t>(m));
+        for (int i = 0; i < m; ++i) {
+          std::vector<float> x = normal(static_cast<size_t>(k), rng);
+          if (i % 3 == 1) x[static_cast<size_t>(i) % x.size()] *= 100.0f;  // a block's largest quant at -127 or 127
+          rows[static_cast<size_t>(i)].resize(act_row_bytes(k));
+          kern.quantize_act(x.data(), k, act_quant_of(t), rows[static_cast<size_t>(i)].data());
+          a[static_cast<size_t>(i)] = rows[static_cast<size_t>(i)].data();
+          av[static_cast<size_t>(i)] = act_values(a[static_cast<size_t>(i)], k);
+        }
+        for (int p = 0; p < w.panels(); ++p) {
+          std::vector<float> c(static_cast<size_t>(m) * nr, NAN), cb(c.size(), NAN);
+          kern.qunpack[qi](w.panel(p), k, tiles.data());
+          kern.qtile[qi](m, a.data(), k, tiles.data(), c.data(), nr, w.panel(1 - p));
+          kern.qgemm[qi](m, a.data(), k, w.panel(p), nr, cb.data(), nr, nullptr);
+          int wrong = 0;
+          for (int i = 0; i < m; ++i)
+            for (int j = 0; j < nr; ++j) {
+              const int r = p * nr + j;
+              // mag: the sum of the products' sizes; terms: with mins, of
+              // the scaled sums' and the mins' (their difference is the
+              // result, so f32 rounds each at its own size).
+              double want = 0, mag = 0, terms = 0;
+              for (int q = 0; r < n && q < k; ++q) {
+                const size_t e = static_cast<size_t>(r) * k + q;
+                const double aq = av[static_cast<size_t>(i)][static_cast<size_t>(q)];
+                want += wd[e] * aq;
+                mag += std::fabs(wd[e] * aq);
+                terms += mins ? std::fabs(wp[e] * aq) + std::fabs((wp[e] - wd[e]) * aq) : std::fabs(wd[e] * aq);
+              }
+              // The same exact block sums as the block kernel, in another
+              // order of f32 additions: within the block kernels' bound of
+              // the double product (plus the terms' rounding), and of the
+              // block kernel's result.
+              const double got = c[static_cast<size_t>(i) * nr + j], blk = cb[static_cast<size_t>(i) * nr + j];
+              const double tol = 2e-6 * mag + 1e-6 * terms + 1e-30;
+              const bool ok = std::fabs(got - want) <= tol && std::fabs(got - blk) <= 2 * tol;
+              if (!ok && wrong++ < 3)
+                FAIL_CHECK("row " << i << " column " << r << ": tile " << got << ", block kernel " << blk << ", double "
+                                  << want << " (magnitude " << mag << ", terms " << terms << ")");
+            }
+          CHECK(wrong == 0);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("widened block panels: every value as dequantize_row makes it, bit for bit, every ISA and type",
           "[unit][quant][kernels]") {
   std::mt19937 rng(Catch::rngSeed() + 15);

@@ -1,0 +1,372 @@
+// AVX512-VNNI int8 tiles for block-format prefill (kernels.hpp's
+// QUnpackFn / QTileFn; built with -mavx512f -mavx512bw -mavx512vl
+// -mavx512vnni -mavx2 -mfma -mf16c, called only when the CPU has
+// AVX512_VNNI).
+//
+// The block kernels (qkernels_x86.inc) take one weight row at a time
+// against a few activation rows, 32 elements a vector: per 32 products
+// they convert and scale a sum, so they run at about the f32 FMA rate.
+// Here a panel's 32 weight rows are first unpacked to u8 (once per panel,
+// however many rows then use it) in k-groups of 4 across the columns:
+// each 64-byte vector holds 4 consecutive elements of 16 weight rows, so
+// one vpdpbusd multiplies them with 4 elements of one activation row
+// (broadcast) and sums the fours into 16 i32 columns: 64 products an
+// instruction, the sums staying in i32 across a block's 8 k-groups. The
+// block's scales are then applied once per 32 elements (Q8_0, Q4_0,
+// MXFP4) or per 256 (Q4_K, Q5_K, whose per-32 scales multiply the i32
+// sums).
+//
+// vpdpbusd multiplies u8 by s8: the weights are stored as u = w + z (z
+// the format's offset: Q8_0 128, Q4_0 8, MXFP4 12; Q4_K and Q5_K are
+// unsigned already), the activations stay s8, and z times the activation
+// block's sum is taken off the i32 sum. Every i32 sum is the exact
+// integer the block kernels form (bounds below), so the results are
+// theirs up to the order of the f32 additions.
+#include <immintrin.h>
+
+#include <array>
+#include <cstring>
+#include <utility>
+
+#include "common/quant.hpp"
+#include "cpu/kernels.hpp"
+
+namespace ep_moe {
+namespace cpu {
+
+namespace {
+
+constexpr int kCols = kQTileCols;          // weight rows of a panel: two vectors of 16
+constexpr size_t kGroupBytes = 4 * kCols;  // one k-group of 4 across the columns
+
+inline __m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+inline float f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+// 16 bytes of nibbles -> 32 bytes: the low nibbles, then the high ones.
+inline __m256i nibbles(const uint8_t* p) {
+  const __m128i q = load128(p), m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+}
+inline int32_t rd32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// 16 weight rows' 32 bytes each (r[i]: row i's 32 consecutive elements) to
+// 8 k-groups: group g's 16 dwords (row i's elements 4g .. 4g+3 in dword i)
+// at out + g * kGroupBytes. Two 8x8 dword transposes side by side (rows
+// 0-7 in the low 256 bits, 8-15 in the high), then the 128-bit quarters
+// put in row order.
+inline void transpose16(const __m256i (&r)[16], uint8_t* out) {
+  __m512i z[8], t[8], u[8];
+  for (int i = 0; i < 8; ++i) z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(r[i]), r[i + 8], 1);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(z[i], z[i + 1]);      // per quarter: rows i, i+1 at elements 0, 1 (4, 5)
+    t[i + 1] = _mm512_unpackhi_epi32(z[i], z[i + 1]);  // 2, 3 (6, 7)
+  }
+  for (int h = 0; h < 8; h += 4) {                         // rows 0-3 (h 0) and 4-7 (h 4) of each half
+    u[h] = _mm512_unpacklo_epi64(t[h], t[h + 2]);          // groups 0 and 4
+    u[h + 1] = _mm512_unpackhi_epi64(t[h], t[h + 2]);      // 1 and 5
+    u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]);  // 2 and 6
+    u[h + 3] = _mm512_unpackhi_epi64(t[h + 1], t[h + 3]);  // 3 and 7
+  }
+  const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+  for (int g = 0; g < 4; ++g) {
+    _mm512_storeu_si512(out + g * kGroupBytes, _mm512_permutex2var_epi64(u[g], lo, u[g + 4]));
+    _mm512_storeu_si512(out + (g + 4) * kGroupBytes, _mm512_permutex2var_epi64(u[g], hi, u[g + 4]));
+  }
+}
+
+// The panel the caller unpacks next, prefetched into L2 while the tiles
+// run over this one (the unpacking reads its 32 rows side by side, which
+// the hardware prefetchers do not follow well from memory): lines
+// [first, first + count) of it, spread over the `blocks` block steps of a
+// register tile.
+struct Ahead {
+  const char* next = nullptr;
+  size_t first = 0, count = 0;
+  int blocks = 1;
+  void at(int b) const {
+    if (!next) return;
+    const size_t l0 = first + count * static_cast<size_t>(b) / static_cast<size_t>(blocks);
+    const size_t l1 = first + count * static_cast<size_t>(b + 1) / static_cast<size_t>(blocks);
+    for (size_t l = l0; l < l1; ++l) _mm_prefetch(next + 64 * l, _MM_HINT_T1);
+  }
+};
+
+// --- Q8_0, Q4_0, MXFP4: a scale per 32 ---------------------------------------
+// Unpacked, each block of 32 elements is 8 k-groups (1024 bytes) and the 32
+// rows' scales as f32 (128 bytes).
+constexpr size_t kBlockA = 8 * kGroupBytes + 4 * kCols;
+
+template <int T>
+constexpr int offset_a() {
+  return T == EP_MOE_DTYPE_Q8_0 ? 128 : T == EP_MOE_DTYPE_Q4_0 ? 8 : 12;
+}
+
+// A block's 32 values plus the offset, as u8 (Q8_0: 0 .. 255; Q4_0: 0 .. 15;
+// MXFP4's doubled E2M1 values -12 .. 12 as 0 .. 24).
+template <int T>
+inline __m256i values_a(const uint8_t* blk, __m256i table) {
+  if constexpr (T == EP_MOE_DTYPE_Q8_0) return _mm256_xor_si256(load(blk + 2), _mm256_set1_epi8(-128));
+  else if constexpr (T == EP_MOE_DTYPE_Q4_0) return nibbles(blk + 2);
+  else return _mm256_shuffle_epi8(table, nibbles(blk + 1));
+}
+
+template <int T>
+void unpack_a(const void* panel, int k, void* out) {
+  const auto* p = static_cast<const uint8_t*>(panel);
+  auto* o = static_cast<uint8_t*>(out);
+  const size_t rb = quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k);
+  const int bb = quant_block_bytes(static_cast<ep_moe_dtype_t>(T));
+  const __m256i table = _mm256_add_epi8(_mm256_broadcastsi128_si256(load128(kMxfp4Values)), _mm256_set1_epi8(12));
+  for (int b = 0; b < k / 32; ++b, o += kBlockA) {
+    const uint8_t* blk = p + static_cast<size_t>(b) * static_cast<size_t>(bb);
+    for (int half = 0; half < 2; ++half) {
+      __m256i r[16];
+      for (int i = 0; i < 16; ++i) r[i] = values_a<T>(blk + static_cast<size_t>(16 * half + i) * rb, table);
+      transpose16(r, o + 64 * half);
+    }
+    auto* d = reinterpret_cast<float*>(o + 8 * kGroupBytes);
+    for (int n = 0; n < kCols; ++n) {
+      const uint8_t* s = blk + static_cast<size_t>(n) * rb;
+      d[n] = T == EP_MOE_DTYPE_MXFP4 ? e8m0_half(s[0]) : f16(s);
+    }
+  }
+}
+
+// M activation rows (a: quantize_act_row's rows, one f32 scale per 32)
+// through an unpacked panel; c[i * ldc + j] for row i, column j < 32.
+// Per block and row, t = sum (w + z) a - z sum a, exact in i32: at most
+// 32 * 255 * 127 before the offset is taken off.
+template <int T, int M>
+void tile_a(const void* const* a, int k, const uint8_t* up, float* c, int ldc, const Ahead& ahead) {
+  constexpr int z = offset_a<T>();
+  const int8_t* q[M];
+  const float* d[M];
+  const int16_t* s[M];
+  for (int m = 0; m < M; ++m) {
+    q[m] = act_q(a[m]);
+    d[m] = act_d(a[m], k);
+    s[m] = act_s(a[m], k);
+  }
+  __m512 acc[M][2];
+  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (int b = 0; b < k / 32; ++b, up += kBlockA) {
+    ahead.at(b);
+    __m512i t[M][2];
+    for (int m = 0; m < M; ++m) t[m][0] = t[m][1] = _mm512_set1_epi32(-z * (s[m][2 * b] + s[m][2 * b + 1]));
+    for (int g = 0; g < 8; ++g) {
+      const __m512i w0 = _mm512_loadu_si512(up + g * kGroupBytes), w1 = _mm512_loadu_si512(up + g * kGroupBytes + 64);
+      for (int m = 0; m < M; ++m) {
+        const __m512i av = _mm512_set1_epi32(rd32(q[m] + 32 * b + 4 * g));
+        t[m][0] = _mm512_dpbusd_epi32(t[m][0], w0, av);
+        t[m][1] = _mm512_dpbusd_epi32(t[m][1], w1, av);
+      }
+    }
+    const __m512 d0 = _mm512_loadu_ps(up + 8 * kGroupBytes), d1 = _mm512_loadu_ps(up + 8 * kGroupBytes + 64);
+    for (int m = 0; m < M; ++m) {
+      const __m512 da = _mm512_set1_ps(d[m][b]);
+      acc[m][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t[m][0]), _mm512_mul_ps(d0, da), acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t[m][1]), _mm512_mul_ps(d1, da), acc[m][1]);
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    _mm512_storeu_ps(c + m * ldc, acc[m][0]);
+    _mm512_storeu_ps(c + m * ldc + 16, acc[m][1]);
+  }
+}
+
+// --- Q4_K, Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins, per 256 ------
+// Unpacked, each block of 256 is 64 k-groups (8192 bytes), then per column
+// the 8 scales as i32 ([sub-block][column]), the mins as i16 pairs
+// ([pair][column]: sub-blocks 2p and 2p+1 in one dword), d and dmin as f32.
+constexpr size_t kQuantsK = 64 * kGroupBytes;
+constexpr size_t kScK = kQuantsK, kMinK = kScK + 8 * 4 * kCols, kDK = kMinK + 4 * 4 * kCols, kDminK = kDK + 4 * kCols;
+constexpr size_t kBlockK = kDminK + 4 * kCols;
+static_assert(kBlockA * 8 == qtile_panel_bytes(EP_MOE_DTYPE_Q8_0, 256) &&
+                  kBlockK == qtile_panel_bytes(EP_MOE_DTYPE_Q4_K, 256),
+              "kernels.hpp's qtile_panel_bytes states these layouts");
+
+// Sub-block j's 32 values of a Q4_K (0 .. 15) or Q5_K (0 .. 31) block.
+template <bool Five>
+inline __m256i values_k(const uint8_t* blk, int j) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i q = load(blk + (Five ? 48 : 16) + 32 * (j / 2));
+  __m256i v = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, m4);
+  if (Five) {  // bit j of each qh byte into bit 4
+    const __m256i qh = load(blk + 16);
+    const __m256i h = j <= 4 ? _mm256_slli_epi16(qh, 4 - j) : _mm256_srli_epi16(qh, j - 4);
+    v = _mm256_or_si256(v, _mm256_and_si256(h, _mm256_set1_epi8(0x10)));
+  }
+  return v;
+}
+
+template <bool Five>
+void unpack_k(const void* panel, int k, void* out) {
+  const auto* p = static_cast<const uint8_t*>(panel);
+  auto* o = static_cast<uint8_t*>(out);
+  const ep_moe_dtype_t t = Five ? EP_MOE_DTYPE_Q5_K : EP_MOE_DTYPE_Q4_K;
+  const size_t rb = quant_row_bytes(t, k);
+  const int bb = quant_block_bytes(t);
+  for (int b = 0; b < k / 256; ++b, o += kBlockK) {
+    const uint8_t* blk = p + static_cast<size_t>(b) * static_cast<size_t>(bb);
+    for (int j = 0; j < 8; ++j)
+      for (int half = 0; half < 2; ++half) {
+        __m256i r[16];
+        for (int i = 0; i < 16; ++i) r[i] = values_k<Five>(blk + static_cast<size_t>(16 * half + i) * rb, j);
+        transpose16(r, o + 8 * j * kGroupBytes + 64 * half);
+      }
+    auto* sc = reinterpret_cast<int32_t*>(o + kScK);
+    auto* mn = reinterpret_cast<int16_t*>(o + kMinK);
+    auto* d = reinterpret_cast<float*>(o + kDK);
+    auto* dmin = reinterpret_cast<float*>(o + kDminK);
+    for (int n = 0; n < kCols; ++n) {
+      const uint8_t* w = blk + static_cast<size_t>(n) * rb;
+      d[n] = f16(w);
+      dmin[n] = f16(w + 2);
+      for (int j = 0; j < 8; ++j) {
+        uint8_t s, m;
+        scale_min_k4(j, w + 4, &s, &m);
+        sc[j * kCols + n] = s;
+        mn[(j / 2) * 2 * kCols + 2 * n + j % 2] = m;
+      }
+    }
+  }
+}
+
+// The i16 sums of 32 activations of sub-blocks 2p and 2p+1 of block b as
+// one dword (from the row's sums of 16).
+inline int32_t sum_pair(const int16_t* s16, int b, int p) {
+  const int16_t* s = s16 + 16 * b + 4 * p;
+  const auto lo = static_cast<uint16_t>(s[0] + s[1]), hi = static_cast<uint16_t>(s[2] + s[3]);
+  return static_cast<int32_t>(lo | static_cast<uint32_t>(hi) << 16);
+}
+
+// M activation rows (Q8_K-style: one f32 scale per 256) through an
+// unpacked panel. Exact i32 sums: a sub-block's at most 32 * 31 * 127, times
+// its scale (<= 63), eight of them: below 2^26; the mins' at most
+// 8 * 63 * 32 * 127.
+template <int M>
+void tile_k(const void* const* a, int k, const uint8_t* up, float* c, int ldc, const Ahead& ahead) {
+  const int8_t* q[M];
+  const float* d[M];
+  const int16_t* s[M];
+  for (int m = 0; m < M; ++m) {
+    q[m] = act_q(a[m]);
+    d[m] = act_d(a[m], k);
+    s[m] = act_s(a[m], k);
+  }
+  __m512 acc[M][2];
+  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (int b = 0; b < k / 256; ++b, up += kBlockK) {
+    ahead.at(b);
+    __m512i sum[M][2], t[M][2];
+    for (int m = 0; m < M; ++m) sum[m][0] = sum[m][1] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      for (int m = 0; m < M; ++m) t[m][0] = t[m][1] = _mm512_setzero_si512();
+      for (int g = 0; g < 8; ++g) {
+        const uint8_t* wg = up + (8 * j + g) * kGroupBytes;
+        const __m512i w0 = _mm512_loadu_si512(wg), w1 = _mm512_loadu_si512(wg + 64);
+        for (int m = 0; m < M; ++m) {
+          const __m512i av = _mm512_set1_epi32(rd32(q[m] + 256 * b + 32 * j + 4 * g));
+          t[m][0] = _mm512_dpbusd_epi32(t[m][0], w0, av);
+          t[m][1] = _mm512_dpbusd_epi32(t[m][1], w1, av);
+        }
+      }
+      const __m512i s0 = _mm512_loadu_si512(up + kScK + j * 4 * kCols);
+      const __m512i s1 = _mm512_loadu_si512(up + kScK + j * 4 * kCols + 64);
+      for (int m = 0; m < M; ++m) {
+        sum[m][0] = _mm512_add_epi32(sum[m][0], _mm512_mullo_epi32(t[m][0], s0));
+        sum[m][1] = _mm512_add_epi32(sum[m][1], _mm512_mullo_epi32(t[m][1], s1));
+      }
+    }
+    // The mins against the activations' sums of 32, pairs of sub-blocks.
+    for (int m = 0; m < M; ++m) t[m][0] = t[m][1] = _mm512_setzero_si512();
+    for (int pr = 0; pr < 4; ++pr) {
+      const __m512i m0 = _mm512_loadu_si512(up + kMinK + pr * 4 * kCols);
+      const __m512i m1 = _mm512_loadu_si512(up + kMinK + pr * 4 * kCols + 64);
+      for (int m = 0; m < M; ++m) {
+        const __m512i sv = _mm512_set1_epi32(sum_pair(s[m], b, pr));
+        t[m][0] = _mm512_dpwssd_epi32(t[m][0], m0, sv);
+        t[m][1] = _mm512_dpwssd_epi32(t[m][1], m1, sv);
+      }
+    }
+    const __m512 d0 = _mm512_loadu_ps(up + kDK), d1 = _mm512_loadu_ps(up + kDK + 64);
+    const __m512 n0 = _mm512_loadu_ps(up + kDminK), n1 = _mm512_loadu_ps(up + kDminK + 64);
+    for (int m = 0; m < M; ++m) {
+      const __m512 da = _mm512_set1_ps(d[m][8 * b]);
+      acc[m][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[m][0]), _mm512_mul_ps(d0, da), acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[m][1]), _mm512_mul_ps(d1, da), acc[m][1]);
+      acc[m][0] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(t[m][0]), _mm512_mul_ps(n0, da), acc[m][0]);
+      acc[m][1] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(t[m][1]), _mm512_mul_ps(n1, da), acc[m][1]);
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    _mm512_storeu_ps(c + m * ldc, acc[m][0]);
+    _mm512_storeu_ps(c + m * ldc + 16, acc[m][1]);
+  }
+}
+
+// --- the panel calls ---------------------------------------------------------------
+// Register tiles: 6 rows for the per-32 formats (12 f32 accumulators and
+// 12 i32 block sums), 4 for the K formats (which keep a third set, the
+// scaled sums of a block of 256).
+template <int T>
+constexpr int tile_rows() {
+  return T == EP_MOE_DTYPE_Q4_K || T == EP_MOE_DTYPE_Q5_K ? 4 : 6;
+}
+
+template <int T, int M>
+void tile_rows_of(const void* const* a, int k, const uint8_t* up, float* c, int ldc, const Ahead& ahead) {
+  if constexpr (T == EP_MOE_DTYPE_Q4_K || T == EP_MOE_DTYPE_Q5_K) tile_k<M>(a, k, up, c, ldc, ahead);
+  else tile_a<T, M>(a, k, up, c, ldc, ahead);
+}
+
+using TileFn = void (*)(const void* const*, int, const uint8_t*, float*, int, const Ahead&);
+template <int T, int... I>
+constexpr std::array<TileFn, sizeof...(I)> tile_table(std::integer_sequence<int, I...>) {
+  return {tile_rows_of<T, I + 1>...};
+}
+
+template <int T>
+void qtile(int m, const void* const* a, int k, const void* tiles, float* c, int ldc, const void* next) {
+  constexpr int R = tile_rows<T>();
+  static constexpr std::array<TileFn, R> kTiles = tile_table<T>(std::make_integer_sequence<int, R>{});
+  const auto* up = static_cast<const uint8_t*>(tiles);
+  // The next panel's lines, shared out over the register tiles.
+  const size_t lines = (kCols * quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k) + 63) / 64;
+  const int calls = (m + R - 1) / R;
+  Ahead ahead;
+  ahead.next = static_cast<const char*>(next);
+  ahead.blocks = k / quant_block_elems(static_cast<ep_moe_dtype_t>(T));
+  for (int i0 = 0, call = 0; i0 < m; i0 += R, ++call) {
+    const int mm = m - i0 < R ? m - i0 : R;
+    ahead.first = lines * static_cast<size_t>(call) / static_cast<size_t>(calls);
+    ahead.count = lines * static_cast<size_t>(call + 1) / static_cast<size_t>(calls) - ahead.first;
+    kTiles[static_cast<size_t>(mm - 1)](a + i0, k, up, c + static_cast<ptrdiff_t>(i0) * ldc, ldc, ahead);
+  }
+}
+
+}  // namespace
+
+void qtiles_avx512vnni(QUnpackFn* unpack, QTileFn* tile) {
+  unpack[quant_index(EP_MOE_DTYPE_Q8_0)] = unpack_a<EP_MOE_DTYPE_Q8_0>;
+  unpack[quant_index(EP_MOE_DTYPE_Q4_0)] = unpack_a<EP_MOE_DTYPE_Q4_0>;
+  unpack[quant_index(EP_MOE_DTYPE_MXFP4)] = unpack_a<EP_MOE_DTYPE_MXFP4>;
+  unpack[quant_index(EP_MOE_DTYPE_Q4_K)] = unpack_k<false>;
+  unpack[quant_index(EP_MOE_DTYPE_Q5_K)] = unpack_k<true>;
+  tile[quant_index(EP_MOE_DTYPE_Q8_0)] = qtile<EP_MOE_DTYPE_Q8_0>;
+  tile[quant_index(EP_MOE_DTYPE_Q4_0)] = qtile<EP_MOE_DTYPE_Q4_0>;
+  tile[quant_index(EP_MOE_DTYPE_MXFP4)] = qtile<EP_MOE_DTYPE_MXFP4>;
+  tile[quant_index(EP_MOE_DTYPE_Q4_K)] = qtile<EP_MOE_DTYPE_Q4_K>;
+  tile[quant_index(EP_MOE_DTYPE_Q5_K)] = qtile<EP_MOE_DTYPE_Q5_K>;
+}
+
+}  // namespace cpu
+}  // namespace ep_moe
