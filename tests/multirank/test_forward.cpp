@@ -674,10 +674,12 @@ TEST_CASE("GGUF block formats against the unquantized layer: each format's own e
   // (routed and shared experts quantized by ep_moe's quantizers), against
   // the float reference of the same weights: the whole quantization error
   // of weights and activations.
-  // Each format within its bound (docs/quantization.md), and more bits
-  // never worse than fewer by much: Q8_0 < Q6_K < Q5_K < Q4_K.
+  // Each format within its bound (docs/quantization.md: 1.5x the largest
+  // of 101 seeds; the largest element error is heavy-tailed, about 1.4x its
+  // median at the 99th percentile), and more bits never worse than fewer by
+  // much: Q8_0 < Q6_K < Q5_K < Q4_K.
   const int types[] = {refq::Q8_0, refq::Q6_K, refq::Q5_K, refq::Q4_K, refq::IQ4_XS, refq::Q4_0, refq::MXFP4};
-  const double bound[] = {0.03, 0.06, 0.1, 0.2, 0.2, 0.22, 0.3};
+  const double bound[] = {0.03, 0.1, 0.16, 0.28, 0.28, 0.32, 0.42};
   double err[7] = {};
   for (int i = 0; i < 7; ++i) {
     std::mt19937 g(test_seed() + 77);  // the same weights and inputs for every format
