@@ -375,7 +375,10 @@ struct RowContext {
   ep_moe_dtype_t wdt, act;
   double peak, dot_peak, bw;
   bench::ReadBandwidth& bw_probe;
-  bool dot;                           // bf16 weights and activations on the bf16 pair-dot tiles
+  // What the row's %peak is against: the f32 FMA peak, the bf16 pair-dot
+  // one (bf16 weights and activations on the bf16 pair-dot tiles) or the
+  // int8 dot one (block formats with int8 tiles on an AVX512-VNNI CPU).
+  enum class Peak { Fma, Bf16Dot, Int8Dot } peak_of;
   double row_peak;                    // the GFLOP/s %peak is against (when not measured around the row)
   double expert_bytes, shared_bytes;  // a local expert's weights, the shared shard's
   int64_t shard;
@@ -389,7 +392,6 @@ bool measure_row(const RowContext& cx, ep_moe_layer_t* layer, int T, Row* out) {
   const presets::Model* m = cx.m;
   const std::string& name = cx.name;
   const int ep = cx.ep, threads = cx.threads;
-  const bool dot = cx.dot;
   const double bw = cx.bw, row_peak = cx.row_peak, expert_bytes = cx.expert_bytes, shared_bytes = cx.shared_bytes;
   const int64_t shard = cx.shard;
   bench::ReadBandwidth& bw_probe = cx.bw_probe;
@@ -409,7 +411,12 @@ bool measure_row(const RowContext& cx, ep_moe_layer_t* layer, int T, Row* out) {
   const double peak_s = std::min(o.peak_time, kLocalPeakSeconds);
   const auto measure_peak = [&] {
     const char* unused = nullptr;
-    return dot ? bench::bf16_dot_peak_gflops(threads, peak_s) : bench::fma_peak_gflops(threads, peak_s, &unused);
+    switch (cx.peak_of) {
+      case RowContext::Peak::Bf16Dot: return bench::bf16_dot_peak_gflops(threads, peak_s);
+      case RowContext::Peak::Int8Dot: return bench::int8_dot_peak_gops(threads, peak_s);
+      case RowContext::Peak::Fma: break;
+    }
+    return bench::fma_peak_gflops(threads, peak_s, &unused);
   };
   const double peak_before = local_peak ? measure_peak() : 0.0;
   bool steady = true;
@@ -471,7 +478,9 @@ bool measure_row(const RowContext& cx, ep_moe_layer_t* layer, int T, Row* out) {
   r.peak_before = peak_before;
   r.peak_after = peak_after;
   r.gflops_frac = r.gflops / r.row_peak;
-  r.peak_kind = dot ? "bf16dot" : "f32fma";
+  r.peak_kind = cx.peak_of == RowContext::Peak::Bf16Dot   ? "bf16dot"
+                : cx.peak_of == RowContext::Peak::Int8Dot ? "int8dot"
+                                                          : "f32fma";
   r.flops = flops;
   r.weight_bytes = mean_active * expert_bytes + shared_bytes;
   r.weight_gbs = r.weight_bytes / t / 1e9;
@@ -587,14 +596,18 @@ int main(int argc, char** argv) {
   std::printf("CPU: %s\nmeasuring this machine's peaks with %d thread(s)...\n", cpu.c_str(), threads);
   const double peak = bench::fma_peak_gflops(threads, o.peak_time, &fma_isa);
   const double dot_peak = bench::bf16_dot_peak_gflops(threads, o.peak_time);
+  const double int8_peak = bench::int8_dot_peak_gops(threads, o.peak_time);
   bench::ReadBandwidth bw_probe(threads, o.bw_mb);
   const double bw = bw_probe.measure(o.peak_time);
   if (dot_peak > 0) std::printf("bf16 dot-product peak (avx512bf16): %.1f GFLOP/s\n", dot_peak);
+  if (int8_peak > 0) std::printf("int8 dot-product peak (avx512vnni): %.1f GOP/s\n", int8_peak);
   std::printf("f32 FMA peak (%s): %.1f GFLOP/s   read bandwidth (%d MiB buffer): %.1f GB/s\n", fma_isa, peak, o.bw_mb,
               bw);
   std::printf(
       "%%peak is against rowPk: the bf16 dot-product peak for bf16 weights and activations on the bf16 "
-      "kernels, else the f32 FMA peak; for T > %d measured again just before and just after the row (the "
+      "kernels, the int8 dot-product peak for block-format weights on the AVX-512 "
+      "kernels of a VNNI CPU (their prefill int8 tiles), else the f32 FMA peak; for T > %d measured again just "
+      "before and just after the row (the "
       "higher of the two), else the one above\n",
       kLocalBwTokens);
   std::printf(
@@ -692,8 +705,13 @@ int main(int argc, char** argv) {
         // from column 0) is whole blocks, else in f32.
         const auto lw = static_cast<ep_moe_dtype_t>(lc.weight_dtype);
         const bool dot = isa == 3 && lw == EP_MOE_DTYPE_BF16 && act == EP_MOE_DTYPE_BF16 && dot_peak > 0;
+        // Every block format has int8 tiles (src/cpu/kernels.cpp, set_x86_block_kernels).
         int64_t block = 1, block_bytes = 0;
         if (ep_moe_dtype_block(&block, &block_bytes, lw) != EP_MOE_OK) block = 1;
+        const bool tiles = isa >= 2 && int8_peak > 0 && block > 1;
+        const RowContext::Peak peak_of = dot     ? RowContext::Peak::Bf16Dot
+                                         : tiles ? RowContext::Peak::Int8Dot
+                                                 : RowContext::Peak::Fma;
         const double shared_size = bytes_per_weight(lw) >= 2.0 || shard % block == 0 ? bytes_per_weight(lw) : 4.0;
         const RowContext cx{o,
                             m,
@@ -707,8 +725,10 @@ int main(int argc, char** argv) {
                             dot_peak,
                             bw,
                             bw_probe,
-                            dot,
-                            dot ? dot_peak : peak,
+                            peak_of,
+                            dot     ? dot_peak
+                            : tiles ? int8_peak
+                                    : peak,
                             3.0 * m->hidden * m->intermediate * bytes_per_weight(lw),
                             3.0 * m->hidden * static_cast<double>(shard) * shared_size,
                             shard};
@@ -904,9 +924,10 @@ int main(int argc, char** argv) {
     std::fprintf(f, "{\n  \"ep_moe_version\": \"%s\",\n  \"dtypes\": [%s],\n", ep_moe_version_string(), dts.c_str());
     std::fprintf(f,
                  "  \"machine\": {\"cpu\": \"%s\", \"threads\": %d, \"fma_isa\": \"%s\", \"fma_peak_gflops\": %.3f, "
-                 "\"bf16_dot_peak_gflops\": %.3f, \"read_bandwidth_gbs\": %.3f, \"layer_kernels\": \"%s\"},\n"
+                 "\"bf16_dot_peak_gflops\": %.3f, \"int8_dot_peak_gops\": %.3f, \"read_bandwidth_gbs\": %.3f, "
+                 "\"layer_kernels\": \"%s\"},\n"
                  "  \"results\": [\n",
-                 cpu.c_str(), threads, fma_isa, peak, dot_peak, bw,
+                 cpu.c_str(), threads, fma_isa, peak, dot_peak, int8_peak, bw,
                  layer_isa >= 0 && layer_isa <= 3 ? kIsaNames[layer_isa] : "?");
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];

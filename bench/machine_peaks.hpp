@@ -18,6 +18,12 @@ double fma_peak_gflops(int threads, double seconds, const char** isa);
 // over about `seconds`; 0 when the CPU lacks AVX512_BF16.
 double bf16_dot_peak_gflops(int threads, double seconds);
 
+// int8 dot-product throughput (AVX512-VNNI vpdpbusd: 64 u8 x s8
+// multiply-adds per instruction, 2 ops each) of `threads` threads, the best
+// of 8 windows over about `seconds`; 0 when the CPU lacks AVX512_VNNI. The
+// peak of the block-format int8 tiles (src/cpu/qtile_avx512vnni.cpp).
+double int8_dot_peak_gops(int threads, double seconds);
+
 // Read bandwidth of `threads` threads streaming a `megabytes` buffer with
 // vector loads, GB/s: the best of 8 windows of seconds / 8 each. The buffer
 // is allocated and touched once, so the bandwidth can be measured again next

@@ -39,8 +39,10 @@ void set_x86_block_kernels(Kernels& t, bool avx512) {
   t.qtile_rows[quant_index(EP_MOE_DTYPE_Q8_0)] = 4;
   t.qtile_rows[quant_index(EP_MOE_DTYPE_Q4_0)] = 4;
   t.qtile_rows[quant_index(EP_MOE_DTYPE_MXFP4)] = 4;
+  t.qtile_rows[quant_index(EP_MOE_DTYPE_IQ4_XS)] = 4;
   t.qtile_rows[quant_index(EP_MOE_DTYPE_Q4_K)] = 16;
   t.qtile_rows[quant_index(EP_MOE_DTYPE_Q5_K)] = 16;
+  t.qtile_rows[quant_index(EP_MOE_DTYPE_Q6_K)] = 16;
 }
 
 namespace {

@@ -68,8 +68,9 @@ using QUnpackFn = void (*)(const void* panel, int k, void* out);
 using QTileFn = void (*)(int m, const void* const* a, int k, const void* tiles, float* c, int ldc, const void* next);
 // Bytes of an unpacked panel of block format t (0 for the formats without
 // int8 tiles): per 32 elements (Q8_0, Q4_0, MXFP4) 32 x 32 u8 and 32 f32
-// scales; per 256 (Q4_K, Q5_K) 256 x 32 u8, 8 x 32 i32 scales, 8 x 32 i16
-// mins, 32 f32 d and 32 f32 dmin.
+// scales; per 256 (Q4_K, Q5_K, IQ4_XS: 8 groups of 32; Q6_K: 16 of 16)
+// 256 x 32 u8, groups x 32 i32 scales and i16 coefficients, 32 f32 d and
+// 32 f32 dmin.
 constexpr size_t qtile_panel_bytes(ep_moe_dtype_t t, int64_t k) {
   constexpr size_t c = kQTileCols;
   switch (t) {
@@ -77,7 +78,9 @@ constexpr size_t qtile_panel_bytes(ep_moe_dtype_t t, int64_t k) {
     case EP_MOE_DTYPE_Q4_0:
     case EP_MOE_DTYPE_MXFP4: return static_cast<size_t>(k / 32) * (32 * c + 4 * c);
     case EP_MOE_DTYPE_Q4_K:
-    case EP_MOE_DTYPE_Q5_K: return static_cast<size_t>(k / 256) * (256 * c + (32 + 16 + 4 + 4) * c);
+    case EP_MOE_DTYPE_Q5_K:
+    case EP_MOE_DTYPE_IQ4_XS: return static_cast<size_t>(k / 256) * (256 * c + (8 * 4 + 8 * 2 + 4 + 4) * c);
+    case EP_MOE_DTYPE_Q6_K: return static_cast<size_t>(k / 256) * (256 * c + (16 * 4 + 16 * 2 + 4 + 4) * c);
     default: return 0;
   }
 }

@@ -182,78 +182,134 @@ void tile_a(const void* const* a, int k, const uint8_t* up, float* c, int ldc, c
   }
 }
 
-// --- Q4_K, Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins, per 256 ------
-// Unpacked, each block of 256 is 64 k-groups (8192 bytes), then per column
-// the 8 scales as i32 ([sub-block][column]), the mins as i16 pairs
-// ([pair][column]: sub-blocks 2p and 2p+1 in one dword), d and dmin as f32.
-constexpr size_t kQuantsK = 64 * kGroupBytes;
-constexpr size_t kScK = kQuantsK, kMinK = kScK + 8 * 4 * kCols, kDK = kMinK + 4 * 4 * kCols, kDminK = kDK + 4 * kCols;
-constexpr size_t kBlockK = kDminK + 4 * kCols;
+// --- Q4_K, Q5_K, Q6_K, IQ4_XS: blocks of 256 with scales per 32 or 16 --------
+// G groups a block (8 of 32 elements; Q6_K 16 of 16), each with an integer
+// scale s_g, and per group a coefficient c_g against the activations' sum
+// over the group, A_g:
+//   Q4_K, Q5_K: d sum_g s_g (sum q a) - dmin sum_g m_g A_g (m_g: the mins);
+//   Q6_K:   d sum_g s_g (sum (q - 32) a), q stored as it is, c_g = 32 s_g;
+//   IQ4_XS: d sum_g (l_g - 32) (sum v a), v + 128 stored, c_g = 128 (l_g - 32);
+// the last two take c_g A_g off the i32 sum (exactly), Q4_K and Q5_K scale
+// it by dmin in f32. Unpacked, each block of 256 is 64 k-groups (8192
+// bytes), then per column the G scales as i32 ([group][column]), the
+// coefficients as i16 pairs ([pair][column]: groups 2p and 2p+1 in one
+// dword), d and dmin (Q4_K, Q5_K) as f32.
+template <int T>
+struct KLayout {
+  static constexpr int G = T == EP_MOE_DTYPE_Q6_K ? 16 : 8;  // groups a block
+  static constexpr int KG = 64 / G;                          // k-groups a group
+  static constexpr bool kSub = T == EP_MOE_DTYPE_Q6_K || T == EP_MOE_DTYPE_IQ4_XS;
+  static constexpr size_t kSc = 64 * kGroupBytes, kCoef = kSc + G * 4 * kCols, kD = kCoef + G / 2 * 4 * kCols;
+  static constexpr size_t kDmin = kD + 4 * kCols, kBlock = kDmin + 4 * kCols;
+};
 static_assert(kBlockA * 8 == qtile_panel_bytes(EP_MOE_DTYPE_Q8_0, 256) &&
-                  kBlockK == qtile_panel_bytes(EP_MOE_DTYPE_Q4_K, 256),
+                  KLayout<EP_MOE_DTYPE_Q4_K>::kBlock == qtile_panel_bytes(EP_MOE_DTYPE_Q4_K, 256) &&
+                  KLayout<EP_MOE_DTYPE_Q6_K>::kBlock == qtile_panel_bytes(EP_MOE_DTYPE_Q6_K, 256) &&
+                  KLayout<EP_MOE_DTYPE_IQ4_XS>::kBlock == qtile_panel_bytes(EP_MOE_DTYPE_IQ4_XS, 256),
               "kernels.hpp's qtile_panel_bytes states these layouts");
 
-// Sub-block j's 32 values of a Q4_K (0 .. 15) or Q5_K (0 .. 31) block.
-template <bool Five>
+// Elements 32j .. 32j+31 of a block as stored (u8): Q4_K 0 .. 15, Q5_K
+// 0 .. 31, Q6_K 0 .. 63, IQ4_XS 1 .. 241.
+template <int T>
 inline __m256i values_k(const uint8_t* blk, int j) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  const __m256i q = load(blk + (Five ? 48 : 16) + 32 * (j / 2));
-  __m256i v = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, m4);
-  if (Five) {  // bit j of each qh byte into bit 4
-    const __m256i qh = load(blk + 16);
-    const __m256i h = j <= 4 ? _mm256_slli_epi16(qh, 4 - j) : _mm256_srli_epi16(qh, j - 4);
-    v = _mm256_or_si256(v, _mm256_and_si256(h, _mm256_set1_epi8(0x10)));
+  if constexpr (T == EP_MOE_DTYPE_IQ4_XS) {
+    const __m256i table = _mm256_add_epi8(_mm256_broadcastsi128_si256(load128(kIq4nlValues)), _mm256_set1_epi8(-128));
+    return _mm256_shuffle_epi8(table, nibbles(blk + 8 + 16 * j));
+  } else if constexpr (T == EP_MOE_DTYPE_Q6_K) {
+    // Elements 128h + 32s: low bits from ql (64h, + 32 for odd s; high
+    // nibbles for s >= 2), two high bits from qh (32h) at bit 2s.
+    const int h = j / 4, sj = j % 4;
+    const __m256i l = load(blk + 64 * h + 32 * (sj % 2)), hb = load(blk + 128 + 32 * h);
+    const __m256i lo = _mm256_and_si256(sj >= 2 ? _mm256_srli_epi16(l, 4) : l, m4);
+    const __m256i hi = sj == 0   ? _mm256_slli_epi16(hb, 4)
+                       : sj == 1 ? _mm256_slli_epi16(hb, 2)
+                       : sj == 2 ? hb
+                                 : _mm256_srli_epi16(hb, 2);
+    return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
+  } else {
+    constexpr bool kFive = T == EP_MOE_DTYPE_Q5_K;
+    const __m256i q = load(blk + (kFive ? 48 : 16) + 32 * (j / 2));
+    __m256i v = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, m4);
+    if (kFive) {  // bit j of each qh byte into bit 4
+      const __m256i qh = load(blk + 16);
+      const __m256i h = j <= 4 ? _mm256_slli_epi16(qh, 4 - j) : _mm256_srli_epi16(qh, j - 4);
+      v = _mm256_or_si256(v, _mm256_and_si256(h, _mm256_set1_epi8(0x10)));
+    }
+    return v;
   }
-  return v;
 }
 
-template <bool Five>
-void unpack_k(const void* panel, int k, void* out) {
-  const auto* p = static_cast<const uint8_t*>(panel);
-  auto* o = static_cast<uint8_t*>(out);
-  const ep_moe_dtype_t t = Five ? EP_MOE_DTYPE_Q5_K : EP_MOE_DTYPE_Q4_K;
-  const size_t rb = quant_row_bytes(t, k);
-  const int bb = quant_block_bytes(t);
-  for (int b = 0; b < k / 256; ++b, o += kBlockK) {
-    const uint8_t* blk = p + static_cast<size_t>(b) * static_cast<size_t>(bb);
-    for (int j = 0; j < 8; ++j)
-      for (int half = 0; half < 2; ++half) {
-        __m256i r[16];
-        for (int i = 0; i < 16; ++i) r[i] = values_k<Five>(blk + static_cast<size_t>(16 * half + i) * rb, j);
-        transpose16(r, o + 8 * j * kGroupBytes + 64 * half);
-      }
-    auto* sc = reinterpret_cast<int32_t*>(o + kScK);
-    auto* mn = reinterpret_cast<int16_t*>(o + kMinK);
-    auto* d = reinterpret_cast<float*>(o + kDK);
-    auto* dmin = reinterpret_cast<float*>(o + kDminK);
-    for (int n = 0; n < kCols; ++n) {
-      const uint8_t* w = blk + static_cast<size_t>(n) * rb;
-      d[n] = f16(w);
-      dmin[n] = f16(w + 2);
-      for (int j = 0; j < 8; ++j) {
-        uint8_t s, m;
-        scale_min_k4(j, w + 4, &s, &m);
-        sc[j * kCols + n] = s;
-        mn[(j / 2) * 2 * kCols + 2 * n + j % 2] = m;
-      }
+// Weight row w's block: its scales, coefficients, d and dmin into column n.
+template <int T>
+inline void scales_k(const uint8_t* w, int n, int32_t* sc, int16_t* coef, float* d, float* dmin) {
+  using L = KLayout<T>;
+  const auto set = [&](int g, int s, int c) {
+    sc[g * kCols + n] = s;
+    coef[(g / 2) * 2 * kCols + 2 * n + g % 2] = static_cast<int16_t>(c);
+  };
+  if constexpr (T == EP_MOE_DTYPE_Q6_K) {
+    d[n] = f16(w + 208);
+    for (int g = 0; g < L::G; ++g) set(g, static_cast<int8_t>(w[192 + g]), 32 * static_cast<int8_t>(w[192 + g]));
+  } else if constexpr (T == EP_MOE_DTYPE_IQ4_XS) {
+    d[n] = f16(w);
+    const int sh = w[2] | (w[3] << 8);
+    for (int g = 0; g < L::G; ++g) {
+      const int l = (((w[4 + g / 2] >> (4 * (g % 2))) & 0xF) | (((sh >> (2 * g)) & 3) << 4)) - 32;
+      set(g, l, 128 * l);
+    }
+  } else {
+    d[n] = f16(w);
+    dmin[n] = f16(w + 2);
+    for (int g = 0; g < L::G; ++g) {
+      uint8_t s, m;
+      scale_min_k4(g, w + 4, &s, &m);
+      set(g, s, m);
     }
   }
 }
 
-// The i16 sums of 32 activations of sub-blocks 2p and 2p+1 of block b as
-// one dword (from the row's sums of 16).
+template <int T>
+void unpack_k(const void* panel, int k, void* out) {
+  using L = KLayout<T>;
+  const auto* p = static_cast<const uint8_t*>(panel);
+  auto* o = static_cast<uint8_t*>(out);
+  const size_t rb = quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k);
+  const int bb = quant_block_bytes(static_cast<ep_moe_dtype_t>(T));
+  for (int b = 0; b < k / 256; ++b, o += L::kBlock) {
+    const uint8_t* blk = p + static_cast<size_t>(b) * static_cast<size_t>(bb);
+    for (int j = 0; j < 8; ++j)
+      for (int half = 0; half < 2; ++half) {
+        __m256i r[16];
+        for (int i = 0; i < 16; ++i) r[i] = values_k<T>(blk + static_cast<size_t>(16 * half + i) * rb, j);
+        transpose16(r, o + 8 * j * kGroupBytes + 64 * half);
+      }
+    for (int n = 0; n < kCols; ++n)
+      scales_k<T>(blk + static_cast<size_t>(n) * rb, n, reinterpret_cast<int32_t*>(o + L::kSc),
+                  reinterpret_cast<int16_t*>(o + L::kCoef), reinterpret_cast<float*>(o + L::kD),
+                  reinterpret_cast<float*>(o + L::kDmin));
+  }
+}
+
+// The activations' i16 sums over groups 2p and 2p+1 of block b as one
+// dword (from the row's sums of 16: groups of 16 are them).
+template <int G>
 inline int32_t sum_pair(const int16_t* s16, int b, int p) {
+  if constexpr (G == 16) return rd32(s16 + 16 * b + 2 * p);
   const int16_t* s = s16 + 16 * b + 4 * p;
   const auto lo = static_cast<uint16_t>(s[0] + s[1]), hi = static_cast<uint16_t>(s[2] + s[3]);
   return static_cast<int32_t>(lo | static_cast<uint32_t>(hi) << 16);
 }
 
 // M activation rows (Q8_K-style: one f32 scale per 256) through an
-// unpacked panel. Exact i32 sums: a sub-block's at most 32 * 31 * 127, times
-// its scale (<= 63), eight of them: below 2^26; the mins' at most
-// 8 * 63 * 32 * 127.
-template <int M>
+// unpacked panel. Exact i32 sums, at most: Q4_K/Q5_K 8 * 63 * 32 * 31 * 127
+// (below 2^26), the mins' 8 * 63 * 32 * 127; Q6_K 16 * 128 * 16 * 63 * 127
+// (below 2^28), the offsets' 16 * 4096 * 16 * 127; IQ4_XS 8 * 32 * 32 * 241
+// * 127 (below 2^28), the offsets' 8 * 4096 * 32 * 127: their difference
+// stays below 2^31.
+template <int T, int M>
 void tile_k(const void* const* a, int k, const uint8_t* up, float* c, int ldc, const Ahead& ahead) {
+  using L = KLayout<T>;
   const int8_t* q[M];
   const float* d[M];
   const int16_t* s[M];
@@ -264,47 +320,53 @@ void tile_k(const void* const* a, int k, const uint8_t* up, float* c, int ldc, c
   }
   __m512 acc[M][2];
   for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
-  for (int b = 0; b < k / 256; ++b, up += kBlockK) {
+  for (int b = 0; b < k / 256; ++b, up += L::kBlock) {
     ahead.at(b);
     __m512i sum[M][2], t[M][2];
     for (int m = 0; m < M; ++m) sum[m][0] = sum[m][1] = _mm512_setzero_si512();
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < L::G; ++j) {
       for (int m = 0; m < M; ++m) t[m][0] = t[m][1] = _mm512_setzero_si512();
-      for (int g = 0; g < 8; ++g) {
-        const uint8_t* wg = up + (8 * j + g) * kGroupBytes;
+      for (int g = 0; g < L::KG; ++g) {
+        const uint8_t* wg = up + (L::KG * j + g) * kGroupBytes;
         const __m512i w0 = _mm512_loadu_si512(wg), w1 = _mm512_loadu_si512(wg + 64);
         for (int m = 0; m < M; ++m) {
-          const __m512i av = _mm512_set1_epi32(rd32(q[m] + 256 * b + 32 * j + 4 * g));
+          const __m512i av = _mm512_set1_epi32(rd32(q[m] + 256 * b + 4 * (L::KG * j + g)));
           t[m][0] = _mm512_dpbusd_epi32(t[m][0], w0, av);
           t[m][1] = _mm512_dpbusd_epi32(t[m][1], w1, av);
         }
       }
-      const __m512i s0 = _mm512_loadu_si512(up + kScK + j * 4 * kCols);
-      const __m512i s1 = _mm512_loadu_si512(up + kScK + j * 4 * kCols + 64);
+      const __m512i s0 = _mm512_loadu_si512(up + L::kSc + j * 4 * kCols);
+      const __m512i s1 = _mm512_loadu_si512(up + L::kSc + j * 4 * kCols + 64);
       for (int m = 0; m < M; ++m) {
         sum[m][0] = _mm512_add_epi32(sum[m][0], _mm512_mullo_epi32(t[m][0], s0));
         sum[m][1] = _mm512_add_epi32(sum[m][1], _mm512_mullo_epi32(t[m][1], s1));
       }
     }
-    // The mins against the activations' sums of 32, pairs of sub-blocks.
+    // The coefficients against the activations' group sums, two groups a dword.
     for (int m = 0; m < M; ++m) t[m][0] = t[m][1] = _mm512_setzero_si512();
-    for (int pr = 0; pr < 4; ++pr) {
-      const __m512i m0 = _mm512_loadu_si512(up + kMinK + pr * 4 * kCols);
-      const __m512i m1 = _mm512_loadu_si512(up + kMinK + pr * 4 * kCols + 64);
+    for (int pr = 0; pr < L::G / 2; ++pr) {
+      const __m512i m0 = _mm512_loadu_si512(up + L::kCoef + pr * 4 * kCols);
+      const __m512i m1 = _mm512_loadu_si512(up + L::kCoef + pr * 4 * kCols + 64);
       for (int m = 0; m < M; ++m) {
-        const __m512i sv = _mm512_set1_epi32(sum_pair(s[m], b, pr));
+        const __m512i sv = _mm512_set1_epi32(sum_pair<L::G>(s[m], b, pr));
         t[m][0] = _mm512_dpwssd_epi32(t[m][0], m0, sv);
         t[m][1] = _mm512_dpwssd_epi32(t[m][1], m1, sv);
       }
     }
-    const __m512 d0 = _mm512_loadu_ps(up + kDK), d1 = _mm512_loadu_ps(up + kDK + 64);
-    const __m512 n0 = _mm512_loadu_ps(up + kDminK), n1 = _mm512_loadu_ps(up + kDminK + 64);
+    const __m512 d0 = _mm512_loadu_ps(up + L::kD), d1 = _mm512_loadu_ps(up + L::kD + 64);
     for (int m = 0; m < M; ++m) {
       const __m512 da = _mm512_set1_ps(d[m][8 * b]);
+      if constexpr (L::kSub) {
+        sum[m][0] = _mm512_sub_epi32(sum[m][0], t[m][0]);
+        sum[m][1] = _mm512_sub_epi32(sum[m][1], t[m][1]);
+      }
       acc[m][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[m][0]), _mm512_mul_ps(d0, da), acc[m][0]);
       acc[m][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[m][1]), _mm512_mul_ps(d1, da), acc[m][1]);
-      acc[m][0] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(t[m][0]), _mm512_mul_ps(n0, da), acc[m][0]);
-      acc[m][1] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(t[m][1]), _mm512_mul_ps(n1, da), acc[m][1]);
+      if constexpr (!L::kSub) {
+        const __m512 n0 = _mm512_loadu_ps(up + L::kDmin), n1 = _mm512_loadu_ps(up + L::kDmin + 64);
+        acc[m][0] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(t[m][0]), _mm512_mul_ps(n0, da), acc[m][0]);
+        acc[m][1] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(t[m][1]), _mm512_mul_ps(n1, da), acc[m][1]);
+      }
     }
   }
   for (int m = 0; m < M; ++m) {
@@ -315,16 +377,20 @@ void tile_k(const void* const* a, int k, const uint8_t* up, float* c, int ldc, c
 
 // --- the panel calls ---------------------------------------------------------------
 // Register tiles: 6 rows for the per-32 formats (12 f32 accumulators and
-// 12 i32 block sums), 4 for the K formats (which keep a third set, the
-// scaled sums of a block of 256).
+// 12 i32 block sums), 4 for the blocks of 256 (which keep a third set, the
+// scaled sums of a block).
+template <int T>
+constexpr bool per256() {
+  return T == EP_MOE_DTYPE_Q4_K || T == EP_MOE_DTYPE_Q5_K || T == EP_MOE_DTYPE_Q6_K || T == EP_MOE_DTYPE_IQ4_XS;
+}
 template <int T>
 constexpr int tile_rows() {
-  return T == EP_MOE_DTYPE_Q4_K || T == EP_MOE_DTYPE_Q5_K ? 4 : 6;
+  return per256<T>() ? 4 : 6;
 }
 
 template <int T, int M>
 void tile_rows_of(const void* const* a, int k, const uint8_t* up, float* c, int ldc, const Ahead& ahead) {
-  if constexpr (T == EP_MOE_DTYPE_Q4_K || T == EP_MOE_DTYPE_Q5_K) tile_k<M>(a, k, up, c, ldc, ahead);
+  if constexpr (per256<T>()) tile_k<T, M>(a, k, up, c, ldc, ahead);
   else tile_a<T, M>(a, k, up, c, ldc, ahead);
 }
 
@@ -359,13 +425,17 @@ void qtiles_avx512vnni(QUnpackFn* unpack, QTileFn* tile) {
   unpack[quant_index(EP_MOE_DTYPE_Q8_0)] = unpack_a<EP_MOE_DTYPE_Q8_0>;
   unpack[quant_index(EP_MOE_DTYPE_Q4_0)] = unpack_a<EP_MOE_DTYPE_Q4_0>;
   unpack[quant_index(EP_MOE_DTYPE_MXFP4)] = unpack_a<EP_MOE_DTYPE_MXFP4>;
-  unpack[quant_index(EP_MOE_DTYPE_Q4_K)] = unpack_k<false>;
-  unpack[quant_index(EP_MOE_DTYPE_Q5_K)] = unpack_k<true>;
+  unpack[quant_index(EP_MOE_DTYPE_Q4_K)] = unpack_k<EP_MOE_DTYPE_Q4_K>;
+  unpack[quant_index(EP_MOE_DTYPE_Q5_K)] = unpack_k<EP_MOE_DTYPE_Q5_K>;
+  unpack[quant_index(EP_MOE_DTYPE_Q6_K)] = unpack_k<EP_MOE_DTYPE_Q6_K>;
+  unpack[quant_index(EP_MOE_DTYPE_IQ4_XS)] = unpack_k<EP_MOE_DTYPE_IQ4_XS>;
   tile[quant_index(EP_MOE_DTYPE_Q8_0)] = qtile<EP_MOE_DTYPE_Q8_0>;
   tile[quant_index(EP_MOE_DTYPE_Q4_0)] = qtile<EP_MOE_DTYPE_Q4_0>;
   tile[quant_index(EP_MOE_DTYPE_MXFP4)] = qtile<EP_MOE_DTYPE_MXFP4>;
   tile[quant_index(EP_MOE_DTYPE_Q4_K)] = qtile<EP_MOE_DTYPE_Q4_K>;
   tile[quant_index(EP_MOE_DTYPE_Q5_K)] = qtile<EP_MOE_DTYPE_Q5_K>;
+  tile[quant_index(EP_MOE_DTYPE_Q6_K)] = qtile<EP_MOE_DTYPE_Q6_K>;
+  tile[quant_index(EP_MOE_DTYPE_IQ4_XS)] = qtile<EP_MOE_DTYPE_IQ4_XS>;
 }
 
 }  // namespace cpu

@@ -540,12 +540,14 @@ TEST_CASE("GGUF block-format experts: every type and mix, every ISA path, EP, DP
   unsetenv("EP_MOE_CPU_ISA");
 }
 
-TEST_CASE("GGUF block-format experts through widened panels: prefill rows of each widening format and mix",
+TEST_CASE("GGUF block-format experts through widened panels or int8 tiles: prefill rows of each format and mix",
           "[forward][quant]") {
-  // Experts with many rows in a chunk (prefill) whose format widens its
-  // panels for the f32 tiles (Kernels::qdequant_rows: Q8_0, Q4_0, MXFP4 on
-  // AVX2; IQ4_XS does not) against the reference with the activations quantized
-  // as stated, on every ISA path (the portable one never widens): gate/up
+  // Experts with many rows in a chunk (prefill): where the format widens
+  // its panels for the f32 tiles (Kernels::qdequant_rows: Q8_0, Q4_0, MXFP4
+  // on AVX2 and on the AVX-512 tables without AVX512_VNNI; IQ4_XS does not),
+  // and with AVX512_VNNI through the int8 tiles (Kernels::qtile_rows: every
+  // format, Q4_K and Q6_K too), against the reference with the activations
+  // quantized as stated, on every ISA path (the portable one has neither): gate/up
   // and down each widened or not (mixes), an expert's rows past one
   // kernel call, a block-format shared expert over every token (rows past
   // one kernel call in down's panel-by-panel order), DP with uneven
@@ -558,8 +560,8 @@ TEST_CASE("GGUF block-format experts through widened panels: prefill rows of eac
       INFO("isa " << isa << " variant " << variant);
       Case c;
       c.qgu = c.qdown = types[variant % 4];
-      if (variant == 4) c.qgu = refq::Q4_K;    // down widens, gate/up does not
-      if (variant == 5) c.qdown = refq::Q6_K;  // gate/up widens, down does not
+      if (variant == 4) c.qgu = refq::Q4_K;    // AVX2: down widens, gate/up does not
+      if (variant == 5) c.qdown = refq::Q6_K;  // AVX2: gate/up widens, down does not
       c.spec.H = variant == 3 ? 512 : 256;
       c.spec.I = 256;
       c.spec.E = 4;
