@@ -66,8 +66,8 @@ using QUnpackFn = void (*)(const void* panel, int k, void* out);
 // block panel the caller unpacks next (or null), prefetched into L2 over
 // the call.
 using QTileFn = void (*)(int m, const void* const* a, int k, const void* tiles, float* c, int ldc, const void* next);
-// Bytes of an unpacked panel of block format t (0 for the formats without
-// int8 tiles): per 32 elements (Q8_0, Q4_0, MXFP4) 32 x 32 u8 and 32 f32
+// Bytes of an unpacked panel of block format t (0 for dtypes that are not
+// block formats): per 32 elements (Q8_0, Q4_0, MXFP4) 32 x 32 u8 and 32 f32
 // scales; per 256 (Q4_K, Q5_K, IQ4_XS: 8 groups of 32; Q6_K: 16 of 16)
 // 256 x 32 u8, groups x 32 i32 scales and i16 coefficients, 32 f32 d and
 // 32 f32 dmin.
