@@ -134,7 +134,9 @@ TEST_CASE("block-format kernels match a double product of the dequantized values
   for (cpu::Isa isa : isas_here()) {
     const cpu::Kernels& kern = cpu::kernels_for(isa);
     for (ep_moe_dtype_t t : kTypes) {
-      for (int k : {256, 512, 2048}) {
+      // 32 and 96: rows of one and of an odd number of blocks (formats of 32).
+      for (int k : {32, 96, 256, 512, 2048}) {
+        if (k % quant_block_elems(t) != 0) continue;
         const int nr = kern.nr, n = nr + 3;  // a second, partly empty panel
         CAPTURE(cpu::isa_name(isa), dtype_name(t), k);
         std::vector<float> wf = normal(static_cast<size_t>(n) * k, rng, 0.05f);
@@ -209,7 +211,8 @@ TEST_CASE("AVX512-VNNI block kernels: the AVX2 kernels' results bit for bit, eve
     return v;
   };
   for (ep_moe_dtype_t t : kTypes) {
-    for (int k : {256, 2048}) {
+    for (int k : {96, 256, 2048}) {
+      if (k % quant_block_elems(t) != 0) continue;
       CAPTURE(dtype_name(t), k);
       const int n = 2 * nr;
       const size_t rb = quant_row_bytes(t, k);
