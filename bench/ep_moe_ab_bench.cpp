@@ -160,10 +160,10 @@ int main(int argc, char** argv) {
   fill_normal(down, rng, 0.05f);
   std::vector<cpu::PackedWeight> gu(static_cast<size_t>(pool_n)), dn(static_cast<size_t>(pool_n));
   for (int e = 0; e < pool_n; ++e) {
-    cpu::init_gate_up(gu[e], inter, hidden, ka.nr, dtype);
+    cpu::init_gate_up(gu[e], inter, hidden, ka.nr, dtype, ka.il_of(dtype));
     cpu::pack_gate_up_half(gu[e], Source{gate.data(), EP_MOE_DTYPE_F32, hidden}, 0, inter);
     cpu::pack_gate_up_half(gu[e], Source{up.data(), EP_MOE_DTYPE_F32, hidden}, 1, inter);
-    cpu::pack(dn[e], Source{down.data(), EP_MOE_DTYPE_F32, inter}, hidden, inter, ka.nr, dtype);
+    cpu::pack(dn[e], Source{down.data(), EP_MOE_DTYPE_F32, inter}, hidden, inter, ka.nr, dtype, ka.il_of(dtype));
   }
   cpu::PackedWeight sgu, sdn;
   if (shared > 0) {
@@ -171,10 +171,10 @@ int main(int argc, char** argv) {
     fill_normal(sg, rng, 0.05f);
     fill_normal(su, rng, 0.05f);
     fill_normal(sd, rng, 0.05f);
-    cpu::init_gate_up(sgu, shared, hidden, ka.nr, dtype);
+    cpu::init_gate_up(sgu, shared, hidden, ka.nr, dtype, ka.il_of(dtype));
     cpu::pack_gate_up_half(sgu, Source{sg.data(), EP_MOE_DTYPE_F32, hidden}, 0, shared);
     cpu::pack_gate_up_half(sgu, Source{su.data(), EP_MOE_DTYPE_F32, hidden}, 1, shared);
-    cpu::pack(sdn, Source{sd.data(), EP_MOE_DTYPE_F32, shared}, hidden, shared, ka.nr, dtype);
+    cpu::pack(sdn, Source{sd.data(), EP_MOE_DTYPE_F32, shared}, hidden, shared, ka.nr, dtype, ka.il_of(dtype));
   }
   std::vector<float> x(static_cast<size_t>(t_rows) * hidden);
   fill_normal(x, rng, 1.0f);

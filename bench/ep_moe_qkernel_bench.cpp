@@ -40,6 +40,7 @@
 #include "cpu/aligned.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/pack.hpp"
 #include "machine_peaks.hpp"
 #include "presets.hpp"
 
@@ -77,6 +78,24 @@ Weights make_weights(ep_moe_dtype_t dt, int k, int nr, size_t panels, std::mt199
     std::memcpy(w.bytes.data<uint8_t>() + off, w.bytes.data<uint8_t>(),
                 std::min(kDistinct * w.row_bytes, w.bytes.size() - off));
   return w;
+}
+
+// w's panels with their rows interleaved in groups of il (pack.hpp's
+// PackedWeight::il, Q4_K only): the layout a table's kernels read when its
+// il_of the format is il.
+Weights interleaved(const Weights& w, int il) {
+  Weights o;
+  o.k = w.k;
+  o.nr = w.nr;
+  o.row_bytes = w.row_bytes;
+  o.panel_bytes = w.panel_bytes;
+  o.panels = w.panels;
+  o.bytes.resize(w.bytes.size());
+  for (size_t p = 0; p < w.panels; ++p)
+    for (int j = 0; j < w.nr; ++j)
+      cpu::q4k_group_put(o.bytes.data<uint8_t>() + p * w.panel_bytes + static_cast<size_t>(j / il * il) * w.row_bytes,
+                         j % il, w.panel(p) + static_cast<size_t>(j) * w.row_bytes, w.k);
+  return o;
 }
 
 // m activation rows quantized as the weight's format wants them.
@@ -172,14 +191,15 @@ double timed(int threads, F&& fn) {
 }
 
 // The largest difference between two tables' results over the first
-// panels, relative to the largest result.
-double check(cpu::QGemmFn fn, cpu::QGemmFn ref, const Weights& w, const Acts& a) {
+// panels, relative to the largest result (w and wref: the same panels in
+// each table's layout).
+double check(cpu::QGemmFn fn, cpu::QGemmFn ref, const Weights& w, const Weights& wref, const Acts& a) {
   const int m = static_cast<int>(a.ptrs.size());
   std::vector<float> c1(static_cast<size_t>(m * w.nr)), c2(c1.size());
   double diff = 0, top = 0;
   for (size_t p = 0; p < std::min<size_t>(w.panels, 8); ++p) {
     fn(m, a.ptrs.data(), w.k, w.panel(p), w.nr, c1.data(), w.nr, nullptr);
-    ref(m, a.ptrs.data(), w.k, w.panel(p), w.nr, c2.data(), w.nr, nullptr);
+    ref(m, a.ptrs.data(), w.k, wref.panel(p), w.nr, c2.data(), w.nr, nullptr);
     for (size_t i = 0; i < c1.size(); ++i) {
       diff = std::max(diff, static_cast<double>(std::fabs(c1[i] - c2[i])));
       top = std::max(top, static_cast<double>(std::fabs(c2[i])));
@@ -328,11 +348,16 @@ int main(int argc, char** argv) {
           std::max<size_t>(2, static_cast<size_t>(cache_kib) * 1024 / (row_bytes * static_cast<size_t>(nr)));
       const size_t stream_panels =
           std::max<size_t>(2, (static_cast<size_t>(stream_mb) << 20) / (row_bytes * static_cast<size_t>(nr)));
-      const Weights wc = make_weights(dt, k, nr, cache_panels, rng);
-      const Weights ws = make_weights(dt, k, nr, stream_panels, rng);
+      // Rows one after another (the portable kernel's layout), and as this table's kernels read them.
+      const Weights wplain = make_weights(dt, k, nr, cache_panels, rng);
+      const Weights splain = make_weights(dt, k, nr, stream_panels, rng);
+      const int il = kern.il_of(dt);
+      const Weights wil = il ? interleaved(wplain, il) : Weights{}, sil = il ? interleaved(splain, il) : Weights{};
+      const Weights& wc = il ? wil : wplain;
+      const Weights& ws = il ? sil : splain;
       for (int m : rows) {
         const Acts a = make_acts(dt, k, m, rng);
-        const double err = check(fn, generic.qgemm[quant_index(dt)], wc, a);
+        const double err = check(fn, generic.qgemm[quant_index(dt)], wc, wplain, a);
         if (err > 1e-5) {
           std::printf("%-8s %-8s %5d FAILED: differs from the portable kernel by %.3g of the largest result\n",
                       cpu::isa_name(isa), presets::dtype_name(dt), m, err);

@@ -115,8 +115,9 @@ int parse_options(int argc, char** argv, Options* o) {
 // Each expert's gate/up and down packed into their own buffers, as the
 // layer loads them (one random source serves every matrix; block formats
 // are quantized once, slow, and the first expert's blocks copied).
-void pack_experts(const Options& o, int nr, std::vector<cpu::PackedWeight>* gate_up,
+void pack_experts(const Options& o, const cpu::Kernels& kern, std::vector<cpu::PackedWeight>* gate_up,
                   std::vector<cpu::PackedWeight>* down) {
+  const int nr = kern.nr, il = kern.il_of(o.wdt);
   const std::vector<uint16_t> src = random_bf16(static_cast<size_t>(o.hidden) * static_cast<size_t>(o.inter));
   gate_up->resize(static_cast<size_t>(o.experts));
   down->resize(static_cast<size_t>(o.experts));
@@ -126,10 +127,10 @@ void pack_experts(const Options& o, int nr, std::vector<cpu::PackedWeight>* gate
       cpu::copy_packed((*down)[e], (*down)[0]);
       continue;
     }
-    cpu::init_gate_up((*gate_up)[e], o.inter, o.hidden, nr, o.wdt);
+    cpu::init_gate_up((*gate_up)[e], o.inter, o.hidden, nr, o.wdt, il);
     for (int half = 0; half < 2; ++half)
       cpu::pack_gate_up_half((*gate_up)[e], Source{src.data(), EP_MOE_DTYPE_BF16, o.hidden}, half, o.inter);
-    cpu::pack((*down)[e], Source{src.data(), EP_MOE_DTYPE_BF16, o.inter}, o.hidden, o.inter, nr, o.wdt);
+    cpu::pack((*down)[e], Source{src.data(), EP_MOE_DTYPE_BF16, o.inter}, o.hidden, o.inter, nr, o.wdt, il);
   }
 }
 
@@ -278,7 +279,7 @@ int main(int argc, char** argv) {
   const int nr = kern.nr;
 
   std::vector<cpu::PackedWeight> gate_up, down;
-  pack_experts(o, nr, &gate_up, &down);
+  pack_experts(o, kern, &gate_up, &down);
   const int max_rows = *std::max_element(o.rows_pattern.begin(), o.rows_pattern.end());
   const int T = std::max(32, max_rows);
   Jobs jobs;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "cpu/pack.hpp"
 
 namespace ep_moe {
 namespace cpu {
@@ -36,11 +37,14 @@ void set_x86_block_kernels(Kernels& t, bool avx512) {
     t.qdequant_rows[quant_index(q)] = avx512 ? 32 : 24;
   if (!vnni) return;
   qtiles_avx512vnni(t.qunpack, t.qtile);
+  q4k_x16_avx512vnni(t.qgemm, t.qunpack);
+  t.qil[quant_index(EP_MOE_DTYPE_Q4_K)] = kQ4kGroupRows;
+  t.qdequant[quant_index(EP_MOE_DTYPE_Q4_K)] = nullptr;  // no widening of that layout (nor use for it: rows 0)
   t.qtile_rows[quant_index(EP_MOE_DTYPE_Q8_0)] = 4;
   t.qtile_rows[quant_index(EP_MOE_DTYPE_Q4_0)] = 4;
   t.qtile_rows[quant_index(EP_MOE_DTYPE_MXFP4)] = 4;
   t.qtile_rows[quant_index(EP_MOE_DTYPE_IQ4_XS)] = 4;
-  t.qtile_rows[quant_index(EP_MOE_DTYPE_Q4_K)] = 16;
+  t.qtile_rows[quant_index(EP_MOE_DTYPE_Q4_K)] = 32;  // its interleaved-row kernel holds level with the tiles to 24
   t.qtile_rows[quant_index(EP_MOE_DTYPE_Q5_K)] = 16;
   t.qtile_rows[quant_index(EP_MOE_DTYPE_Q6_K)] = 16;
 }

@@ -43,7 +43,8 @@ using GemmRunFn = void (*)(int m, const float* const* a, int k, const void* pane
 
 // Block-format weights (common/quant.hpp): m activation rows (quantized
 // as act_quant_of(the weight's dtype) says, each act_row_bytes(k)) through
-// one panel of nr rows of blocks:
+// one panel of nr rows of blocks, in the row layout the table's qil names
+// for the format (pack.hpp):
 //   c[i * ldc + j] = sum_k a_i[k] W[p * nr + j][k],  j < nr,
 // as exact integer dot products of each block, scaled and summed in f32.
 using QGemmFn = void (*)(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc,
@@ -124,6 +125,11 @@ struct Kernels {
   int run_rows[3] = {1, 1, 1};
   // By quant_index of the weight's block format (every table has all).
   QGemmFn qgemm[kQuantTypes] = {};
+  // By quant_index: the row interleave of the panels this table's
+  // block-format entries (qgemm, qunpack, qdequant) read (pack.hpp's
+  // PackedWeight::il; 0: rows one after another).
+  int qil[kQuantTypes] = {};
+  int32_t il_of(ep_moe_dtype_t t) const { return dtype_is_quant(t) ? qil[quant_index(t)] : 0; }
   // An f32 row into an activation row (quantize_act_row's bytes).
   void (*quantize_act)(const float* x, int64_t k, ActQuant aq, void* out) = nullptr;
   // Where set: block-format weights widened a panel at a time for the f32
@@ -193,6 +199,12 @@ void sum_rows_scalar(void* out, ep_moe_dtype_t out_dt, const float* init, const 
 void qkernels_generic(QGemmFn* out);
 void qkernels_avx2(QGemmFn* out);
 void qkernels_avx512vnni(QGemmFn* out);
+// Q4_K on rows interleaved 16 at a time (pack.hpp's kQ4kGroupRows;
+// qk4x16_avx512vnni.cpp): the AVX-512 tables' qgemm and qunpack entries
+// for Q4_K where the CPU has AVX512_VNNI. One 512-bit vpdpbusd takes 4
+// elements of 16 weight rows against one activation row's 4, so a lone
+// activation row runs at several times the row-at-a-time kernels' rate.
+void q4k_x16_avx512vnni(QGemmFn* gemm, QUnpackFn* unpack);
 void quantize_act_avx2(const float* x, int64_t k, ActQuant aq, void* out);
 // The AVX2 panel widening (qdequant_avx2.cpp), a full table by quant_index.
 void qdequant_avx2(QDequantFn* out);

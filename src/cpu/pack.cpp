@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "common/error.hpp"
 
 namespace ep_moe {
 namespace cpu {
@@ -20,18 +22,46 @@ void copy_packed(PackedWeight& dst, const PackedWeight& src) {
   dst.n = src.n;
   dst.k = src.k;
   dst.nr = src.nr;
+  dst.il = src.il;
   dst.dtype = src.dtype;
   dst.data.resize(src.data.size());
   if (src.data.size()) std::memcpy(dst.data.data(), src.data.data(), src.data.size());
 }
 
+void q4k_group_put(uint8_t* group, int lane, const uint8_t* row, int32_t k) {
+  for (int32_t b = 0; b < k / 256; ++b) {
+    const uint8_t* s = row + 144 * static_cast<size_t>(b);
+    uint8_t* o = group + kQ4kGroupBlock * static_cast<size_t>(b);
+    std::memcpy(o + 2 * lane, s, 2);
+    std::memcpy(o + kQ4kDmin + 2 * lane, s + 2, 2);
+    for (int w = 0; w < 3; ++w) std::memcpy(o + kQ4kWords + 64 * w + 4 * lane, s + 4 + 4 * w, 4);
+    for (int w = 0; w < 32; ++w) std::memcpy(o + kQ4kQuants + 4 * (16 * w + lane), s + 16 + 4 * w, 4);
+  }
+}
+
+void q4k_group_get(const uint8_t* group, int lane, uint8_t* row, int32_t k) {
+  for (int32_t b = 0; b < k / 256; ++b) {
+    uint8_t* s = row + 144 * static_cast<size_t>(b);
+    const uint8_t* o = group + kQ4kGroupBlock * static_cast<size_t>(b);
+    std::memcpy(s, o + 2 * lane, 2);
+    std::memcpy(s + 2, o + kQ4kDmin + 2 * lane, 2);
+    for (int w = 0; w < 3; ++w) std::memcpy(s + 4 + 4 * w, o + kQ4kWords + 64 * w + 4 * lane, 4);
+    for (int w = 0; w < 32; ++w) std::memcpy(s + 16 + 4 * w, o + kQ4kQuants + 4 * (16 * w + lane), 4);
+  }
+}
+
 namespace {
 inline float src_at(const Source& s, int64_t r, int64_t c) { return source_at(s, r, c); }
 
-void alloc(PackedWeight& out, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t dtype) {
+void alloc(PackedWeight& out, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t dtype, int32_t il) {
+  // Callers pass Kernels::il_of(dtype), which holds these.
+  if (il != 0 && (il != kQ4kGroupRows || dtype != EP_MOE_DTYPE_Q4_K || nr % (2 * il) != 0))
+    throw Error(EP_MOE_ERR_INTERNAL, "row interleave " + std::to_string(il) + " for " + dtype_name(dtype) +
+                                         " panels of " + std::to_string(nr) + " rows");
   out.n = n;
   out.k = k;
   out.nr = nr;
+  out.il = il;
   out.dtype = dtype;
   out.data.resize(static_cast<size_t>(out.panels()) * out.panel_bytes());
   std::memset(out.data.data(), 0, out.data.size());
@@ -55,14 +85,18 @@ void put_row_raw(PackedWeight& out, int32_t p, int32_t j, const Source& s, int64
 // Row j of panel p of a block-format weight from source row `row`: its
 // blocks copied (the same format, window on whole blocks) or quantized.
 void put_quant_row(PackedWeight& out, int32_t p, int32_t j, const Source& s, int64_t row) {
-  char* dst = static_cast<char*>(const_cast<void*>(out.panel(p))) + static_cast<size_t>(j) * out.row_bytes();
+  auto* panel = static_cast<uint8_t*>(const_cast<void*>(out.panel(p)));
+  const size_t rb = out.row_bytes();
+  std::vector<uint8_t> tmp(out.il ? rb : 0);
+  uint8_t* dst = out.il ? tmp.data() : panel + static_cast<size_t>(j) * rb;
   if (s.dtype == out.dtype) {  // col0 on a block boundary
-    std::memcpy(dst, static_cast<const char*>(source_row(s, row)) + quant_row_bytes(s.dtype, s.col0), out.row_bytes());
-    return;
+    std::memcpy(dst, static_cast<const char*>(source_row(s, row)) + quant_row_bytes(s.dtype, s.col0), rb);
+  } else {
+    std::vector<float> x(static_cast<size_t>(out.k));
+    source_row_f32(s, row, out.k, x.data());
+    quantize_row(out.dtype, x.data(), dst, out.k);
   }
-  std::vector<float> x(static_cast<size_t>(out.k));
-  source_row_f32(s, row, out.k, x.data());
-  quantize_row(out.dtype, x.data(), dst, out.k);
+  if (out.il) q4k_group_put(panel + static_cast<size_t>(j / out.il * out.il) * rb, j % out.il, dst, out.k);
 }
 
 // Writes source row `row` into column j of panel p.
@@ -111,14 +145,14 @@ void put_rows(PackedWeight& out, int32_t p, int32_t j, const Source& s, int64_t 
 }
 }  // namespace
 
-void pack(PackedWeight& out, const Source& src, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t dtype) {
-  alloc(out, n, k, nr, dtype);
+void pack(PackedWeight& out, const Source& src, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t dtype, int32_t il) {
+  alloc(out, n, k, nr, dtype, il);
   for (int32_t p = 0; p * nr < n; ++p) put_rows(out, p, 0, src, static_cast<int64_t>(p) * nr, std::min(nr, n - p * nr));
 }
 
-void init_gate_up(PackedWeight& out, int32_t inter, int32_t k, int32_t nr, ep_moe_dtype_t dtype) {
+void init_gate_up(PackedWeight& out, int32_t inter, int32_t k, int32_t nr, ep_moe_dtype_t dtype, int32_t il) {
   const int32_t h = nr / 2;
-  alloc(out, (inter + h - 1) / h * nr, k, nr, dtype);
+  alloc(out, (inter + h - 1) / h * nr, k, nr, dtype, il);
 }
 
 void pack_gate_up_half(PackedWeight& out, const Source& src, int half, int32_t inter) {
@@ -137,7 +171,11 @@ void copy_panel_col_t(const PackedWeight& w, int32_t p, int32_t j, void* dst) {
 
 void copy_panel_col(const PackedWeight& w, int32_t p, int32_t j, void* dst) {
   if (w.quant()) {
-    std::memcpy(dst, static_cast<const char*>(w.panel(p)) + static_cast<size_t>(j) * w.row_bytes(), w.row_bytes());
+    const auto* panel = static_cast<const uint8_t*>(w.panel(p));
+    if (w.il)
+      q4k_group_get(panel + static_cast<size_t>(j / w.il * w.il) * w.row_bytes(), j % w.il, static_cast<uint8_t*>(dst),
+                    w.k);
+    else std::memcpy(dst, panel + static_cast<size_t>(j) * w.row_bytes(), w.row_bytes());
     return;
   }
   if (dtype_size(w.dtype) == 4) copy_panel_col_t<uint32_t>(w, p, j, dst);

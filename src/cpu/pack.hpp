@@ -26,11 +26,15 @@ inline size_t panel_index(bool pairs, int32_t kk, int32_t j, int32_t nr) {
 // to even with zeros; widening kernels split the pairs with a shift and a mask.
 //
 // A block-format weight (GGUF Q8_0 ... MXFP4, common/quant.hpp) keeps its
-// blocks as they are: panel p is rows p*nr .. p*nr+nr-1 of W one after
-// another, each row k / block-elements blocks (zero blocks past N, which
-// are zeros in every format), so a kernel streams a panel row by row.
+// blocks' bytes: panel p is rows p*nr .. p*nr+nr-1 of W, each row k /
+// block-elements blocks (zero blocks past N, which are zeros in every
+// format). With il == 0 the rows lie one after another, so a kernel
+// streams a panel row by row. With il == kQ4kGroupRows (Q4_K only, the
+// layout Kernels::qil names) each 16 rows are interleaved: see
+// kQ4kGroupRows.
 struct PackedWeight {
   int32_t n = 0, k = 0, nr = 0;
+  int32_t il = 0;  // rows interleaved in groups of il (0: none)
   ep_moe_dtype_t dtype = EP_MOE_DTYPE_F32;
   AlignedBuffer data;
 
@@ -49,13 +53,30 @@ struct PackedWeight {
   size_t bytes() const { return data.size(); }
 };
 
+// Q4_K rows interleaved 16 at a time (PackedWeight::il, the AVX512-VNNI
+// kernels' layout): the same bytes as 16 rows, moved so that one 64-byte
+// load holds 4 consecutive elements' nibbles of each of the 16 rows (one
+// vpdpbusd multiplies them all), and one load each row's d, dmin or scale
+// word. A group is the rows' k / 256 blocks in order, kQ4kGroupBlock
+// bytes a block: the 16 rows' d (f16), their dmin (f16), word 0 of their 12
+// scale bytes (u32), word 1, word 2, then the 128 bytes of quants as 32
+// dwords a row, dword w of row l at dword 16 w + l.
+constexpr int32_t kQ4kGroupRows = 16;
+constexpr size_t kQ4kGroupBlock = 16 * 144;
+constexpr size_t kQ4kDmin = 32, kQ4kWords = 64, kQ4kQuants = 256;
+// Row `lane` of an interleaved group's k elements, from / to a row of blocks.
+void q4k_group_put(uint8_t* group, int lane, const uint8_t* row, int32_t k);
+void q4k_group_get(const uint8_t* group, int lane, uint8_t* row, int32_t k);
+
 // dst becomes a copy of src (shape, dtype and bytes).
 void copy_packed(PackedWeight& dst, const PackedWeight& src);
 
 // Packs an [n, k] window of `src` (converted to `dtype`; into a block
 // format: copied when `src` is in it, else quantized with quantize_row;
-// from one: dequantized).
-void pack(PackedWeight& out, const Source& src, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t dtype);
+// from one: dequantized). il: the block-format rows' interleave
+// (Kernels::il_of(dtype): 0, or kQ4kGroupRows for Q4_K with nr a multiple
+// of 32).
+void pack(PackedWeight& out, const Source& src, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t dtype, int32_t il = 0);
 
 // Gate and up ([inter, k] windows each) are packed interleaved: panel p
 // holds gate rows p*h .. p*h+h-1 in columns [0, h) and the same up rows in
@@ -63,7 +84,7 @@ void pack(PackedWeight& out, const Source& src, int32_t n, int32_t k, int32_t nr
 // fused activation. The packed matrix has n = 2 * ceil(inter / h) * h.
 // init_gate_up allocates it (zeroed); pack_gate_up_half fills the gate
 // (half 0) or the up (half 1) columns, so the two may arrive separately.
-void init_gate_up(PackedWeight& out, int32_t inter, int32_t k, int32_t nr, ep_moe_dtype_t dtype);
+void init_gate_up(PackedWeight& out, int32_t inter, int32_t k, int32_t nr, ep_moe_dtype_t dtype, int32_t il = 0);
 void pack_gate_up_half(PackedWeight& out, const Source& src, int half, int32_t inter);
 
 // The inverse, for moving weights between ranks: raw elements (in the

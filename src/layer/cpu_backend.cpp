@@ -93,7 +93,7 @@ void CpuBackend::put(WeightPart part, int32_t s, int64_t row0, const Source& src
     case WeightPart::ExpertDown: {
       const ep_moe_dtype_t t = routed_type(src.dtype, &down_type_, "down");
       if (dtype_is_quant(t)) enable_quant(t);
-      cpu::pack(slot(s).down, src, n, k, kern_.nr, t);
+      cpu::pack(slot(s).down, src, n, k, kern_.nr, t, kern_.il_of(t));
       down_type_ = t;
       break;
     }
@@ -101,7 +101,7 @@ void CpuBackend::put(WeightPart part, int32_t s, int64_t row0, const Source& src
     case WeightPart::SharedDown: {
       const ep_moe_dtype_t t = shared_type(src, k);
       if (dtype_is_quant(t)) enable_quant(t);
-      cpu::pack(shared_.down, src, n, k, kern_.nr, t);
+      cpu::pack(shared_.down, src, n, k, kern_.nr, t, kern_.il_of(t));
       break;
     }
     case WeightPart::Router: cpu::pack(router_, src, n, k, kern_.nr, EP_MOE_DTYPE_F32); break;
@@ -114,7 +114,7 @@ void CpuBackend::put(WeightPart part, int32_t s, int64_t row0, const Source& src
 
 void CpuBackend::put_gate_up_half(Slot& x, int half, const Source& src, int32_t inter, ep_moe_dtype_t dtype) {
   if (x.gate_up.empty() || x.gate_up.dtype != dtype)
-    cpu::init_gate_up(x.gate_up, inter, cfg_.hidden_size, kern_.nr, dtype);
+    cpu::init_gate_up(x.gate_up, inter, cfg_.hidden_size, kern_.nr, dtype, kern_.il_of(dtype));
   cpu::pack_gate_up_half(x.gate_up, src, half, inter);
 }
 

@@ -145,7 +145,7 @@ TEST_CASE("block-format kernels match a double product of the dequantized values
         for (int r = 0; r < n; ++r)
           quantize_row(t, wf.data() + static_cast<size_t>(r) * k, wq.data() + quant_row_bytes(t, k) * r, k);
         cpu::PackedWeight w;
-        cpu::pack(w, Source{wq.data(), t, k}, n, k, nr, t);
+        cpu::pack(w, Source{wq.data(), t, k}, n, k, nr, t, kern.il_of(t));  // in the layout the table reads
         REQUIRE(w.quant());
         std::vector<double> wd(static_cast<size_t>(n) * k);
         for (int r = 0; r < n; ++r) {
@@ -211,6 +211,10 @@ TEST_CASE("AVX512-VNNI block kernels: the AVX2 kernels' results bit for bit, eve
     return v;
   };
   for (ep_moe_dtype_t t : kTypes) {
+    // Q4_K's AVX-512 kernel reads rows interleaved 16 at a time and sums
+    // each block in i32 before scaling it (the tiles' steps): it is held to
+    // the tiles' bits and to the double product in the other cases here.
+    if (cpu::kernels_for(cpu::Isa::Avx512).il_of(t) != cpu::kernels_for(cpu::Isa::Avx2).il_of(t)) continue;
     for (int k : {96, 256, 2048}) {
       if (k % quant_block_elems(t) != 0) continue;
       CAPTURE(dtype_name(t), k);
@@ -283,7 +287,7 @@ TEST_CASE("int8 tiles: a double product of the dequantized values, and the block
       std::vector<uint8_t> wq(rb * static_cast<size_t>(n));
       for (int r = 0; r < n; ++r) weight_row(t, k, r, wq.data() + rb * static_cast<size_t>(r));
       cpu::PackedWeight w;
-      cpu::pack(w, Source{wq.data(), t, k}, n, k, nr, t);
+      cpu::pack(w, Source{wq.data(), t, k}, n, k, nr, t, kern.il_of(t));
       // wd: the values; wp: for Q4_K / Q5_K, their d * scale * q parts
       // alone (dmin zeroed), the values being wp less the mins' parts; for
       // Q6_K d * scale * q, the values being wp less d * scale * 32 (the
@@ -353,7 +357,12 @@ TEST_CASE("int8 tiles: a double product of the dequantized values, and the block
               // beyond their own bound; the tiles' i32 block sums do not).
               const double got = c[static_cast<size_t>(i) * nr + j], blk = cb[static_cast<size_t>(i) * nr + j];
               const double tol = 2e-6 * mag + 1e-6 * terms + 1e-30, btol = 2e-6 * mag + 1e-6 * bterms;
-              const bool ok = std::fabs(got - want) <= tol && (r % 4 == 3 || std::fabs(got - blk) <= tol + btol);
+              // Where the block kernel reads interleaved rows (Q4_K) it
+              // forms the tiles' i32 sums and scales them in the tiles' f32
+              // steps: the same bits.
+              const bool same = kern.il_of(t) ? std::memcmp(&got, &blk, sizeof got) == 0
+                                              : r % 4 == 3 || std::fabs(got - blk) <= tol + btol;
+              const bool ok = std::fabs(got - want) <= tol && same;
               if (!ok && wrong++ < 3)
                 FAIL_CHECK("row " << i << " column " << r << ": tile " << got << ", block kernel " << blk << ", double "
                                   << want << " (magnitude " << mag << ", terms " << terms << ")");
@@ -412,16 +421,31 @@ TEST_CASE("block-format packing: rows copied as they are, quantized from floats,
       quantize_row(t, gf.data() + static_cast<size_t>(r) * k, gq.data() + rb * r, k);
       quantize_row(t, uf.data() + static_cast<size_t>(r) * k, uq.data() + rb * r, k);
     }
-    cpu::PackedWeight w;
-    cpu::init_gate_up(w, inter, k, 16, t);
-    cpu::pack_gate_up_half(w, Source{gq.data(), t, k}, 0, inter);
-    cpu::pack_gate_up_half(w, Source{uf.data(), EP_MOE_DTYPE_F32, k}, 1, inter);  // quantized on the way in
-    std::vector<uint8_t> row(rb);
-    for (int r = 0; r < inter; ++r) {
-      cpu::unpack_gate_up_row(w, 0, r, row.data());
-      CHECK(std::memcmp(row.data(), gq.data() + rb * r, rb) == 0);
-      cpu::unpack_gate_up_row(w, 1, r, row.data());
-      CHECK(std::memcmp(row.data(), uq.data() + rb * r, rb) == 0);
+    // Rows one after another, and (Q4_K) interleaved 16 at a time.
+    for (int il : {0, cpu::kQ4kGroupRows}) {
+      if (il && t != EP_MOE_DTYPE_Q4_K) continue;
+      CAPTURE(il);
+      cpu::PackedWeight w;
+      cpu::init_gate_up(w, inter, k, 32, t, il);
+      cpu::pack_gate_up_half(w, Source{gq.data(), t, k}, 0, inter);
+      cpu::pack_gate_up_half(w, Source{uf.data(), EP_MOE_DTYPE_F32, k}, 1, inter);  // quantized on the way in
+      std::vector<uint8_t> row(rb);
+      for (int r = 0; r < inter; ++r) {
+        cpu::unpack_gate_up_row(w, 0, r, row.data());
+        CHECK(std::memcmp(row.data(), gq.data() + rb * r, rb) == 0);
+        cpu::unpack_gate_up_row(w, 1, r, row.data());
+        CHECK(std::memcmp(row.data(), uq.data() + rb * r, rb) == 0);
+      }
+      // And a plain weight's rows (the down projection's), past a panel's end.
+      cpu::PackedWeight d;
+      cpu::pack(d, Source{gq.data(), t, k}, inter, k, 32, t, il);
+      for (int r = 0; r < inter; ++r) {
+        cpu::unpack_row(d, r, row.data());
+        CHECK(std::memcmp(row.data(), gq.data() + rb * r, rb) == 0);
+      }
     }
+    // An interleave the kernels do not read is an internal error, not a layout.
+    cpu::PackedWeight bad;
+    CHECK_THROWS(cpu::pack(bad, Source{gq.data(), t, k}, inter, k, t == EP_MOE_DTYPE_Q4_K ? 16 : 32, t, 16));
   }
 }

@@ -1,0 +1,66 @@
+// The int8 tiles' unpacked panels (kernels.hpp's QUnpackFn output), shared
+// by every unpacker of them (qtile_avx512vnni.cpp, qk4x16_avx512vnni.cpp).
+// The weights are u8 in k-groups of 4 across the panel's kCols rows: each
+// k-group is kCols dwords, row n's 4 consecutive elements in dword n.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/kernels.hpp"
+#include "ep_moe/ep_moe.h"
+
+namespace ep_moe {
+namespace cpu {
+
+constexpr int kCols = kQTileCols;          // weight rows of a panel: two vectors of 16
+constexpr size_t kGroupBytes = 4 * kCols;  // one k-group of 4 across the columns
+
+// Q8_0, Q4_0, MXFP4: each block of 32 elements is 8 k-groups (1024 bytes)
+// and the kCols rows' scales as f32 (128 bytes).
+constexpr size_t kBlockA = 8 * kGroupBytes + 4 * kCols;
+
+// Q4_K, Q5_K, Q6_K, IQ4_XS: G groups a block (8 of 32 elements; Q6_K 16 of
+// 16), each with an integer scale s_g, and per group a coefficient c_g
+// against the activations' sum over the group, A_g:
+//   Q4_K, Q5_K: d sum_g s_g (sum q a) - dmin sum_g m_g A_g (m_g: the mins);
+//   Q6_K:   d sum_g s_g (sum (q - 32) a), q stored as it is, c_g = 32 s_g;
+//   IQ4_XS: d sum_g (l_g - 32) (sum v a), v + 128 stored, c_g = 128 (l_g - 32);
+// the last two take c_g A_g off the i32 sum (exactly), Q4_K and Q5_K scale
+// it by dmin in f32. Unpacked, each block of 256 is 64 k-groups (8192
+// bytes), then per column the G scales as i32 ([group][column]), the
+// coefficients as i16 pairs ([pair][column]: groups 2p and 2p+1 in one
+// dword), d and dmin (Q4_K, Q5_K) as f32.
+template <int T>
+struct KLayout {
+  static constexpr int G = T == EP_MOE_DTYPE_Q6_K ? 16 : 8;  // groups a block
+  static constexpr int KG = 64 / G;                          // k-groups a group
+  static constexpr bool kSub = T == EP_MOE_DTYPE_Q6_K || T == EP_MOE_DTYPE_IQ4_XS;
+  static constexpr size_t kSc = 64 * kGroupBytes, kCoef = kSc + G * 4 * kCols, kD = kCoef + G / 2 * 4 * kCols;
+  static constexpr size_t kDmin = kD + 4 * kCols, kBlock = kDmin + 4 * kCols;
+};
+static_assert(kBlockA * 8 == qtile_panel_bytes(EP_MOE_DTYPE_Q8_0, 256) &&
+                  KLayout<EP_MOE_DTYPE_Q4_K>::kBlock == qtile_panel_bytes(EP_MOE_DTYPE_Q4_K, 256) &&
+                  KLayout<EP_MOE_DTYPE_Q6_K>::kBlock == qtile_panel_bytes(EP_MOE_DTYPE_Q6_K, 256) &&
+                  KLayout<EP_MOE_DTYPE_IQ4_XS>::kBlock == qtile_panel_bytes(EP_MOE_DTYPE_IQ4_XS, 256),
+              "kernels.hpp's qtile_panel_bytes states these layouts");
+
+inline int32_t rd32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// The activations' i16 sums over groups 2p and 2p+1 of block b as one
+// dword (from the row's sums of 16: groups of 16 are them).
+template <int G>
+inline int32_t sum_pair(const int16_t* s16, int b, int p) {
+  if constexpr (G == 16) return rd32(s16 + 16 * b + 2 * p);
+  const int16_t* s = s16 + 16 * b + 4 * p;
+  const auto lo = static_cast<uint16_t>(s[0] + s[1]), hi = static_cast<uint16_t>(s[2] + s[3]);
+  return static_cast<int32_t>(lo | static_cast<uint32_t>(hi) << 16);
+}
+
+}  // namespace cpu
+}  // namespace ep_moe
