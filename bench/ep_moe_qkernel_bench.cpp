@@ -81,9 +81,9 @@ Weights make_weights(ep_moe_dtype_t dt, int k, int nr, size_t panels, std::mt199
 }
 
 // w's panels with their rows interleaved in groups of il (pack.hpp's
-// PackedWeight::il, Q4_K only): the layout a table's kernels read when its
+// PackedWeight::il): the layout a table's kernels read when its
 // il_of the format is il.
-Weights interleaved(const Weights& w, int il) {
+Weights interleaved(ep_moe_dtype_t dt, const Weights& w, int il) {
   Weights o;
   o.k = w.k;
   o.nr = w.nr;
@@ -93,8 +93,8 @@ Weights interleaved(const Weights& w, int il) {
   o.bytes.resize(w.bytes.size());
   for (size_t p = 0; p < w.panels; ++p)
     for (int j = 0; j < w.nr; ++j)
-      cpu::q4k_group_put(o.bytes.data<uint8_t>() + p * w.panel_bytes + static_cast<size_t>(j / il * il) * w.row_bytes,
-                         j % il, w.panel(p) + static_cast<size_t>(j) * w.row_bytes, w.k);
+      cpu::group_put(dt, o.bytes.data<uint8_t>() + p * w.panel_bytes + static_cast<size_t>(j / il * il) * w.row_bytes,
+                     j % il, w.panel(p) + static_cast<size_t>(j) * w.row_bytes, w.k);
   return o;
 }
 
@@ -352,7 +352,8 @@ int main(int argc, char** argv) {
       const Weights wplain = make_weights(dt, k, nr, cache_panels, rng);
       const Weights splain = make_weights(dt, k, nr, stream_panels, rng);
       const int il = kern.il_of(dt);
-      const Weights wil = il ? interleaved(wplain, il) : Weights{}, sil = il ? interleaved(splain, il) : Weights{};
+      const Weights wil = il ? interleaved(dt, wplain, il) : Weights{},
+                    sil = il ? interleaved(dt, splain, il) : Weights{};
       const Weights& wc = il ? wil : wplain;
       const Weights& ws = il ? sil : splain;
       for (int m : rows) {

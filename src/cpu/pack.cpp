@@ -28,26 +28,38 @@ void copy_packed(PackedWeight& dst, const PackedWeight& src) {
   if (src.data.size()) std::memcpy(dst.data.data(), src.data.data(), src.data.size());
 }
 
-void q4k_group_put(uint8_t* group, int lane, const uint8_t* row, int32_t k) {
-  for (int32_t b = 0; b < k / 256; ++b) {
-    const uint8_t* s = row + 144 * static_cast<size_t>(b);
-    uint8_t* o = group + kQ4kGroupBlock * static_cast<size_t>(b);
-    std::memcpy(o + 2 * lane, s, 2);
-    std::memcpy(o + kQ4kDmin + 2 * lane, s + 2, 2);
-    for (int w = 0; w < 3; ++w) std::memcpy(o + kQ4kWords + 64 * w + 4 * lane, s + 4 + 4 * w, 4);
-    for (int w = 0; w < 32; ++w) std::memcpy(o + kQ4kQuants + 4 * (16 * w + lane), s + 16 + 4 * w, 4);
-  }
+bool groups_rows(ep_moe_dtype_t t) {
+  return t == EP_MOE_DTYPE_Q4_K || t == EP_MOE_DTYPE_Q8_0 || t == EP_MOE_DTYPE_Q4_0 || t == EP_MOE_DTYPE_MXFP4;
 }
 
-void q4k_group_get(const uint8_t* group, int lane, uint8_t* row, int32_t k) {
-  for (int32_t b = 0; b < k / 256; ++b) {
-    uint8_t* s = row + 144 * static_cast<size_t>(b);
-    const uint8_t* o = group + kQ4kGroupBlock * static_cast<size_t>(b);
-    std::memcpy(s, o + 2 * lane, 2);
-    std::memcpy(s + 2, o + kQ4kDmin + 2 * lane, 2);
-    for (int w = 0; w < 3; ++w) std::memcpy(s + 4 + 4 * w, o + kQ4kWords + 64 * w + 4 * lane, 4);
-    for (int w = 0; w < 32; ++w) std::memcpy(s + 16 + 4 * w, o + kQ4kQuants + 4 * (16 * w + lane), 4);
+namespace {
+// Each (group offset, row offset, bytes) piece of row `lane`'s block b, in
+// the layout pack.hpp states; f(group_at, row_at, n).
+template <class F>
+void group_pieces(ep_moe_dtype_t t, int lane, int32_t k, F f) {
+  const size_t bb = static_cast<size_t>(quant_block_bytes(t)), gb = kGroupRows * bb;
+  for (int32_t b = 0; b < k / quant_block_elems(t); ++b) {
+    const size_t g = gb * static_cast<size_t>(b), r = bb * static_cast<size_t>(b);
+    if (t == EP_MOE_DTYPE_Q4_K) {
+      f(g + 2 * lane, r, 2);
+      f(g + kQ4kDmin + 2 * lane, r + 2, 2);
+      for (size_t w = 0; w < 3; ++w) f(g + kQ4kWords + 64 * w + 4 * lane, r + 4 + 4 * w, 4);
+      for (size_t w = 0; w < 32; ++w) f(g + kQ4kQuants + 4 * (16 * w + lane), r + 16 + 4 * w, 4);
+      continue;
+    }
+    const size_t sb = t == EP_MOE_DTYPE_MXFP4 ? 1 : 2;
+    f(g + sb * lane, r, sb);
+    for (size_t w = 0; w < (bb - sb) / 4; ++w) f(g + kGroupRows * sb + 4 * (16 * w + lane), r + sb + 4 * w, 4);
   }
+}
+}  // namespace
+
+void group_put(ep_moe_dtype_t t, uint8_t* group, int lane, const uint8_t* row, int32_t k) {
+  group_pieces(t, lane, k, [&](size_t g, size_t r, size_t n) { std::memcpy(group + g, row + r, n); });
+}
+
+void group_get(ep_moe_dtype_t t, const uint8_t* group, int lane, uint8_t* row, int32_t k) {
+  group_pieces(t, lane, k, [&](size_t g, size_t r, size_t n) { std::memcpy(row + r, group + g, n); });
 }
 
 namespace {
@@ -55,7 +67,7 @@ inline float src_at(const Source& s, int64_t r, int64_t c) { return source_at(s,
 
 void alloc(PackedWeight& out, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t dtype, int32_t il) {
   // Callers pass Kernels::il_of(dtype), which holds these.
-  if (il != 0 && (il != kQ4kGroupRows || dtype != EP_MOE_DTYPE_Q4_K || nr % (2 * il) != 0))
+  if (il != 0 && (il != kGroupRows || !groups_rows(dtype) || nr % (2 * il) != 0))
     throw Error(EP_MOE_ERR_INTERNAL, "row interleave " + std::to_string(il) + " for " + dtype_name(dtype) +
                                          " panels of " + std::to_string(nr) + " rows");
   out.n = n;
@@ -96,7 +108,7 @@ void put_quant_row(PackedWeight& out, int32_t p, int32_t j, const Source& s, int
     source_row_f32(s, row, out.k, x.data());
     quantize_row(out.dtype, x.data(), dst, out.k);
   }
-  if (out.il) q4k_group_put(panel + static_cast<size_t>(j / out.il * out.il) * rb, j % out.il, dst, out.k);
+  if (out.il) group_put(out.dtype, panel + static_cast<size_t>(j / out.il * out.il) * rb, j % out.il, dst, out.k);
 }
 
 // Writes source row `row` into column j of panel p.
@@ -173,8 +185,8 @@ void copy_panel_col(const PackedWeight& w, int32_t p, int32_t j, void* dst) {
   if (w.quant()) {
     const auto* panel = static_cast<const uint8_t*>(w.panel(p));
     if (w.il)
-      q4k_group_get(panel + static_cast<size_t>(j / w.il * w.il) * w.row_bytes(), j % w.il, static_cast<uint8_t*>(dst),
-                    w.k);
+      group_get(w.dtype, panel + static_cast<size_t>(j / w.il * w.il) * w.row_bytes(), j % w.il,
+                static_cast<uint8_t*>(dst), w.k);
     else std::memcpy(dst, panel + static_cast<size_t>(j) * w.row_bytes(), w.row_bytes());
     return;
   }

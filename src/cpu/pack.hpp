@@ -29,9 +29,8 @@ inline size_t panel_index(bool pairs, int32_t kk, int32_t j, int32_t nr) {
 // blocks' bytes: panel p is rows p*nr .. p*nr+nr-1 of W, each row k /
 // block-elements blocks (zero blocks past N, which are zeros in every
 // format). With il == 0 the rows lie one after another, so a kernel
-// streams a panel row by row. With il == kQ4kGroupRows (Q4_K only, the
-// layout Kernels::qil names) each 16 rows are interleaved: see
-// kQ4kGroupRows.
+// streams a panel row by row. With il == kGroupRows (the layout
+// Kernels::qil names) each 16 rows are interleaved: see kGroupRows.
 struct PackedWeight {
   int32_t n = 0, k = 0, nr = 0;
   int32_t il = 0;  // rows interleaved in groups of il (0: none)
@@ -53,20 +52,26 @@ struct PackedWeight {
   size_t bytes() const { return data.size(); }
 };
 
-// Q4_K rows interleaved 16 at a time (PackedWeight::il, the AVX512-VNNI
-// kernels' layout): the same bytes as 16 rows, moved so that one 64-byte
-// load holds 4 consecutive elements' nibbles of each of the 16 rows (one
-// vpdpbusd multiplies them all), and one load each row's d, dmin or scale
-// word. A group is the rows' k / 256 blocks in order, kQ4kGroupBlock
-// bytes a block: the 16 rows' d (f16), their dmin (f16), word 0 of their 12
-// scale bytes (u32), word 1, word 2, then the 128 bytes of quants as 32
-// dwords a row, dword w of row l at dword 16 w + l.
-constexpr int32_t kQ4kGroupRows = 16;
+// Rows interleaved 16 at a time (PackedWeight::il == kGroupRows; the
+// AVX512-VNNI kernels' layout for Q4_K, Q8_0, Q4_0 and MXFP4): the same
+// bytes as 16 rows, moved so that one 64-byte load holds 4 consecutive
+// elements of each of the 16 rows (one vpdpbusd multiplies them all), and
+// one load the 16 rows' scales. A group is the rows' blocks in order, 16
+// blocks' bytes a block index:
+//   Q4_K (kQ4k* offsets): the 16 rows' d (f16), their dmin (f16), word 0
+//   of their 12 scale bytes (u32), word 1, word 2, then the 128 bytes of
+//   quants as 32 dwords a row, dword w of row l at dword 16 w + l;
+//   Q8_0, Q4_0, MXFP4: the 16 rows' scales (f16 d; MXFP4's e8m0 byte),
+//   then their quants (32 bytes; 16), dword w of row l at dword 16 w + l.
+constexpr int32_t kGroupRows = 16;
 constexpr size_t kQ4kGroupBlock = 16 * 144;
 constexpr size_t kQ4kDmin = 32, kQ4kWords = 64, kQ4kQuants = 256;
-// Row `lane` of an interleaved group's k elements, from / to a row of blocks.
-void q4k_group_put(uint8_t* group, int lane, const uint8_t* row, int32_t k);
-void q4k_group_get(const uint8_t* group, int lane, uint8_t* row, int32_t k);
+// Whether format t has that layout.
+bool groups_rows(ep_moe_dtype_t t);
+// Row `lane` of an interleaved group of format t, k elements, from / to a
+// row of blocks.
+void group_put(ep_moe_dtype_t t, uint8_t* group, int lane, const uint8_t* row, int32_t k);
+void group_get(ep_moe_dtype_t t, const uint8_t* group, int lane, uint8_t* row, int32_t k);
 
 // dst becomes a copy of src (shape, dtype and bytes).
 void copy_packed(PackedWeight& dst, const PackedWeight& src);
@@ -74,8 +79,8 @@ void copy_packed(PackedWeight& dst, const PackedWeight& src);
 // Packs an [n, k] window of `src` (converted to `dtype`; into a block
 // format: copied when `src` is in it, else quantized with quantize_row;
 // from one: dequantized). il: the block-format rows' interleave
-// (Kernels::il_of(dtype): 0, or kQ4kGroupRows for Q4_K with nr a multiple
-// of 32).
+// (Kernels::il_of(dtype): 0, or kGroupRows for a format that groups_rows,
+// with nr a multiple of 32).
 void pack(PackedWeight& out, const Source& src, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t dtype, int32_t il = 0);
 
 // Gate and up ([inter, k] windows each) are packed interleaved: panel p

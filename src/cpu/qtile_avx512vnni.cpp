@@ -7,7 +7,9 @@
 // against a few activation rows, 32 elements a vector: per 32 products
 // they convert and scale a sum, so they run at about the f32 FMA rate.
 // Here a panel's 32 weight rows are first unpacked to u8 (once per panel,
-// however many rows then use it) in k-groups of 4 across the columns:
+// however many rows then use it; Q4_K, Q8_0, Q4_0 and MXFP4 panels, whose
+// rows are interleaved, by qgroups_avx512vnni.cpp) in k-groups of 4 across
+// the columns (qtile_layout.hpp):
 // each 64-byte vector holds 4 consecutive elements of 16 weight rows, so
 // one vpdpbusd multiplies them with 4 elements of one activation row
 // (broadcast) and sums the fours into 16 i32 columns: 64 products an
@@ -96,37 +98,6 @@ struct Ahead {
 template <int T>
 constexpr int offset_a() {
   return T == EP_MOE_DTYPE_Q8_0 ? 128 : T == EP_MOE_DTYPE_Q4_0 ? 8 : 12;
-}
-
-// A block's 32 values plus the offset, as u8 (Q8_0: 0 .. 255; Q4_0: 0 .. 15;
-// MXFP4's doubled E2M1 values -12 .. 12 as 0 .. 24).
-template <int T>
-inline __m256i values_a(const uint8_t* blk, __m256i table) {
-  if constexpr (T == EP_MOE_DTYPE_Q8_0) return _mm256_xor_si256(load(blk + 2), _mm256_set1_epi8(-128));
-  else if constexpr (T == EP_MOE_DTYPE_Q4_0) return nibbles(blk + 2);
-  else return _mm256_shuffle_epi8(table, nibbles(blk + 1));
-}
-
-template <int T>
-void unpack_a(const void* panel, int k, void* out) {
-  const auto* p = static_cast<const uint8_t*>(panel);
-  auto* o = static_cast<uint8_t*>(out);
-  const size_t rb = quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k);
-  const int bb = quant_block_bytes(static_cast<ep_moe_dtype_t>(T));
-  const __m256i table = _mm256_add_epi8(_mm256_broadcastsi128_si256(load128(kMxfp4Values)), _mm256_set1_epi8(12));
-  for (int b = 0; b < k / 32; ++b, o += kBlockA) {
-    const uint8_t* blk = p + static_cast<size_t>(b) * static_cast<size_t>(bb);
-    for (int half = 0; half < 2; ++half) {
-      __m256i r[16];
-      for (int i = 0; i < 16; ++i) r[i] = values_a<T>(blk + static_cast<size_t>(16 * half + i) * rb, table);
-      transpose16(r, o + 64 * half);
-    }
-    auto* d = reinterpret_cast<float*>(o + 8 * kGroupBytes);
-    for (int n = 0; n < kCols; ++n) {
-      const uint8_t* s = blk + static_cast<size_t>(n) * rb;
-      d[n] = T == EP_MOE_DTYPE_MXFP4 ? e8m0_half(s[0]) : f16(s);
-    }
-  }
 }
 
 // M activation rows (a: quantize_act_row's rows, one f32 scale per 32)
@@ -376,10 +347,6 @@ void qtile(int m, const void* const* a, int k, const void* tiles, float* c, int 
 }  // namespace
 
 void qtiles_avx512vnni(QUnpackFn* unpack, QTileFn* tile) {
-  unpack[quant_index(EP_MOE_DTYPE_Q8_0)] = unpack_a<EP_MOE_DTYPE_Q8_0>;
-  unpack[quant_index(EP_MOE_DTYPE_Q4_0)] = unpack_a<EP_MOE_DTYPE_Q4_0>;
-  unpack[quant_index(EP_MOE_DTYPE_MXFP4)] = unpack_a<EP_MOE_DTYPE_MXFP4>;
-  unpack[quant_index(EP_MOE_DTYPE_Q4_K)] = unpack_k<EP_MOE_DTYPE_Q4_K>;
   unpack[quant_index(EP_MOE_DTYPE_Q5_K)] = unpack_k<EP_MOE_DTYPE_Q5_K>;
   unpack[quant_index(EP_MOE_DTYPE_Q6_K)] = unpack_k<EP_MOE_DTYPE_Q6_K>;
   unpack[quant_index(EP_MOE_DTYPE_IQ4_XS)] = unpack_k<EP_MOE_DTYPE_IQ4_XS>;

@@ -568,8 +568,10 @@ TEST_CASE("GGUF block-format experts through widened panels or int8 tiles: prefi
       c.spec.K = 2;
       c.ep = 1 + variant % 2;
       c.threads = 2;
-      c.max_tokens = 100;
-      c.tokens = {100};
+      // 160 tokens, top-2 of 4 experts: ~80 rows an expert, past every
+      // format's qtile_rows (64 at most).
+      c.max_tokens = 160;
+      c.tokens = {160};
       c.forwards = 2;
       c.fused_gate_up = variant == 2;
       if (variant == 6) {  // a Q8_0 shared expert over every token beside them
@@ -578,7 +580,7 @@ TEST_CASE("GGUF block-format experts through widened panels or int8 tiles: prefi
       }
       if (variant == 7) {  // DP attention, uneven, bf16 activations
         c.dp = 2;
-        c.tokens = {70, 30};
+        c.tokens = {110, 50};
         c.adt = ref::BF16;
       }
       double worst = 0;

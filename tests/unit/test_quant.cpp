@@ -421,9 +421,9 @@ TEST_CASE("block-format packing: rows copied as they are, quantized from floats,
       quantize_row(t, gf.data() + static_cast<size_t>(r) * k, gq.data() + rb * r, k);
       quantize_row(t, uf.data() + static_cast<size_t>(r) * k, uq.data() + rb * r, k);
     }
-    // Rows one after another, and (Q4_K) interleaved 16 at a time.
-    for (int il : {0, cpu::kQ4kGroupRows}) {
-      if (il && t != EP_MOE_DTYPE_Q4_K) continue;
+    // Rows one after another, and (where the format has the layout) interleaved 16 at a time.
+    for (int il : {0, cpu::kGroupRows}) {
+      if (il && !cpu::groups_rows(t)) continue;
       CAPTURE(il);
       cpu::PackedWeight w;
       cpu::init_gate_up(w, inter, k, 32, t, il);
@@ -446,6 +446,6 @@ TEST_CASE("block-format packing: rows copied as they are, quantized from floats,
     }
     // An interleave the kernels do not read is an internal error, not a layout.
     cpu::PackedWeight bad;
-    CHECK_THROWS(cpu::pack(bad, Source{gq.data(), t, k}, inter, k, t == EP_MOE_DTYPE_Q4_K ? 16 : 32, t, 16));
+    CHECK_THROWS(cpu::pack(bad, Source{gq.data(), t, k}, inter, k, cpu::groups_rows(t) ? 16 : 32, t, 16));
   }
 }

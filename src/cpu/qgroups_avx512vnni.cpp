@@ -1,0 +1,364 @@
+// Block formats on rows interleaved 16 at a time (pack.hpp's kGroupRows):
+// the AVX-512 tables' qgemm and qunpack entries for Q4_K, Q8_0, Q4_0 and
+// MXFP4 where the CPU has AVX512_VNNI (kernels.hpp's QGemmFn and
+// QUnpackFn; built with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2
+// -mfma -mf16c).
+//
+// The row-at-a-time kernels (qkernels_x86.inc) spend most of a block's
+// instructions on its scale and on one row's lanes, so a lone activation
+// row (decode) reads the weights below the memory's rate on a fast memory.
+// Here each 64-byte load holds 4 consecutive elements of 16 weight rows:
+// one vpdpbusd multiplies them (as u8) with 4 elements of an activation row
+// (s8, broadcast) into 16 i32 row sums, and a block's scales are decoded
+// once for its 16 rows. As in the int8 tiles, the u8 weights carry an
+// offset where the format is signed (Q8_0 +128, Q4_0's nibbles as stored,
+// MXFP4's doubled values +12) that comes off through the activations' block
+// sums, and Q4_K's per-32 scales multiply the i32 group sums. The i32 sums
+// are the exact integers the tiles form (qtile_avx512vnni.cpp, bounds
+// there), scaled in f32 in the same steps, so the two give the same bits.
+#include <immintrin.h>
+
+#include <array>
+#include <cstring>
+#include <utility>
+
+#include "common/quant.hpp"
+#include "cpu/kernels.hpp"
+#include "cpu/pack.hpp"
+#include "cpu/qtile_layout.hpp"
+
+namespace ep_moe {
+namespace cpu {
+
+namespace {
+
+inline __m512i load(const void* p) { return _mm512_loadu_si512(p); }
+inline __m512 f16x16(const void* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(p))); }
+
+// Decode streams each panel from memory once: every 64 bytes read
+// prefetch the line kAheadBytes on (qkernels_x86.inc's distance), past the
+// panel's end into the panel this thread takes next.
+constexpr size_t kAheadBytes = 6144;
+struct Stream {
+  const uint8_t* end;   // this panel's end
+  const uint8_t* next;  // the next panel (null: none)
+  size_t bytes;         // this panel's size, taken to be the next one's too
+  [[gnu::always_inline]] void at(const uint8_t* p) const {
+    const uint8_t* t = p + kAheadBytes;
+    if (t >= end) {
+      const auto past = static_cast<size_t>(t - end);
+      if (!next || past >= bytes) return;
+      t = next + past;
+    }
+    _mm_prefetch(reinterpret_cast<const char*>(t), _MM_HINT_T0);
+  }
+};
+
+// A block's 16 rows' 6-bit scales and mins, 4 to a dword: byte j of sc03
+// (mn03) is group j's scale (min), of sc47 (mn47) group 4 + j's
+// (common/quant.cpp's scale_min_k4 on the three words side by side).
+struct Scales {
+  __m512i sc03, sc47, mn03, mn47;
+};
+inline Scales scales(const uint8_t* blk) {
+  const __m512i u0 = load(blk + kQ4kWords), u1 = load(blk + kQ4kWords + 64), u2 = load(blk + kQ4kWords + 128);
+  const __m512i low6 = _mm512_set1_epi32(0x3f3f3f3f), low4 = _mm512_set1_epi32(0x0f0f0f0f);
+  const __m512i top2 = _mm512_set1_epi32(0x30303030);
+  return {_mm512_and_si512(u0, low6),
+          _mm512_or_si512(_mm512_and_si512(u2, low4), _mm512_and_si512(_mm512_srli_epi32(u0, 2), top2)),
+          _mm512_and_si512(u1, low6),
+          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), low4),
+                          _mm512_and_si512(_mm512_srli_epi32(u1, 2), top2))};
+}
+// Byte j of each dword as i32.
+inline __m512i byte_of(__m512i v, int j) {
+  return _mm512_and_si512(_mm512_srli_epi32(v, 8 * j), _mm512_set1_epi32(0xff));
+}
+// Bytes j and j + 1 of each dword as an i16 pair.
+inline __m512i pair_of(__m512i v, int j) {
+  const __m512i x = _mm512_srli_epi32(v, 8 * j);
+  return _mm512_or_si512(_mm512_and_si512(x, _mm512_set1_epi32(0xff)),
+                         _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0xff00)), 8));
+}
+inline __m512i group_scale(const Scales& s, int j) { return byte_of(j < 4 ? s.sc03 : s.sc47, j % 4); }
+inline __m512i min_pair(const Scales& s, int p) { return pair_of(p < 2 ? s.mn03 : s.mn47, 2 * (p % 2)); }
+
+// --- Q4_K: blocks of 256, scales and mins per 32 -----------------------------
+// M activation rows (Q8_K-style, one f32 scale per 256) through a group
+// of 16 interleaved rows: c[i * ldc + l] for row i, weight row l < 16.
+// Per block, the same exact i32 sums as the tiles (bounds there); a lone
+// row's sums of a group go round two chains (one chain of 8 dependent
+// vpdpbusd would bind its rate).
+template <int M>
+void group_dot_q4k(const uint8_t* g, int k, const void* const* a, float* c, int ldc, const Stream* st) {
+  constexpr int P = M == 1 ? 2 : 1;
+  const int8_t* q[M];
+  const float* d[M];
+  const int16_t* s[M];
+  for (int r = 0; r < M; ++r) {
+    q[r] = act_q(a[r]);
+    d[r] = act_d(a[r], k);
+    s[r] = act_s(a[r], k);
+  }
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[M];
+  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
+  for (int b = 0; b < k / 256; ++b, g += kQ4kGroupBlock) {
+    if (st)
+      for (size_t off = 0; off < kQ4kQuants; off += 64) st->at(g + off);
+    const Scales sc = scales(g);
+    __m512i tot[M];
+    for (int r = 0; r < M; ++r) tot[r] = _mm512_setzero_si512();
+    const uint8_t* qs = g + kQ4kQuants;
+    for (int ch = 0; ch < 4; ++ch) {  // elements 64 ch ..: groups 2 ch (low nibbles) and 2 ch + 1 (high)
+      __m512i lo[M][P], hi[M][P];
+      for (int r = 0; r < M; ++r)
+        for (int u = 0; u < P; ++u) lo[r][u] = hi[r][u] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int v = 0; v < 8; ++v) {
+        const uint8_t* p = qs + 64 * (8 * ch + v);
+        if (st) st->at(p);
+        const __m512i w = load(p);
+        const __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+        for (int r = 0; r < M; ++r) {
+          const int8_t* ar = q[r] + 256 * b + 64 * ch + 4 * v;
+          lo[r][v % P] = _mm512_dpbusd_epi32(lo[r][v % P], wl, _mm512_set1_epi32(rd32(ar)));
+          hi[r][v % P] = _mm512_dpbusd_epi32(hi[r][v % P], wh, _mm512_set1_epi32(rd32(ar + 32)));
+        }
+      }
+      const __m512i sl = group_scale(sc, 2 * ch), sh = group_scale(sc, 2 * ch + 1);
+      for (int r = 0; r < M; ++r) {
+        __m512i l = lo[r][0], h = hi[r][0];
+        for (int u = 1; u < P; ++u) {
+          l = _mm512_add_epi32(l, lo[r][u]);
+          h = _mm512_add_epi32(h, hi[r][u]);
+        }
+        tot[r] = _mm512_add_epi32(tot[r], _mm512_mullo_epi32(l, sl));
+        tot[r] = _mm512_add_epi32(tot[r], _mm512_mullo_epi32(h, sh));
+      }
+    }
+    const __m512 dv = f16x16(g), mv = f16x16(g + kQ4kDmin);
+    for (int r = 0; r < M; ++r) {
+      __m512i mins = _mm512_setzero_si512();
+      for (int p = 0; p < 4; ++p)
+        mins = _mm512_dpwssd_epi32(mins, min_pair(sc, p), _mm512_set1_epi32(sum_pair<8>(s[r], b, p)));
+      const __m512 da = _mm512_set1_ps(d[r][8 * b]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot[r]), _mm512_mul_ps(dv, da), acc[r]);
+      acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(mv, da), acc[r]);
+    }
+  }
+  for (int r = 0; r < M; ++r) _mm512_storeu_ps(c + static_cast<ptrdiff_t>(r) * ldc, acc[r]);
+}
+
+// --- Q8_0, Q4_0, MXFP4: a scale per 32 ---------------------------------------
+template <int T>
+constexpr int kScaleBytes = T == EP_MOE_DTYPE_MXFP4 ? 1 : 2;
+template <int T>
+constexpr int kBlockBytes = T == EP_MOE_DTYPE_Q8_0   ? 34
+                            : T == EP_MOE_DTYPE_Q4_0 ? 18
+                                                     : 17;
+template <int T>
+constexpr int kOffset = T == EP_MOE_DTYPE_Q8_0   ? 128
+                        : T == EP_MOE_DTYPE_Q4_0 ? 8
+                                                 : 12;
+
+// A block's 16 rows' scales as f32: f16 d, or MXFP4's e8m0 as
+// common/quant.cpp's e8m0_half makes it (2^(e - 128), subnormal below e 2).
+template <int T>
+inline __m512 scales32(const uint8_t* blk) {
+  if constexpr (T != EP_MOE_DTYPE_MXFP4) {
+    return f16x16(blk);
+  } else {
+    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, sub));
+  }
+}
+
+// The u8 values (the format's plus kOffset) of quant vector v of a block:
+// Q8_0's vectors 0-7 are elements 4v .. 4v+3 of the 16 rows; the nibble
+// formats' vectors 0-3 give elements 4v .. (lo) and 16 + 4v .. (hi).
+template <int T>
+struct Values {
+  __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(-128);
+  __m512i table =
+      lanes(_mm_add_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4Values)), _mm_set1_epi8(12)));
+  // x in each 128-bit lane (GCC 12 warns falsely on the undefined source
+  // lanes of _mm512_broadcast_i32x4 and _mm512_shuffle_i32x4; bug 105593).
+  static __m512i lanes(__m128i x) {
+    return _mm512_set4_epi32(_mm_extract_epi32(x, 3), _mm_extract_epi32(x, 2), _mm_extract_epi32(x, 1),
+                             _mm_cvtsi128_si32(x));
+  }
+  __m512i bytes(const uint8_t* q) const { return _mm512_xor_si512(load(q), flip); }
+  void nibbles(const uint8_t* q, __m512i* lo, __m512i* hi) const {
+    const __m512i w = load(q);
+    *lo = _mm512_and_si512(w, m4);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+    if constexpr (T == EP_MOE_DTYPE_MXFP4) {
+      *lo = _mm512_shuffle_epi8(table, *lo);
+      *hi = _mm512_shuffle_epi8(table, *hi);
+    }
+  }
+};
+
+// M activation rows (Q8_0-style, one f32 scale per 32) through a group of
+// 16 interleaved rows: c[i * ldc + l] for row i, weight row l < 16. Per
+// block, t = sum (w + z) a - z sum a, exact in i32 (at most 32 * 255 * 127
+// before the offset is taken off); a block's products go round two chains.
+template <int T, int M>
+void group_dot_a(const uint8_t* g, int k, const void* const* a, float* c, int ldc, const Stream* st) {
+  constexpr int z = kOffset<T>;
+  constexpr size_t gb = kGroupRows * static_cast<size_t>(kBlockBytes<T>);
+  const Values<T> val;
+  const int8_t* q[M];
+  const float* d[M];
+  const int16_t* s[M];
+  for (int r = 0; r < M; ++r) {
+    q[r] = act_q(a[r]);
+    d[r] = act_d(a[r], k);
+    s[r] = act_s(a[r], k);
+  }
+  __m512 acc[M];
+  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
+  for (int b = 0; b < k / 32; ++b, g += gb) {
+    if (st)
+      for (size_t off = 0; off < gb; off += 64) st->at(g + off);
+    const uint8_t* qs = g + kGroupRows * kScaleBytes<T>;
+    __m512i t[M][2];
+    for (int r = 0; r < M; ++r) {
+      t[r][0] = _mm512_set1_epi32(-z * (s[r][2 * b] + s[r][2 * b + 1]));
+      t[r][1] = _mm512_setzero_si512();
+    }
+    if constexpr (T == EP_MOE_DTYPE_Q8_0) {
+#pragma GCC unroll 8
+      for (int v = 0; v < 8; ++v) {
+        const __m512i w = val.bytes(qs + 64 * v);
+        for (int r = 0; r < M; ++r)
+          t[r][v % 2] = _mm512_dpbusd_epi32(t[r][v % 2], w, _mm512_set1_epi32(rd32(q[r] + 32 * b + 4 * v)));
+      }
+    } else {
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) {
+        __m512i lo, hi;
+        val.nibbles(qs + 64 * v, &lo, &hi);
+        for (int r = 0; r < M; ++r) {
+          t[r][0] = _mm512_dpbusd_epi32(t[r][0], lo, _mm512_set1_epi32(rd32(q[r] + 32 * b + 4 * v)));
+          t[r][1] = _mm512_dpbusd_epi32(t[r][1], hi, _mm512_set1_epi32(rd32(q[r] + 32 * b + 16 + 4 * v)));
+        }
+      }
+    }
+    const __m512 dv = scales32<T>(g);
+    for (int r = 0; r < M; ++r)
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(t[r][0], t[r][1])),
+                               _mm512_mul_ps(dv, _mm512_set1_ps(d[r][b])), acc[r]);
+  }
+  for (int r = 0; r < M; ++r) _mm512_storeu_ps(c + static_cast<ptrdiff_t>(r) * ldc, acc[r]);
+}
+
+// --- the panel calls ---------------------------------------------------------
+template <int T, int M>
+void group_dot(const uint8_t* g, int k, const void* const* a, float* c, int ldc, const Stream* st) {
+  if constexpr (T == EP_MOE_DTYPE_Q4_K) group_dot_q4k<M>(g, k, a, c, ldc, st);
+  else group_dot_a<T, M>(g, k, a, c, ldc, st);
+}
+
+// Up to kRows activation rows a call of group_dot (4 keep every sum in
+// registers); more go round again, the group then in L1 or L2.
+constexpr int kRows = 4;
+using GroupFn = void (*)(const uint8_t*, int, const void* const*, float*, int, const Stream*);
+template <int T, int... I>
+constexpr std::array<GroupFn, sizeof...(I)> group_table(std::integer_sequence<int, I...>) {
+  return {group_dot<T, I + 1>...};
+}
+
+template <int T>
+void qgemm_groups(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc, const void* next) {
+  static constexpr std::array<GroupFn, kRows> kGroups = group_table<T>(std::make_integer_sequence<int, kRows>{});
+  if (m <= 0) return;
+  const size_t rb = quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k);
+  const auto* p0 = static_cast<const uint8_t*>(panel);
+  const size_t panel_bytes = static_cast<size_t>(nr) * rb;
+  // Decode (one pass of rows) streams the panel from memory, prefetching;
+  // calls of more rows are bound by their arithmetic.
+  const Stream stream{p0 + panel_bytes, static_cast<const uint8_t*>(next), panel_bytes};
+  const Stream* st = m <= kRows ? &stream : nullptr;
+  for (int g = 0; g < nr / kGroupRows; ++g)
+    for (int i0 = 0; i0 < m; i0 += kRows) {
+      const int mm = m - i0 < kRows ? m - i0 : kRows;
+      kGroups[static_cast<size_t>(mm - 1)](p0 + static_cast<size_t>(g) * kGroupRows * rb, k, a + i0,
+                                           c + static_cast<ptrdiff_t>(i0) * ldc + g * kGroupRows, ldc, st);
+    }
+}
+
+// --- unpacking for the int8 tiles (qtile_layout.hpp) --------------------------
+// A panel of kCols interleaved rows (two groups) into the tiles' layout:
+// the values as u8 split into k-groups, the scales (Q4_K: and mins)
+// widened, d (and dmin) to f32.
+static_assert(kCols == 2 * kGroupRows, "a tile panel is two groups");
+
+void unpack_q4k(const void* panel, int k, void* out) {
+  using L = KLayout<EP_MOE_DTYPE_Q4_K>;
+  const auto* p = static_cast<const uint8_t*>(panel);
+  auto* o = static_cast<uint8_t*>(out);
+  const size_t rb = quant_row_bytes(EP_MOE_DTYPE_Q4_K, k);
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  for (int b = 0; b < k / 256; ++b, o += L::kBlock)
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* g = p + static_cast<size_t>(h) * kGroupRows * rb + static_cast<size_t>(b) * kQ4kGroupBlock;
+      uint8_t* oh = o + 64 * h;
+      for (int ch = 0; ch < 4; ++ch)
+        for (int v = 0; v < 8; ++v) {
+          const __m512i w = load(g + kQ4kQuants + 64 * (8 * ch + v));
+          _mm512_storeu_si512(oh + (16 * ch + v) * kGroupBytes, _mm512_and_si512(w, m4));
+          _mm512_storeu_si512(oh + (16 * ch + 8 + v) * kGroupBytes, _mm512_and_si512(_mm512_srli_epi16(w, 4), m4));
+        }
+      const Scales sc = scales(g);
+      for (int j = 0; j < L::G; ++j) _mm512_storeu_si512(oh + L::kSc + j * 4 * kCols, group_scale(sc, j));
+      for (int pr = 0; pr < L::G / 2; ++pr) _mm512_storeu_si512(oh + L::kCoef + pr * 4 * kCols, min_pair(sc, pr));
+      _mm512_storeu_ps(oh + L::kD, f16x16(g));
+      _mm512_storeu_ps(oh + L::kDmin, f16x16(g + kQ4kDmin));
+    }
+}
+
+template <int T>
+void unpack_a(const void* panel, int k, void* out) {
+  const auto* p = static_cast<const uint8_t*>(panel);
+  auto* o = static_cast<uint8_t*>(out);
+  const size_t rb = quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k);
+  constexpr size_t gb = kGroupRows * static_cast<size_t>(kBlockBytes<T>);
+  const Values<T> val;
+  for (int b = 0; b < k / 32; ++b, o += kBlockA)
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* g = p + static_cast<size_t>(h) * kGroupRows * rb + static_cast<size_t>(b) * gb;
+      const uint8_t* qs = g + kGroupRows * kScaleBytes<T>;
+      uint8_t* oh = o + 64 * h;
+      if constexpr (T == EP_MOE_DTYPE_Q8_0) {
+        for (int v = 0; v < 8; ++v) _mm512_storeu_si512(oh + v * kGroupBytes, val.bytes(qs + 64 * v));
+      } else {
+        for (int v = 0; v < 4; ++v) {
+          __m512i lo, hi;
+          val.nibbles(qs + 64 * v, &lo, &hi);
+          _mm512_storeu_si512(oh + v * kGroupBytes, lo);
+          _mm512_storeu_si512(oh + (4 + v) * kGroupBytes, hi);
+        }
+      }
+      _mm512_storeu_ps(oh + 8 * kGroupBytes, scales32<T>(g));
+    }
+}
+
+}  // namespace
+
+void qgroups_avx512vnni(QGemmFn* gemm, QUnpackFn* unpack) {
+  gemm[quant_index(EP_MOE_DTYPE_Q4_K)] = qgemm_groups<EP_MOE_DTYPE_Q4_K>;
+  gemm[quant_index(EP_MOE_DTYPE_Q8_0)] = qgemm_groups<EP_MOE_DTYPE_Q8_0>;
+  gemm[quant_index(EP_MOE_DTYPE_Q4_0)] = qgemm_groups<EP_MOE_DTYPE_Q4_0>;
+  gemm[quant_index(EP_MOE_DTYPE_MXFP4)] = qgemm_groups<EP_MOE_DTYPE_MXFP4>;
+  unpack[quant_index(EP_MOE_DTYPE_Q4_K)] = unpack_q4k;
+  unpack[quant_index(EP_MOE_DTYPE_Q8_0)] = unpack_a<EP_MOE_DTYPE_Q8_0>;
+  unpack[quant_index(EP_MOE_DTYPE_Q4_0)] = unpack_a<EP_MOE_DTYPE_Q4_0>;
+  unpack[quant_index(EP_MOE_DTYPE_MXFP4)] = unpack_a<EP_MOE_DTYPE_MXFP4>;
+}
+
+}  // namespace cpu
+}  // namespace ep_moe
