@@ -29,7 +29,8 @@ void copy_packed(PackedWeight& dst, const PackedWeight& src) {
 }
 
 bool groups_rows(ep_moe_dtype_t t) {
-  return t == EP_MOE_DTYPE_Q4_K || t == EP_MOE_DTYPE_Q8_0 || t == EP_MOE_DTYPE_Q4_0 || t == EP_MOE_DTYPE_MXFP4;
+  return t == EP_MOE_DTYPE_Q4_K || t == EP_MOE_DTYPE_Q6_K || t == EP_MOE_DTYPE_Q8_0 || t == EP_MOE_DTYPE_Q4_0 ||
+         t == EP_MOE_DTYPE_MXFP4;
 }
 
 namespace {
@@ -45,6 +46,13 @@ void group_pieces(ep_moe_dtype_t t, int lane, int32_t k, F f) {
       f(g + kQ4kDmin + 2 * lane, r + 2, 2);
       for (size_t w = 0; w < 3; ++w) f(g + kQ4kWords + 64 * w + 4 * lane, r + 4 + 4 * w, 4);
       for (size_t w = 0; w < 32; ++w) f(g + kQ4kQuants + 4 * (16 * w + lane), r + 16 + 4 * w, 4);
+      continue;
+    }
+    if (t == EP_MOE_DTYPE_Q6_K) {
+      f(g + 2 * lane, r + 208, 2);
+      for (size_t w = 0; w < 4; ++w) f(g + kQ6kScales + 4 * (16 * w + lane), r + 192 + 4 * w, 4);
+      for (size_t w = 0; w < 32; ++w) f(g + kQ6kQl + 4 * (16 * w + lane), r + 4 * w, 4);
+      for (size_t w = 0; w < 16; ++w) f(g + kQ6kQh + 4 * (16 * w + lane), r + 128 + 4 * w, 4);
       continue;
     }
     const size_t sb = t == EP_MOE_DTYPE_MXFP4 ? 1 : 2;

@@ -53,7 +53,7 @@ struct PackedWeight {
 };
 
 // Rows interleaved 16 at a time (PackedWeight::il == kGroupRows; the
-// AVX512-VNNI kernels' layout for Q4_K, Q8_0, Q4_0 and MXFP4): the same
+// AVX512-VNNI kernels' layout for Q4_K, Q6_K, Q8_0, Q4_0 and MXFP4): the same
 // bytes as 16 rows, moved so that one 64-byte load holds 4 consecutive
 // elements of each of the 16 rows (one vpdpbusd multiplies them all), and
 // one load the 16 rows' scales. A group is the rows' blocks in order, 16
@@ -61,11 +61,16 @@ struct PackedWeight {
 //   Q4_K (kQ4k* offsets): the 16 rows' d (f16), their dmin (f16), word 0
 //   of their 12 scale bytes (u32), word 1, word 2, then the 128 bytes of
 //   quants as 32 dwords a row, dword w of row l at dword 16 w + l;
+//   Q6_K (kQ6k* offsets): the 16 rows' d (f16), their 16 int8 scales (4
+//   dwords a row), their ql (32 dwords a row), their qh (16 dwords a row);
 //   Q8_0, Q4_0, MXFP4: the 16 rows' scales (f16 d; MXFP4's e8m0 byte),
-//   then their quants (32 bytes; 16), dword w of row l at dword 16 w + l.
+//   then their quants (32 bytes; 16);
+// the dwords of each part side by side: dword w of row l at 16 w + l.
 constexpr int32_t kGroupRows = 16;
 constexpr size_t kQ4kGroupBlock = 16 * 144;
 constexpr size_t kQ4kDmin = 32, kQ4kWords = 64, kQ4kQuants = 256;
+constexpr size_t kQ6kGroupBlock = 16 * 210;
+constexpr size_t kQ6kScales = 32, kQ6kQl = 288, kQ6kQh = 2336;
 // Whether format t has that layout.
 bool groups_rows(ep_moe_dtype_t t);
 // Row `lane` of an interleaved group of format t, k elements, from / to a

@@ -1,6 +1,6 @@
 // Block formats on rows interleaved 16 at a time (pack.hpp's kGroupRows):
-// the AVX-512 tables' qgemm and qunpack entries for Q4_K, Q8_0, Q4_0 and
-// MXFP4 where the CPU has AVX512_VNNI (kernels.hpp's QGemmFn and
+// the AVX-512 tables' qgemm and qunpack entries for Q4_K, Q6_K, Q8_0, Q4_0
+// and MXFP4 where the CPU has AVX512_VNNI (kernels.hpp's QGemmFn and
 // QUnpackFn; built with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2
 // -mfma -mf16c).
 //
@@ -150,6 +150,83 @@ void group_dot_q4k(const uint8_t* g, int k, const void* const* a, float* c, int 
   for (int r = 0; r < M; ++r) _mm512_storeu_ps(c + static_cast<ptrdiff_t>(r) * ldc, acc[r]);
 }
 
+// --- Q6_K: blocks of 256, int8 scales per 16 ---------------------------------
+// Byte j of each dword, sign-extended to i32.
+inline __m512i sbyte_of(__m512i v, int j) { return _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * j), 24); }
+
+// A block's values (u8, 0 .. 63: the format's plus 32) for dword v < 8 of
+// half h: x[0] elements 128 h + 4 v .., x[1] + 32, x[2] + 64, x[3] + 96 (4
+// elements of each of the 16 rows): ql's low or high nibbles with two bits
+// of qh.
+inline void q6_values(const uint8_t* blk, int h, int v, __m512i (&x)[4]) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+  const __m512i l0 = load(blk + kQ6kQl + 64 * (16 * h + v)), l1 = load(blk + kQ6kQl + 64 * (16 * h + 8 + v));
+  const __m512i qh = load(blk + kQ6kQh + 64 * (8 * h + v));
+  x[0] = _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(qh, 4), top));
+  x[1] = _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(_mm512_slli_epi16(qh, 2), top));
+  x[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(qh, top));
+  x[3] =
+      _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4), _mm512_and_si512(_mm512_srli_epi16(qh, 2), top));
+}
+// Group g's scale (i32) and groups 2p, 2p+1's coefficients 32 s as an i16 pair.
+inline __m512i q6_scale(const uint8_t* blk, int g) { return sbyte_of(load(blk + kQ6kScales + 64 * (g / 4)), g % 4); }
+inline __m512i q6_coef(const uint8_t* blk, int p) {
+  const __m512i lo = _mm512_slli_epi32(q6_scale(blk, 2 * p), 5), hi = _mm512_slli_epi32(q6_scale(blk, 2 * p + 1), 21);
+  return _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xffff)), hi);
+}
+
+// M activation rows (Q8_K-style) through a group of 16 interleaved rows,
+// as for Q4_K: per block sum_g s_g (sum q a) - sum_g 32 s_g A_g, exact in
+// i32, then d. Each quarter of a block (half h, dwords 4 vq ..) feeds four
+// groups: 8 h + vq + {0, 2, 4, 6}.
+template <int M>
+void group_dot_q6k(const uint8_t* g, int k, const void* const* a, float* c, int ldc, const Stream* st) {
+  const int8_t* q[M];
+  const float* d[M];
+  const int16_t* s[M];
+  for (int r = 0; r < M; ++r) {
+    q[r] = act_q(a[r]);
+    d[r] = act_d(a[r], k);
+    s[r] = act_s(a[r], k);
+  }
+  __m512 acc[M];
+  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
+  for (int b = 0; b < k / 256; ++b, g += kQ6kGroupBlock) {
+    if (st)
+      for (size_t off = 0; off < kQ6kGroupBlock; off += 64) st->at(g + off);
+    __m512i tot[M];
+    for (int r = 0; r < M; ++r) tot[r] = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h)
+      for (int vq = 0; vq < 2; ++vq) {
+        __m512i t[M][4];
+        for (int r = 0; r < M; ++r)
+          for (int u = 0; u < 4; ++u) t[r][u] = _mm512_setzero_si512();
+        for (int v = 4 * vq; v < 4 * vq + 4; ++v) {
+          __m512i x[4];
+          q6_values(g, h, v, x);
+          for (int r = 0; r < M; ++r) {
+            const int8_t* ar = q[r] + 256 * b + 128 * h + 4 * v;
+            for (int u = 0; u < 4; ++u)
+              t[r][u] = _mm512_dpbusd_epi32(t[r][u], x[u], _mm512_set1_epi32(rd32(ar + 32 * u)));
+          }
+        }
+        for (int u = 0; u < 4; ++u) {
+          const __m512i sc = q6_scale(g, 8 * h + vq + 2 * u);
+          for (int r = 0; r < M; ++r) tot[r] = _mm512_add_epi32(tot[r], _mm512_mullo_epi32(t[r][u], sc));
+        }
+      }
+    const __m512 dv = f16x16(g);
+    for (int r = 0; r < M; ++r) {
+      __m512i off = _mm512_setzero_si512();
+      for (int p = 0; p < 8; ++p)
+        off = _mm512_dpwssd_epi32(off, q6_coef(g, p), _mm512_set1_epi32(sum_pair<16>(s[r], b, p)));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(tot[r], off)),
+                               _mm512_mul_ps(dv, _mm512_set1_ps(d[r][8 * b])), acc[r]);
+    }
+  }
+  for (int r = 0; r < M; ++r) _mm512_storeu_ps(c + static_cast<ptrdiff_t>(r) * ldc, acc[r]);
+}
+
 // --- Q8_0, Q4_0, MXFP4: a scale per 32 ---------------------------------------
 template <int T>
 constexpr int kScaleBytes = T == EP_MOE_DTYPE_MXFP4 ? 1 : 2;
@@ -260,6 +337,7 @@ void group_dot_a(const uint8_t* g, int k, const void* const* a, float* c, int ld
 template <int T, int M>
 void group_dot(const uint8_t* g, int k, const void* const* a, float* c, int ldc, const Stream* st) {
   if constexpr (T == EP_MOE_DTYPE_Q4_K) group_dot_q4k<M>(g, k, a, c, ldc, st);
+  else if constexpr (T == EP_MOE_DTYPE_Q6_K) group_dot_q6k<M>(g, k, a, c, ldc, st);
   else group_dot_a<T, M>(g, k, a, c, ldc, st);
 }
 
@@ -321,6 +399,27 @@ void unpack_q4k(const void* panel, int k, void* out) {
     }
 }
 
+void unpack_q6k(const void* panel, int k, void* out) {
+  using L = KLayout<EP_MOE_DTYPE_Q6_K>;
+  const auto* p = static_cast<const uint8_t*>(panel);
+  auto* o = static_cast<uint8_t*>(out);
+  const size_t rb = quant_row_bytes(EP_MOE_DTYPE_Q6_K, k);
+  for (int b = 0; b < k / 256; ++b, o += L::kBlock)
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* g = p + static_cast<size_t>(h) * kGroupRows * rb + static_cast<size_t>(b) * kQ6kGroupBlock;
+      uint8_t* oh = o + 64 * h;
+      for (int hh = 0; hh < 2; ++hh)
+        for (int v = 0; v < 8; ++v) {
+          __m512i x[4];
+          q6_values(g, hh, v, x);
+          for (int u = 0; u < 4; ++u) _mm512_storeu_si512(oh + (32 * hh + 8 * u + v) * kGroupBytes, x[u]);
+        }
+      for (int j = 0; j < L::G; ++j) _mm512_storeu_si512(oh + L::kSc + j * 4 * kCols, q6_scale(g, j));
+      for (int pr = 0; pr < L::G / 2; ++pr) _mm512_storeu_si512(oh + L::kCoef + pr * 4 * kCols, q6_coef(g, pr));
+      _mm512_storeu_ps(oh + L::kD, f16x16(g));
+    }
+}
+
 template <int T>
 void unpack_a(const void* panel, int k, void* out) {
   const auto* p = static_cast<const uint8_t*>(panel);
@@ -351,10 +450,12 @@ void unpack_a(const void* panel, int k, void* out) {
 
 void qgroups_avx512vnni(QGemmFn* gemm, QUnpackFn* unpack) {
   gemm[quant_index(EP_MOE_DTYPE_Q4_K)] = qgemm_groups<EP_MOE_DTYPE_Q4_K>;
+  gemm[quant_index(EP_MOE_DTYPE_Q6_K)] = qgemm_groups<EP_MOE_DTYPE_Q6_K>;
   gemm[quant_index(EP_MOE_DTYPE_Q8_0)] = qgemm_groups<EP_MOE_DTYPE_Q8_0>;
   gemm[quant_index(EP_MOE_DTYPE_Q4_0)] = qgemm_groups<EP_MOE_DTYPE_Q4_0>;
   gemm[quant_index(EP_MOE_DTYPE_MXFP4)] = qgemm_groups<EP_MOE_DTYPE_MXFP4>;
   unpack[quant_index(EP_MOE_DTYPE_Q4_K)] = unpack_q4k;
+  unpack[quant_index(EP_MOE_DTYPE_Q6_K)] = unpack_q6k;
   unpack[quant_index(EP_MOE_DTYPE_Q8_0)] = unpack_a<EP_MOE_DTYPE_Q8_0>;
   unpack[quant_index(EP_MOE_DTYPE_Q4_0)] = unpack_a<EP_MOE_DTYPE_Q4_0>;
   unpack[quant_index(EP_MOE_DTYPE_MXFP4)] = unpack_a<EP_MOE_DTYPE_MXFP4>;

@@ -7,7 +7,7 @@
 // against a few activation rows, 32 elements a vector: per 32 products
 // they convert and scale a sum, so they run at about the f32 FMA rate.
 // Here a panel's 32 weight rows are first unpacked to u8 (once per panel,
-// however many rows then use it; Q4_K, Q8_0, Q4_0 and MXFP4 panels, whose
+// however many rows then use it; Q4_K, Q6_K, Q8_0, Q4_0 and MXFP4 panels, whose
 // rows are interleaved, by qgroups_avx512vnni.cpp) in k-groups of 4 across
 // the columns (qtile_layout.hpp):
 // each 64-byte vector holds 4 consecutive elements of 16 weight rows, so
@@ -143,25 +143,16 @@ void tile_a(const void* const* a, int k, const uint8_t* up, float* c, int ldc, c
 }
 
 // --- Q4_K, Q5_K, Q6_K, IQ4_XS: blocks of 256 with scales per 32 or 16 --------
+// The unpacking of the row-after-row panels (Q5_K, IQ4_XS; Q4_K's and
+// Q6_K's are interleaved: qgroups_avx512vnni.cpp).
 // Elements 32j .. 32j+31 of a block as stored (u8): Q4_K 0 .. 15, Q5_K
-// 0 .. 31, Q6_K 0 .. 63, IQ4_XS 1 .. 241.
+// 0 .. 31, IQ4_XS 1 .. 241.
 template <int T>
 inline __m256i values_k(const uint8_t* blk, int j) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   if constexpr (T == EP_MOE_DTYPE_IQ4_XS) {
     const __m256i table = _mm256_add_epi8(_mm256_broadcastsi128_si256(load128(kIq4nlValues)), _mm256_set1_epi8(-128));
     return _mm256_shuffle_epi8(table, nibbles(blk + 8 + 16 * j));
-  } else if constexpr (T == EP_MOE_DTYPE_Q6_K) {
-    // Elements 128h + 32s: low bits from ql (64h, + 32 for odd s; high
-    // nibbles for s >= 2), two high bits from qh (32h) at bit 2s.
-    const int h = j / 4, sj = j % 4;
-    const __m256i l = load(blk + 64 * h + 32 * (sj % 2)), hb = load(blk + 128 + 32 * h);
-    const __m256i lo = _mm256_and_si256(sj >= 2 ? _mm256_srli_epi16(l, 4) : l, m4);
-    const __m256i hi = sj == 0   ? _mm256_slli_epi16(hb, 4)
-                       : sj == 1 ? _mm256_slli_epi16(hb, 2)
-                       : sj == 2 ? hb
-                                 : _mm256_srli_epi16(hb, 2);
-    return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
   } else {
     constexpr bool kFive = T == EP_MOE_DTYPE_Q5_K;
     const __m256i q = load(blk + (kFive ? 48 : 16) + 32 * (j / 2));
@@ -183,10 +174,7 @@ inline void scales_k(const uint8_t* w, int n, int32_t* sc, int16_t* coef, float*
     sc[g * kCols + n] = s;
     coef[(g / 2) * 2 * kCols + 2 * n + g % 2] = static_cast<int16_t>(c);
   };
-  if constexpr (T == EP_MOE_DTYPE_Q6_K) {
-    d[n] = f16(w + 208);
-    for (int g = 0; g < L::G; ++g) set(g, static_cast<int8_t>(w[192 + g]), 32 * static_cast<int8_t>(w[192 + g]));
-  } else if constexpr (T == EP_MOE_DTYPE_IQ4_XS) {
+  if constexpr (T == EP_MOE_DTYPE_IQ4_XS) {
     d[n] = f16(w);
     const int sh = w[2] | (w[3] << 8);
     for (int g = 0; g < L::G; ++g) {
@@ -348,7 +336,6 @@ void qtile(int m, const void* const* a, int k, const void* tiles, float* c, int 
 
 void qtiles_avx512vnni(QUnpackFn* unpack, QTileFn* tile) {
   unpack[quant_index(EP_MOE_DTYPE_Q5_K)] = unpack_k<EP_MOE_DTYPE_Q5_K>;
-  unpack[quant_index(EP_MOE_DTYPE_Q6_K)] = unpack_k<EP_MOE_DTYPE_Q6_K>;
   unpack[quant_index(EP_MOE_DTYPE_IQ4_XS)] = unpack_k<EP_MOE_DTYPE_IQ4_XS>;
   tile[quant_index(EP_MOE_DTYPE_Q8_0)] = qtile<EP_MOE_DTYPE_Q8_0>;
   tile[quant_index(EP_MOE_DTYPE_Q4_0)] = qtile<EP_MOE_DTYPE_Q4_0>;
