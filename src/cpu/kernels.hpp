@@ -199,7 +199,7 @@ void sum_rows_scalar(void* out, ep_moe_dtype_t out_dt, const float* init, const 
 void qkernels_generic(QGemmFn* out);
 void qkernels_avx2(QGemmFn* out);
 void qkernels_avx512vnni(QGemmFn* out);
-// Q4_K, Q6_K, Q8_0, Q4_0 and MXFP4 on rows interleaved 16 at a time (pack.hpp's
+// Every block format but IQ4_XS on rows interleaved 16 at a time (pack.hpp's
 // kGroupRows; qgroups_avx512vnni.cpp): the AVX-512 tables' qgemm and
 // qunpack entries for them where the CPU has AVX512_VNNI. One 512-bit
 // vpdpbusd takes 4 elements of 16 weight rows against one activation row's
@@ -222,8 +222,8 @@ void qdequant_avx2(QDequantFn* out);
 // column passes 1 against the table's own block kernels (k 768 and 2048).
 void set_x86_block_kernels(Kernels& t, bool avx512);
 // The int8 tiles (qtile_avx512vnni.cpp), by quant_index: every format's
-// tile, and the unpackers of the formats read row after row (Q5_K,
-// IQ4_XS; qgroups_avx512vnni gives the others').
+// tile, and the unpacker of the format read row after row (IQ4_XS;
+// qgroups_avx512vnni gives the others').
 void qtiles_avx512vnni(QUnpackFn* unpack, QTileFn* tile);
 
 // Per-ISA tables, defined in their own translation units.

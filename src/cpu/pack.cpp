@@ -29,8 +29,8 @@ void copy_packed(PackedWeight& dst, const PackedWeight& src) {
 }
 
 bool groups_rows(ep_moe_dtype_t t) {
-  return t == EP_MOE_DTYPE_Q4_K || t == EP_MOE_DTYPE_Q6_K || t == EP_MOE_DTYPE_Q8_0 || t == EP_MOE_DTYPE_Q4_0 ||
-         t == EP_MOE_DTYPE_MXFP4;
+  return t == EP_MOE_DTYPE_Q4_K || t == EP_MOE_DTYPE_Q5_K || t == EP_MOE_DTYPE_Q6_K || t == EP_MOE_DTYPE_Q8_0 ||
+         t == EP_MOE_DTYPE_Q4_0 || t == EP_MOE_DTYPE_MXFP4;
 }
 
 namespace {
@@ -41,11 +41,14 @@ void group_pieces(ep_moe_dtype_t t, int lane, int32_t k, F f) {
   const size_t bb = static_cast<size_t>(quant_block_bytes(t)), gb = kGroupRows * bb;
   for (int32_t b = 0; b < k / quant_block_elems(t); ++b) {
     const size_t g = gb * static_cast<size_t>(b), r = bb * static_cast<size_t>(b);
-    if (t == EP_MOE_DTYPE_Q4_K) {
+    if (t == EP_MOE_DTYPE_Q4_K || t == EP_MOE_DTYPE_Q5_K) {
+      const bool five = t == EP_MOE_DTYPE_Q5_K;
       f(g + 2 * lane, r, 2);
       f(g + kQ4kDmin + 2 * lane, r + 2, 2);
       for (size_t w = 0; w < 3; ++w) f(g + kQ4kWords + 64 * w + 4 * lane, r + 4 + 4 * w, 4);
-      for (size_t w = 0; w < 32; ++w) f(g + kQ4kQuants + 4 * (16 * w + lane), r + 16 + 4 * w, 4);
+      for (size_t w = 0; five && w < 8; ++w) f(g + kQ5kQh + 4 * (16 * w + lane), r + 16 + 4 * w, 4);
+      const size_t qg = five ? kQ5kQuants : kQ4kQuants, qr = five ? 48 : 16;
+      for (size_t w = 0; w < 32; ++w) f(g + qg + 4 * (16 * w + lane), r + qr + 4 * w, 4);
       continue;
     }
     if (t == EP_MOE_DTYPE_Q6_K) {

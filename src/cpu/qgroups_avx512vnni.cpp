@@ -1,6 +1,6 @@
 // Block formats on rows interleaved 16 at a time (pack.hpp's kGroupRows):
-// the AVX-512 tables' qgemm and qunpack entries for Q4_K, Q6_K, Q8_0, Q4_0
-// and MXFP4 where the CPU has AVX512_VNNI (kernels.hpp's QGemmFn and
+// the AVX-512 tables' qgemm and qunpack entries for every block format but
+// IQ4_XS where the CPU has AVX512_VNNI (kernels.hpp's QGemmFn and
 // QUnpackFn; built with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2
 // -mfma -mf16c).
 //
@@ -83,15 +83,24 @@ inline __m512i pair_of(__m512i v, int j) {
 inline __m512i group_scale(const Scales& s, int j) { return byte_of(j < 4 ? s.sc03 : s.sc47, j % 4); }
 inline __m512i min_pair(const Scales& s, int p) { return pair_of(p < 2 ? s.mn03 : s.mn47, 2 * (p % 2)); }
 
-// --- Q4_K: blocks of 256, scales and mins per 32 -----------------------------
+// --- Q4_K and Q5_K: blocks of 256, scales and mins per 32 --------------------
 // M activation rows (Q8_K-style, one f32 scale per 256) through a group
 // of 16 interleaved rows: c[i * ldc + l] for row i, weight row l < 16.
+// Q5_K's fifth bits (qh bit 2 ch of byte l for element 64 ch + l, bit
+// 2 ch + 1 for element 64 ch + 32 + l) join the nibbles at bit 4.
 // Per block, the same exact i32 sums as the tiles (bounds there); a lone
 // row's sums of a group go round two chains (one chain of 8 dependent
 // vpdpbusd would bind its rate).
-template <int M>
-void group_dot_q4k(const uint8_t* g, int k, const void* const* a, float* c, int ldc, const Stream* st) {
+// Bit j of each byte moved to bit 4 (other bits: anything).
+inline __m512i bit_to4(__m512i x, int j) {
+  return j <= 4 ? _mm512_slli_epi16(x, static_cast<unsigned>(4 - j))
+                : _mm512_srli_epi16(x, static_cast<unsigned>(j - 4));
+}
+
+template <int M, bool Five>
+void group_dot_k45(const uint8_t* g, int k, const void* const* a, float* c, int ldc, const Stream* st) {
   constexpr int P = M == 1 ? 2 : 1;
+  constexpr size_t kBlock = Five ? kQ5kGroupBlock : kQ4kGroupBlock, kQuants = Five ? kQ5kQuants : kQ4kQuants;
   const int8_t* q[M];
   const float* d[M];
   const int16_t* s[M];
@@ -100,16 +109,16 @@ void group_dot_q4k(const uint8_t* g, int k, const void* const* a, float* c, int 
     d[r] = act_d(a[r], k);
     s[r] = act_s(a[r], k);
   }
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
   __m512 acc[M];
   for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
-  for (int b = 0; b < k / 256; ++b, g += kQ4kGroupBlock) {
+  for (int b = 0; b < k / 256; ++b, g += kBlock) {
     if (st)
-      for (size_t off = 0; off < kQ4kQuants; off += 64) st->at(g + off);
+      for (size_t off = 0; off < kQuants; off += 64) st->at(g + off);
     const Scales sc = scales(g);
     __m512i tot[M];
     for (int r = 0; r < M; ++r) tot[r] = _mm512_setzero_si512();
-    const uint8_t* qs = g + kQ4kQuants;
+    const uint8_t* qs = g + kQuants;
     for (int ch = 0; ch < 4; ++ch) {  // elements 64 ch ..: groups 2 ch (low nibbles) and 2 ch + 1 (high)
       __m512i lo[M][P], hi[M][P];
       for (int r = 0; r < M; ++r)
@@ -119,7 +128,12 @@ void group_dot_q4k(const uint8_t* g, int k, const void* const* a, float* c, int 
         const uint8_t* p = qs + 64 * (8 * ch + v);
         if (st) st->at(p);
         const __m512i w = load(p);
-        const __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+        __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+        if constexpr (Five) {
+          const __m512i qh = load(g + kQ5kQh + 64 * v);
+          wl = _mm512_or_si512(wl, _mm512_and_si512(bit_to4(qh, 2 * ch), bit4));
+          wh = _mm512_or_si512(wh, _mm512_and_si512(bit_to4(qh, 2 * ch + 1), bit4));
+        }
         for (int r = 0; r < M; ++r) {
           const int8_t* ar = q[r] + 256 * b + 64 * ch + 4 * v;
           lo[r][v % P] = _mm512_dpbusd_epi32(lo[r][v % P], wl, _mm512_set1_epi32(rd32(ar)));
@@ -336,7 +350,8 @@ void group_dot_a(const uint8_t* g, int k, const void* const* a, float* c, int ld
 // --- the panel calls ---------------------------------------------------------
 template <int T, int M>
 void group_dot(const uint8_t* g, int k, const void* const* a, float* c, int ldc, const Stream* st) {
-  if constexpr (T == EP_MOE_DTYPE_Q4_K) group_dot_q4k<M>(g, k, a, c, ldc, st);
+  if constexpr (T == EP_MOE_DTYPE_Q4_K || T == EP_MOE_DTYPE_Q5_K)
+    group_dot_k45<M, T == EP_MOE_DTYPE_Q5_K>(g, k, a, c, ldc, st);
   else if constexpr (T == EP_MOE_DTYPE_Q6_K) group_dot_q6k<M>(g, k, a, c, ldc, st);
   else group_dot_a<T, M>(g, k, a, c, ldc, st);
 }
@@ -375,21 +390,30 @@ void qgemm_groups(int m, const void* const* a, int k, const void* panel, int nr,
 // widened, d (and dmin) to f32.
 static_assert(kCols == 2 * kGroupRows, "a tile panel is two groups");
 
-void unpack_q4k(const void* panel, int k, void* out) {
-  using L = KLayout<EP_MOE_DTYPE_Q4_K>;
+template <int T>
+void unpack_k45(const void* panel, int k, void* out) {
+  using L = KLayout<T>;
+  constexpr bool kFive = T == EP_MOE_DTYPE_Q5_K;
+  constexpr size_t kBlock = kFive ? kQ5kGroupBlock : kQ4kGroupBlock, kQuants = kFive ? kQ5kQuants : kQ4kQuants;
   const auto* p = static_cast<const uint8_t*>(panel);
   auto* o = static_cast<uint8_t*>(out);
-  const size_t rb = quant_row_bytes(EP_MOE_DTYPE_Q4_K, k);
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const size_t rb = quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
   for (int b = 0; b < k / 256; ++b, o += L::kBlock)
     for (int h = 0; h < 2; ++h) {
-      const uint8_t* g = p + static_cast<size_t>(h) * kGroupRows * rb + static_cast<size_t>(b) * kQ4kGroupBlock;
+      const uint8_t* g = p + static_cast<size_t>(h) * kGroupRows * rb + static_cast<size_t>(b) * kBlock;
       uint8_t* oh = o + 64 * h;
       for (int ch = 0; ch < 4; ++ch)
         for (int v = 0; v < 8; ++v) {
-          const __m512i w = load(g + kQ4kQuants + 64 * (8 * ch + v));
-          _mm512_storeu_si512(oh + (16 * ch + v) * kGroupBytes, _mm512_and_si512(w, m4));
-          _mm512_storeu_si512(oh + (16 * ch + 8 + v) * kGroupBytes, _mm512_and_si512(_mm512_srli_epi16(w, 4), m4));
+          const __m512i w = load(g + kQuants + 64 * (8 * ch + v));
+          __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+          if constexpr (kFive) {
+            const __m512i qh = load(g + kQ5kQh + 64 * v);
+            wl = _mm512_or_si512(wl, _mm512_and_si512(bit_to4(qh, 2 * ch), bit4));
+            wh = _mm512_or_si512(wh, _mm512_and_si512(bit_to4(qh, 2 * ch + 1), bit4));
+          }
+          _mm512_storeu_si512(oh + (16 * ch + v) * kGroupBytes, wl);
+          _mm512_storeu_si512(oh + (16 * ch + 8 + v) * kGroupBytes, wh);
         }
       const Scales sc = scales(g);
       for (int j = 0; j < L::G; ++j) _mm512_storeu_si512(oh + L::kSc + j * 4 * kCols, group_scale(sc, j));
@@ -450,11 +474,13 @@ void unpack_a(const void* panel, int k, void* out) {
 
 void qgroups_avx512vnni(QGemmFn* gemm, QUnpackFn* unpack) {
   gemm[quant_index(EP_MOE_DTYPE_Q4_K)] = qgemm_groups<EP_MOE_DTYPE_Q4_K>;
+  gemm[quant_index(EP_MOE_DTYPE_Q5_K)] = qgemm_groups<EP_MOE_DTYPE_Q5_K>;
   gemm[quant_index(EP_MOE_DTYPE_Q6_K)] = qgemm_groups<EP_MOE_DTYPE_Q6_K>;
   gemm[quant_index(EP_MOE_DTYPE_Q8_0)] = qgemm_groups<EP_MOE_DTYPE_Q8_0>;
   gemm[quant_index(EP_MOE_DTYPE_Q4_0)] = qgemm_groups<EP_MOE_DTYPE_Q4_0>;
   gemm[quant_index(EP_MOE_DTYPE_MXFP4)] = qgemm_groups<EP_MOE_DTYPE_MXFP4>;
-  unpack[quant_index(EP_MOE_DTYPE_Q4_K)] = unpack_q4k;
+  unpack[quant_index(EP_MOE_DTYPE_Q4_K)] = unpack_k45<EP_MOE_DTYPE_Q4_K>;
+  unpack[quant_index(EP_MOE_DTYPE_Q5_K)] = unpack_k45<EP_MOE_DTYPE_Q5_K>;
   unpack[quant_index(EP_MOE_DTYPE_Q6_K)] = unpack_q6k;
   unpack[quant_index(EP_MOE_DTYPE_Q8_0)] = unpack_a<EP_MOE_DTYPE_Q8_0>;
   unpack[quant_index(EP_MOE_DTYPE_Q4_0)] = unpack_a<EP_MOE_DTYPE_Q4_0>;

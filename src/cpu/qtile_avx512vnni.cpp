@@ -7,7 +7,7 @@
 // against a few activation rows, 32 elements a vector: per 32 products
 // they convert and scale a sum, so they run at about the f32 FMA rate.
 // Here a panel's 32 weight rows are first unpacked to u8 (once per panel,
-// however many rows then use it; Q4_K, Q6_K, Q8_0, Q4_0 and MXFP4 panels, whose
+// however many rows then use it; the panels of every format but IQ4_XS, whose
 // rows are interleaved, by qgroups_avx512vnni.cpp) in k-groups of 4 across
 // the columns (qtile_layout.hpp):
 // each 64-byte vector holds 4 consecutive elements of 16 weight rows, so
@@ -143,74 +143,42 @@ void tile_a(const void* const* a, int k, const uint8_t* up, float* c, int ldc, c
 }
 
 // --- Q4_K, Q5_K, Q6_K, IQ4_XS: blocks of 256 with scales per 32 or 16 --------
-// The unpacking of the row-after-row panels (Q5_K, IQ4_XS; Q4_K's and
-// Q6_K's are interleaved: qgroups_avx512vnni.cpp).
-// Elements 32j .. 32j+31 of a block as stored (u8): Q4_K 0 .. 15, Q5_K
-// 0 .. 31, IQ4_XS 1 .. 241.
-template <int T>
-inline __m256i values_k(const uint8_t* blk, int j) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  if constexpr (T == EP_MOE_DTYPE_IQ4_XS) {
-    const __m256i table = _mm256_add_epi8(_mm256_broadcastsi128_si256(load128(kIq4nlValues)), _mm256_set1_epi8(-128));
-    return _mm256_shuffle_epi8(table, nibbles(blk + 8 + 16 * j));
-  } else {
-    constexpr bool kFive = T == EP_MOE_DTYPE_Q5_K;
-    const __m256i q = load(blk + (kFive ? 48 : 16) + 32 * (j / 2));
-    __m256i v = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, m4);
-    if (kFive) {  // bit j of each qh byte into bit 4
-      const __m256i qh = load(blk + 16);
-      const __m256i h = j <= 4 ? _mm256_slli_epi16(qh, 4 - j) : _mm256_srli_epi16(qh, j - 4);
-      v = _mm256_or_si256(v, _mm256_and_si256(h, _mm256_set1_epi8(0x10)));
-    }
-    return v;
-  }
+// IQ4_XS's panels, read row after row, unpacked (the other formats' panels
+// are interleaved; qgroups_avx512vnni.cpp unpacks them).
+// Elements 32j .. 32j+31 of a block as stored (u8): 1 .. 241, the table's
+// values + 128.
+inline __m256i iq4_values(const uint8_t* blk, int j) {
+  const __m256i table = _mm256_add_epi8(_mm256_broadcastsi128_si256(load128(kIq4nlValues)), _mm256_set1_epi8(-128));
+  return _mm256_shuffle_epi8(table, nibbles(blk + 8 + 16 * j));
 }
 
-// Weight row w's block: its scales, coefficients, d and dmin into column n.
-template <int T>
-inline void scales_k(const uint8_t* w, int n, int32_t* sc, int16_t* coef, float* d, float* dmin) {
-  using L = KLayout<T>;
-  const auto set = [&](int g, int s, int c) {
-    sc[g * kCols + n] = s;
-    coef[(g / 2) * 2 * kCols + 2 * n + g % 2] = static_cast<int16_t>(c);
-  };
-  if constexpr (T == EP_MOE_DTYPE_IQ4_XS) {
-    d[n] = f16(w);
-    const int sh = w[2] | (w[3] << 8);
-    for (int g = 0; g < L::G; ++g) {
-      const int l = (((w[4 + g / 2] >> (4 * (g % 2))) & 0xF) | (((sh >> (2 * g)) & 3) << 4)) - 32;
-      set(g, l, 128 * l);
-    }
-  } else {
-    d[n] = f16(w);
-    dmin[n] = f16(w + 2);
-    for (int g = 0; g < L::G; ++g) {
-      uint8_t s, m;
-      scale_min_k4(g, w + 4, &s, &m);
-      set(g, s, m);
-    }
-  }
-}
-
-template <int T>
-void unpack_k(const void* panel, int k, void* out) {
-  using L = KLayout<T>;
+void unpack_iq4_xs(const void* panel, int k, void* out) {
+  using L = KLayout<EP_MOE_DTYPE_IQ4_XS>;
   const auto* p = static_cast<const uint8_t*>(panel);
   auto* o = static_cast<uint8_t*>(out);
-  const size_t rb = quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k);
-  const int bb = quant_block_bytes(static_cast<ep_moe_dtype_t>(T));
+  const size_t rb = quant_row_bytes(EP_MOE_DTYPE_IQ4_XS, k);
   for (int b = 0; b < k / 256; ++b, o += L::kBlock) {
-    const uint8_t* blk = p + static_cast<size_t>(b) * static_cast<size_t>(bb);
+    const uint8_t* blk = p + static_cast<size_t>(b) * 136;
     for (int j = 0; j < 8; ++j)
       for (int half = 0; half < 2; ++half) {
         __m256i r[16];
-        for (int i = 0; i < 16; ++i) r[i] = values_k<T>(blk + static_cast<size_t>(16 * half + i) * rb, j);
+        for (int i = 0; i < 16; ++i) r[i] = iq4_values(blk + static_cast<size_t>(16 * half + i) * rb, j);
         transpose16(r, o + 8 * j * kGroupBytes + 64 * half);
       }
-    for (int n = 0; n < kCols; ++n)
-      scales_k<T>(blk + static_cast<size_t>(n) * rb, n, reinterpret_cast<int32_t*>(o + L::kSc),
-                  reinterpret_cast<int16_t*>(o + L::kCoef), reinterpret_cast<float*>(o + L::kD),
-                  reinterpret_cast<float*>(o + L::kDmin));
+    // Per column: the scales l - 32, the coefficients 128 (l - 32), d.
+    auto* sc = reinterpret_cast<int32_t*>(o + L::kSc);
+    auto* coef = reinterpret_cast<int16_t*>(o + L::kCoef);
+    auto* d = reinterpret_cast<float*>(o + L::kD);
+    for (int n = 0; n < kCols; ++n) {
+      const uint8_t* w = blk + static_cast<size_t>(n) * rb;
+      d[n] = f16(w);
+      const int sh = w[2] | (w[3] << 8);
+      for (int g = 0; g < L::G; ++g) {
+        const int l = (((w[4 + g / 2] >> (4 * (g % 2))) & 0xF) | (((sh >> (2 * g)) & 3) << 4)) - 32;
+        sc[g * kCols + n] = l;
+        coef[(g / 2) * 2 * kCols + 2 * n + g % 2] = static_cast<int16_t>(128 * l);
+      }
+    }
   }
 }
 
@@ -335,8 +303,7 @@ void qtile(int m, const void* const* a, int k, const void* tiles, float* c, int 
 }  // namespace
 
 void qtiles_avx512vnni(QUnpackFn* unpack, QTileFn* tile) {
-  unpack[quant_index(EP_MOE_DTYPE_Q5_K)] = unpack_k<EP_MOE_DTYPE_Q5_K>;
-  unpack[quant_index(EP_MOE_DTYPE_IQ4_XS)] = unpack_k<EP_MOE_DTYPE_IQ4_XS>;
+  unpack[quant_index(EP_MOE_DTYPE_IQ4_XS)] = unpack_iq4_xs;
   tile[quant_index(EP_MOE_DTYPE_Q8_0)] = qtile<EP_MOE_DTYPE_Q8_0>;
   tile[quant_index(EP_MOE_DTYPE_Q4_0)] = qtile<EP_MOE_DTYPE_Q4_0>;
   tile[quant_index(EP_MOE_DTYPE_MXFP4)] = qtile<EP_MOE_DTYPE_MXFP4>;
