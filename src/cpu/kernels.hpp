@@ -190,16 +190,13 @@ void sum_rows_avx2(void* out, ep_moe_dtype_t out_dt, const float* init, const vo
 void sum_rows_scalar(void* out, ep_moe_dtype_t out_dt, const float* init, const void* const* rows, int nrows,
                      ep_moe_dtype_t dt, int64_t col0, int64_t n);
 
-// The block-format kernels: portable (qkernels_generic.cpp), AVX2
-// (qkernels_avx2.cpp: maddubs integer dot products) and AVX512-VNNI
-// (qkernels_avx512vnni.cpp: vpdpbusd / vpdpwssd, the AVX2 kernels' results
-// bit for bit), each a full table by quant_index. The AVX-512 tables take
-// the VNNI ones where the CPU has AVX512_VNNI (has_avx512_vnni), else
-// AVX2's.
+// The block-format kernels on rows one after another: portable
+// (qkernels_generic.cpp) and AVX2 (qkernels_avx2.cpp: maddubs integer dot
+// products), each a full table by quant_index. The AVX-512 tables take
+// AVX2's where the CPU has no AVX512_VNNI.
 void qkernels_generic(QGemmFn* out);
 void qkernels_avx2(QGemmFn* out);
-void qkernels_avx512vnni(QGemmFn* out);
-// Every block format but IQ4_XS on rows interleaved 16 at a time (pack.hpp's
+// Every block format on rows interleaved 16 at a time (pack.hpp's
 // kGroupRows; qgroups_avx512vnni.cpp): the AVX-512 tables' qgemm and
 // qunpack entries for them where the CPU has AVX512_VNNI. One 512-bit
 // vpdpbusd takes 4 elements of 16 weight rows against one activation row's
@@ -211,8 +208,8 @@ void quantize_act_avx2(const float* x, int64_t k, ActQuant aq, void* out);
 void qdequant_avx2(QDequantFn* out);
 // An x86 table's block-format entries: the AVX2 activation quantizer and
 // panel widening; qgemm from the AVX2 kernels, or on the AVX-512 tables
-// (avx512) from the VNNI ones where the CPU has AVX512_VNNI, with the int8
-// tiles too. Widening from 24 rows an expert (AVX2; 32 on the AVX-512
+// (avx512) where the CPU has AVX512_VNNI the interleaved-row kernels and
+// the int8 tiles, which never widen. Widening from 24 rows an expert (AVX2; 32 on the AVX-512
 // tables) for the formats with a scale per 32 elements (Q8_0, Q4_0,
 // MXFP4), whose block kernels convert and scale every block for every
 // row. The K formats and IQ4_XS apply their per-32 scales in the integer
@@ -221,10 +218,9 @@ void qdequant_avx2(QDequantFn* out);
 // threshold is where ep_moe_qkernel_bench's w/c (widening) or t/c (tiles)
 // column passes 1 against the table's own block kernels (k 768 and 2048).
 void set_x86_block_kernels(Kernels& t, bool avx512);
-// The int8 tiles (qtile_avx512vnni.cpp), by quant_index: every format's
-// tile, and the unpacker of the format read row after row (IQ4_XS;
-// qgroups_avx512vnni gives the others').
-void qtiles_avx512vnni(QUnpackFn* unpack, QTileFn* tile);
+// The int8 tiles (qtile_avx512vnni.cpp), by quant_index (their panels
+// unpacked by qgroups_avx512vnni's qunpack entries).
+void qtiles_avx512vnni(QTileFn* tile);
 
 // Per-ISA tables, defined in their own translation units.
 const Kernels& kernels_generic();

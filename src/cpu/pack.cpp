@@ -28,10 +28,7 @@ void copy_packed(PackedWeight& dst, const PackedWeight& src) {
   if (src.data.size()) std::memcpy(dst.data.data(), src.data.data(), src.data.size());
 }
 
-bool groups_rows(ep_moe_dtype_t t) {
-  return t == EP_MOE_DTYPE_Q4_K || t == EP_MOE_DTYPE_Q5_K || t == EP_MOE_DTYPE_Q6_K || t == EP_MOE_DTYPE_Q8_0 ||
-         t == EP_MOE_DTYPE_Q4_0 || t == EP_MOE_DTYPE_MXFP4;
-}
+bool groups_rows(ep_moe_dtype_t t) { return dtype_is_quant(t); }
 
 namespace {
 // Each (group offset, row offset, bytes) piece of row `lane`'s block b, in
@@ -49,6 +46,13 @@ void group_pieces(ep_moe_dtype_t t, int lane, int32_t k, F f) {
       for (size_t w = 0; five && w < 8; ++w) f(g + kQ5kQh + 4 * (16 * w + lane), r + 16 + 4 * w, 4);
       const size_t qg = five ? kQ5kQuants : kQ4kQuants, qr = five ? 48 : 16;
       for (size_t w = 0; w < 32; ++w) f(g + qg + 4 * (16 * w + lane), r + qr + 4 * w, 4);
+      continue;
+    }
+    if (t == EP_MOE_DTYPE_IQ4_XS) {
+      f(g + 2 * lane, r, 2);
+      f(g + kIq4ScalesH + 2 * lane, r + 2, 2);
+      f(g + kIq4ScalesL + 4 * lane, r + 4, 4);
+      for (size_t w = 0; w < 32; ++w) f(g + kIq4Quants + 4 * (16 * w + lane), r + 8 + 4 * w, 4);
       continue;
     }
     if (t == EP_MOE_DTYPE_Q6_K) {

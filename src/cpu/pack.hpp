@@ -53,7 +53,7 @@ struct PackedWeight {
 };
 
 // Rows interleaved 16 at a time (PackedWeight::il == kGroupRows; the
-// AVX512-VNNI kernels' layout for every block format but IQ4_XS): the same
+// AVX512-VNNI kernels' layout for every block format): the same
 // bytes as 16 rows, moved so that one 64-byte load holds 4 consecutive
 // elements of each of the 16 rows (one vpdpbusd multiplies them all), and
 // one load the 16 rows' scales. A group is the rows' blocks in order, 16
@@ -65,6 +65,8 @@ struct PackedWeight {
 //   the scale words and the quants;
 //   Q6_K (kQ6k* offsets): the 16 rows' d (f16), their 16 int8 scales (4
 //   dwords a row), their ql (32 dwords a row), their qh (16 dwords a row);
+//   IQ4_XS (kIq4* offsets): the 16 rows' d (f16), their scales_h (u16),
+//   their scales_l (u32), their qs (32 dwords a row);
 //   Q8_0, Q4_0, MXFP4: the 16 rows' scales (f16 d; MXFP4's e8m0 byte),
 //   then their quants (32 bytes; 16);
 // the dwords of each part side by side: dword w of row l at 16 w + l.
@@ -73,6 +75,8 @@ constexpr size_t kQ4kGroupBlock = 16 * 144;
 constexpr size_t kQ4kDmin = 32, kQ4kWords = 64, kQ4kQuants = 256;
 constexpr size_t kQ5kGroupBlock = 16 * 176;
 constexpr size_t kQ5kQh = 256, kQ5kQuants = 768;
+constexpr size_t kIq4GroupBlock = 16 * 136;
+constexpr size_t kIq4ScalesH = 32, kIq4ScalesL = 64, kIq4Quants = 128;
 constexpr size_t kQ6kGroupBlock = 16 * 210;
 constexpr size_t kQ6kScales = 32, kQ6kQl = 288, kQ6kQh = 2336;
 // Whether format t has that layout.

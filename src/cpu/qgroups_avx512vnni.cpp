@@ -1,8 +1,6 @@
 // Block formats on rows interleaved 16 at a time (pack.hpp's kGroupRows):
-// the AVX-512 tables' qgemm and qunpack entries for every block format but
-// IQ4_XS where the CPU has AVX512_VNNI (kernels.hpp's QGemmFn and
-// QUnpackFn; built with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2
-// -mfma -mf16c).
+// the AVX-512 tables' qgemm and qunpack entries for every block format where the CPU has AVX512_VNNI (kernels.hpp's
+// QGemmFn and QUnpackFn; built with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2 -mfma -mf16c).
 //
 // The row-at-a-time kernels (qkernels_x86.inc) spend most of a block's
 // instructions on its scale and on one row's lanes, so a lone activation
@@ -34,6 +32,13 @@ namespace {
 
 inline __m512i load(const void* p) { return _mm512_loadu_si512(p); }
 inline __m512 f16x16(const void* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(p))); }
+
+// x in each 128-bit lane (GCC 12 warns falsely on the undefined source
+// lanes of _mm512_broadcast_i32x4 and _mm512_shuffle_i32x4; bug 105593).
+inline __m512i lanes(__m128i x) {
+  return _mm512_set4_epi32(_mm_extract_epi32(x, 3), _mm_extract_epi32(x, 2), _mm_extract_epi32(x, 1),
+                           _mm_cvtsi128_si32(x));
+}
 
 // Decode streams each panel from memory once: every 64 bytes read
 // prefetch the line kAheadBytes on (qkernels_x86.inc's distance), past the
@@ -241,6 +246,90 @@ void group_dot_q6k(const uint8_t* g, int k, const void* const* a, float* c, int 
   for (int r = 0; r < M; ++r) _mm512_storeu_ps(c + static_cast<ptrdiff_t>(r) * ldc, acc[r]);
 }
 
+// --- IQ4_XS: blocks of 256, 6-bit scales per 32, a table of values ---------
+// A block's 16 rows' scales_l (dwords) and scales_h (widened to dwords);
+// scale(j): group j's l_j - 32 as i32 (scales_l nibble j, scales_h bits
+// 2j, 2j + 1 above it); coef(p): groups 2p and 2p + 1's coefficients
+// 128 (l - 32) as an i16 pair.
+struct Iq4Scales {
+  __m512i sl, sh;
+  explicit Iq4Scales(const uint8_t* blk)
+      : sl(load(blk + kIq4ScalesL)),
+        sh(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kIq4ScalesH)))) {}
+  __m512i scale(int j) const {
+    const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(sl, static_cast<unsigned>(4 * j)), _mm512_set1_epi32(0xF));
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(sh, static_cast<unsigned>(2 * j)), _mm512_set1_epi32(3));
+    return _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
+  }
+  __m512i coef(int p) const {
+    const __m512i lo = _mm512_slli_epi32(scale(2 * p), 7), hi = _mm512_slli_epi32(scale(2 * p + 1), 23);
+    return _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xffff)), hi);
+  }
+};
+// The table's values + 128 (u8) of quant dword w of a block: lo elements
+// 32 (w / 4) + 4 (w % 4) .., hi 16 further on, of the 16 rows.
+struct Iq4Values {
+  __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m512i table =
+      lanes(_mm_add_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)), _mm_set1_epi8(-128)));
+  void of(const uint8_t* blk, int w, __m512i* lo, __m512i* hi) const {
+    const __m512i x = load(blk + kIq4Quants + 64 * w);
+    *lo = _mm512_shuffle_epi8(table, _mm512_and_si512(x, m4));
+    *hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(x, 4), m4));
+  }
+};
+
+// M activation rows (Q8_K-style) through a group of 16 interleaved rows:
+// per block sum_j (l_j - 32) (sum (v + 128) a) - sum_j 128 (l_j - 32) A_j,
+// exact in i32 (bounds at the tiles), then d.
+template <int M>
+void group_dot_iq4(const uint8_t* g, int k, const void* const* a, float* c, int ldc, const Stream* st) {
+  const Iq4Values val;
+  const int8_t* q[M];
+  const float* d[M];
+  const int16_t* s[M];
+  for (int r = 0; r < M; ++r) {
+    q[r] = act_q(a[r]);
+    d[r] = act_d(a[r], k);
+    s[r] = act_s(a[r], k);
+  }
+  __m512 acc[M];
+  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
+  for (int b = 0; b < k / 256; ++b, g += kIq4GroupBlock) {
+    if (st)
+      for (size_t off = 0; off < kIq4Quants; off += 64) st->at(g + off);
+    const Iq4Scales sc(g);
+    __m512i tot[M];
+    for (int r = 0; r < M; ++r) tot[r] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      __m512i t[M][2];
+      for (int r = 0; r < M; ++r) t[r][0] = t[r][1] = _mm512_setzero_si512();
+      for (int v = 0; v < 4; ++v) {
+        if (st) st->at(g + kIq4Quants + 64 * (4 * j + v));
+        __m512i lo, hi;
+        val.of(g, 4 * j + v, &lo, &hi);
+        for (int r = 0; r < M; ++r) {
+          const int8_t* ar = q[r] + 256 * b + 32 * j + 4 * v;
+          t[r][0] = _mm512_dpbusd_epi32(t[r][0], lo, _mm512_set1_epi32(rd32(ar)));
+          t[r][1] = _mm512_dpbusd_epi32(t[r][1], hi, _mm512_set1_epi32(rd32(ar + 16)));
+        }
+      }
+      const __m512i s_j = sc.scale(j);
+      for (int r = 0; r < M; ++r)
+        tot[r] = _mm512_add_epi32(tot[r], _mm512_mullo_epi32(_mm512_add_epi32(t[r][0], t[r][1]), s_j));
+    }
+    const __m512 dv = f16x16(g);
+    for (int r = 0; r < M; ++r) {
+      __m512i off = _mm512_setzero_si512();
+      for (int p = 0; p < 4; ++p)
+        off = _mm512_dpwssd_epi32(off, sc.coef(p), _mm512_set1_epi32(sum_pair<8>(s[r], b, p)));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(tot[r], off)),
+                               _mm512_mul_ps(dv, _mm512_set1_ps(d[r][8 * b])), acc[r]);
+    }
+  }
+  for (int r = 0; r < M; ++r) _mm512_storeu_ps(c + static_cast<ptrdiff_t>(r) * ldc, acc[r]);
+}
+
 // --- Q8_0, Q4_0, MXFP4: a scale per 32 ---------------------------------------
 template <int T>
 constexpr int kScaleBytes = T == EP_MOE_DTYPE_MXFP4 ? 1 : 2;
@@ -275,12 +364,6 @@ struct Values {
   __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(-128);
   __m512i table =
       lanes(_mm_add_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4Values)), _mm_set1_epi8(12)));
-  // x in each 128-bit lane (GCC 12 warns falsely on the undefined source
-  // lanes of _mm512_broadcast_i32x4 and _mm512_shuffle_i32x4; bug 105593).
-  static __m512i lanes(__m128i x) {
-    return _mm512_set4_epi32(_mm_extract_epi32(x, 3), _mm_extract_epi32(x, 2), _mm_extract_epi32(x, 1),
-                             _mm_cvtsi128_si32(x));
-  }
   __m512i bytes(const uint8_t* q) const { return _mm512_xor_si512(load(q), flip); }
   void nibbles(const uint8_t* q, __m512i* lo, __m512i* hi) const {
     const __m512i w = load(q);
@@ -353,6 +436,7 @@ void group_dot(const uint8_t* g, int k, const void* const* a, float* c, int ldc,
   if constexpr (T == EP_MOE_DTYPE_Q4_K || T == EP_MOE_DTYPE_Q5_K)
     group_dot_k45<M, T == EP_MOE_DTYPE_Q5_K>(g, k, a, c, ldc, st);
   else if constexpr (T == EP_MOE_DTYPE_Q6_K) group_dot_q6k<M>(g, k, a, c, ldc, st);
+  else if constexpr (T == EP_MOE_DTYPE_IQ4_XS) group_dot_iq4<M>(g, k, a, c, ldc, st);
   else group_dot_a<T, M>(g, k, a, c, ldc, st);
 }
 
@@ -423,6 +507,29 @@ void unpack_k45(const void* panel, int k, void* out) {
     }
 }
 
+void unpack_iq4(const void* panel, int k, void* out) {
+  using L = KLayout<EP_MOE_DTYPE_IQ4_XS>;
+  const Iq4Values val;
+  const auto* p = static_cast<const uint8_t*>(panel);
+  auto* o = static_cast<uint8_t*>(out);
+  const size_t rb = quant_row_bytes(EP_MOE_DTYPE_IQ4_XS, k);
+  for (int b = 0; b < k / 256; ++b, o += L::kBlock)
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* g = p + static_cast<size_t>(h) * kGroupRows * rb + static_cast<size_t>(b) * kIq4GroupBlock;
+      uint8_t* oh = o + 64 * h;
+      for (int w = 0; w < 32; ++w) {  // k-groups 8 (w / 4) + w % 4 (lo) and 4 on (hi)
+        __m512i lo, hi;
+        val.of(g, w, &lo, &hi);
+        _mm512_storeu_si512(oh + (8 * (w / 4) + w % 4) * kGroupBytes, lo);
+        _mm512_storeu_si512(oh + (8 * (w / 4) + 4 + w % 4) * kGroupBytes, hi);
+      }
+      const Iq4Scales sc(g);
+      for (int j = 0; j < L::G; ++j) _mm512_storeu_si512(oh + L::kSc + j * 4 * kCols, sc.scale(j));
+      for (int pr = 0; pr < L::G / 2; ++pr) _mm512_storeu_si512(oh + L::kCoef + pr * 4 * kCols, sc.coef(pr));
+      _mm512_storeu_ps(oh + L::kD, f16x16(g));
+    }
+}
+
 void unpack_q6k(const void* panel, int k, void* out) {
   using L = KLayout<EP_MOE_DTYPE_Q6_K>;
   const auto* p = static_cast<const uint8_t*>(panel);
@@ -476,12 +583,14 @@ void qgroups_avx512vnni(QGemmFn* gemm, QUnpackFn* unpack) {
   gemm[quant_index(EP_MOE_DTYPE_Q4_K)] = qgemm_groups<EP_MOE_DTYPE_Q4_K>;
   gemm[quant_index(EP_MOE_DTYPE_Q5_K)] = qgemm_groups<EP_MOE_DTYPE_Q5_K>;
   gemm[quant_index(EP_MOE_DTYPE_Q6_K)] = qgemm_groups<EP_MOE_DTYPE_Q6_K>;
+  gemm[quant_index(EP_MOE_DTYPE_IQ4_XS)] = qgemm_groups<EP_MOE_DTYPE_IQ4_XS>;
   gemm[quant_index(EP_MOE_DTYPE_Q8_0)] = qgemm_groups<EP_MOE_DTYPE_Q8_0>;
   gemm[quant_index(EP_MOE_DTYPE_Q4_0)] = qgemm_groups<EP_MOE_DTYPE_Q4_0>;
   gemm[quant_index(EP_MOE_DTYPE_MXFP4)] = qgemm_groups<EP_MOE_DTYPE_MXFP4>;
   unpack[quant_index(EP_MOE_DTYPE_Q4_K)] = unpack_k45<EP_MOE_DTYPE_Q4_K>;
   unpack[quant_index(EP_MOE_DTYPE_Q5_K)] = unpack_k45<EP_MOE_DTYPE_Q5_K>;
   unpack[quant_index(EP_MOE_DTYPE_Q6_K)] = unpack_q6k;
+  unpack[quant_index(EP_MOE_DTYPE_IQ4_XS)] = unpack_iq4;
   unpack[quant_index(EP_MOE_DTYPE_Q8_0)] = unpack_a<EP_MOE_DTYPE_Q8_0>;
   unpack[quant_index(EP_MOE_DTYPE_Q4_0)] = unpack_a<EP_MOE_DTYPE_Q4_0>;
   unpack[quant_index(EP_MOE_DTYPE_MXFP4)] = unpack_a<EP_MOE_DTYPE_MXFP4>;

@@ -1,29 +1,25 @@
 // AVX512-VNNI int8 tiles for block-format prefill (kernels.hpp's
-// QUnpackFn / QTileFn; built with -mavx512f -mavx512bw -mavx512vl
-// -mavx512vnni -mavx2 -mfma -mf16c, called only when the CPU has
-// AVX512_VNNI).
+// QTileFn; built with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2
+// -mfma -mf16c, called only when the CPU has AVX512_VNNI).
 //
-// The block kernels (qkernels_x86.inc) take one weight row at a time
-// against a few activation rows, 32 elements a vector: per 32 products
-// they convert and scale a sum, so they run at about the f32 FMA rate.
-// Here a panel's 32 weight rows are first unpacked to u8 (once per panel,
-// however many rows then use it; the panels of every format but IQ4_XS, whose
-// rows are interleaved, by qgroups_avx512vnni.cpp) in k-groups of 4 across
-// the columns (qtile_layout.hpp):
-// each 64-byte vector holds 4 consecutive elements of 16 weight rows, so
-// one vpdpbusd multiplies them with 4 elements of one activation row
-// (broadcast) and sums the fours into 16 i32 columns: 64 products an
-// instruction, the sums staying in i32 across a block's 8 k-groups. The
-// block's scales are then applied once per 32 elements (Q8_0, Q4_0,
-// MXFP4) or per 256 (Q4_K, Q5_K, whose per-32 scales multiply the i32
-// sums).
+// A panel's 32 weight rows are first unpacked to u8 (once per panel,
+// however many rows then use it; by qgroups_avx512vnni.cpp, from the
+// interleaved rows) in k-groups of 4 across the columns
+// (qtile_layout.hpp): each 64-byte vector holds 4 consecutive elements of
+// 16 weight rows, so one vpdpbusd multiplies them with 4 elements of one
+// activation row (broadcast) and sums the fours into 16 i32 columns: 64
+// products an instruction, the sums staying in i32 across a block's
+// k-groups. Up to 6 activation rows (4 for the blocks of 256) share each
+// loaded weight vector, where the interleaved-row kernels take 4 and read
+// the group again for more. The block's scales are then applied once per
+// 32 elements (Q8_0, Q4_0, MXFP4) or per 256 (the K formats and IQ4_XS,
+// whose per-group scales multiply the i32 sums).
 //
 // vpdpbusd multiplies u8 by s8: the weights are stored as u = w + z (z
-// the format's offset: Q8_0 128, Q4_0 8, MXFP4 12; Q4_K and Q5_K are
-// unsigned already), the activations stay s8, and z times the activation
-// block's sum is taken off the i32 sum. Every i32 sum is the exact
-// integer the block kernels form (bounds below), so the results are
-// theirs up to the order of the f32 additions.
+// the format's offset: Q8_0 128, Q4_0 8, MXFP4 12, Q6_K 32 and IQ4_XS 128
+// through their coefficients; Q4_K and Q5_K are unsigned already), the
+// activations stay s8, and z times the activation block's sum is taken
+// off the i32 sum. Every i32 sum is an exact integer (bounds below).
 #include <immintrin.h>
 
 #include <array>
@@ -38,44 +34,6 @@ namespace ep_moe {
 namespace cpu {
 
 namespace {
-
-inline __m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
-inline float f16(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-// 16 bytes of nibbles -> 32 bytes: the low nibbles, then the high ones.
-inline __m256i nibbles(const uint8_t* p) {
-  const __m128i q = load128(p), m = _mm_set1_epi8(0x0F);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
-}
-
-// 16 weight rows' 32 bytes each (r[i]: row i's 32 consecutive elements) to
-// 8 k-groups: group g's 16 dwords (row i's elements 4g .. 4g+3 in dword i)
-// at out + g * kGroupBytes. Two 8x8 dword transposes side by side (rows
-// 0-7 in the low 256 bits, 8-15 in the high), then the 128-bit quarters
-// put in row order.
-inline void transpose16(const __m256i (&r)[16], uint8_t* out) {
-  __m512i z[8], t[8], u[8];
-  for (int i = 0; i < 8; ++i) z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(r[i]), r[i + 8], 1);
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(z[i], z[i + 1]);      // per quarter: rows i, i+1 at elements 0, 1 (4, 5)
-    t[i + 1] = _mm512_unpackhi_epi32(z[i], z[i + 1]);  // 2, 3 (6, 7)
-  }
-  for (int h = 0; h < 8; h += 4) {                         // rows 0-3 (h 0) and 4-7 (h 4) of each half
-    u[h] = _mm512_unpacklo_epi64(t[h], t[h + 2]);          // groups 0 and 4
-    u[h + 1] = _mm512_unpackhi_epi64(t[h], t[h + 2]);      // 1 and 5
-    u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]);  // 2 and 6
-    u[h + 3] = _mm512_unpackhi_epi64(t[h + 1], t[h + 3]);  // 3 and 7
-  }
-  const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-  for (int g = 0; g < 4; ++g) {
-    _mm512_storeu_si512(out + g * kGroupBytes, _mm512_permutex2var_epi64(u[g], lo, u[g + 4]));
-    _mm512_storeu_si512(out + (g + 4) * kGroupBytes, _mm512_permutex2var_epi64(u[g], hi, u[g + 4]));
-  }
-}
 
 // The panel the caller unpacks next, prefetched into L2 while the tiles
 // run over this one (the unpacking reads its 32 rows side by side, which
@@ -143,45 +101,6 @@ void tile_a(const void* const* a, int k, const uint8_t* up, float* c, int ldc, c
 }
 
 // --- Q4_K, Q5_K, Q6_K, IQ4_XS: blocks of 256 with scales per 32 or 16 --------
-// IQ4_XS's panels, read row after row, unpacked (the other formats' panels
-// are interleaved; qgroups_avx512vnni.cpp unpacks them).
-// Elements 32j .. 32j+31 of a block as stored (u8): 1 .. 241, the table's
-// values + 128.
-inline __m256i iq4_values(const uint8_t* blk, int j) {
-  const __m256i table = _mm256_add_epi8(_mm256_broadcastsi128_si256(load128(kIq4nlValues)), _mm256_set1_epi8(-128));
-  return _mm256_shuffle_epi8(table, nibbles(blk + 8 + 16 * j));
-}
-
-void unpack_iq4_xs(const void* panel, int k, void* out) {
-  using L = KLayout<EP_MOE_DTYPE_IQ4_XS>;
-  const auto* p = static_cast<const uint8_t*>(panel);
-  auto* o = static_cast<uint8_t*>(out);
-  const size_t rb = quant_row_bytes(EP_MOE_DTYPE_IQ4_XS, k);
-  for (int b = 0; b < k / 256; ++b, o += L::kBlock) {
-    const uint8_t* blk = p + static_cast<size_t>(b) * 136;
-    for (int j = 0; j < 8; ++j)
-      for (int half = 0; half < 2; ++half) {
-        __m256i r[16];
-        for (int i = 0; i < 16; ++i) r[i] = iq4_values(blk + static_cast<size_t>(16 * half + i) * rb, j);
-        transpose16(r, o + 8 * j * kGroupBytes + 64 * half);
-      }
-    // Per column: the scales l - 32, the coefficients 128 (l - 32), d.
-    auto* sc = reinterpret_cast<int32_t*>(o + L::kSc);
-    auto* coef = reinterpret_cast<int16_t*>(o + L::kCoef);
-    auto* d = reinterpret_cast<float*>(o + L::kD);
-    for (int n = 0; n < kCols; ++n) {
-      const uint8_t* w = blk + static_cast<size_t>(n) * rb;
-      d[n] = f16(w);
-      const int sh = w[2] | (w[3] << 8);
-      for (int g = 0; g < L::G; ++g) {
-        const int l = (((w[4 + g / 2] >> (4 * (g % 2))) & 0xF) | (((sh >> (2 * g)) & 3) << 4)) - 32;
-        sc[g * kCols + n] = l;
-        coef[(g / 2) * 2 * kCols + 2 * n + g % 2] = static_cast<int16_t>(128 * l);
-      }
-    }
-  }
-}
-
 // M activation rows (Q8_K-style: one f32 scale per 256) through an
 // unpacked panel. Exact i32 sums, at most: Q4_K/Q5_K 8 * 63 * 32 * 31 * 127
 // (below 2^26), the mins' 8 * 63 * 32 * 127; Q6_K 16 * 128 * 16 * 63 * 127
@@ -302,8 +221,7 @@ void qtile(int m, const void* const* a, int k, const void* tiles, float* c, int 
 
 }  // namespace
 
-void qtiles_avx512vnni(QUnpackFn* unpack, QTileFn* tile) {
-  unpack[quant_index(EP_MOE_DTYPE_IQ4_XS)] = unpack_iq4_xs;
+void qtiles_avx512vnni(QTileFn* tile) {
   tile[quant_index(EP_MOE_DTYPE_Q8_0)] = qtile<EP_MOE_DTYPE_Q8_0>;
   tile[quant_index(EP_MOE_DTYPE_Q4_0)] = qtile<EP_MOE_DTYPE_Q4_0>;
   tile[quant_index(EP_MOE_DTYPE_MXFP4)] = qtile<EP_MOE_DTYPE_MXFP4>;

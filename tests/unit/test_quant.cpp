@@ -189,64 +189,7 @@ TEST_CASE("block-format kernels match a double product of the dequantized values
   }
 }
 
-TEST_CASE("AVX512-VNNI block kernels: the AVX2 kernels' results bit for bit, every type and row count",
-          "[unit][quant][kernels]") {
-  if (!cpu::has_avx512_vnni() || cpu::detect_isa() < cpu::Isa::Avx512) {
-    WARN("skipped: this CPU has no AVX512_VNNI (or EP_MOE_CPU_ISA is below avx512)");
-    return;
-  }
-  // The two builds differ only in how the exact i32 sums are made, so
-  // every output must be equal. Weights with a few outliers and activation
-  // rows likewise reach the ends of each format's range (the i16 bounds of
-  // maddubs that vpdpbusd does not have).
-  std::mt19937 rng(Catch::rngSeed() + 29);
-  // The AVX-512 table takes the VNNI kernels here (kernels.hpp).
-  const cpu::QGemmFn* avx2 = cpu::kernels_for(cpu::Isa::Avx2).qgemm;
-  const cpu::QGemmFn* vnni = cpu::kernels_for(cpu::Isa::Avx512).qgemm;
-  const int nr = cpu::kernels_for(cpu::Isa::Avx512).nr;
-  const auto spiky = [&](size_t n, float sd) {
-    std::vector<float> v = normal(n, rng, sd);
-    std::uniform_int_distribution<size_t> at(0, n - 1);
-    for (size_t i = 0; i < n / 64; ++i) v[at(rng)] *= 40.0f;
-    return v;
-  };
-  for (ep_moe_dtype_t t : kTypes) {
-    // Q4_K's AVX-512 kernel reads rows interleaved 16 at a time and sums
-    // each block in i32 before scaling it (the tiles' steps): it is held to
-    // the tiles' bits and to the double product in the other cases here.
-    if (cpu::kernels_for(cpu::Isa::Avx512).il_of(t) != cpu::kernels_for(cpu::Isa::Avx2).il_of(t)) continue;
-    for (int k : {96, 256, 2048}) {
-      if (k % quant_block_elems(t) != 0) continue;
-      CAPTURE(dtype_name(t), k);
-      const int n = 2 * nr;
-      const size_t rb = quant_row_bytes(t, k);
-      std::vector<uint8_t> wq(rb * static_cast<size_t>(n));
-      const std::vector<float> wf = spiky(static_cast<size_t>(n) * k, 0.05f);
-      for (int r = 0; r < n; ++r) quantize_row(t, wf.data() + static_cast<size_t>(r) * k, wq.data() + rb * r, k);
-      cpu::PackedWeight w;
-      cpu::pack(w, Source{wq.data(), t, k}, n, k, nr, t);
-      REQUIRE(w.panels() == 2);
-      for (int m : {1, 2, 3, 5, 8, 9, 17}) {
-        CAPTURE(m);
-        std::vector<std::vector<uint8_t>> rows(static_cast<size_t>(m));
-        std::vector<const void*> a(static_cast<size_t>(m));
-        for (int i = 0; i < m; ++i) {
-          const std::vector<float> x = spiky(static_cast<size_t>(k), 1.0f);
-          rows[static_cast<size_t>(i)].resize(act_row_bytes(k));
-          quantize_act_row(x.data(), k, act_quant_of(t), rows[static_cast<size_t>(i)].data());
-          a[static_cast<size_t>(i)] = rows[static_cast<size_t>(i)].data();
-        }
-        std::vector<float> c2(static_cast<size_t>(m) * nr, NAN), cv(c2.size(), NAN);
-        const int qi = quant_index(t);
-        avx2[qi](m, a.data(), k, w.panel(0), nr, c2.data(), nr, w.panel(1));  // with `next`: decode's prefetches
-        vnni[qi](m, a.data(), k, w.panel(0), nr, cv.data(), nr, w.panel(1));
-        CHECK(std::memcmp(c2.data(), cv.data(), c2.size() * sizeof(float)) == 0);
-      }
-    }
-  }
-}
-
-TEST_CASE("int8 tiles: a double product of the dequantized values, and the block kernels' sums, every tile format",
+TEST_CASE("int8 tiles: a double product of the dequantized values, and the interleaved-row kernels' bits, every format",
           "[unit][quant][kernels]") {
   const cpu::Kernels& kern = cpu::kernels_for(cpu::Isa::Avx512);
   if (cpu::detect_isa() < cpu::Isa::Avx512 || !kern.qtile[quant_index(EP_MOE_DTYPE_Q8_0)]) {
@@ -289,11 +232,8 @@ TEST_CASE("int8 tiles: a double product of the dequantized values, and the block
       cpu::PackedWeight w;
       cpu::pack(w, Source{wq.data(), t, k}, n, k, nr, t, kern.il_of(t));
       // wd: the values; wp: for Q4_K / Q5_K, their d * scale * q parts
-      // alone (dmin zeroed), the values being wp less the mins' parts; for
-      // Q6_K d * scale * q, the values being wp less d * scale * 32 (the
-      // block kernels sum the two apart, the tiles take the second off in
-      // i32).
-      const bool mins = t == EP_MOE_DTYPE_Q4_K || t == EP_MOE_DTYPE_Q5_K, offset = t == EP_MOE_DTYPE_Q6_K;
+      // alone (dmin zeroed), the values being wp less the mins' parts.
+      const bool mins = t == EP_MOE_DTYPE_Q4_K || t == EP_MOE_DTYPE_Q5_K;
       std::vector<double> wd(static_cast<size_t>(n) * k), wp(wd.size());
       std::vector<float> row(static_cast<size_t>(k));
       std::vector<uint8_t> pos(rb);
@@ -304,13 +244,6 @@ TEST_CASE("int8 tiles: a double product of the dequantized values, and the block
         for (size_t b = 0; mins && b < rb; b += static_cast<size_t>(quant_block_bytes(t))) pos[b + 2] = pos[b + 3] = 0;
         dequantize_row(t, pos.data(), row.data(), k);
         for (int q = 0; q < k; ++q) wp[static_cast<size_t>(r) * k + q] = row[static_cast<size_t>(q)];
-        for (int q = 0; offset && q < k; ++q) {
-          const uint8_t* blk = wq.data() + rb * static_cast<size_t>(r) + static_cast<size_t>(q / 256) * 210;
-          uint16_t dh;
-          std::memcpy(&dh, blk + 208, 2);
-          const double sc = static_cast<int8_t>(blk[192 + (q % 256) / 16]);
-          wp[static_cast<size_t>(r) * k + q] += 32.0 * static_cast<double>(f16_to_f32(dh)) * sc;
-        }
       }
       std::vector<uint8_t> tiles(cpu::qtile_panel_bytes(t, k));
       for (int m : {1, 2, 3, 4, 5, 6, 7, 9, 13, 17}) {  // every tile height, and tiles after tiles
@@ -337,9 +270,8 @@ TEST_CASE("int8 tiles: a double product of the dequantized values, and the block
               const int r = p * nr + j;
               // mag: the sum of the products' sizes; terms: with mins, of
               // the scaled sums' and the mins' (their difference is the
-              // result, so f32 rounds each at its own size); bterms: the
-              // block kernels', with Q6_K's offsets apart too.
-              double want = 0, mag = 0, terms = 0, bterms = 0;
+              // result, so f32 rounds each at its own size).
+              double want = 0, mag = 0, terms = 0;
               for (int q = 0; r < n && q < k; ++q) {
                 const size_t e = static_cast<size_t>(r) * k + q;
                 const double aq = av[static_cast<size_t>(i)][static_cast<size_t>(q)];
@@ -347,22 +279,16 @@ TEST_CASE("int8 tiles: a double product of the dequantized values, and the block
                 mag += std::fabs(wd[e] * aq);
                 const double parts = std::fabs(wp[e] * aq) + std::fabs((wp[e] - wd[e]) * aq);
                 terms += mins ? parts : std::fabs(wd[e] * aq);
-                bterms += mins || offset ? parts : std::fabs(wd[e] * aq);
               }
-              // The same exact block sums as the block kernel, in another
-              // order of f32 additions: within the block kernels' bound of
-              // the double product (plus the terms' rounding), and of the
-              // block kernel's result on the rows quantized from floats (on
-              // the random-byte rows the block kernels' per-lane sums cancel
-              // beyond their own bound; the tiles' i32 block sums do not).
-              const double got = c[static_cast<size_t>(i) * nr + j], blk = cb[static_cast<size_t>(i) * nr + j];
-              const double tol = 2e-6 * mag + 1e-6 * terms + 1e-30, btol = 2e-6 * mag + 1e-6 * bterms;
-              // Where the block kernel reads interleaved rows (Q4_K) it
-              // forms the tiles' i32 sums and scales them in the tiles' f32
+              // Exact i32 block sums scaled in f32: within the block
+              // kernels' bound of the double product (plus the terms'
+              // rounding). The interleaved-row kernel of the same panel
+              // forms the same i32 sums and scales them in the same f32
               // steps: the same bits.
-              const bool same = kern.il_of(t) ? std::memcmp(&got, &blk, sizeof got) == 0
-                                              : r % 4 == 3 || std::fabs(got - blk) <= tol + btol;
-              const bool ok = std::fabs(got - want) <= tol && same;
+              const float got = c[static_cast<size_t>(i) * nr + j], blk = cb[static_cast<size_t>(i) * nr + j];
+              const double tol = 2e-6 * mag + 1e-6 * terms + 1e-30;
+              REQUIRE(kern.il_of(t) == cpu::kGroupRows);
+              const bool ok = std::fabs(double(got) - want) <= tol && std::memcmp(&got, &blk, sizeof got) == 0;
               if (!ok && wrong++ < 3)
                 FAIL_CHECK("row " << i << " column " << r << ": tile " << got << ", block kernel " << blk << ", double "
                                   << want << " (magnitude " << mag << ", terms " << terms << ")");
