@@ -331,7 +331,8 @@ int main(int argc, char** argv) {
   const cpu::Isa top = cpu::detect_isa();
   const cpu::Kernels& generic = cpu::kernels_for(cpu::Isa::Generic);
   std::printf("threads %d, k %d, this CPU's best table: %s; the AVX-512 tables' block kernels: %s\n", threads, k,
-              cpu::isa_name(top), cpu::has_avx512_vnni() ? "AVX512-VNNI" : "AVX2's (no AVX512_VNNI)");
+              cpu::isa_name(top),
+              cpu::has_avx512_vnni() ? "AVX512-VNNI on interleaved rows" : "AVX2's (no AVX512_VNNI)");
   std::printf("%-8s %-8s %5s %11s %11s %9s %11s %9s %7s %11s %6s %11s %6s\n", "isa", "dtype", "rows", "cache Gw/s",
               "GMAC/s", "strm GB/s", "stream Gw/s", "read GB/s", "strm/rd", "wide GMAC/s", "w/c", "tile GMAC/s", "t/c");
   std::mt19937 rng(20261204);
