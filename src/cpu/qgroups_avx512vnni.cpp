@@ -1,19 +1,23 @@
 // Block formats on rows interleaved 16 at a time (pack.hpp's kGroupRows):
-// the AVX-512 tables' qgemm and qunpack entries for every block format where the CPU has AVX512_VNNI (kernels.hpp's
-// QGemmFn and QUnpackFn; built with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2 -mfma -mf16c).
+// the AVX-512 tables' qgemm and qunpack entries for every block format
+// where the CPU has AVX512_VNNI (kernels.hpp's QGemmFn and QUnpackFn;
+// built with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2 -mfma
+// -mf16c).
 //
 // The row-at-a-time kernels (qkernels_x86.inc) spend most of a block's
-// instructions on its scale and on one row's lanes, so a lone activation
+// instructions on its scales and on one row's lanes, so a lone activation
 // row (decode) reads the weights below the memory's rate on a fast memory.
 // Here each 64-byte load holds 4 consecutive elements of 16 weight rows:
 // one vpdpbusd multiplies them (as u8) with 4 elements of an activation row
 // (s8, broadcast) into 16 i32 row sums, and a block's scales are decoded
 // once for its 16 rows. As in the int8 tiles, the u8 weights carry an
 // offset where the format is signed (Q8_0 +128, Q4_0's nibbles as stored,
-// MXFP4's doubled values +12) that comes off through the activations' block
-// sums, and Q4_K's per-32 scales multiply the i32 group sums. The i32 sums
-// are the exact integers the tiles form (qtile_avx512vnni.cpp, bounds
-// there), scaled in f32 in the same steps, so the two give the same bits.
+// MXFP4's doubled values +12, Q6_K's 6 bits as stored, IQ4_XS's table
+// values +128) that comes off through the activations' block or group
+// sums, and the K formats' and IQ4_XS's group scales multiply the i32
+// group sums. The i32 sums are the exact integers the tiles form
+// (qtile_avx512vnni.cpp, bounds there), scaled in f32 in the same steps,
+// so the two give the same bits.
 #include <immintrin.h>
 
 #include <array>
