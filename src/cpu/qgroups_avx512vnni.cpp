@@ -63,7 +63,35 @@ struct Stream {
   }
 };
 
-// A block's 16 rows' 6-bit scales and mins, 4 to a dword: byte j of sc03
+// M activation rows' quants, their block scales and their sums of 16
+// (common/quant.hpp's act_q, act_d, act_s).
+template <int M>
+struct Acts {
+  const int8_t* q[M];
+  const float* d[M];
+  const int16_t* s[M];
+  Acts(const void* const* a, int k) {
+    for (int r = 0; r < M; ++r) {
+      q[r] = act_q(a[r]);
+      d[r] = act_d(a[r], k);
+      s[r] = act_s(a[r], k);
+    }
+  }
+};
+// The f32 sums of M activation rows against a group's 16 rows: c[i * ldc
+// + l] for activation row i, weight row l.
+template <int M>
+struct Sums {
+  __m512 v[M];
+  Sums() {
+    for (int r = 0; r < M; ++r) v[r] = _mm512_setzero_ps();
+  }
+  void store(float* c, int ldc) const {
+    for (int r = 0; r < M; ++r) _mm512_storeu_ps(c + static_cast<ptrdiff_t>(r) * ldc, v[r]);
+  }
+};
+
+// A block's 16 rows 6-bit scales and mins, 4 to a dword: byte j of sc03
 // (mn03) is group j's scale (min), of sc47 (mn47) group 4 + j's
 // (common/quant.cpp's scale_min_k4 on the three words side by side).
 struct Scales {
@@ -110,17 +138,9 @@ template <int M, bool Five>
 void group_dot_k45(const uint8_t* g, int k, const void* const* a, float* c, int ldc, const Stream* st) {
   constexpr int P = M == 1 ? 2 : 1;
   constexpr size_t kBlock = Five ? kQ5kGroupBlock : kQ4kGroupBlock, kQuants = Five ? kQ5kQuants : kQ4kQuants;
-  const int8_t* q[M];
-  const float* d[M];
-  const int16_t* s[M];
-  for (int r = 0; r < M; ++r) {
-    q[r] = act_q(a[r]);
-    d[r] = act_d(a[r], k);
-    s[r] = act_s(a[r], k);
-  }
+  const Acts<M> act(a, k);
   const __m512i m4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
-  __m512 acc[M];
-  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
+  Sums<M> acc;
   for (int b = 0; b < k / 256; ++b, g += kBlock) {
     if (st)
       for (size_t off = 0; off < kQuants; off += 64) st->at(g + off);
@@ -144,7 +164,7 @@ void group_dot_k45(const uint8_t* g, int k, const void* const* a, float* c, int 
           wh = _mm512_or_si512(wh, _mm512_and_si512(bit_to4(qh, 2 * ch + 1), bit4));
         }
         for (int r = 0; r < M; ++r) {
-          const int8_t* ar = q[r] + 256 * b + 64 * ch + 4 * v;
+          const int8_t* ar = act.q[r] + 256 * b + 64 * ch + 4 * v;
           lo[r][v % P] = _mm512_dpbusd_epi32(lo[r][v % P], wl, _mm512_set1_epi32(rd32(ar)));
           hi[r][v % P] = _mm512_dpbusd_epi32(hi[r][v % P], wh, _mm512_set1_epi32(rd32(ar + 32)));
         }
@@ -164,13 +184,13 @@ void group_dot_k45(const uint8_t* g, int k, const void* const* a, float* c, int 
     for (int r = 0; r < M; ++r) {
       __m512i mins = _mm512_setzero_si512();
       for (int p = 0; p < 4; ++p)
-        mins = _mm512_dpwssd_epi32(mins, min_pair(sc, p), _mm512_set1_epi32(sum_pair<8>(s[r], b, p)));
-      const __m512 da = _mm512_set1_ps(d[r][8 * b]);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot[r]), _mm512_mul_ps(dv, da), acc[r]);
-      acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(mv, da), acc[r]);
+        mins = _mm512_dpwssd_epi32(mins, min_pair(sc, p), _mm512_set1_epi32(sum_pair<8>(act.s[r], b, p)));
+      const __m512 da = _mm512_set1_ps(act.d[r][8 * b]);
+      acc.v[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot[r]), _mm512_mul_ps(dv, da), acc.v[r]);
+      acc.v[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(mv, da), acc.v[r]);
     }
   }
-  for (int r = 0; r < M; ++r) _mm512_storeu_ps(c + static_cast<ptrdiff_t>(r) * ldc, acc[r]);
+  acc.store(c, ldc);
 }
 
 // --- Q6_K: blocks of 256, int8 scales per 16 ---------------------------------
@@ -204,16 +224,8 @@ inline __m512i q6_coef(const uint8_t* blk, int p) {
 // groups: 8 h + vq + {0, 2, 4, 6}.
 template <int M>
 void group_dot_q6k(const uint8_t* g, int k, const void* const* a, float* c, int ldc, const Stream* st) {
-  const int8_t* q[M];
-  const float* d[M];
-  const int16_t* s[M];
-  for (int r = 0; r < M; ++r) {
-    q[r] = act_q(a[r]);
-    d[r] = act_d(a[r], k);
-    s[r] = act_s(a[r], k);
-  }
-  __m512 acc[M];
-  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
+  const Acts<M> act(a, k);
+  Sums<M> acc;
   for (int b = 0; b < k / 256; ++b, g += kQ6kGroupBlock) {
     if (st)
       for (size_t off = 0; off < kQ6kGroupBlock; off += 64) st->at(g + off);
@@ -228,7 +240,7 @@ void group_dot_q6k(const uint8_t* g, int k, const void* const* a, float* c, int 
           __m512i x[4];
           q6_values(g, h, v, x);
           for (int r = 0; r < M; ++r) {
-            const int8_t* ar = q[r] + 256 * b + 128 * h + 4 * v;
+            const int8_t* ar = act.q[r] + 256 * b + 128 * h + 4 * v;
             for (int u = 0; u < 4; ++u)
               t[r][u] = _mm512_dpbusd_epi32(t[r][u], x[u], _mm512_set1_epi32(rd32(ar + 32 * u)));
           }
@@ -242,12 +254,12 @@ void group_dot_q6k(const uint8_t* g, int k, const void* const* a, float* c, int 
     for (int r = 0; r < M; ++r) {
       __m512i off = _mm512_setzero_si512();
       for (int p = 0; p < 8; ++p)
-        off = _mm512_dpwssd_epi32(off, q6_coef(g, p), _mm512_set1_epi32(sum_pair<16>(s[r], b, p)));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(tot[r], off)),
-                               _mm512_mul_ps(dv, _mm512_set1_ps(d[r][8 * b])), acc[r]);
+        off = _mm512_dpwssd_epi32(off, q6_coef(g, p), _mm512_set1_epi32(sum_pair<16>(act.s[r], b, p)));
+      acc.v[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(tot[r], off)),
+                                 _mm512_mul_ps(dv, _mm512_set1_ps(act.d[r][8 * b])), acc.v[r]);
     }
   }
-  for (int r = 0; r < M; ++r) _mm512_storeu_ps(c + static_cast<ptrdiff_t>(r) * ldc, acc[r]);
+  acc.store(c, ldc);
 }
 
 // --- IQ4_XS: blocks of 256, 6-bit scales per 32, a table of values ---------
@@ -289,16 +301,8 @@ struct Iq4Values {
 template <int M>
 void group_dot_iq4(const uint8_t* g, int k, const void* const* a, float* c, int ldc, const Stream* st) {
   const Iq4Values val;
-  const int8_t* q[M];
-  const float* d[M];
-  const int16_t* s[M];
-  for (int r = 0; r < M; ++r) {
-    q[r] = act_q(a[r]);
-    d[r] = act_d(a[r], k);
-    s[r] = act_s(a[r], k);
-  }
-  __m512 acc[M];
-  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
+  const Acts<M> act(a, k);
+  Sums<M> acc;
   for (int b = 0; b < k / 256; ++b, g += kIq4GroupBlock) {
     if (st)
       for (size_t off = 0; off < kIq4Quants; off += 64) st->at(g + off);
@@ -313,7 +317,7 @@ void group_dot_iq4(const uint8_t* g, int k, const void* const* a, float* c, int 
         __m512i lo, hi;
         val.of(g, 4 * j + v, &lo, &hi);
         for (int r = 0; r < M; ++r) {
-          const int8_t* ar = q[r] + 256 * b + 32 * j + 4 * v;
+          const int8_t* ar = act.q[r] + 256 * b + 32 * j + 4 * v;
           t[r][0] = _mm512_dpbusd_epi32(t[r][0], lo, _mm512_set1_epi32(rd32(ar)));
           t[r][1] = _mm512_dpbusd_epi32(t[r][1], hi, _mm512_set1_epi32(rd32(ar + 16)));
         }
@@ -326,12 +330,12 @@ void group_dot_iq4(const uint8_t* g, int k, const void* const* a, float* c, int 
     for (int r = 0; r < M; ++r) {
       __m512i off = _mm512_setzero_si512();
       for (int p = 0; p < 4; ++p)
-        off = _mm512_dpwssd_epi32(off, sc.coef(p), _mm512_set1_epi32(sum_pair<8>(s[r], b, p)));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(tot[r], off)),
-                               _mm512_mul_ps(dv, _mm512_set1_ps(d[r][8 * b])), acc[r]);
+        off = _mm512_dpwssd_epi32(off, sc.coef(p), _mm512_set1_epi32(sum_pair<8>(act.s[r], b, p)));
+      acc.v[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(tot[r], off)),
+                                 _mm512_mul_ps(dv, _mm512_set1_ps(act.d[r][8 * b])), acc.v[r]);
     }
   }
-  for (int r = 0; r < M; ++r) _mm512_storeu_ps(c + static_cast<ptrdiff_t>(r) * ldc, acc[r]);
+  acc.store(c, ldc);
 }
 
 // --- Q8_0, Q4_0, MXFP4: a scale per 32 ---------------------------------------
@@ -389,23 +393,15 @@ void group_dot_a(const uint8_t* g, int k, const void* const* a, float* c, int ld
   constexpr int z = kOffset<T>;
   constexpr size_t gb = kGroupRows * static_cast<size_t>(kBlockBytes<T>);
   const Values<T> val;
-  const int8_t* q[M];
-  const float* d[M];
-  const int16_t* s[M];
-  for (int r = 0; r < M; ++r) {
-    q[r] = act_q(a[r]);
-    d[r] = act_d(a[r], k);
-    s[r] = act_s(a[r], k);
-  }
-  __m512 acc[M];
-  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
+  const Acts<M> act(a, k);
+  Sums<M> acc;
   for (int b = 0; b < k / 32; ++b, g += gb) {
     if (st)
       for (size_t off = 0; off < gb; off += 64) st->at(g + off);
     const uint8_t* qs = g + kGroupRows * kScaleBytes<T>;
     __m512i t[M][2];
     for (int r = 0; r < M; ++r) {
-      t[r][0] = _mm512_set1_epi32(-z * (s[r][2 * b] + s[r][2 * b + 1]));
+      t[r][0] = _mm512_set1_epi32(-z * (act.s[r][2 * b] + act.s[r][2 * b + 1]));
       t[r][1] = _mm512_setzero_si512();
     }
     if constexpr (T == EP_MOE_DTYPE_Q8_0) {
@@ -413,7 +409,7 @@ void group_dot_a(const uint8_t* g, int k, const void* const* a, float* c, int ld
       for (int v = 0; v < 8; ++v) {
         const __m512i w = val.bytes(qs + 64 * v);
         for (int r = 0; r < M; ++r)
-          t[r][v % 2] = _mm512_dpbusd_epi32(t[r][v % 2], w, _mm512_set1_epi32(rd32(q[r] + 32 * b + 4 * v)));
+          t[r][v % 2] = _mm512_dpbusd_epi32(t[r][v % 2], w, _mm512_set1_epi32(rd32(act.q[r] + 32 * b + 4 * v)));
       }
     } else {
 #pragma GCC unroll 4
@@ -421,17 +417,17 @@ void group_dot_a(const uint8_t* g, int k, const void* const* a, float* c, int ld
         __m512i lo, hi;
         val.nibbles(qs + 64 * v, &lo, &hi);
         for (int r = 0; r < M; ++r) {
-          t[r][0] = _mm512_dpbusd_epi32(t[r][0], lo, _mm512_set1_epi32(rd32(q[r] + 32 * b + 4 * v)));
-          t[r][1] = _mm512_dpbusd_epi32(t[r][1], hi, _mm512_set1_epi32(rd32(q[r] + 32 * b + 16 + 4 * v)));
+          t[r][0] = _mm512_dpbusd_epi32(t[r][0], lo, _mm512_set1_epi32(rd32(act.q[r] + 32 * b + 4 * v)));
+          t[r][1] = _mm512_dpbusd_epi32(t[r][1], hi, _mm512_set1_epi32(rd32(act.q[r] + 32 * b + 16 + 4 * v)));
         }
       }
     }
     const __m512 dv = scales32<T>(g);
     for (int r = 0; r < M; ++r)
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(t[r][0], t[r][1])),
-                               _mm512_mul_ps(dv, _mm512_set1_ps(d[r][b])), acc[r]);
+      acc.v[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(t[r][0], t[r][1])),
+                                 _mm512_mul_ps(dv, _mm512_set1_ps(act.d[r][b])), acc.v[r]);
   }
-  for (int r = 0; r < M; ++r) _mm512_storeu_ps(c + static_cast<ptrdiff_t>(r) * ldc, acc[r]);
+  acc.store(c, ldc);
 }
 
 // --- the panel calls ---------------------------------------------------------

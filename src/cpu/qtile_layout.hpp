@@ -1,5 +1,5 @@
-// The int8 tiles' unpacked panels (kernels.hpp's QUnpackFn output), shared
-// by every unpacker of them (qtile_avx512vnni.cpp, qk4x16_avx512vnni.cpp).
+// The int8 tiles' unpacked panels (kernels.hpp's QUnpackFn output): written
+// by the unpackers in qgroups_avx512vnni.cpp, read by qtile_avx512vnni.cpp.
 // The weights are u8 in k-groups of 4 across the panel's kCols rows: each
 // k-group is kCols dwords, row n's 4 consecutive elements in dword n.
 #pragma once
