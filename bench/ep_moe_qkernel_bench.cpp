@@ -93,7 +93,8 @@ Weights interleaved(ep_moe_dtype_t dt, const Weights& w, int il) {
   o.bytes.resize(w.bytes.size());
   for (size_t p = 0; p < w.panels; ++p)
     for (int j = 0; j < w.nr; ++j)
-      cpu::group_put(dt, o.bytes.data<uint8_t>() + p * w.panel_bytes + static_cast<size_t>(j / il * il) * w.row_bytes,
+      cpu::group_put(dt, il,
+                     o.bytes.data<uint8_t>() + p * w.panel_bytes + static_cast<size_t>(j / il * il) * w.row_bytes,
                      j % il, w.panel(p) + static_cast<size_t>(j) * w.row_bytes, w.k);
   return o;
 }

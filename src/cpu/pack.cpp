@@ -31,50 +31,57 @@ void copy_packed(PackedWeight& dst, const PackedWeight& src) {
 bool groups_rows(ep_moe_dtype_t t) { return dtype_is_quant(t); }
 
 namespace {
-// Each (group offset, row offset, bytes) piece of row `lane`'s block b, in
-// the layout pack.hpp states; f(group_at, row_at, n).
-template <class F>
-void group_pieces(ep_moe_dtype_t t, int lane, int32_t k, F f) {
-  const size_t bb = static_cast<size_t>(quant_block_bytes(t)), gb = kGroupRows * bb;
+// Each (group offset, row offset, bytes) piece of row `lane`'s block b in a
+// group of R rows, in the layout pack.hpp states; f(group_at, row_at, n).
+template <int R, class F>
+void group_pieces(ep_moe_dtype_t t, size_t lane, int32_t k, F f) {
+  using P = GroupParts<R>;
+  const size_t bb = static_cast<size_t>(quant_block_bytes(t)), gb = R * bb;
   for (int32_t b = 0; b < k / quant_block_elems(t); ++b) {
     const size_t g = gb * static_cast<size_t>(b), r = bb * static_cast<size_t>(b);
     if (t == EP_MOE_DTYPE_Q4_K || t == EP_MOE_DTYPE_Q5_K) {
       const bool five = t == EP_MOE_DTYPE_Q5_K;
       f(g + 2 * lane, r, 2);
-      f(g + kQ4kDmin + 2 * lane, r + 2, 2);
-      for (size_t w = 0; w < 3; ++w) f(g + kQ4kWords + 64 * w + 4 * lane, r + 4 + 4 * w, 4);
-      for (size_t w = 0; five && w < 8; ++w) f(g + kQ5kQh + 4 * (16 * w + lane), r + 16 + 4 * w, 4);
-      const size_t qg = five ? kQ5kQuants : kQ4kQuants, qr = five ? 48 : 16;
-      for (size_t w = 0; w < 32; ++w) f(g + qg + 4 * (16 * w + lane), r + qr + 4 * w, 4);
+      f(g + P::kQ4kDmin + 2 * lane, r + 2, 2);
+      for (size_t w = 0; w < 3; ++w) f(g + P::kQ4kWords + 4 * (R * w + lane), r + 4 + 4 * w, 4);
+      for (size_t w = 0; five && w < 8; ++w) f(g + P::kQ5kQh + 4 * (R * w + lane), r + 16 + 4 * w, 4);
+      const size_t qg = five ? P::kQ5kQuants : P::kQ4kQuants, qr = five ? 48 : 16;
+      for (size_t w = 0; w < 32; ++w) f(g + qg + 4 * (R * w + lane), r + qr + 4 * w, 4);
       continue;
     }
     if (t == EP_MOE_DTYPE_IQ4_XS) {
       f(g + 2 * lane, r, 2);
-      f(g + kIq4ScalesH + 2 * lane, r + 2, 2);
-      f(g + kIq4ScalesL + 4 * lane, r + 4, 4);
-      for (size_t w = 0; w < 32; ++w) f(g + kIq4Quants + 4 * (16 * w + lane), r + 8 + 4 * w, 4);
+      f(g + P::kIq4ScalesH + 2 * lane, r + 2, 2);
+      f(g + P::kIq4ScalesL + 4 * lane, r + 4, 4);
+      for (size_t w = 0; w < 32; ++w) f(g + P::kIq4Quants + 4 * (R * w + lane), r + 8 + 4 * w, 4);
       continue;
     }
     if (t == EP_MOE_DTYPE_Q6_K) {
       f(g + 2 * lane, r + 208, 2);
-      for (size_t w = 0; w < 4; ++w) f(g + kQ6kScales + 4 * (16 * w + lane), r + 192 + 4 * w, 4);
-      for (size_t w = 0; w < 32; ++w) f(g + kQ6kQl + 4 * (16 * w + lane), r + 4 * w, 4);
-      for (size_t w = 0; w < 16; ++w) f(g + kQ6kQh + 4 * (16 * w + lane), r + 128 + 4 * w, 4);
+      for (size_t w = 0; w < 4; ++w) f(g + P::kQ6kScales + 4 * (R * w + lane), r + 192 + 4 * w, 4);
+      for (size_t w = 0; w < 32; ++w) f(g + P::kQ6kQl + 4 * (R * w + lane), r + 4 * w, 4);
+      for (size_t w = 0; w < 16; ++w) f(g + P::kQ6kQh + 4 * (R * w + lane), r + 128 + 4 * w, 4);
       continue;
     }
     const size_t sb = t == EP_MOE_DTYPE_MXFP4 ? 1 : 2;
     f(g + sb * lane, r, sb);
-    for (size_t w = 0; w < (bb - sb) / 4; ++w) f(g + kGroupRows * sb + 4 * (16 * w + lane), r + sb + 4 * w, 4);
+    for (size_t w = 0; w < (bb - sb) / 4; ++w) f(g + R * sb + 4 * (R * w + lane), r + sb + 4 * w, 4);
   }
+}
+template <class F>
+void group_pieces(ep_moe_dtype_t t, int il, int lane, int32_t k, F f) {
+  const auto l = static_cast<size_t>(lane);
+  if (il == kGroupRows8) group_pieces<kGroupRows8>(t, l, k, f);
+  else group_pieces<kGroupRows>(t, l, k, f);
 }
 }  // namespace
 
-void group_put(ep_moe_dtype_t t, uint8_t* group, int lane, const uint8_t* row, int32_t k) {
-  group_pieces(t, lane, k, [&](size_t g, size_t r, size_t n) { std::memcpy(group + g, row + r, n); });
+void group_put(ep_moe_dtype_t t, int il, uint8_t* group, int lane, const uint8_t* row, int32_t k) {
+  group_pieces(t, il, lane, k, [&](size_t g, size_t r, size_t n) { std::memcpy(group + g, row + r, n); });
 }
 
-void group_get(ep_moe_dtype_t t, const uint8_t* group, int lane, uint8_t* row, int32_t k) {
-  group_pieces(t, lane, k, [&](size_t g, size_t r, size_t n) { std::memcpy(row + r, group + g, n); });
+void group_get(ep_moe_dtype_t t, int il, const uint8_t* group, int lane, uint8_t* row, int32_t k) {
+  group_pieces(t, il, lane, k, [&](size_t g, size_t r, size_t n) { std::memcpy(row + r, group + g, n); });
 }
 
 namespace {
@@ -82,7 +89,7 @@ inline float src_at(const Source& s, int64_t r, int64_t c) { return source_at(s,
 
 void alloc(PackedWeight& out, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t dtype, int32_t il) {
   // Callers pass Kernels::il_of(dtype), which holds these.
-  if (il != 0 && (il != kGroupRows || !groups_rows(dtype) || nr % (2 * il) != 0))
+  if (il != 0 && ((il != kGroupRows && il != kGroupRows8) || !groups_rows(dtype) || nr % (2 * il) != 0))
     throw Error(EP_MOE_ERR_INTERNAL, "row interleave " + std::to_string(il) + " for " + dtype_name(dtype) +
                                          " panels of " + std::to_string(nr) + " rows");
   out.n = n;
@@ -123,7 +130,8 @@ void put_quant_row(PackedWeight& out, int32_t p, int32_t j, const Source& s, int
     source_row_f32(s, row, out.k, x.data());
     quantize_row(out.dtype, x.data(), dst, out.k);
   }
-  if (out.il) group_put(out.dtype, panel + static_cast<size_t>(j / out.il * out.il) * rb, j % out.il, dst, out.k);
+  if (out.il)
+    group_put(out.dtype, out.il, panel + static_cast<size_t>(j / out.il * out.il) * rb, j % out.il, dst, out.k);
 }
 
 // Writes source row `row` into column j of panel p.
@@ -200,7 +208,7 @@ void copy_panel_col(const PackedWeight& w, int32_t p, int32_t j, void* dst) {
   if (w.quant()) {
     const auto* panel = static_cast<const uint8_t*>(w.panel(p));
     if (w.il)
-      group_get(w.dtype, panel + static_cast<size_t>(j / w.il * w.il) * w.row_bytes(), j % w.il,
+      group_get(w.dtype, w.il, panel + static_cast<size_t>(j / w.il * w.il) * w.row_bytes(), j % w.il,
                 static_cast<uint8_t*>(dst), w.k);
     else std::memcpy(dst, panel + static_cast<size_t>(j) * w.row_bytes(), w.row_bytes());
     return;

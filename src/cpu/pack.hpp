@@ -29,8 +29,8 @@ inline size_t panel_index(bool pairs, int32_t kk, int32_t j, int32_t nr) {
 // blocks' bytes: panel p is rows p*nr .. p*nr+nr-1 of W, each row k /
 // block-elements blocks (zero blocks past N, which are zeros in every
 // format). With il == 0 the rows lie one after another, so a kernel
-// streams a panel row by row. With il == kGroupRows (the layout
-// Kernels::qil names) each 16 rows are interleaved: see kGroupRows.
+// streams a panel row by row. With il == kGroupRows or kGroupRows8 (the
+// layout Kernels::qil names) each il rows are interleaved: see kGroupRows.
 struct PackedWeight {
   int32_t n = 0, k = 0, nr = 0;
   int32_t il = 0;  // rows interleaved in groups of il (0: none)
@@ -52,39 +52,39 @@ struct PackedWeight {
   size_t bytes() const { return data.size(); }
 };
 
-// Rows interleaved 16 at a time (PackedWeight::il == kGroupRows; the
-// AVX512-VNNI kernels' layout for every block format): the same
-// bytes as 16 rows, moved so that one 64-byte load holds 4 consecutive
-// elements of each of the 16 rows (one vpdpbusd multiplies them all), and
-// one load the 16 rows' scales. A group is the rows' blocks in order, 16
-// blocks' bytes a block index:
-//   Q4_K (kQ4k* offsets): the 16 rows' d (f16), their dmin (f16), word 0
-//   of their 12 scale bytes (u32), word 1, word 2, then the 128 bytes of
-//   quants as 32 dwords a row, dword w of row l at dword 16 w + l;
-//   Q5_K (kQ5k* offsets): as Q4_K, with their qh (8 dwords a row) between
-//   the scale words and the quants;
-//   Q6_K (kQ6k* offsets): the 16 rows' d (f16), their 16 int8 scales (4
-//   dwords a row), their ql (32 dwords a row), their qh (16 dwords a row);
-//   IQ4_XS (kIq4* offsets): the 16 rows' d (f16), their scales_h (u16),
-//   their scales_l (u32), their qs (32 dwords a row);
-//   Q8_0, Q4_0, MXFP4: the 16 rows' scales (f16 d; MXFP4's e8m0 byte),
-//   then their quants (32 bytes; 16);
-// the dwords of each part side by side: dword w of row l at 16 w + l.
-constexpr int32_t kGroupRows = 16;
-constexpr size_t kQ4kGroupBlock = 16 * 144;
-constexpr size_t kQ4kDmin = 32, kQ4kWords = 64, kQ4kQuants = 256;
-constexpr size_t kQ5kGroupBlock = 16 * 176;
-constexpr size_t kQ5kQh = 256, kQ5kQuants = 768;
-constexpr size_t kIq4GroupBlock = 16 * 136;
-constexpr size_t kIq4ScalesH = 32, kIq4ScalesL = 64, kIq4Quants = 128;
-constexpr size_t kQ6kGroupBlock = 16 * 210;
-constexpr size_t kQ6kScales = 32, kQ6kQl = 288, kQ6kQh = 2336;
+// Rows interleaved R at a time (PackedWeight::il == R, kGroupRows = 16 on
+// the AVX512-VNNI tables, kGroupRows8 = 8 on the AVX2 ones; every block
+// format): the same bytes as R rows, moved so that one load of 4 R bytes
+// (a 512-bit vector for 16, 256-bit for 8) holds 4 consecutive elements of
+// each of the R rows, and one load the R rows' scales. A group is the
+// rows' blocks in order, R blocks' bytes a block index:
+//   Q4_K: the R rows' d (f16), their dmin (f16), word 0 of their 12 scale
+//   bytes (u32), word 1, word 2, then the 128 bytes of quants as 32 dwords
+//   a row;
+//   Q5_K: as Q4_K, with their qh (8 dwords a row) between the scale words
+//   and the quants;
+//   Q6_K: the R rows' d (f16), their 16 int8 scales (4 dwords a row), their
+//   ql (32 dwords a row), their qh (16 dwords a row);
+//   IQ4_XS: the R rows' d (f16), their scales_h (u16), their scales_l
+//   (u32), their qs (32 dwords a row);
+//   Q8_0, Q4_0, MXFP4: the R rows' scales (f16 d; MXFP4's e8m0 byte), then
+//   their quants (32 bytes; 16);
+// the dwords of each part side by side: dword w of row l at R w + l.
+// GroupParts<R> names the parts' offsets and a block index's bytes.
+constexpr int32_t kGroupRows = 16, kGroupRows8 = 8;
+template <int R>
+struct GroupParts {
+  static constexpr size_t kQ4kBlock = R * 144, kQ4kDmin = R * 2, kQ4kWords = R * 4, kQ4kQuants = R * 16;
+  static constexpr size_t kQ5kBlock = R * 176, kQ5kQh = R * 16, kQ5kQuants = R * 48;
+  static constexpr size_t kIq4Block = R * 136, kIq4ScalesH = R * 2, kIq4ScalesL = R * 4, kIq4Quants = R * 8;
+  static constexpr size_t kQ6kBlock = R * 210, kQ6kScales = R * 2, kQ6kQl = R * 18, kQ6kQh = R * 146;
+};
 // Whether format t has that layout.
 bool groups_rows(ep_moe_dtype_t t);
-// Row `lane` of an interleaved group of format t, k elements, from / to a
-// row of blocks.
-void group_put(ep_moe_dtype_t t, uint8_t* group, int lane, const uint8_t* row, int32_t k);
-void group_get(ep_moe_dtype_t t, const uint8_t* group, int lane, uint8_t* row, int32_t k);
+// Row `lane` of a group of il interleaved rows of format t, k elements,
+// from / to a row of blocks.
+void group_put(ep_moe_dtype_t t, int il, uint8_t* group, int lane, const uint8_t* row, int32_t k);
+void group_get(ep_moe_dtype_t t, int il, const uint8_t* group, int lane, uint8_t* row, int32_t k);
 
 // dst becomes a copy of src (shape, dtype and bytes).
 void copy_packed(PackedWeight& dst, const PackedWeight& src);
@@ -92,8 +92,8 @@ void copy_packed(PackedWeight& dst, const PackedWeight& src);
 // Packs an [n, k] window of `src` (converted to `dtype`; into a block
 // format: copied when `src` is in it, else quantized with quantize_row;
 // from one: dequantized). il: the block-format rows' interleave
-// (Kernels::il_of(dtype): 0, or kGroupRows for a format that groups_rows,
-// with nr a multiple of 32).
+// (Kernels::il_of(dtype): 0, or kGroupRows or kGroupRows8 for a format
+// that groups_rows, with nr a multiple of 2 il).
 void pack(PackedWeight& out, const Source& src, int32_t n, int32_t k, int32_t nr, ep_moe_dtype_t dtype, int32_t il = 0);
 
 // Gate and up ([inter, k] windows each) are packed interleaved: panel p

@@ -34,6 +34,8 @@ namespace cpu {
 
 namespace {
 
+using GP = GroupParts<kGroupRows>;
+
 inline __m512i load(const void* p) { return _mm512_loadu_si512(p); }
 inline __m512 f16x16(const void* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(p))); }
 
@@ -98,7 +100,8 @@ struct Scales {
   __m512i sc03, sc47, mn03, mn47;
 };
 inline Scales scales(const uint8_t* blk) {
-  const __m512i u0 = load(blk + kQ4kWords), u1 = load(blk + kQ4kWords + 64), u2 = load(blk + kQ4kWords + 128);
+  const __m512i u0 = load(blk + GP::kQ4kWords), u1 = load(blk + GP::kQ4kWords + 64),
+                u2 = load(blk + GP::kQ4kWords + 128);
   const __m512i low6 = _mm512_set1_epi32(0x3f3f3f3f), low4 = _mm512_set1_epi32(0x0f0f0f0f);
   const __m512i top2 = _mm512_set1_epi32(0x30303030);
   return {_mm512_and_si512(u0, low6),
@@ -137,7 +140,7 @@ inline __m512i bit_to4(__m512i x, int j) {
 template <int M, bool Five>
 void group_dot_k45(const uint8_t* g, int k, const void* const* a, float* c, int ldc, const Stream* st) {
   constexpr int P = M == 1 ? 2 : 1;
-  constexpr size_t kBlock = Five ? kQ5kGroupBlock : kQ4kGroupBlock, kQuants = Five ? kQ5kQuants : kQ4kQuants;
+  constexpr size_t kBlock = Five ? GP::kQ5kBlock : GP::kQ4kBlock, kQuants = Five ? GP::kQ5kQuants : GP::kQ4kQuants;
   const Acts<M> act(a, k);
   const __m512i m4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
   Sums<M> acc;
@@ -159,7 +162,7 @@ void group_dot_k45(const uint8_t* g, int k, const void* const* a, float* c, int 
         const __m512i w = load(p);
         __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
         if constexpr (Five) {
-          const __m512i qh = load(g + kQ5kQh + 64 * v);
+          const __m512i qh = load(g + GP::kQ5kQh + 64 * v);
           wl = _mm512_or_si512(wl, _mm512_and_si512(bit_to4(qh, 2 * ch), bit4));
           wh = _mm512_or_si512(wh, _mm512_and_si512(bit_to4(qh, 2 * ch + 1), bit4));
         }
@@ -180,7 +183,7 @@ void group_dot_k45(const uint8_t* g, int k, const void* const* a, float* c, int 
         tot[r] = _mm512_add_epi32(tot[r], _mm512_mullo_epi32(h, sh));
       }
     }
-    const __m512 dv = f16x16(g), mv = f16x16(g + kQ4kDmin);
+    const __m512 dv = f16x16(g), mv = f16x16(g + GP::kQ4kDmin);
     for (int r = 0; r < M; ++r) {
       __m512i mins = _mm512_setzero_si512();
       for (int p = 0; p < 4; ++p)
@@ -203,8 +206,8 @@ inline __m512i sbyte_of(__m512i v, int j) { return _mm512_srai_epi32(_mm512_slli
 // of qh.
 inline void q6_values(const uint8_t* blk, int h, int v, __m512i (&x)[4]) {
   const __m512i m4 = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
-  const __m512i l0 = load(blk + kQ6kQl + 64 * (16 * h + v)), l1 = load(blk + kQ6kQl + 64 * (16 * h + 8 + v));
-  const __m512i qh = load(blk + kQ6kQh + 64 * (8 * h + v));
+  const __m512i l0 = load(blk + GP::kQ6kQl + 64 * (16 * h + v)), l1 = load(blk + GP::kQ6kQl + 64 * (16 * h + 8 + v));
+  const __m512i qh = load(blk + GP::kQ6kQh + 64 * (8 * h + v));
   x[0] = _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(qh, 4), top));
   x[1] = _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(_mm512_slli_epi16(qh, 2), top));
   x[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(qh, top));
@@ -212,7 +215,9 @@ inline void q6_values(const uint8_t* blk, int h, int v, __m512i (&x)[4]) {
       _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4), _mm512_and_si512(_mm512_srli_epi16(qh, 2), top));
 }
 // Group g's scale (i32) and groups 2p, 2p+1's coefficients 32 s as an i16 pair.
-inline __m512i q6_scale(const uint8_t* blk, int g) { return sbyte_of(load(blk + kQ6kScales + 64 * (g / 4)), g % 4); }
+inline __m512i q6_scale(const uint8_t* blk, int g) {
+  return sbyte_of(load(blk + GP::kQ6kScales + 64 * (g / 4)), g % 4);
+}
 inline __m512i q6_coef(const uint8_t* blk, int p) {
   const __m512i lo = _mm512_slli_epi32(q6_scale(blk, 2 * p), 5), hi = _mm512_slli_epi32(q6_scale(blk, 2 * p + 1), 21);
   return _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xffff)), hi);
@@ -226,9 +231,9 @@ template <int M>
 void group_dot_q6k(const uint8_t* g, int k, const void* const* a, float* c, int ldc, const Stream* st) {
   const Acts<M> act(a, k);
   Sums<M> acc;
-  for (int b = 0; b < k / 256; ++b, g += kQ6kGroupBlock) {
+  for (int b = 0; b < k / 256; ++b, g += GP::kQ6kBlock) {
     if (st)
-      for (size_t off = 0; off < kQ6kGroupBlock; off += 64) st->at(g + off);
+      for (size_t off = 0; off < GP::kQ6kBlock; off += 64) st->at(g + off);
     __m512i tot[M];
     for (int r = 0; r < M; ++r) tot[r] = _mm512_setzero_si512();
     for (int h = 0; h < 2; ++h)
@@ -270,8 +275,8 @@ void group_dot_q6k(const uint8_t* g, int k, const void* const* a, float* c, int 
 struct Iq4Scales {
   __m512i sl, sh;
   explicit Iq4Scales(const uint8_t* blk)
-      : sl(load(blk + kIq4ScalesL)),
-        sh(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kIq4ScalesH)))) {}
+      : sl(load(blk + GP::kIq4ScalesL)),
+        sh(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + GP::kIq4ScalesH)))) {}
   __m512i scale(int j) const {
     const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(sl, static_cast<unsigned>(4 * j)), _mm512_set1_epi32(0xF));
     const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(sh, static_cast<unsigned>(2 * j)), _mm512_set1_epi32(3));
@@ -289,7 +294,7 @@ struct Iq4Values {
   __m512i table =
       lanes(_mm_add_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)), _mm_set1_epi8(-128)));
   void of(const uint8_t* blk, int w, __m512i* lo, __m512i* hi) const {
-    const __m512i x = load(blk + kIq4Quants + 64 * w);
+    const __m512i x = load(blk + GP::kIq4Quants + 64 * w);
     *lo = _mm512_shuffle_epi8(table, _mm512_and_si512(x, m4));
     *hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(x, 4), m4));
   }
@@ -303,9 +308,9 @@ void group_dot_iq4(const uint8_t* g, int k, const void* const* a, float* c, int 
   const Iq4Values val;
   const Acts<M> act(a, k);
   Sums<M> acc;
-  for (int b = 0; b < k / 256; ++b, g += kIq4GroupBlock) {
+  for (int b = 0; b < k / 256; ++b, g += GP::kIq4Block) {
     if (st)
-      for (size_t off = 0; off < kIq4Quants; off += 64) st->at(g + off);
+      for (size_t off = 0; off < GP::kIq4Quants; off += 64) st->at(g + off);
     const Iq4Scales sc(g);
     __m512i tot[M];
     for (int r = 0; r < M; ++r) tot[r] = _mm512_setzero_si512();
@@ -313,7 +318,7 @@ void group_dot_iq4(const uint8_t* g, int k, const void* const* a, float* c, int 
       __m512i t[M][2];
       for (int r = 0; r < M; ++r) t[r][0] = t[r][1] = _mm512_setzero_si512();
       for (int v = 0; v < 4; ++v) {
-        if (st) st->at(g + kIq4Quants + 64 * (4 * j + v));
+        if (st) st->at(g + GP::kIq4Quants + 64 * (4 * j + v));
         __m512i lo, hi;
         val.of(g, 4 * j + v, &lo, &hi);
         for (int r = 0; r < M; ++r) {
@@ -478,7 +483,7 @@ template <int T>
 void unpack_k45(const void* panel, int k, void* out) {
   using L = KLayout<T>;
   constexpr bool kFive = T == EP_MOE_DTYPE_Q5_K;
-  constexpr size_t kBlock = kFive ? kQ5kGroupBlock : kQ4kGroupBlock, kQuants = kFive ? kQ5kQuants : kQ4kQuants;
+  constexpr size_t kBlock = kFive ? GP::kQ5kBlock : GP::kQ4kBlock, kQuants = kFive ? GP::kQ5kQuants : GP::kQ4kQuants;
   const auto* p = static_cast<const uint8_t*>(panel);
   auto* o = static_cast<uint8_t*>(out);
   const size_t rb = quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k);
@@ -492,7 +497,7 @@ void unpack_k45(const void* panel, int k, void* out) {
           const __m512i w = load(g + kQuants + 64 * (8 * ch + v));
           __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
           if constexpr (kFive) {
-            const __m512i qh = load(g + kQ5kQh + 64 * v);
+            const __m512i qh = load(g + GP::kQ5kQh + 64 * v);
             wl = _mm512_or_si512(wl, _mm512_and_si512(bit_to4(qh, 2 * ch), bit4));
             wh = _mm512_or_si512(wh, _mm512_and_si512(bit_to4(qh, 2 * ch + 1), bit4));
           }
@@ -503,7 +508,7 @@ void unpack_k45(const void* panel, int k, void* out) {
       for (int j = 0; j < L::G; ++j) _mm512_storeu_si512(oh + L::kSc + j * 4 * kCols, group_scale(sc, j));
       for (int pr = 0; pr < L::G / 2; ++pr) _mm512_storeu_si512(oh + L::kCoef + pr * 4 * kCols, min_pair(sc, pr));
       _mm512_storeu_ps(oh + L::kD, f16x16(g));
-      _mm512_storeu_ps(oh + L::kDmin, f16x16(g + kQ4kDmin));
+      _mm512_storeu_ps(oh + L::kDmin, f16x16(g + GP::kQ4kDmin));
     }
 }
 
@@ -515,7 +520,7 @@ void unpack_iq4(const void* panel, int k, void* out) {
   const size_t rb = quant_row_bytes(EP_MOE_DTYPE_IQ4_XS, k);
   for (int b = 0; b < k / 256; ++b, o += L::kBlock)
     for (int h = 0; h < 2; ++h) {
-      const uint8_t* g = p + static_cast<size_t>(h) * kGroupRows * rb + static_cast<size_t>(b) * kIq4GroupBlock;
+      const uint8_t* g = p + static_cast<size_t>(h) * kGroupRows * rb + static_cast<size_t>(b) * GP::kIq4Block;
       uint8_t* oh = o + 64 * h;
       for (int w = 0; w < 32; ++w) {  // k-groups 8 (w / 4) + w % 4 (lo) and 4 on (hi)
         __m512i lo, hi;
@@ -537,7 +542,7 @@ void unpack_q6k(const void* panel, int k, void* out) {
   const size_t rb = quant_row_bytes(EP_MOE_DTYPE_Q6_K, k);
   for (int b = 0; b < k / 256; ++b, o += L::kBlock)
     for (int h = 0; h < 2; ++h) {
-      const uint8_t* g = p + static_cast<size_t>(h) * kGroupRows * rb + static_cast<size_t>(b) * kQ6kGroupBlock;
+      const uint8_t* g = p + static_cast<size_t>(h) * kGroupRows * rb + static_cast<size_t>(b) * GP::kQ6kBlock;
       uint8_t* oh = o + 64 * h;
       for (int hh = 0; hh < 2; ++hh)
         for (int v = 0; v < 8; ++v) {

@@ -347,8 +347,8 @@ TEST_CASE("block-format packing: rows copied as they are, quantized from floats,
       quantize_row(t, gf.data() + static_cast<size_t>(r) * k, gq.data() + rb * r, k);
       quantize_row(t, uf.data() + static_cast<size_t>(r) * k, uq.data() + rb * r, k);
     }
-    // Rows one after another, and (where the format has the layout) interleaved 16 at a time.
-    for (int il : {0, cpu::kGroupRows}) {
+    // Rows one after another, and (where the format has the layout) interleaved 8 or 16 at a time.
+    for (int il : {0, cpu::kGroupRows8, cpu::kGroupRows}) {
       if (il && !cpu::groups_rows(t)) continue;
       CAPTURE(il);
       cpu::PackedWeight w;
@@ -373,5 +373,6 @@ TEST_CASE("block-format packing: rows copied as they are, quantized from floats,
     // An interleave the kernels do not read is an internal error, not a layout.
     cpu::PackedWeight bad;
     CHECK_THROWS(cpu::pack(bad, Source{gq.data(), t, k}, inter, k, cpu::groups_rows(t) ? 16 : 32, t, 16));
+    CHECK_THROWS(cpu::pack(bad, Source{gq.data(), t, k}, inter, k, 32, t, 12));
   }
 }
