@@ -15,8 +15,9 @@ Isa detect_isa();
 const char* isa_name(Isa isa);
 
 // Whether the CPU has AVX512_VNNI (with AVX-512 F/BW/VL): the AVX-512
-// tables' block-format kernels then use it. Not lowered by EP_MOE_CPU_ISA:
-// those kernels give the AVX2 ones' results bit for bit.
+// tables' block-format kernels then use it (rows interleaved 16 at a time,
+// and the int8 tiles), else AVX2's (8 at a time). Not lowered by
+// EP_MOE_CPU_ISA, which runs without it by naming avx2.
 bool has_avx512_vnni();
 
 }  // namespace cpu

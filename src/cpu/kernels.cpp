@@ -30,21 +30,20 @@ const Kernels& kernels_for(Isa isa) {
 #if defined(EP_MOE_X86_KERNELS)
 void set_x86_block_kernels(Kernels& t, bool avx512) {
   const bool vnni = avx512 && has_avx512_vnni();
-  qkernels_avx2(t.qgemm);
   t.quantize_act = quantize_act_avx2;
-  qdequant_avx2(t.qdequant);
-  for (ep_moe_dtype_t q : {EP_MOE_DTYPE_Q8_0, EP_MOE_DTYPE_Q4_0, EP_MOE_DTYPE_MXFP4})
-    t.qdequant_rows[quant_index(q)] = avx512 ? 32 : 24;
-  if (!vnni) return;
-  qtiles_avx512vnni(t.qtile);
-  // Every block format on rows interleaved 16 at a time: their kernels and
-  // tile unpackers read that layout; nothing widens it.
-  qgroups_avx512vnni(t.qgemm, t.qunpack);
+  // Every block format on interleaved rows (8 a group with AVX2's maddubs,
+  // 16 with AVX512_VNNI); nothing widens them.
   for (int i = 0; i < kQuantTypes; ++i) {
-    t.qil[i] = kGroupRows;
+    t.qil[i] = vnni ? kGroupRows : kGroupRows8;
     t.qdequant[i] = nullptr;
     t.qdequant_rows[i] = 0;
   }
+  if (!vnni) {
+    qgroups_avx2(t.qgemm);
+    return;
+  }
+  qtiles_avx512vnni(t.qtile);
+  qgroups_avx512vnni(t.qgemm, t.qunpack);
   // The interleaved-row kernels hold level with the tiles to ~8 rows
   // (Q6_K, Q5_K), ~12 (IQ4_XS), ~24 (MXFP4, Q4_K) or ~64 (Q8_0, Q4_0).
   t.qtile_rows[quant_index(EP_MOE_DTYPE_Q8_0)] = 64;

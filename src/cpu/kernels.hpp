@@ -203,6 +203,10 @@ void qkernels_avx2(QGemmFn* out);
 // 4, so a lone activation row runs at several times the row-at-a-time
 // kernels' rate.
 void qgroups_avx512vnni(QGemmFn* gemm, QUnpackFn* unpack);
+// Every block format on rows interleaved 8 at a time (pack.hpp's
+// kGroupRows8; qgroups_avx2.cpp, maddubs): the AVX2 table's qgemm entries,
+// and the AVX-512 ones' where the CPU has no AVX512_VNNI.
+void qgroups_avx2(QGemmFn* gemm);
 void quantize_act_avx2(const float* x, int64_t k, ActQuant aq, void* out);
 // The AVX2 panel widening (qdequant_avx2.cpp), a full table by quant_index.
 void qdequant_avx2(QDequantFn* out);

@@ -27,6 +27,7 @@
 #include "common/quant.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/pack.hpp"
+#include "cpu/qgroups.hpp"
 #include "cpu/qtile_layout.hpp"
 
 namespace ep_moe {
@@ -46,40 +47,6 @@ inline __m512i lanes(__m128i x) {
                            _mm_cvtsi128_si32(x));
 }
 
-// Decode streams each panel from memory once: every 64 bytes read
-// prefetch the line kAheadBytes on (qkernels_x86.inc's distance), past the
-// panel's end into the panel this thread takes next.
-constexpr size_t kAheadBytes = 6144;
-struct Stream {
-  const uint8_t* end;   // this panel's end
-  const uint8_t* next;  // the next panel (null: none)
-  size_t bytes;         // this panel's size, taken to be the next one's too
-  [[gnu::always_inline]] void at(const uint8_t* p) const {
-    const uint8_t* t = p + kAheadBytes;
-    if (t >= end) {
-      const auto past = static_cast<size_t>(t - end);
-      if (!next || past >= bytes) return;
-      t = next + past;
-    }
-    _mm_prefetch(reinterpret_cast<const char*>(t), _MM_HINT_T0);
-  }
-};
-
-// M activation rows' quants, their block scales and their sums of 16
-// (common/quant.hpp's act_q, act_d, act_s).
-template <int M>
-struct Acts {
-  const int8_t* q[M];
-  const float* d[M];
-  const int16_t* s[M];
-  Acts(const void* const* a, int k) {
-    for (int r = 0; r < M; ++r) {
-      q[r] = act_q(a[r]);
-      d[r] = act_d(a[r], k);
-      s[r] = act_s(a[r], k);
-    }
-  }
-};
 // The f32 sums of M activation rows against a group's 16 rows: c[i * ldc
 // + l] for activation row i, weight row l.
 template <int M>
@@ -93,7 +60,7 @@ struct Sums {
   }
 };
 
-// A block's 16 rows 6-bit scales and mins, 4 to a dword: byte j of sc03
+// A block's 16 rows' 6-bit scales and mins, 4 to a dword: byte j of sc03
 // (mn03) is group j's scale (min), of sc47 (mn47) group 4 + j's
 // (common/quant.cpp's scale_min_k4 on the three words side by side).
 struct Scales {

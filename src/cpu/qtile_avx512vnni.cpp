@@ -28,6 +28,7 @@
 
 #include "common/quant.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/qgroups.hpp"
 #include "cpu/qtile_layout.hpp"
 
 namespace ep_moe {

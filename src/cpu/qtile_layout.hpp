@@ -6,7 +6,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 
 #include "cpu/kernels.hpp"
 #include "ep_moe/ep_moe.h"
@@ -45,22 +44,6 @@ static_assert(kBlockA * 8 == qtile_panel_bytes(EP_MOE_DTYPE_Q8_0, 256) &&
                   KLayout<EP_MOE_DTYPE_Q6_K>::kBlock == qtile_panel_bytes(EP_MOE_DTYPE_Q6_K, 256) &&
                   KLayout<EP_MOE_DTYPE_IQ4_XS>::kBlock == qtile_panel_bytes(EP_MOE_DTYPE_IQ4_XS, 256),
               "kernels.hpp's qtile_panel_bytes states these layouts");
-
-inline int32_t rd32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
-// The activations' i16 sums over groups 2p and 2p+1 of block b as one
-// dword (from the row's sums of 16: groups of 16 are them).
-template <int G>
-inline int32_t sum_pair(const int16_t* s16, int b, int p) {
-  if constexpr (G == 16) return rd32(s16 + 16 * b + 2 * p);
-  const int16_t* s = s16 + 16 * b + 4 * p;
-  const auto lo = static_cast<uint16_t>(s[0] + s[1]), hi = static_cast<uint16_t>(s[2] + s[3]);
-  return static_cast<int32_t>(lo | static_cast<uint32_t>(hi) << 16);
-}
 
 }  // namespace cpu
 }  // namespace ep_moe

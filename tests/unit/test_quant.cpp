@@ -128,175 +128,188 @@ TEST_CASE("activation rows: d = amax / 127, q rounded to nearest even, sums of 1
   }
 }
 
+namespace {
+// Format t's qgemm `fn` (rows interleaved as il says, panels of nr rows)
+// against a double product of the dequantized values: k elements, a
+// second, partly empty panel, activation rows quantized by `quantize`.
+void check_qgemm(cpu::QGemmFn fn, void (*quantize)(const float*, int64_t, ActQuant, void*), ep_moe_dtype_t t, int k,
+                 int nr, int il, std::mt19937& rng) {
+  const int n = nr + 3;
+  std::vector<float> wf = normal(static_cast<size_t>(n) * k, rng, 0.05f);
+  // Rows of the weight in the format, packed into panels.
+  std::vector<uint8_t> wq(quant_row_bytes(t, k) * static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r)
+    quantize_row(t, wf.data() + static_cast<size_t>(r) * k, wq.data() + quant_row_bytes(t, k) * r, k);
+  cpu::PackedWeight w;
+  cpu::pack(w, Source{wq.data(), t, k}, n, k, nr, t, il);
+  REQUIRE(w.quant());
+  std::vector<double> wd(static_cast<size_t>(n) * k);
+  for (int r = 0; r < n; ++r) {
+    std::vector<float> row(static_cast<size_t>(k));
+    dequantize_row(t, wq.data() + quant_row_bytes(t, k) * r, row.data(), k);
+    for (int c = 0; c < k; ++c) wd[static_cast<size_t>(r) * k + c] = row[static_cast<size_t>(c)];
+  }
+  for (int m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 17}) {  // every tile height, and tiles after tiles
+    CAPTURE(m);
+    std::vector<std::vector<uint8_t>> rows(static_cast<size_t>(m));
+    std::vector<const void*> a(static_cast<size_t>(m));
+    std::vector<std::vector<double>> av(static_cast<size_t>(m));
+    for (int i = 0; i < m; ++i) {
+      const std::vector<float> x = normal(static_cast<size_t>(k), rng);
+      rows[static_cast<size_t>(i)].resize(act_row_bytes(k));
+      quantize(x.data(), k, act_quant_of(t), rows[static_cast<size_t>(i)].data());
+      a[static_cast<size_t>(i)] = rows[static_cast<size_t>(i)].data();
+      av[static_cast<size_t>(i)] = act_values(a[static_cast<size_t>(i)], k);
+    }
+    for (int p = 0; p < w.panels(); ++p) {
+      std::vector<float> c(static_cast<size_t>(m) * nr, NAN);
+      fn(m, a.data(), k, w.panel(p), nr, c.data(), nr, nullptr);
+      for (int i = 0; i < m; ++i)
+        for (int j = 0; j < nr; ++j) {
+          const int r = p * nr + j;
+          double want = 0, mag = 0;
+          if (r < n)
+            for (int q = 0; q < k; ++q) {
+              const double prod =
+                  wd[static_cast<size_t>(r) * k + q] * av[static_cast<size_t>(i)][static_cast<size_t>(q)];
+              want += prod;
+              mag += std::fabs(prod);
+            }
+          INFO("row " << i << " column " << r);
+          CHECK(std::fabs(double(c[static_cast<size_t>(i) * nr + j]) - want) <= 2e-6 * mag + 1e-30);
+        }
+    }
+  }
+}
+}  // namespace
+
 TEST_CASE("block-format kernels match a double product of the dequantized values, every ISA and type",
           "[unit][quant][kernels]") {
   std::mt19937 rng(Catch::rngSeed() + 13);
   for (cpu::Isa isa : isas_here()) {
     const cpu::Kernels& kern = cpu::kernels_for(isa);
-    for (ep_moe_dtype_t t : kTypes) {
+    for (ep_moe_dtype_t t : kTypes)
       // 32 and 96: rows of one and of an odd number of blocks (formats of 32).
       for (int k : {32, 96, 256, 512, 2048}) {
         if (k % quant_block_elems(t) != 0) continue;
-        const int nr = kern.nr, n = nr + 3;  // a second, partly empty panel
         CAPTURE(cpu::isa_name(isa), dtype_name(t), k);
-        std::vector<float> wf = normal(static_cast<size_t>(n) * k, rng, 0.05f);
-        // Rows of the weight in the format, packed into panels.
-        std::vector<uint8_t> wq(quant_row_bytes(t, k) * static_cast<size_t>(n));
-        for (int r = 0; r < n; ++r)
-          quantize_row(t, wf.data() + static_cast<size_t>(r) * k, wq.data() + quant_row_bytes(t, k) * r, k);
-        cpu::PackedWeight w;
-        cpu::pack(w, Source{wq.data(), t, k}, n, k, nr, t, kern.il_of(t));  // in the layout the table reads
-        REQUIRE(w.quant());
-        std::vector<double> wd(static_cast<size_t>(n) * k);
-        for (int r = 0; r < n; ++r) {
-          std::vector<float> row(static_cast<size_t>(k));
-          dequantize_row(t, wq.data() + quant_row_bytes(t, k) * r, row.data(), k);
-          for (int c = 0; c < k; ++c) wd[static_cast<size_t>(r) * k + c] = row[static_cast<size_t>(c)];
-        }
-        for (int m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 17}) {  // every tile height, and tiles after tiles
-          CAPTURE(m);
-          std::vector<std::vector<uint8_t>> rows(static_cast<size_t>(m));
-          std::vector<const void*> a(static_cast<size_t>(m));
-          std::vector<std::vector<double>> av(static_cast<size_t>(m));
-          for (int i = 0; i < m; ++i) {
-            const std::vector<float> x = normal(static_cast<size_t>(k), rng);
-            rows[static_cast<size_t>(i)].resize(act_row_bytes(k));
-            kern.quantize_act(x.data(), k, act_quant_of(t), rows[static_cast<size_t>(i)].data());
-            a[static_cast<size_t>(i)] = rows[static_cast<size_t>(i)].data();
-            av[static_cast<size_t>(i)] = act_values(a[static_cast<size_t>(i)], k);
-          }
-          for (int p = 0; p < w.panels(); ++p) {
-            std::vector<float> c(static_cast<size_t>(m) * nr, NAN);
-            kern.qgemm[quant_index(t)](m, a.data(), k, w.panel(p), nr, c.data(), nr, nullptr);
-            for (int i = 0; i < m; ++i)
-              for (int j = 0; j < nr; ++j) {
-                const int r = p * nr + j;
-                double want = 0, mag = 0;
-                if (r < n)
-                  for (int q = 0; q < k; ++q) {
-                    const double prod =
-                        wd[static_cast<size_t>(r) * k + q] * av[static_cast<size_t>(i)][static_cast<size_t>(q)];
-                    want += prod;
-                    mag += std::fabs(prod);
-                  }
-                INFO("row " << i << " column " << r);
-                CHECK(std::fabs(double(c[static_cast<size_t>(i) * nr + j]) - want) <= 2e-6 * mag + 1e-30);
-              }
-          }
-        }
+        check_qgemm(kern.qgemm[quant_index(t)], kern.quantize_act, t, k, kern.nr, kern.il_of(t),
+                    rng);  // in the layout the table reads
       }
-    }
   }
 }
 
-TEST_CASE("int8 tiles: a double product of the dequantized values, and the interleaved-row kernels' bits, every format",
+#if defined(__x86_64__)  // the x86 kernels are built
+TEST_CASE("the 8-row interleaved kernels on the AVX-512 tables' panels (a CPU without AVX512_VNNI)",
           "[unit][quant][kernels]") {
-  const cpu::Kernels& kern = cpu::kernels_for(cpu::Isa::Avx512);
-  if (cpu::detect_isa() < cpu::Isa::Avx512 || !kern.qtile[quant_index(EP_MOE_DTYPE_Q8_0)]) {
-    WARN("skipped: this CPU has no AVX512_VNNI (or EP_MOE_CPU_ISA is below avx512): no int8 tiles");
+  // Where the CPU has AVX512_VNNI its AVX-512 tables take the 16-row
+  // kernels, so this is the only run the 8-row ones get on 32-row panels.
+  if (cpu::detect_isa() < cpu::Isa::Avx2) {
+    WARN("skipped: no AVX2 (or EP_MOE_CPU_ISA below it)");
     return;
   }
-  std::mt19937 rng(Catch::rngSeed() + 31);
-  const int nr = kern.nr, n = nr + 3;  // a second, partly empty panel
-  REQUIRE(nr == cpu::kQTileCols);
-  // Rows from normal floats, with outliers (each format's largest steps),
-  // and every fourth row random block bytes under sane scales: every
-  // quant value (Q8_0's -128 too), 6-bit scale and min.
-  const auto weight_row = [&](ep_moe_dtype_t t, int k, int r, uint8_t* out) {
-    if (r % 4 == 3) {
-      std::uniform_int_distribution<int> byte(0, 255);
-      const int bb = quant_block_bytes(t);
-      for (int b = 0; b < k / quant_block_elems(t); ++b) {
-        uint8_t* blk = out + static_cast<size_t>(b) * bb;
-        for (int i = 0; i < bb; ++i) blk[i] = static_cast<uint8_t>(byte(rng));
-        const uint16_t d = f32_to_f16(0.01f * static_cast<float>(1 + byte(rng) % 8));
-        if (t == EP_MOE_DTYPE_MXFP4) blk[0] = static_cast<uint8_t>(120 + byte(rng) % 8);
-        else std::memcpy(blk + (t == EP_MOE_DTYPE_Q6_K ? 208 : 0), &d, 2);
-        if (t == EP_MOE_DTYPE_Q4_K || t == EP_MOE_DTYPE_Q5_K) std::memcpy(blk + 2, &d, 2);  // dmin
-      }
-      return;
-    }
-    std::vector<float> x = normal(static_cast<size_t>(k), rng, 0.05f);
-    std::uniform_int_distribution<size_t> at(0, x.size() - 1);
-    for (size_t i = 0; i < x.size() / 64; ++i) x[at(rng)] *= 40.0f;
-    quantize_row(t, x.data(), out, k);
-  };
-  for (ep_moe_dtype_t t : kTypes) {
-    const int qi = quant_index(t);
-    if (!kern.qtile[qi]) continue;
-    for (int k : {256, 512, 2048}) {
+  std::mt19937 rng(Catch::rngSeed() + 16);
+  cpu::QGemmFn fns[kQuantTypes] = {};
+  cpu::qgroups_avx2(fns);
+  for (ep_moe_dtype_t t : kTypes)
+    for (int k : {32, 256, 2048}) {
+      if (k % quant_block_elems(t) != 0) continue;
       CAPTURE(dtype_name(t), k);
-      const size_t rb = quant_row_bytes(t, k);
-      std::vector<uint8_t> wq(rb * static_cast<size_t>(n));
-      for (int r = 0; r < n; ++r) weight_row(t, k, r, wq.data() + rb * static_cast<size_t>(r));
-      cpu::PackedWeight w;
-      cpu::pack(w, Source{wq.data(), t, k}, n, k, nr, t, kern.il_of(t));
-      // wd: the values; wp: for Q4_K / Q5_K, their d * scale * q parts
-      // alone (dmin zeroed), the values being wp less the mins' parts.
-      const bool mins = t == EP_MOE_DTYPE_Q4_K || t == EP_MOE_DTYPE_Q5_K;
-      std::vector<double> wd(static_cast<size_t>(n) * k), wp(wd.size());
-      std::vector<float> row(static_cast<size_t>(k));
-      std::vector<uint8_t> pos(rb);
-      for (int r = 0; r < n; ++r) {
-        dequantize_row(t, wq.data() + rb * static_cast<size_t>(r), row.data(), k);
-        for (int q = 0; q < k; ++q) wd[static_cast<size_t>(r) * k + q] = row[static_cast<size_t>(q)];
-        std::memcpy(pos.data(), wq.data() + rb * static_cast<size_t>(r), rb);
-        for (size_t b = 0; mins && b < rb; b += static_cast<size_t>(quant_block_bytes(t))) pos[b + 2] = pos[b + 3] = 0;
-        dequantize_row(t, pos.data(), row.data(), k);
-        for (int q = 0; q < k; ++q) wp[static_cast<size_t>(r) * k + q] = row[static_cast<size_t>(q)];
-      }
-      std::vector<uint8_t> tiles(cpu::qtile_panel_bytes(t, k));
-      for (int m : {1, 2, 3, 4, 5, 6, 7, 9, 13, 17}) {  // every tile height, and tiles after tiles
-        CAPTURE(m);
-        std::vector<std::vector<uint8_t>> rows(static_cast<size_t>(m));
-        std::vector<const void*> a(static_cast<size_t>(m));
-        std::vector<std::vector<double>> av(static_cast<size_t>(m));
-        for (int i = 0; i < m; ++i) {
-          std::vector<float> x = normal(static_cast<size_t>(k), rng);
-          if (i % 3 == 1) x[static_cast<size_t>(i) % x.size()] *= 100.0f;  // a block's largest quant at -127 or 127
-          rows[static_cast<size_t>(i)].resize(act_row_bytes(k));
-          kern.quantize_act(x.data(), k, act_quant_of(t), rows[static_cast<size_t>(i)].data());
-          a[static_cast<size_t>(i)] = rows[static_cast<size_t>(i)].data();
-          av[static_cast<size_t>(i)] = act_values(a[static_cast<size_t>(i)], k);
-        }
-        for (int p = 0; p < w.panels(); ++p) {
-          std::vector<float> c(static_cast<size_t>(m) * nr, NAN), cb(c.size(), NAN);
-          kern.qunpack[qi](w.panel(p), k, tiles.data());
-          kern.qtile[qi](m, a.data(), k, tiles.data(), c.data(), nr, w.panel(1 - p));
-          kern.qgemm[qi](m, a.data(), k, w.panel(p), nr, cb.data(), nr, nullptr);
-          int wrong = 0;
-          for (int i = 0; i < m; ++i)
-            for (int j = 0; j < nr; ++j) {
-              const int r = p * nr + j;
-              // mag: the sum of the products' sizes; terms: with mins, of
-              // the scaled sums' and the mins' (their difference is the
-              // result, so f32 rounds each at its own size).
-              double want = 0, mag = 0, terms = 0;
-              for (int q = 0; r < n && q < k; ++q) {
-                const size_t e = static_cast<size_t>(r) * k + q;
-                const double aq = av[static_cast<size_t>(i)][static_cast<size_t>(q)];
-                want += wd[e] * aq;
-                mag += std::fabs(wd[e] * aq);
-                const double parts = std::fabs(wp[e] * aq) + std::fabs((wp[e] - wd[e]) * aq);
-                terms += mins ? parts : std::fabs(wd[e] * aq);
-              }
-              // Exact i32 block sums scaled in f32: within the block
-              // kernels' bound of the double product (plus the terms'
-              // rounding). The interleaved-row kernel of the same panel
-              // forms the same i32 sums and scales them in the same f32
-              // steps: the same bits.
-              const float got = c[static_cast<size_t>(i) * nr + j], blk = cb[static_cast<size_t>(i) * nr + j];
-              const double tol = 2e-6 * mag + 1e-6 * terms + 1e-30;
-              REQUIRE(kern.il_of(t) == cpu::kGroupRows);
-              const bool ok = std::fabs(double(got) - want) <= tol && std::memcmp(&got, &blk, sizeof got) == 0;
-              if (!ok && wrong++ < 3)
-                FAIL_CHECK("row " << i << " column " << r << ": tile " << got << ", block kernel " << blk << ", double "
-                                  << want << " (magnitude " << mag << ", terms " << terms << ")");
-            }
-          CHECK(wrong == 0);
-        }
-      }
+      check_qgemm(fns[quant_index(t)], cpu::quantize_act_avx2, t, k, 32, cpu::kGroupRows8, rng);
     }
+}
+#endif
+
+namespace {
+// One block of format t whose values all sit at the format's largest
+// magnitude (variant 0) or its other end (variant 1), with unit scales:
+// the blocks that drive the kernels' integer sums to their bounds
+// (qgroups_avx2.cpp's i16 sums of maddubs pairs, for one).
+std::vector<uint8_t> extreme_block(ep_moe_dtype_t t, int variant) {
+  std::vector<uint8_t> b(static_cast<size_t>(quant_block_bytes(t)), 0);
+  const auto put16 = [&b](size_t at, uint16_t v) { std::memcpy(b.data() + at, &v, 2); };
+  const uint16_t one = 0x3C00;  // f16 1.0
+  switch (t) {
+    case EP_MOE_DTYPE_Q8_0:
+      put16(0, one);
+      std::memset(b.data() + 2, variant ? 0x80 : 0x7F, 32);  // -128 or 127
+      break;
+    case EP_MOE_DTYPE_Q4_0:
+      put16(0, one);
+      std::memset(b.data() + 2, variant ? 0x00 : 0xFF, 16);  // -8 or 7 (stored 0 or 15)
+      break;
+    case EP_MOE_DTYPE_MXFP4:
+      b[0] = 127;                                            // 2^-1: its values times 0.5
+      std::memset(b.data() + 1, variant ? 0xFF : 0x77, 16);  // -6 or 6
+      break;
+    case EP_MOE_DTYPE_Q4_K:
+    case EP_MOE_DTYPE_Q5_K: {
+      put16(0, one);
+      put16(2, one);
+      std::memset(b.data() + 4, variant ? 0x00 : 0xFF, 12);  // scales and mins 63 (or 0: none)
+      if (variant) std::memset(b.data() + 4, 0x3F, 4);       // scales 63, mins 0
+      const size_t qs = t == EP_MOE_DTYPE_Q5_K ? 48 : 16;
+      if (t == EP_MOE_DTYPE_Q5_K) std::memset(b.data() + 16, 0xFF, 32);
+      std::memset(b.data() + qs, 0xFF, 128);  // 15 (31)
+      break;
+    }
+    case EP_MOE_DTYPE_Q6_K:
+      std::memset(b.data(), 0xFF, 192);                        // 63: 31 after the offset
+      if (variant) std::memset(b.data(), 0x00, 192);           // 0: -32
+      std::memset(b.data() + 192, variant ? 0x80 : 0x7F, 16);  // scales -128 or 127
+      put16(208, one);
+      break;
+    case EP_MOE_DTYPE_IQ4_XS:
+      put16(0, one);
+      put16(2, variant ? 0 : 0xFFFF);                         // scales_h
+      std::memset(b.data() + 4, variant ? 0 : 0xFF, 4);       // l 63 (31 after the offset) or 0 (-32)
+      std::memset(b.data() + 8, variant ? 0xFF : 0x00, 128);  // 113 or -127
+      break;
+    default: break;
+  }
+  return b;
+}
+}  // namespace
+
+TEST_CASE("block-format kernels at the bounds of their integer sums: every value at its largest",
+          "[unit][quant][kernels]") {
+  const int k = 512;
+  for (cpu::Isa isa : isas_here()) {
+    const cpu::Kernels& kern = cpu::kernels_for(isa);
+    for (ep_moe_dtype_t t : kTypes)
+      for (int variant : {0, 1})
+        for (float sign : {1.0f, -1.0f}) {
+          CAPTURE(cpu::isa_name(isa), dtype_name(t), variant, sign);
+          const int nr = kern.nr;
+          const std::vector<uint8_t> blk = extreme_block(t, variant);
+          const size_t rb = quant_row_bytes(t, k);
+          std::vector<uint8_t> wq(rb * static_cast<size_t>(nr));
+          for (size_t off = 0; off < wq.size(); off += blk.size()) std::memcpy(wq.data() + off, blk.data(), blk.size());
+          cpu::PackedWeight w;
+          cpu::pack(w, Source{wq.data(), t, k}, nr, k, nr, t, kern.il_of(t));
+          std::vector<float> row(static_cast<size_t>(k));
+          dequantize_row(t, wq.data(), row.data(), k);
+          // Every activation the same: each quantizes to +-127.
+          const std::vector<float> x(static_cast<size_t>(k), sign);
+          std::vector<uint8_t> act(act_row_bytes(k));
+          kern.quantize_act(x.data(), k, act_quant_of(t), act.data());
+          const std::vector<double> av = act_values(act.data(), k);
+          double want = 0, mag = 0;
+          for (int q = 0; q < k; ++q) {
+            want += row[static_cast<size_t>(q)] * av[static_cast<size_t>(q)];
+            mag += std::fabs(row[static_cast<size_t>(q)] * av[static_cast<size_t>(q)]);
+          }
+          const void* a = act.data();
+          for (int m : {1, 4}) {
+            std::vector<const void*> as(static_cast<size_t>(m), a);
+            std::vector<float> c(static_cast<size_t>(m) * nr, NAN);
+            kern.qgemm[quant_index(t)](m, as.data(), k, w.panel(0), nr, c.data(), nr, nullptr);
+            int wrong = 0;
+            for (float v : c) wrong += !(std::fabs(double(v) - want) <= 2e-6 * mag + 1e-30);
+            CHECK(wrong == 0);
+            if (wrong) FAIL_CHECK("m " << m << ": got " << c[0] << ", want " << want);
+          }
+        }
   }
 }
 

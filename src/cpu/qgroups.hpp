@@ -1,0 +1,74 @@
+// What the interleaved-row block kernels share (qgroups_avx512vnni.cpp on
+// groups of 16 rows, qgroups_avx2.cpp on 8; pack.hpp's kGroupRows): the
+// decode stream's prefetches and the activation rows' parts (also read by
+// the int8 tiles, qtile_avx512vnni.cpp).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "common/quant.hpp"
+
+namespace ep_moe {
+namespace cpu {
+// Internal linkage: each includer is built with its own ISA flags, so no
+// function of these may be shared between them at link time.
+namespace {
+
+// Decode streams each panel from memory once: every 64 bytes read
+// prefetch the line kAheadBytes on (qkernels_x86.inc's distance), past the
+// panel's end into the panel this thread takes next.
+constexpr size_t kAheadBytes = 6144;
+struct Stream {
+  const uint8_t* end;   // this panel's end
+  const uint8_t* next;  // the next panel (null: none)
+  size_t bytes;         // this panel's size, taken to be the next one's too
+  [[gnu::always_inline]] void at(const uint8_t* p) const {
+    const uint8_t* t = p + kAheadBytes;
+    if (t >= end) {
+      const auto past = static_cast<size_t>(t - end);
+      if (!next || past >= bytes) return;
+      t = next + past;
+    }
+    _mm_prefetch(reinterpret_cast<const char*>(t), _MM_HINT_T0);
+  }
+};
+
+// M activation rows' quants, their block scales and their sums of 16
+// (common/quant.hpp's act_q, act_d, act_s).
+template <int M>
+struct Acts {
+  const int8_t* q[M];
+  const float* d[M];
+  const int16_t* s[M];
+  Acts(const void* const* a, int k) {
+    for (int r = 0; r < M; ++r) {
+      q[r] = act_q(a[r]);
+      d[r] = act_d(a[r], k);
+      s[r] = act_s(a[r], k);
+    }
+  }
+};
+
+inline int32_t rd32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// The activations' i16 sums over groups 2p and 2p+1 of block b as one
+// dword (from the row's sums of 16: groups of 16 are them).
+template <int G>
+inline int32_t sum_pair(const int16_t* s16, int b, int p) {
+  if constexpr (G == 16) return rd32(s16 + 16 * b + 2 * p);
+  const int16_t* s = s16 + 16 * b + 4 * p;
+  const auto lo = static_cast<uint16_t>(s[0] + s[1]), hi = static_cast<uint16_t>(s[2] + s[3]);
+  return static_cast<int32_t>(lo | static_cast<uint32_t>(hi) << 16);
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace ep_moe
