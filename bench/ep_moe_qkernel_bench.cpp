@@ -10,15 +10,10 @@
 //   read    a plain read of the same buffer by the same threads, in the
 //           same moments: stream / read is the share of the read rate the
 //           kernel keeps;
-//   wide    where the table widens panels for the f32 tiles (a prefill's
-//           many rows: Kernels::qdequant), the in-cache calls that way:
-//           each panel widened, then the f32 tile over the rows widened
-//           back from their int8 values (FfnRunner's path at and above
-//           Kernels::qdequant_rows rows);
 //   tile    where the table has int8 tiles (Kernels::qtile), the in-cache
 //           calls that way: each panel unpacked, then the tile over the
 //           rows as quantized (FfnRunner's path at and above
-//           Kernels::qtile_rows rows, ahead of widening).
+//           Kernels::qtile_rows rows).
 // The variants alternate in short blocks (this VM's bandwidth moves within
 // seconds); each figure is the best block. Every table's results are
 // checked against the portable kernels' before anything is timed.
@@ -117,35 +112,6 @@ Acts make_acts(ep_moe_dtype_t dt, int k, int m, std::mt19937& rng) {
   return a;
 }
 
-// The activation rows' values as f32 (q * d), as the widened path takes them.
-struct WideActs {
-  std::vector<std::vector<float>> rows;
-  std::vector<const float*> ptrs;
-};
-WideActs widen_acts(const Acts& a, int k) {
-  WideActs w;
-  for (const auto& r : a.rows) {
-    w.rows.emplace_back(static_cast<size_t>(k));
-    act_row_values(r.data(), k, w.rows.back().data());
-  }
-  for (auto& r : w.rows) w.ptrs.push_back(r.data());
-  return w;
-}
-
-// Panels [p0, p1) of w widened into `wide` (k * nr floats), each through
-// the f32 tile with the rows of a; the outputs' sum.
-float run_widened(const cpu::Kernels& kern, ep_moe_dtype_t dt, const Weights& w, const WideActs& a, size_t p0,
-                  size_t p1, float* c, float* wide) {
-  const int m = static_cast<int>(a.ptrs.size());
-  float s = 0;
-  for (size_t p = p0; p < p1; ++p) {
-    kern.qdequant[quant_index(dt)](w.panel(p), w.nr, w.k, wide);
-    kern.gemm[0](m, a.ptrs.data(), w.k, wide, c, w.nr, nullptr);
-    s += c[0];
-  }
-  return s;
-}
-
 // Panels [p0, p1) of w unpacked into `tiles`, each through the int8 tile
 // with the rows of a; the outputs' sum.
 float run_tiled(const cpu::Kernels& kern, ep_moe_dtype_t dt, const Weights& w, const Acts& a, size_t p0, size_t p1,
@@ -210,21 +176,19 @@ double check(cpu::QGemmFn fn, cpu::QGemmFn ref, const Weights& w, const Weights&
 }
 
 struct Figures {
-  double cache = 0, stream = 0, read = 0, wide = 0, tile = 0;  // weights a second; read: bytes a second
-  double wide_err = 0, tile_err = 0;  // the widened path and the tiles against the block kernel (relative)
+  double cache = 0, stream = 0, read = 0, tile = 0;  // weights a second; read: bytes a second
+  double tile_err = 0;                               // the tiles against the block kernel (relative)
 };
 
-// The widened path's results against the block kernel's, over the first
-// panels (the largest difference over the largest result).
-// tiles: through the int8 tiles instead (unpacked into `wide`).
-double check_path(const cpu::Kernels& kern, ep_moe_dtype_t dt, const Weights& w, const Acts& a, const WideActs& wa,
-                  float* wide, bool tiles) {
+// The int8 tiles' results (panels unpacked into `buf`) against the block
+// kernel's, over the first panels (the largest difference over the
+// largest result).
+double check_tiles(const cpu::Kernels& kern, ep_moe_dtype_t dt, const Weights& w, const Acts& a, void* buf) {
   const int m = static_cast<int>(a.ptrs.size());
   std::vector<float> c1(static_cast<size_t>(m * w.nr)), c2(c1.size());
   double diff = 0, top = 0;
   for (size_t p = 0; p < std::min<size_t>(w.panels, 4); ++p) {
-    if (tiles) run_tiled(kern, dt, w, a, p, p + 1, c1.data(), wide);
-    else run_widened(kern, dt, w, wa, p, p + 1, c1.data(), wide);
+    run_tiled(kern, dt, w, a, p, p + 1, c1.data(), buf);
     kern.qgemm[quant_index(dt)](m, a.ptrs.data(), w.k, w.panel(p), w.nr, c2.data(), w.nr, nullptr);
     for (size_t i = 0; i < c1.size(); ++i) {
       diff = std::max(diff, static_cast<double>(std::fabs(c1[i] - c2[i])));
@@ -239,19 +203,17 @@ Figures measure(const cpu::Kernels& kern, ep_moe_dtype_t dt, const Weights& wc, 
                 int threads, int blocks, double block_s) {
   const cpu::QGemmFn fn = kern.qgemm[quant_index(dt)];
   const int nr = kern.nr, k = wc.k;
-  const bool widens = kern.qdequant[quant_index(dt)] != nullptr, tiles = kern.qtile[quant_index(dt)] != nullptr;
-  const WideActs wa = widen_acts(a, k);
+  const bool tiles = kern.qtile[quant_index(dt)] != nullptr;
   std::vector<std::vector<float>> c(static_cast<size_t>(threads), std::vector<float>(static_cast<size_t>(64 * nr)));
-  std::vector<AlignedBuffer> wide(static_cast<size_t>(threads));
-  for (auto& b : wide) b.resize(static_cast<size_t>(nr) * static_cast<size_t>(k) * sizeof(float));
+  std::vector<AlignedBuffer> unpacked(static_cast<size_t>(threads));
+  for (auto& b : unpacked) b.resize(tiles ? cpu::qtile_panel_bytes(dt, k) : 0);
   Figures f;
-  if (widens) f.wide_err = check_path(kern, dt, wc, a, wa, wide[0].data<float>(), false);
-  if (tiles) f.tile_err = check_path(kern, dt, wc, a, wa, wide[0].data<float>(), true);
+  if (tiles) f.tile_err = check_tiles(kern, dt, wc, a, unpacked[0].data<char>());
   std::vector<double> done(static_cast<size_t>(threads));
   std::atomic<float> sink{0};
   const size_t share = ws.panels / static_cast<size_t>(threads);
   // In cache: each thread its own passes over the small set, through the
-  // block kernel (path 0), the widened panels (1) or the tiles (2).
+  // block kernel (path 0) or the tiles (1).
   const auto in_cache = [&](int path) {
     const double dc = timed(threads, [&](int t) {
       float s = 0;
@@ -259,10 +221,8 @@ Figures measure(const cpu::Kernels& kern, ep_moe_dtype_t dt, const Weights& wc, 
       double n = 0;
       float* ct = c[static_cast<size_t>(t)].data();
       while (std::chrono::duration<double>(Clock::now() - t0).count() < block_s) {
-        float* buf = wide[static_cast<size_t>(t)].data<float>();
-        s += path == 1   ? run_widened(kern, dt, wc, wa, 0, wc.panels, ct, buf)
-             : path == 2 ? run_tiled(kern, dt, wc, a, 0, wc.panels, ct, buf)
-                         : run_panels(fn, wc, a, 0, wc.panels, ct);
+        s += path == 1 ? run_tiled(kern, dt, wc, a, 0, wc.panels, ct, unpacked[static_cast<size_t>(t)].data<char>())
+                       : run_panels(fn, wc, a, 0, wc.panels, ct);
         n += static_cast<double>(wc.panels);
       }
       sink.store(s);
@@ -274,8 +234,7 @@ Figures measure(const cpu::Kernels& kern, ep_moe_dtype_t dt, const Weights& wc, 
   };
   for (int b = 0; b < blocks; ++b) {
     f.cache = std::max(f.cache, in_cache(0));
-    if (widens) f.wide = std::max(f.wide, in_cache(1));
-    if (tiles) f.tile = std::max(f.tile, in_cache(2));
+    if (tiles) f.tile = std::max(f.tile, in_cache(1));
     // Streamed, then a plain read of the same share.
     const double dstream = timed(threads, [&](int t) {
       const size_t p0 = share * static_cast<size_t>(t);
@@ -331,11 +290,12 @@ int main(int argc, char** argv) {
   }
   const cpu::Isa top = cpu::detect_isa();
   const cpu::Kernels& generic = cpu::kernels_for(cpu::Isa::Generic);
-  std::printf("threads %d, k %d, this CPU's best table: %s; the AVX-512 tables' block kernels: %s\n", threads, k,
-              cpu::isa_name(top),
-              cpu::has_avx512_vnni() ? "AVX512-VNNI on interleaved rows" : "AVX2's (no AVX512_VNNI)");
-  std::printf("%-8s %-8s %5s %11s %11s %9s %11s %9s %7s %11s %6s %11s %6s\n", "isa", "dtype", "rows", "cache Gw/s",
-              "GMAC/s", "strm GB/s", "stream Gw/s", "read GB/s", "strm/rd", "wide GMAC/s", "w/c", "tile GMAC/s", "t/c");
+  std::printf(
+      "threads %d, k %d, this CPU's best table: %s; the AVX-512 tables' block kernels: %s\n", threads, k,
+      cpu::isa_name(top),
+      cpu::has_avx512_vnni() ? "AVX512-VNNI on 16 interleaved rows" : "AVX2's on 8 interleaved rows (no AVX512_VNNI)");
+  std::printf("%-8s %-8s %5s %11s %11s %9s %11s %9s %7s %11s %6s\n", "isa", "dtype", "rows", "cache Gw/s", "GMAC/s",
+              "strm GB/s", "stream Gw/s", "read GB/s", "strm/rd", "tile GMAC/s", "t/c");
   std::mt19937 rng(20261204);
   int failures = 0;
   for (ep_moe_dtype_t dt : dtypes) {
@@ -368,10 +328,9 @@ int main(int argc, char** argv) {
           continue;
         }
         const Figures f = measure(kern, dt, wc, ws, a, threads, blocks, block_s);
-        if (f.wide_err > 1e-5 || f.tile_err > 1e-5) {
-          std::printf("%-8s %-8s %5d FAILED: the %s differs from the block kernel by %.3g\n", cpu::isa_name(isa),
-                      presets::dtype_name(dt), m, f.wide_err > 1e-5 ? "widened path" : "int8 tile",
-                      std::max(f.wide_err, f.tile_err));
+        if (f.tile_err > 1e-5) {
+          std::printf("%-8s %-8s %5d FAILED: the int8 tile differs from the block kernel by %.3g\n", cpu::isa_name(isa),
+                      presets::dtype_name(dt), m, f.tile_err);
           ++failures;
           continue;
         }
@@ -379,8 +338,6 @@ int main(int argc, char** argv) {
         std::printf("%-8s %-8s %5d %11.2f %11.1f %9.2f %11.2f %9.2f %6.0f%% ", cpu::isa_name(isa),
                     presets::dtype_name(dt), m, f.cache / 1e9, f.cache * m / 1e9, f.stream * bytes_per_w / 1e9,
                     f.stream / 1e9, f.read / 1e9, 100.0 * f.stream * bytes_per_w / f.read);
-        if (f.wide > 0) std::printf("%11.1f %5.2fx ", f.wide * m / 1e9, f.wide / f.cache);
-        else std::printf("%11s %6s ", "-", "-");
         if (f.tile > 0) std::printf("%11.1f %5.2fx\n", f.tile * m / 1e9, f.tile / f.cache);
         else std::printf("%11s %6s\n", "-", "-");
       }
@@ -389,7 +346,6 @@ int main(int argc, char** argv) {
   std::printf(
       "(Gw/s: G weight elements a second, each against every row of the call; GMAC/s = Gw/s x rows;\n"
       " strm/rd: the streamed pass's bytes a second over the plain read's, in the same blocks;\n"
-      " wide: in cache through widened panels and the f32 tiles; w/c: its rate over the block kernel's;\n"
       " tile: in cache through unpacked panels and the int8 tiles; t/c: its rate over the block kernel's)\n");
   return failures ? 1 : 0;
 }

@@ -291,7 +291,7 @@ int main(int argc, char** argv) {
   cpu::FfnRunner ffn(kern, hidden, inter, jobs.pairs, dot);
   QuantRows q;
   if (quant) {
-    ffn.reserve_quant(pool.size(), T, o.wdt);
+    ffn.reserve_quant(pool.size(), o.wdt);
     make_quant_rows(o, max_rows, x, &q);
   }
   const int use = pool.size();

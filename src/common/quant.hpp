@@ -64,13 +64,6 @@ inline const int16_t* act_s(const void* row, int64_t k) {
 }
 // The portable quantizer (the vector ones give the same bytes).
 void quantize_act_row(const float* x, int64_t k, ActQuant aq, void* out);
-// An activation row's values as f32: out[e] = q[e] * d[e / 32] (what the
-// f32 tiles take where block panels are widened).
-inline void act_row_values(const void* row, int64_t k, float* out) {
-  const int8_t* q = act_q(row);
-  const float* d = act_d(row, k);
-  for (int64_t e = 0; e < k; ++e) out[e] = static_cast<float>(q[e]) * d[e / 32];
-}
 
 // Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0 .. 7) from a
 // block's 12 scale bytes.

@@ -65,7 +65,7 @@ FfnRunner::FfnRunner(const Kernels& k, int32_t hidden, int32_t max_inter, int64_
   }
 }
 
-void FfnRunner::reserve_quant(int threads, int64_t x_rows, ep_moe_dtype_t t) {
+void FfnRunner::reserve_quant(int threads, ep_moe_dtype_t t) {
   if (xq_.size() == 0) {
     ldxq_ = act_row_bytes(hidden_);
     ldhq_ = act_row_bytes(ldh_);
@@ -82,22 +82,6 @@ void FfnRunner::reserve_quant(int threads, int64_t x_rows, ep_moe_dtype_t t) {
       tiles_.resize(static_cast<size_t>(tile_threads_) * tile_bytes_);
     }
   }
-  if (!k_.widens(t, std::numeric_limits<int64_t>::max())) return;
-  if (threads > wide_threads_) {
-    wide_k_ = std::max(hidden_, ldh_);
-    wide_.resize(static_cast<size_t>(threads) * static_cast<size_t>(k_.nr) * static_cast<size_t>(wide_k_) * 4);
-    xt_.resize(static_cast<size_t>(threads) * act_row_bytes(hidden_));
-    wide_threads_ = threads;
-  }
-  if (x_rows > xf_rows_) {
-    xf_.resize(static_cast<size_t>(x_rows) * static_cast<size_t>(hidden_) * 4);
-    xf_rows_ = x_rows;
-  }
-}
-
-bool FfnRunner::widened(const Segment& sg, bool down) const {
-  const PackedWeight& w = down ? *sg.job->down : *sg.job->gate_up;
-  return w.quant() && wide_ok_ && (down || wide_x_) && k_.widens(w.dtype, sg.len) && w.k <= wide_k_;
 }
 
 bool FfnRunner::tiled(const Segment& sg, bool down) const {
@@ -111,37 +95,6 @@ const void* FfnRunner::tile_panel(const PackedWeight& w, int32_t p, int t) {
   return out;
 }
 
-// x's rows as the block kernels would quantize them for the run's gate_up
-// format, when some expert's rows may take the widened panels.
-void FfnRunner::widen_x(const std::vector<ExpertJob>& jobs, ThreadPool& pool, const float* x, int64_t ldx) {
-  wide_ok_ = wide_threads_ >= pool.size();
-  wide_x_ = false;
-  if (!wide_ok_ || !x) return;
-  ActQuant aq = ActQuant::Q8_0;
-  int64_t rows = 0;
-  for (const ExpertJob& j : jobs) {
-    if (!j.gate_up->quant() || !k_.widens(j.gate_up->dtype, std::min(j.n, chunk_))) continue;
-    aq = act_quant_of(j.gate_up->dtype);
-    for (int64_t i = 0; i < j.n; ++i) rows = std::max<int64_t>(rows, j.rows[i] + 1);
-  }
-  if (rows == 0 || rows > xf_rows_) return;
-  const size_t tb = act_row_bytes(hidden_);
-  pool.parallel_ranges(static_cast<size_t>(rows), 16, [&](size_t b0, size_t b1, int t) {
-    char* q = xt_.data<char>() + static_cast<size_t>(t) * tb;
-    for (size_t r = b0; r < b1; ++r) {
-      k_.quantize_act(x + static_cast<int64_t>(r) * ldx, hidden_, aq, q);
-      act_row_values(q, hidden_, xf_.data<float>() + r * static_cast<size_t>(hidden_));
-    }
-  });
-  wide_x_ = true;
-}
-
-const float* FfnRunner::widen_panel(const PackedWeight& w, int32_t p, int t) {
-  float* out = wide_.data<float>() + static_cast<size_t>(t) * static_cast<size_t>(k_.nr) * static_cast<size_t>(wide_k_);
-  k_.qdequant[quant_index(w.dtype)](w.panel(p), k_.nr, w.k, out);
-  return out;
-}
-
 void FfnRunner::reserve_jobs(size_t max_jobs) {
   segs_.reserve(max_jobs);
   ord_.reserve(max_jobs);
@@ -150,7 +103,6 @@ void FfnRunner::reserve_jobs(size_t max_jobs) {
 
 void FfnRunner::run(ThreadPool& pool, const std::vector<ExpertJob>& jobs, const float* x, int64_t ldx, float* acc,
                     int64_t ldacc, Act act, const uint16_t* x16, int64_t ldx16) {
-  widen_x(jobs, pool, x, ldx);
   tile_ok_ = tile_threads_ >= pool.size();
   segs_.clear();
   int64_t used = 0;
@@ -223,13 +175,9 @@ void FfnRunner::quantize_rows(const Chunk& ch, int64_t rows, ThreadPool& pool, c
       const PackedWeight& w = down ? *j.down : *j.gate_up;
       if (!w.quant()) continue;
       const ActQuant aq = act_quant_of(w.dtype);
-      const bool wide = widened(segs[s], down);
       if (down) {
-        // Widened: h's row becomes its quantized values in place.
-        char* hq = ch.hq + r * static_cast<int64_t>(ldhq_);
-        k_.quantize_act(ch.hbuf + r * ldh_, w.k, aq, hq);
-        if (wide) act_row_values(hq, w.k, ch.hbuf + r * ldh_);
-      } else if (!wide) {  // widened gate_up rows read xf_
+        k_.quantize_act(ch.hbuf + r * ldh_, w.k, aq, ch.hq + r * static_cast<int64_t>(ldhq_));
+      } else {
         const int64_t tok = j.rows[segs[s].begin + (r - segs[s].offset)];
         k_.quantize_act(x + tok * ldx, w.k, aq, ch.xq + r * static_cast<int64_t>(ldxq_));
       }
@@ -341,13 +289,9 @@ void FfnRunner::phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64
       }
       const void* next = next_after(q + 1);
       const void* tile = tiled(s, false) ? tile_panel(w, p, t) : nullptr;
-      const float* wide = !tile && widened(s, false) ? widen_panel(w, p, t) : nullptr;
       for (int64_t r0 = 0; r0 < s.len; r0 += kRows) {
         const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
-        if (wide) {
-          for (int i = 0; i < m; ++i) a[i] = xf_.data<float>() + s.job->rows[s.begin + r0 + i] * int64_t{hidden_};
-          k_.gemm[EP_MOE_DTYPE_F32](m, a, w.k, wide, c, nr, nullptr);
-        } else if (w.quant()) {
+        if (w.quant()) {
           const void* aq[kRows];
           for (int i = 0; i < m; ++i) aq[i] = xq + (s.offset + r0 + i) * static_cast<int64_t>(ldxq_);
           if (tile) k_.qtile[quant_index(w.dtype)](m, aq, w.k, tile, c, nr, r0 == 0 ? next : nullptr);
@@ -390,16 +334,11 @@ void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t l
   const auto grain_b = static_cast<size_t>(std::max(1, std::min(16, panels / (2 * pool.size()))));
   // Rows r0 .. r0 + m of segment s (m returned, kRows at most) through
   // down panel p into c, ldc floats a row.
-  // wide: panel p widened (widened segments), else null; tile: unpacked
-  // for the int8 tiles (tiled segments), else null.
+  // tile: panel p unpacked for the int8 tiles (tiled segments), else null.
   const auto down_rows = [&](const Segment& s, const PackedWeight& w, int32_t p, int64_t r0, float* c, int ldc,
-                             const void* next, const float** a, const uint16_t** a16, const float* wide,
-                             const void* tile) {
+                             const void* next, const float** a, const uint16_t** a16, const void* tile) {
     const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
-    if (wide) {
-      for (int i = 0; i < m; ++i) a[i] = hbuf + (s.offset + r0 + i) * ldh_;
-      k_.gemm[EP_MOE_DTYPE_F32](m, a, w.k, wide, c, ldc, nullptr);
-    } else if (w.quant()) {
+    if (w.quant()) {
       const void* aq[kRows];
       for (int i = 0; i < m; ++i) aq[i] = ch.hq + (s.offset + r0 + i) * static_cast<int64_t>(ldhq_);
       if (tile) k_.qtile[quant_index(w.dtype)](m, aq, w.k, tile, c, ldc, next);
@@ -462,19 +401,18 @@ void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t l
           // The sums are the same as panel by panel (each acc element still
           // gets its one addition per row of the segment, segments in order),
           // so the bits are too.
-          // Widened or unpacked panels: each once, so a segment of more row
-          // blocks goes panel by panel.
+          // Unpacked panels: each once, so a segment of more row blocks goes
+          // panel by panel.
           const size_t panel_bytes = w.panel_bytes();
-          const bool tile = tiled(s, true), wide = !tile && widened(s, true);
-          if (s.len <= kRows ||
-              (!wide && !tile && static_cast<size_t>(p_end - p0) * panel_bytes <= kRowBlockClaimBytes)) {
+          const bool tile = tiled(s, true);
+          if (s.len <= kRows || (!tile && static_cast<size_t>(p_end - p0) * panel_bytes <= kRowBlockClaimBytes)) {
             for (int64_t r0 = 0; r0 < s.len; r0 += kRows)
               for (int32_t p = p0; p < p_end; p += run_b) {
                 const int32_t np = std::min(run_b, p_end - p), col0 = p * nr;
                 const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
                 for (int32_t j = 0; j < np; ++j)
                   down_rows(s, w, p + j, r0, c + j * nr, np * nr, r0 == 0 ? next_after(p + j + 1) : nullptr, a, a16,
-                            wide ? widen_panel(w, p + j, t) : nullptr, tile ? tile_panel(w, p + j, t) : nullptr);
+                            tile ? tile_panel(w, p + j, t) : nullptr);
                 if (s.job->down_bias) add_bias_rows(c, np * nr, m, np * nr, s.job->down_bias + col0);
                 k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin + r0, s.job->weights + s.begin + r0, c, np * nr,
                                m, std::min(np * nr, hidden_ - col0));
@@ -485,10 +423,9 @@ void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t l
             const int32_t col0 = p * nr;
             const int ncols = std::min(nr, hidden_ - col0);
             const void* next = next_after(p + 1);
-            const float* wp = wide ? widen_panel(w, p, t) : nullptr;
             const void* tp = tile ? tile_panel(w, p, t) : nullptr;
             for (int64_t r0 = 0; r0 < s.len; r0 += kRows) {
-              const int m = down_rows(s, w, p, r0, c, nr, r0 == 0 ? next : nullptr, a, a16, wp, tp);
+              const int m = down_rows(s, w, p, r0, c, nr, r0 == 0 ? next : nullptr, a, a16, tp);
               if (s.job->down_bias) add_bias_rows(c, nr, m, nr, s.job->down_bias + col0);
               k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin + r0, s.job->weights + s.begin + r0, c, nr, m,
                              ncols);

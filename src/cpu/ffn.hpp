@@ -65,12 +65,9 @@ class FfnRunner {
   // block-format gate_up of one run must share one activation format, and
   // every block-format down one (the layer keeps one storage type per part).
   // Where the kernels have int8 tiles for `t` (Kernels::tiles), room for
-  // `threads` unpacked panels. Where they widen panels of block format `t`
-  // for many rows (Kernels::widens), also room for `threads` widened panels and for the
-  // values of up to `x_rows` rows of x as quantized (run() then takes that
-  // path for an expert's rows in a chunk when x has at most x_rows rows,
-  // else stays on the block kernels). Called once per format held.
-  void reserve_quant(int threads, int64_t x_rows, ep_moe_dtype_t t);
+  // `threads` unpacked panels (a run on more threads keeps to the block
+  // kernels). Called once per format held.
+  void reserve_quant(int threads, ep_moe_dtype_t t);
 
  private:
   struct Segment {
@@ -98,15 +95,8 @@ class FfnRunner {
   // The chunk's rows of x (xq) or of h (hq, after phase A) as int8
   // activation rows, for the segments whose weight `down`? is in a block format.
   void quantize_rows(const Chunk& ch, int64_t rows, ThreadPool& pool, const float* x, int64_t ldx, bool down);
-  // Widened block panels (Kernels::widens): whether segment sg's rows go
-  // through them for its gate_up (down false) or down; the rows of x as
-  // quantized (xf_, when any gate_up of the run widens: wide_x_).
-  bool widened(const Segment& sg, bool down) const;
-  void widen_x(const std::vector<ExpertJob>& jobs, ThreadPool& pool, const float* x, int64_t ldx);
-  // Thread t's panel widened from block panel p of w (nr * k floats).
-  const float* widen_panel(const PackedWeight& w, int32_t p, int t);
   // The int8 tiles (Kernels::tiles): whether segment sg's rows go through
-  // them for its gate_up (down false) or down (ahead of widening); thread
+  // them for its gate_up (down false) or down; thread
   // t's unpacked panel from block panel p of w.
   bool tiled(const Segment& sg, bool down) const;
   const void* tile_panel(const PackedWeight& w, int32_t p, int t);
@@ -126,13 +116,6 @@ class FfnRunner {
   // Block-format weights: int8 activation rows of x and h (reserve_quant).
   AlignedBuffer xq_, hq_;
   size_t ldxq_ = 0, ldhq_ = 0;  // bytes a row
-  // Widened panels: one per thread (nr * wide_k_ floats); x's rows as
-  // quantized (xf_, hidden_ floats a row, xf_rows_ of them) and a
-  // quantized row per thread to make them (xt_).
-  AlignedBuffer wide_, xf_, xt_;
-  int64_t wide_k_ = 0, xf_rows_ = 0;
-  int wide_threads_ = 0;
-  bool wide_ok_ = false, wide_x_ = false;  // this run: panels may widen; so may gate_up
   // Unpacked panels for the int8 tiles: one per thread, tile_bytes_ each.
   AlignedBuffer tiles_;
   size_t tile_bytes_ = 0;

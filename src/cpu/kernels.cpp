@@ -31,13 +31,9 @@ const Kernels& kernels_for(Isa isa) {
 void set_x86_block_kernels(Kernels& t, bool avx512) {
   const bool vnni = avx512 && has_avx512_vnni();
   t.quantize_act = quantize_act_avx2;
-  // Every block format on interleaved rows (8 a group with AVX2's maddubs,
-  // 16 with AVX512_VNNI); nothing widens them.
-  for (int i = 0; i < kQuantTypes; ++i) {
-    t.qil[i] = vnni ? kGroupRows : kGroupRows8;
-    t.qdequant[i] = nullptr;
-    t.qdequant_rows[i] = 0;
-  }
+  // Every block format on interleaved rows: 8 a group with AVX2's maddubs,
+  // 16 with AVX512_VNNI.
+  for (int i = 0; i < kQuantTypes; ++i) t.qil[i] = vnni ? kGroupRows : kGroupRows8;
   if (!vnni) {
     qgroups_avx2(t.qgemm);
     return;

@@ -50,11 +50,6 @@ using GemmRunFn = void (*)(int m, const float* const* a, int k, const void* pane
 using QGemmFn = void (*)(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc,
                          const void* next);
 
-// A block-format panel (nr rows of blocks, k elements each; nr a multiple
-// of 8) widened into an f32 panel (k * nr floats, pack.hpp's f32 layout),
-// each value as common/quant.cpp's dequantize_row makes it.
-using QDequantFn = void (*)(const void* panel, int nr, int k, float* out);
-
 // Block-format panels of kQTileCols weight rows unpacked for the int8
 // tiles (AVX512-VNNI, qtile_avx512vnni.cpp): the weights as u8 in k-groups
 // of 4 across the 32 rows, with their scales per block (qtile_panel_bytes
@@ -126,22 +121,15 @@ struct Kernels {
   // By quant_index of the weight's block format (every table has all).
   QGemmFn qgemm[kQuantTypes] = {};
   // By quant_index: the row interleave of the panels this table's
-  // block-format entries (qgemm, qunpack, qdequant) read (pack.hpp's
+  // block-format entries (qgemm, qunpack) read (pack.hpp's
   // PackedWeight::il; 0: rows one after another).
   int qil[kQuantTypes] = {};
   int32_t il_of(ep_moe_dtype_t t) const { return dtype_is_quant(t) ? qil[quant_index(t)] : 0; }
   // An f32 row into an activation row (quantize_act_row's bytes).
   void (*quantize_act)(const float* x, int64_t k, ActQuant aq, void* out) = nullptr;
-  // Where set: block-format weights widened a panel at a time for the f32
-  // tiles (gemm[0]), used for an expert's calls of at least qdequant_rows
-  // rows (by quant_index; 0: never), with the activations quantized as
-  // for qgemm and widened back (the same values: the same products, summed
-  // in another order). Below that the block kernels are faster.
-  QDequantFn qdequant[kQuantTypes] = {};
-  int qdequant_rows[kQuantTypes] = {};
   // Where set: block-format panels unpacked for the int8 tiles (a panel
   // of nr == kQTileCols rows at a time), used for an expert's calls of at
-  // least qtile_rows rows (by quant_index; 0: never), ahead of widening.
+  // least qtile_rows rows (by quant_index; 0: never).
   QUnpackFn qunpack[kQuantTypes] = {};
   QTileFn qtile[kQuantTypes] = {};
   int qtile_rows[kQuantTypes] = {};
@@ -150,11 +138,6 @@ struct Kernels {
   bool tiles(ep_moe_dtype_t t, int64_t m) const {
     const int i = quant_index(t);
     return qtile[i] != nullptr && qtile_rows[i] > 0 && m >= qtile_rows[i];
-  }
-  // Whether it takes the widened panels (where it does not take the tiles).
-  bool widens(ep_moe_dtype_t t, int64_t m) const {
-    const int i = quant_index(t);
-    return qdequant[i] != nullptr && qdequant_rows[i] > 0 && m >= qdequant_rows[i] && !tiles(t, m);
   }
 
   // Whether an expert's m rows with weights of dtype w go through runs of
@@ -190,37 +173,27 @@ void sum_rows_avx2(void* out, ep_moe_dtype_t out_dt, const float* init, const vo
 void sum_rows_scalar(void* out, ep_moe_dtype_t out_dt, const float* init, const void* const* rows, int nrows,
                      ep_moe_dtype_t dt, int64_t col0, int64_t n);
 
-// The block-format kernels on rows one after another: portable
-// (qkernels_generic.cpp) and AVX2 (qkernels_avx2.cpp: maddubs integer dot
-// products), each a full table by quant_index. The AVX-512 tables take
-// AVX2's where the CPU has no AVX512_VNNI.
+// The block-format kernels on rows one after another, the portable table's
+// (qkernels_generic.cpp), a full table by quant_index.
 void qkernels_generic(QGemmFn* out);
-void qkernels_avx2(QGemmFn* out);
 // Every block format on rows interleaved 16 at a time (pack.hpp's
 // kGroupRows; qgroups_avx512vnni.cpp): the AVX-512 tables' qgemm and
-// qunpack entries for them where the CPU has AVX512_VNNI. One 512-bit
-// vpdpbusd takes 4 elements of 16 weight rows against one activation row's
-// 4, so a lone activation row runs at several times the row-at-a-time
-// kernels' rate.
+// qunpack entries where the CPU has AVX512_VNNI. One 512-bit vpdpbusd
+// takes 4 elements of 16 weight rows against 4 of one activation row.
 void qgroups_avx512vnni(QGemmFn* gemm, QUnpackFn* unpack);
 // Every block format on rows interleaved 8 at a time (pack.hpp's
 // kGroupRows8; qgroups_avx2.cpp, maddubs): the AVX2 table's qgemm entries,
-// and the AVX-512 ones' where the CPU has no AVX512_VNNI.
+// and the AVX-512 ones' where the CPU has no AVX512_VNNI; with the AVX2
+// activation quantizer, which every x86 table takes.
 void qgroups_avx2(QGemmFn* gemm);
 void quantize_act_avx2(const float* x, int64_t k, ActQuant aq, void* out);
-// The AVX2 panel widening (qdequant_avx2.cpp), a full table by quant_index.
-void qdequant_avx2(QDequantFn* out);
-// An x86 table's block-format entries: the AVX2 activation quantizer and
-// panel widening; qgemm from the AVX2 kernels, or on the AVX-512 tables
-// (avx512) where the CPU has AVX512_VNNI the interleaved-row kernels and
-// the int8 tiles, which never widen. Widening from 24 rows an expert (AVX2; 32 on the AVX-512
-// tables) for the formats with a scale per 32 elements (Q8_0, Q4_0,
-// MXFP4), whose block kernels convert and scale every block for every
-// row. The K formats and IQ4_XS apply their per-32 scales in the integer
-// sums and scale per 256: their kernels stay level with or ahead of the
-// widened path to 48 rows at k = 2048, so they never widen. Each
-// threshold is where ep_moe_qkernel_bench's w/c (widening) or t/c (tiles)
-// column passes 1 against the table's own block kernels (k 768 and 2048).
+// An x86 table's block-format entries: the AVX2 activation quantizer, and
+// qgemm from the 8-row kernels, or on the AVX-512 tables (avx512) where
+// the CPU has AVX512_VNNI the 16-row kernels and the int8 tiles. The
+// interleaved kernels run every row count at least as fast as widening
+// the panels to f32 for the f32 tiles would (no table widens). The tiles'
+// thresholds (qtile_rows) are where ep_moe_qkernel_bench's t/c column
+// passes 1 against the table's own block kernels (k 768 and 2048).
 void set_x86_block_kernels(Kernels& t, bool avx512);
 // The int8 tiles (qtile_avx512vnni.cpp), by quant_index (their panels
 // unpacked by qgroups_avx512vnni's qunpack entries).

@@ -19,8 +19,11 @@ namespace cpu {
 namespace {
 
 // Decode streams each panel from memory once: every 64 bytes read
-// prefetch the line kAheadBytes on (qkernels_x86.inc's distance), past the
-// panel's end into the panel this thread takes next.
+// prefetch the line kAheadBytes on, past the panel's end into the panel
+// this thread takes next. Spread over the reads, so that they overlap the
+// arithmetic (a burst of a whole row's lines at once left long rows
+// waiting on the memory); a few KiB ahead covers the latency at two
+// threads' share of the bandwidth.
 constexpr size_t kAheadBytes = 6144;
 struct Stream {
   const uint8_t* end;   // this panel's end

@@ -1,7 +1,7 @@
 // Block formats on rows interleaved 8 at a time (pack.hpp's kGroupRows8):
 // the qgemm entries of the AVX2 table, and of the AVX-512 ones where the
-// CPU has no AVX512_VNNI (kernels.hpp's QGemmFn; built with -mavx2 -mfma
-// -mf16c).
+// CPU has no AVX512_VNNI (kernels.hpp's QGemmFn), and the activation rows'
+// quantizer of every x86 table (built with -mavx2 -mfma -mf16c).
 //
 // Each 256-bit load holds 4 consecutive elements of 8 weight rows: maddubs
 // multiplies them (u8) with 4 elements of an activation row (s8,
@@ -439,6 +439,56 @@ void qgemm_groups(int m, const void* const* a, int k, const void* panel, int nr,
 }
 
 }  // namespace
+
+// The activation rows' quantizer: the scalar quantizer's bytes, the same f32 multiply by 127 / amax and the
+// same rounding (cvtps2dq, nearest even).
+void quantize_act_avx2(const float* x, int64_t k, ActQuant aq, void* outp) {
+  const int64_t kp = act_row_padded(k);
+  auto* q = static_cast<int8_t*>(outp);
+  auto* d = reinterpret_cast<float*>(static_cast<char*>(outp) + kp);
+  auto* s = reinterpret_cast<int16_t*>(static_cast<char*>(outp) + kp + kp / 32 * 4);
+  const int64_t bs = aq == ActQuant::Q8_K ? 256 : 32;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t b0 = 0; b0 < kp; b0 += bs) {
+    const int64_t end = b0 + bs < k ? b0 + bs : k;
+    float amax = 0;
+    int64_t i = b0;
+    if (end - b0 == bs) {
+      __m256 mx = _mm256_setzero_ps();
+      for (; i < end; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+      __m128 t = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+      t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+      t = _mm_max_ss(t, _mm_movehdup_ps(t));
+      amax = _mm_cvtss_f32(t);
+    } else {
+      for (; i < end; ++i) amax = amax > __builtin_fabsf(x[i]) ? amax : __builtin_fabsf(x[i]);
+    }
+    const float db = amax / 127.0f, id = db != 0.0f ? 127.0f / amax : 0.0f;
+    if (end - b0 == bs) {
+      const __m256 vid = _mm256_set1_ps(id);
+      for (int64_t e = b0; e < end; e += 32) {
+        const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + e), vid));
+        const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + e + 8), vid));
+        const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + e + 16), vid));
+        const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + e + 24), vid));
+        const __m256i p16a = _mm256_packs_epi32(i0, i1), p16b = _mm256_packs_epi32(i2, i3);
+        const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+        // The packs interleave the 128-bit lanes: put the 4-byte groups back in order.
+        const __m256i ord = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + e), ord);
+      }
+    } else {
+      for (int64_t e = b0; e < b0 + bs; ++e)
+        q[e] = e < k ? static_cast<int8_t>(_mm_cvtss_si32(_mm_set_ss(x[e] * id))) : 0;
+    }
+    for (int64_t j = b0 / 32; j < (b0 + bs) / 32; ++j) d[j] = db;
+  }
+  for (int64_t g = 0; g < kp / 16; ++g) {
+    int sum = 0;
+    for (int e = 0; e < 16; ++e) sum += q[16 * g + e];
+    s[g] = static_cast<int16_t>(sum);
+  }
+}
 
 void qgroups_avx2(QGemmFn* gemm) {
   gemm[quant_index(EP_MOE_DTYPE_Q4_K)] = qgemm_groups<EP_MOE_DTYPE_Q4_K>;

@@ -4,8 +4,8 @@
 // built with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2 -mfma
 // -mf16c).
 //
-// The row-at-a-time kernels (qkernels_x86.inc) spend most of a block's
-// instructions on its scales and on one row's lanes, so a lone activation
+// Row-at-a-time kernels spend most of a block's instructions on its
+// scales and on one row's lanes, so a lone activation
 // row (decode) reads the weights below the memory's rate on a fast memory.
 // Here each 64-byte load holds 4 consecutive elements of 16 weight rows:
 // one vpdpbusd multiplies them (as u8) with 4 elements of an activation row

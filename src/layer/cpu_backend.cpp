@@ -42,7 +42,7 @@ CpuBackend::CpuBackend(Layer& L, int64_t max_rows, int64_t send_rows, int64_t fa
   float_type_ = dtype_is_quant(wdt) ? EP_MOE_DTYPE_F32 : wdt;
   max_rows_ = max_rows;
   direct_bf16_ = !dtype_is_quant(wdt) && ffn_->reads_bf16_rows(wdt);
-  if (dtype_is_quant(wdt)) ffn_->reserve_quant(pool_->size(), max_rows, wdt);
+  if (dtype_is_quant(wdt)) ffn_->reserve_quant(pool_->size(), wdt);
   if (!direct_bf16_) x_f32_.resize(static_cast<size_t>(max_rows * H) * 4);
   acc_.resize(static_cast<size_t>(max_rows * H) * 4);
   own_x_.resize(static_cast<size_t>(T * H) * 4);
@@ -169,7 +169,7 @@ ep_moe_dtype_t CpuBackend::routed_type(ep_moe_dtype_t src, int32_t* fixed, const
 }
 
 void CpuBackend::enable_quant(ep_moe_dtype_t t) {
-  ffn_->reserve_quant(pool_->size(), max_rows_, t);
+  ffn_->reserve_quant(pool_->size(), t);
   if (!direct_bf16_) return;
   // Rows are quantized from f32: the flows widen them again.
   direct_bf16_ = false;

@@ -91,7 +91,7 @@ class CpuBackend final : public LayerBackend {
   // the part already has (*fixed, -1 before the first).
   ep_moe_dtype_t routed_type(ep_moe_dtype_t src, int32_t* fixed, const char* part) const;
   // A block-format part of format t: int8 activation rows and f32 x rows
-  // (the first), the widened panels' room (the first of a format that widens).
+  // (the first), the int8 tiles' room (the first of a format that has them).
   void enable_quant(ep_moe_dtype_t t);
   // `n` values into a bias padded to `padded` values.
   static void put_bias(std::vector<float>& dst, const Source& src, int64_t n, int64_t padded);

@@ -540,18 +540,17 @@ TEST_CASE("GGUF block-format experts: every type and mix, every ISA path, EP, DP
   unsetenv("EP_MOE_CPU_ISA");
 }
 
-TEST_CASE("GGUF block-format experts through widened panels or int8 tiles: prefill rows of each format and mix",
+TEST_CASE("GGUF block-format experts in prefill: interleaved-row kernels or int8 tiles, each format and mix",
           "[forward][quant]") {
-  // Experts with many rows in a chunk (prefill): where the format widens
-  // its panels for the f32 tiles (Kernels::qdequant_rows: Q8_0, Q4_0, MXFP4
-  // on AVX2 and on the AVX-512 tables without AVX512_VNNI; IQ4_XS does not),
-  // and with AVX512_VNNI through the int8 tiles (Kernels::qtile_rows: every
-  // format, Q4_K and Q6_K too), against the reference with the activations
-  // quantized as stated, on every ISA path (the portable one has neither): gate/up
-  // and down each widened or not (mixes), an expert's rows past one
-  // kernel call, a block-format shared expert over every token (rows past
-  // one kernel call in down's panel-by-panel order), DP with uneven
-  // tokens, bf16 activations, two threads, fresh inputs a second forward.
+  // Experts with many rows in a chunk (prefill): the interleaved-row
+  // kernels over several calls of rows (AVX2, and the AVX-512 tables
+  // without AVX512_VNNI) and with AVX512_VNNI the int8 tiles
+  // (Kernels::qtile_rows: every format), against the reference with the
+  // activations quantized as stated, on every ISA path: gate/up and down
+  // in different formats (mixes), an expert's rows past one kernel call, a
+  // block-format shared expert over every token (rows past one kernel call
+  // in down's panel-by-panel order), DP with uneven tokens, bf16
+  // activations, two threads, fresh inputs a second forward.
   const int types[] = {refq::Q8_0, refq::Q4_0, refq::MXFP4, refq::IQ4_XS};
   for (int isa_i = 0; isa_i < 4; ++isa_i) {
     const char* isa = harness::kIsaNames[isa_i];
@@ -560,8 +559,8 @@ TEST_CASE("GGUF block-format experts through widened panels or int8 tiles: prefi
       INFO("isa " << isa << " variant " << variant);
       Case c;
       c.qgu = c.qdown = types[variant % 4];
-      if (variant == 4) c.qgu = refq::Q4_K;    // AVX2: down widens, gate/up does not
-      if (variant == 5) c.qdown = refq::Q6_K;  // AVX2: gate/up widens, down does not
+      if (variant == 4) c.qgu = refq::Q4_K;    // Q4_K gate/up, Q8_0 down
+      if (variant == 5) c.qdown = refq::Q6_K;  // Q4_0 gate/up, Q6_K down
       c.spec.H = variant == 3 ? 512 : 256;
       c.spec.I = 256;
       c.spec.E = 4;
@@ -585,7 +584,7 @@ TEST_CASE("GGUF block-format experts through widened panels or int8 tiles: prefi
       }
       double worst = 0;
       if (harness::isa_skipped(harness::run_case(c, rng(), &worst), isa_i)) break;
-      WARN("widened " << c.qgu << "/" << c.qdown << " " << isa << " variant " << variant << ": max error " << worst);
+      WARN("prefill " << c.qgu << "/" << c.qdown << " " << isa << " variant " << variant << ": max error " << worst);
     }
   }
   unsetenv("EP_MOE_CPU_ISA");

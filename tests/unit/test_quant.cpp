@@ -313,40 +313,6 @@ TEST_CASE("block-format kernels at the bounds of their integer sums: every value
   }
 }
 
-TEST_CASE("widened block panels: every value as dequantize_row makes it, bit for bit, every ISA and type",
-          "[unit][quant][kernels]") {
-  std::mt19937 rng(Catch::rngSeed() + 15);
-  for (cpu::Isa isa : isas_here()) {
-    const cpu::Kernels& kern = cpu::kernels_for(isa);
-    for (ep_moe_dtype_t t : kTypes) {
-      if (!kern.qdequant[quant_index(t)]) {
-        WARN("skipped: " << cpu::isa_name(isa) << " does not widen " << dtype_name(t) << " panels");
-        continue;
-      }
-      for (int k : {32, 256, 288, 2048}) {
-        if (k % quant_block_elems(t) != 0) continue;
-        const int nr = kern.nr;
-        CAPTURE(cpu::isa_name(isa), dtype_name(t), k);
-        const size_t rb = quant_row_bytes(t, k);
-        std::vector<uint8_t> panel(rb * static_cast<size_t>(nr));
-        for (int r = 0; r < nr; ++r) {
-          const std::vector<float> x = normal(static_cast<size_t>(k), rng, r % 3 == 0 ? 4.0f : 0.05f);
-          quantize_row(t, x.data(), panel.data() + rb * static_cast<size_t>(r), k);
-        }
-        std::vector<float> wide(static_cast<size_t>(k) * nr, NAN), row(static_cast<size_t>(k));
-        kern.qdequant[quant_index(t)](panel.data(), nr, k, wide.data());
-        int wrong = 0;
-        for (int r = 0; r < nr; ++r) {
-          dequantize_row(t, panel.data() + rb * static_cast<size_t>(r), row.data(), k);
-          for (int q = 0; q < k; ++q)
-            wrong += std::memcmp(&wide[static_cast<size_t>(q) * nr + r], &row[static_cast<size_t>(q)], 4) != 0;
-        }
-        CHECK(wrong == 0);
-      }
-    }
-  }
-}
-
 TEST_CASE("block-format packing: rows copied as they are, quantized from floats, read back whole", "[unit][quant]") {
   std::mt19937 rng(Catch::rngSeed() + 14);
   const int k = 512, inter = 21;
