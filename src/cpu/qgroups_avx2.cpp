@@ -174,22 +174,10 @@ inline __m256i q6_coef(const uint8_t* blk, int p) {
   const __m256i lo = _mm256_slli_epi32(q6_scale(blk, 2 * p), 5), hi = _mm256_slli_epi32(q6_scale(blk, 2 * p + 1), 21);
   return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xffff)), hi);
 }
-// The values (u8, 0 .. 63: the format's plus 32) of elements 128 h + 32 u
-// + 4 v .. of the 8 rows: ql dword 16 h + 8 (u % 2) + v's low (u < 2) or
-// high nibbles, with bits 2u, 2u + 1 of qh dword 8 h + v above them.
-inline __m256i q6_value(const uint8_t* blk, int h, int v, int u) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
-  const __m256i l = load(blk + GP::kQ6kQl + 4 * R * (16 * h + 8 * (u % 2) + v));
-  const __m256i qh = load(blk + GP::kQ6kQh + 4 * R * (8 * h + v));
-  const __m256i low = u < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
-  const __m256i high = u == 0   ? _mm256_slli_epi16(qh, 4)
-                       : u == 1 ? _mm256_slli_epi16(qh, 2)
-                       : u == 2 ? qh
-                                : _mm256_srli_epi16(qh, 2);
-  return _mm256_or_si256(low, _mm256_and_si256(high, top));
-}
-
-// The four values u = 0 .. 3 of dword v of half h at once (their loads shared).
+// A block's values (u8, 0 .. 63: the format's plus 32) of elements 128 h
+// + 32 u + 4 v .. of the 8 rows, u = 0 .. 3: ql dword 16 h + 8 (u % 2) +
+// v's low (u < 2) or high nibbles, with bits 2u, 2u + 1 of qh dword 8 h +
+// v above them.
 inline void q6_values(const uint8_t* blk, int h, int v, __m256i (&x)[4]) {
   const __m256i m4 = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
   const __m256i l0 = load(blk + GP::kQ6kQl + 4 * R * (16 * h + v)),
@@ -214,46 +202,25 @@ void group_dot_q6k(const uint8_t* g, int k, const void* const* a, float* c, int 
       for (size_t off = 0; off < GP::kQ6kBlock; off += 64) st->at(g + off);
     __m256i tot[M];
     for (int r = 0; r < M; ++r) tot[r] = _mm256_setzero_si256();
-    if constexpr (M <= 2) {
-      // Few rows: a dword's four values made at once from its loads.
-      for (int h = 0; h < 2; ++h)
-        for (int vq = 0; vq < 2; ++vq) {
-          __m256i s[4];
-          for (int u = 0; u < 4; ++u) s[u] = pair16(q6_scale(g, 8 * h + 2 * u + vq));
-          for (int v0 = 4 * vq; v0 < 4 * vq + 4; v0 += 2) {  // 2 maddubs a sum in i16
-            __m256i t[M][4];
-            for (int v = v0; v < v0 + 2; ++v) {
-              __m256i x[4];
-              q6_values(g, h, v, x);
-              for (int r = 0; r < M; ++r)
-                for (int u = 0; u < 4; ++u) {
-                  const __m256i p = dot_u(x[u], act.q[r] + 256 * b + 128 * h + 32 * u + 4 * v);
-                  t[r][u] = v == v0 ? p : _mm256_add_epi16(t[r][u], p);
-                }
-            }
+    for (int h = 0; h < 2; ++h)
+      for (int vq = 0; vq < 2; ++vq) {
+        __m256i s[4];
+        for (int u = 0; u < 4; ++u) s[u] = pair16(q6_scale(g, 8 * h + 2 * u + vq));
+        for (int v0 = 4 * vq; v0 < 4 * vq + 4; v0 += 2) {  // 2 maddubs a sum in i16
+          __m256i t[M][4];
+          for (int r = 0; r < M; ++r)
+            for (int u = 0; u < 4; ++u) t[r][u] = _mm256_setzero_si256();
+          for (int v = v0; v < v0 + 2; ++v) {
+            __m256i x[4];
+            q6_values(g, h, v, x);
             for (int r = 0; r < M; ++r)
-              for (int u = 0; u < 4; ++u) tot[r] = _mm256_add_epi32(tot[r], _mm256_madd_epi16(t[r][u], s[u]));
+              for (int u = 0; u < 4; ++u)
+                t[r][u] = _mm256_add_epi16(t[r][u], dot_u(x[u], act.q[r] + 256 * b + 128 * h + 32 * u + 4 * v));
           }
+          for (int r = 0; r < M; ++r)
+            for (int u = 0; u < 4; ++u) tot[r] = _mm256_add_epi32(tot[r], _mm256_madd_epi16(t[r][u], s[u]));
         }
-    } else {
-      // More: one value at a time, so that the sums of every row stay in
-      // registers.
-      for (int h = 0; h < 2; ++h)
-        for (int u = 0; u < 4; ++u)
-          for (int vq = 0; vq < 2; ++vq) {
-            const __m256i s = pair16(q6_scale(g, 8 * h + 2 * u + vq));
-            for (int v0 = 4 * vq; v0 < 4 * vq + 4; v0 += 2) {  // 2 maddubs a sum in i16
-              __m256i t[M];
-              for (int r = 0; r < M; ++r) t[r] = _mm256_setzero_si256();
-              for (int v = v0; v < v0 + 2; ++v) {
-                const __m256i x = q6_value(g, h, v, u);
-                for (int r = 0; r < M; ++r)
-                  t[r] = _mm256_add_epi16(t[r], dot_u(x, act.q[r] + 256 * b + 128 * h + 32 * u + 4 * v));
-              }
-              for (int r = 0; r < M; ++r) tot[r] = _mm256_add_epi32(tot[r], _mm256_madd_epi16(t[r], s));
-            }
-          }
-    }
+      }
     const __m256 dv = f16x8(g);
     for (int r = 0; r < M; ++r) {
       __m256i off = _mm256_setzero_si256();
