@@ -421,7 +421,7 @@ TEST_CASE("replace: experts in GGUF block formats travel as their blocks, in eve
       for (auto* l : W.layers) CHECK(attr(l, EP_MOE_LAYER_ATTR_REPLACE_BYTES_RECEIVED) == 4 * blocks);
       // Every expert on two ranks (rank r: experts 4r .. 4r+7 mod 12): most
       // move. Replicas split an expert's rows, and fewer rows may take
-      // another kernel (int8 tiles, block kernels, widened panels) whose f32
+      // another kernel (int8 tiles or block kernels) whose f32
       // sums differ in the last bits, enough for an element of the down
       // projection's quantized activation to land one step apart; forward
       // holds the output to the reference, which allows for that.
