@@ -56,6 +56,33 @@ struct Acts {
   }
 };
 
+// Up to kCallRows activation rows a call of a group kernel (4 keep every
+// sum in registers with AVX-512); more go round again, the group then in
+// L1 or L2.
+constexpr int kCallRows = 4;
+// A group kernel: M activation rows a through the group of rows at g, k
+// elements, into c[i * ldc + l]; st: the decode stream, or null.
+using GroupFn = void (*)(const uint8_t* g, int k, const void* const* a, float* c, int ldc, const Stream* st);
+
+// A QGemmFn over groups of R rows (kernels.hpp): fns[m - 1] takes m
+// activation rows. Decode (one pass of rows) streams the panel from
+// memory, prefetching; calls of more rows are bound by their arithmetic.
+template <int R>
+void run_groups(const GroupFn* fns, size_t row_bytes, int m, const void* const* a, int k, const void* panel, int nr,
+                float* c, int ldc, const void* next) {
+  if (m <= 0) return;
+  const auto* p0 = static_cast<const uint8_t*>(panel);
+  const size_t panel_bytes = static_cast<size_t>(nr) * row_bytes;
+  const Stream stream{p0 + panel_bytes, static_cast<const uint8_t*>(next), panel_bytes};
+  const Stream* st = m <= kCallRows ? &stream : nullptr;
+  for (int g = 0; g < nr / R; ++g)
+    for (int i0 = 0; i0 < m; i0 += kCallRows) {
+      const int mm = m - i0 < kCallRows ? m - i0 : kCallRows;
+      fns[mm - 1](p0 + static_cast<size_t>(g) * R * row_bytes, k, a + i0, c + static_cast<ptrdiff_t>(i0) * ldc + g * R,
+                  ldc, st);
+    }
+}
+
 inline int32_t rd32(const void* p) {
   int32_t v;
   std::memcpy(&v, p, 4);

@@ -412,10 +412,6 @@ void group_dot(const uint8_t* g, int k, const void* const* a, float* c, int ldc,
   else group_dot_a<T, M>(g, k, a, c, ldc, st);
 }
 
-// Up to kRows activation rows a call of group_dot (4 keep every sum in
-// registers); more go round again, the group then in L1 or L2.
-constexpr int kRows = 4;
-using GroupFn = void (*)(const uint8_t*, int, const void* const*, float*, int, const Stream*);
 template <int T, int... I>
 constexpr std::array<GroupFn, sizeof...(I)> group_table(std::integer_sequence<int, I...>) {
   return {group_dot<T, I + 1>...};
@@ -423,21 +419,10 @@ constexpr std::array<GroupFn, sizeof...(I)> group_table(std::integer_sequence<in
 
 template <int T>
 void qgemm_groups(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc, const void* next) {
-  static constexpr std::array<GroupFn, kRows> kGroups = group_table<T>(std::make_integer_sequence<int, kRows>{});
-  if (m <= 0) return;
-  const size_t rb = quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k);
-  const auto* p0 = static_cast<const uint8_t*>(panel);
-  const size_t panel_bytes = static_cast<size_t>(nr) * rb;
-  // Decode (one pass of rows) streams the panel from memory, prefetching;
-  // calls of more rows are bound by their arithmetic.
-  const Stream stream{p0 + panel_bytes, static_cast<const uint8_t*>(next), panel_bytes};
-  const Stream* st = m <= kRows ? &stream : nullptr;
-  for (int g = 0; g < nr / kGroupRows; ++g)
-    for (int i0 = 0; i0 < m; i0 += kRows) {
-      const int mm = m - i0 < kRows ? m - i0 : kRows;
-      kGroups[static_cast<size_t>(mm - 1)](p0 + static_cast<size_t>(g) * kGroupRows * rb, k, a + i0,
-                                           c + static_cast<ptrdiff_t>(i0) * ldc + g * kGroupRows, ldc, st);
-    }
+  static constexpr std::array<GroupFn, kCallRows> kGroups =
+      group_table<T>(std::make_integer_sequence<int, kCallRows>{});
+  run_groups<kGroupRows>(kGroups.data(), quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k), m, a, k, panel, nr, c, ldc,
+                         next);
 }
 
 // --- unpacking for the int8 tiles (qtile_layout.hpp) --------------------------
