@@ -52,9 +52,9 @@ struct PackedWeight {
   size_t bytes() const { return data.size(); }
 };
 
-// Rows interleaved R at a time (PackedWeight::il == R, kGroupRows = 16 on
-// the AVX512-VNNI tables, kGroupRows8 = 8 on the AVX2 ones; every block
-// format): the same bytes as R rows, moved so that one load of 4 R bytes
+// Rows interleaved R at a time (PackedWeight::il == R: kGroupRows = 16 on
+// the AVX-512 tables of a CPU with AVX512_VNNI, kGroupRows8 = 8 on the
+// other x86 tables; every block format): the same bytes as R rows, moved so that one load of 4 R bytes
 // (a 512-bit vector for 16, 256-bit for 8) holds 4 consecutive elements of
 // each of the R rows, and one load the R rows' scales. A group is the
 // rows' blocks in order, R blocks' bytes a block index:
