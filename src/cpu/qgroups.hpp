@@ -23,7 +23,11 @@ namespace {
 // this thread takes next. Spread over the reads, so that they overlap the
 // arithmetic (a burst of a whole row's lines at once left long rows
 // waiting on the memory); a few KiB ahead covers the latency at two
-// threads' share of the bandwidth.
+// threads' share of the bandwidth. Into L2, not L1: a prefetch into L1
+// holds one of the core's few L1 miss buffers until its line comes from
+// memory, and with ~100 lines in flight the arithmetic's own loads (the
+// activations, the L1 prefetcher's) queued behind them; L2 keeps more
+// misses in flight, and the L1 prefetcher brings each line on from L2.
 constexpr size_t kAheadBytes = 6144;
 struct Stream {
   const uint8_t* end;   // this panel's end
@@ -36,7 +40,7 @@ struct Stream {
       if (!next || past >= bytes) return;
       t = next + past;
     }
-    _mm_prefetch(reinterpret_cast<const char*>(t), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(t), _MM_HINT_T1);
   }
 };
 
