@@ -290,18 +290,40 @@ int main(int argc, char** argv) {
   }
   const cpu::Isa top = cpu::detect_isa();
   const cpu::Kernels& generic = cpu::kernels_for(cpu::Isa::Generic);
-  std::printf(
-      "threads %d, k %d, this CPU's best table: %s; the AVX-512 tables' block kernels: %s\n", threads, k,
-      cpu::isa_name(top),
-      cpu::has_avx512_vnni() ? "AVX512-VNNI on 16 interleaved rows" : "AVX2's on 8 interleaved rows (no AVX512_VNNI)");
+  std::printf("threads %d, k %d, this CPU's best table: %s, its block kernels: %s\n", threads, k, cpu::isa_name(top),
+              cpu::kernels_for(top).qname);
   std::printf("%-8s %-8s %5s %11s %11s %9s %11s %9s %7s %11s %6s\n", "isa", "dtype", "rows", "cache Gw/s", "GMAC/s",
               "strm GB/s", "stream Gw/s", "read GB/s", "strm/rd", "tile GMAC/s", "t/c");
+  // Every table this CPU runs, and beside the AVX2 table its 8-row
+  // kernels through the other multiply-add this CPU has: maddubs where the
+  // table takes AVX-VNNI ("avx2-mdb"), and on an AVX512_VNNI CPU the
+  // AVX-VNNI kernels' arithmetic through the 256-bit EVEX vpdpbusd
+  // ("vnni256e", an estimate of what AVX-VNNI would give).
+  struct Table {
+    std::string name;
+    cpu::Kernels kern;
+  };
+  std::vector<Table> tables;
+  for (int i = 0; i <= static_cast<int>(top); ++i) {
+    const auto isa = static_cast<cpu::Isa>(i);
+    const cpu::Kernels& kern = cpu::kernels_for(isa);
+    tables.push_back({isa == cpu::Isa::Avx2 && cpu::has_avx_vnni() ? "avx2vnni" : cpu::isa_name(isa), kern});
+    if (isa != cpu::Isa::Avx2) continue;
+    if (cpu::has_avx_vnni()) {
+      tables.push_back({"avx2-mdb", kern});
+      cpu::qgroups_avx2(tables.back().kern.qgemm);
+    }
+    if (cpu::has_avx512_vnni()) {
+      tables.push_back({"vnni256e", kern});
+      cpu::qgroups8_vnni_evex(tables.back().kern.qgemm);
+    }
+  }
   std::mt19937 rng(20261204);
   int failures = 0;
   for (ep_moe_dtype_t dt : dtypes) {
-    for (int i = 0; i <= static_cast<int>(top); ++i) {
-      const auto isa = static_cast<cpu::Isa>(i);
-      const cpu::Kernels& kern = cpu::kernels_for(isa);
+    for (const Table& table : tables) {
+      const cpu::Kernels& kern = table.kern;
+      const char* name = table.name.c_str();
       const cpu::QGemmFn fn = kern.qgemm[quant_index(dt)];
       if (!fn) continue;
       const int nr = kern.nr;
@@ -322,22 +344,22 @@ int main(int argc, char** argv) {
         const Acts a = make_acts(dt, k, m, rng);
         const double err = check(fn, generic.qgemm[quant_index(dt)], wc, wplain, a);
         if (err > 1e-5) {
-          std::printf("%-8s %-8s %5d FAILED: differs from the portable kernel by %.3g of the largest result\n",
-                      cpu::isa_name(isa), presets::dtype_name(dt), m, err);
+          std::printf("%-8s %-8s %5d FAILED: differs from the portable kernel by %.3g of the largest result\n", name,
+                      presets::dtype_name(dt), m, err);
           ++failures;
           continue;
         }
         const Figures f = measure(kern, dt, wc, ws, a, threads, blocks, block_s);
         if (f.tile_err > 1e-5) {
-          std::printf("%-8s %-8s %5d FAILED: the int8 tile differs from the block kernel by %.3g\n", cpu::isa_name(isa),
+          std::printf("%-8s %-8s %5d FAILED: the int8 tile differs from the block kernel by %.3g\n", name,
                       presets::dtype_name(dt), m, f.tile_err);
           ++failures;
           continue;
         }
         const double bytes_per_w = static_cast<double>(row_bytes) / k;
-        std::printf("%-8s %-8s %5d %11.2f %11.1f %9.2f %11.2f %9.2f %6.0f%% ", cpu::isa_name(isa),
-                    presets::dtype_name(dt), m, f.cache / 1e9, f.cache * m / 1e9, f.stream * bytes_per_w / 1e9,
-                    f.stream / 1e9, f.read / 1e9, 100.0 * f.stream * bytes_per_w / f.read);
+        std::printf("%-8s %-8s %5d %11.2f %11.1f %9.2f %11.2f %9.2f %6.0f%% ", name, presets::dtype_name(dt), m,
+                    f.cache / 1e9, f.cache * m / 1e9, f.stream * bytes_per_w / 1e9, f.stream / 1e9, f.read / 1e9,
+                    100.0 * f.stream * bytes_per_w / f.read);
         if (f.tile > 0) std::printf("%11.1f %5.2fx\n", f.tile * m / 1e9, f.tile / f.cache);
         else std::printf("%11s %6s\n", "-", "-");
       }

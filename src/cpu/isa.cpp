@@ -43,6 +43,15 @@ bool has_avx512_vnni() {
 #endif
 }
 
+bool has_avx_vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return hardware_isa() >= Isa::Avx2 && __builtin_cpu_supports("avxvnni");
+#else
+  return false;
+#endif
+}
+
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::Generic: return "generic";

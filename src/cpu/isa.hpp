@@ -19,6 +19,11 @@ const char* isa_name(Isa isa);
 // and the int8 tiles), else AVX2's (8 at a time). Not lowered by
 // EP_MOE_CPU_ISA, which runs without it by naming avx2.
 bool has_avx512_vnni();
+// Whether the CPU has AVX-VNNI (the VEX vpdpbusd on 256 bits, with AVX2):
+// the 8-row block kernels then use it (qgroups_avxvnni.cpp) where the
+// table has no AVX512_VNNI. Not lowered by EP_MOE_CPU_ISA either (generic
+// runs without it).
+bool has_avx_vnni();
 
 }  // namespace cpu
 }  // namespace ep_moe

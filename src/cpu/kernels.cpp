@@ -31,13 +31,17 @@ const Kernels& kernels_for(Isa isa) {
 void set_x86_block_kernels(Kernels& t, bool avx512) {
   const bool vnni = avx512 && has_avx512_vnni();
   t.quantize_act = quantize_act_avx2;
-  // Every block format on interleaved rows: 8 a group with AVX2's maddubs,
-  // 16 with AVX512_VNNI.
+  // Every block format on interleaved rows: 8 a group with AVX2's maddubs
+  // or AVX-VNNI's vpdpbusd, 16 with AVX512_VNNI.
   for (int i = 0; i < kQuantTypes; ++i) t.qil[i] = vnni ? kGroupRows : kGroupRows8;
   if (!vnni) {
-    qgroups_avx2(t.qgemm);
+    const bool avx_vnni = has_avx_vnni();
+    if (avx_vnni) qgroups_avxvnni(t.qgemm);
+    else qgroups_avx2(t.qgemm);
+    t.qname = avx_vnni ? "avx-vnni, 8 interleaved rows" : "avx2 maddubs, 8 interleaved rows";
     return;
   }
+  t.qname = "avx512-vnni, 16 interleaved rows, int8 tiles";
   qtiles_avx512vnni(t.qtile);
   qgroups_avx512vnni(t.qgemm, t.qunpack);
   // The interleaved-row kernels hold level with the tiles to ~8 rows

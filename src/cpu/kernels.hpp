@@ -120,6 +120,8 @@ struct Kernels {
   int run_rows[3] = {1, 1, 1};
   // By quant_index of the weight's block format (every table has all).
   QGemmFn qgemm[kQuantTypes] = {};
+  // Which block-format kernels qgemm holds, for logs and benches.
+  const char* qname = "portable";
   // By quant_index: the row interleave of the panels this table's
   // block-format entries (qgemm, qunpack) read (pack.hpp's
   // PackedWeight::il; 0: rows one after another).
@@ -186,9 +188,16 @@ void qgroups_avx512vnni(QGemmFn* gemm, QUnpackFn* unpack);
 // and the AVX-512 ones' where the CPU has no AVX512_VNNI; with the AVX2
 // activation quantizer, which every x86 table takes.
 void qgroups_avx2(QGemmFn* gemm);
+// The same kernels through AVX-VNNI's vpdpbusd (qgroups_avxvnni.cpp), which
+// take their place where the CPU has AVX-VNNI (isa.hpp's has_avx_vnni).
+void qgroups_avxvnni(QGemmFn* gemm);
+// The same arithmetic through AVX512_VNNI's 256-bit vpdpbusd
+// (qgroups8_evex.cpp; in ep_moe_internal only, for the tests and the
+// qkernel bench: it checks qgroups_avxvnni's arithmetic on such a CPU).
+void qgroups8_vnni_evex(QGemmFn* gemm);
 void quantize_act_avx2(const float* x, int64_t k, ActQuant aq, void* out);
 // An x86 table's block-format entries: the AVX2 activation quantizer, and
-// qgemm from the 8-row kernels, or on the AVX-512 tables (avx512) where
+// qgemm from the 8-row kernels (through AVX-VNNI where the CPU has it), or on the AVX-512 tables (avx512) where
 // the CPU has AVX512_VNNI the 16-row kernels and the int8 tiles. The
 // interleaved kernels run every row count at least as fast as widening
 // the panels to f32 for the f32 tiles would (no table widens). The tiles'

@@ -69,10 +69,10 @@ CpuBackend::CpuBackend(Layer& L, int64_t max_rows, int64_t send_rows, int64_t fa
 
   log(EP_MOE_LOG_INFO,
       "[EP rank %d/%d] MoE layer: H=%d I=%d E=%d top-%d, %d local experts, shared shard %d/%d, dp %d, %d threads, "
-      "%s kernels",
+      "%s kernels (block formats: %s)",
       L.map_.ep_rank(), L.map_.ep_size(), c.hidden_size, c.intermediate_size, c.num_experts, c.top_k,
       L.map_.num_local_routed(), L.shared_count_, c.shared_intermediate_size, L.dp_size_, pool_->size(),
-      cpu::isa_name(kern_.isa));
+      cpu::isa_name(kern_.isa), kern_.qname);
 }
 
 // --- weights ---------------------------------------------------------------------

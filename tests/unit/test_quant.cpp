@@ -199,27 +199,6 @@ TEST_CASE("block-format kernels match a double product of the dequantized values
   }
 }
 
-#if defined(__x86_64__)  // the x86 kernels are built
-TEST_CASE("the 8-row interleaved kernels on the AVX-512 tables' panels (a CPU without AVX512_VNNI)",
-          "[unit][quant][kernels]") {
-  // Where the CPU has AVX512_VNNI its AVX-512 tables take the 16-row
-  // kernels, so this is the only run the 8-row ones get on 32-row panels.
-  if (cpu::detect_isa() < cpu::Isa::Avx2) {
-    WARN("skipped: no AVX2 (or EP_MOE_CPU_ISA below it)");
-    return;
-  }
-  std::mt19937 rng(Catch::rngSeed() + 16);
-  cpu::QGemmFn fns[kQuantTypes] = {};
-  cpu::qgroups_avx2(fns);
-  for (ep_moe_dtype_t t : kTypes)
-    for (int k : {32, 256, 2048}) {
-      if (k % quant_block_elems(t) != 0) continue;
-      CAPTURE(dtype_name(t), k);
-      check_qgemm(fns[quant_index(t)], cpu::quantize_act_avx2, t, k, 32, cpu::kGroupRows8, rng);
-    }
-}
-#endif
-
 namespace {
 // One block of format t whose values all sit at the format's largest
 // magnitude (variant 0) or its other end (variant 1), with unit scales:
@@ -271,47 +250,96 @@ std::vector<uint8_t> extreme_block(ep_moe_dtype_t t, int variant) {
 }
 }  // namespace
 
+namespace {
+// Format t's qgemm `fn` on panels of nr rows (interleaved il) whose every
+// block is an extreme_block, against every activation at +-127.
+void check_extremes(cpu::QGemmFn fn, void (*quantize)(const float*, int64_t, ActQuant, void*), ep_moe_dtype_t t, int nr,
+                    int il) {
+  const int k = 512;
+  for (int variant : {0, 1})
+    for (float sign : {1.0f, -1.0f}) {
+      CAPTURE(variant, sign);
+      const std::vector<uint8_t> blk = extreme_block(t, variant);
+      const size_t rb = quant_row_bytes(t, k);
+      std::vector<uint8_t> wq(rb * static_cast<size_t>(nr));
+      for (size_t off = 0; off < wq.size(); off += blk.size()) std::memcpy(wq.data() + off, blk.data(), blk.size());
+      cpu::PackedWeight w;
+      cpu::pack(w, Source{wq.data(), t, k}, nr, k, nr, t, il);
+      std::vector<float> row(static_cast<size_t>(k));
+      dequantize_row(t, wq.data(), row.data(), k);
+      // Every activation the same: each quantizes to +-127.
+      const std::vector<float> x(static_cast<size_t>(k), sign);
+      std::vector<uint8_t> act(act_row_bytes(k));
+      quantize(x.data(), k, act_quant_of(t), act.data());
+      const std::vector<double> av = act_values(act.data(), k);
+      double want = 0, mag = 0;
+      for (int q = 0; q < k; ++q) {
+        want += row[static_cast<size_t>(q)] * av[static_cast<size_t>(q)];
+        mag += std::fabs(row[static_cast<size_t>(q)] * av[static_cast<size_t>(q)]);
+      }
+      const void* a = act.data();
+      for (int m : {1, 4}) {
+        std::vector<const void*> as(static_cast<size_t>(m), a);
+        std::vector<float> c(static_cast<size_t>(m) * nr, NAN);
+        fn(m, as.data(), k, w.panel(0), nr, c.data(), nr, nullptr);
+        int wrong = 0;
+        for (float v : c) wrong += !(std::fabs(double(v) - want) <= 2e-6 * mag + 1e-30);
+        CHECK(wrong == 0);
+        if (wrong) FAIL_CHECK("m " << m << ": got " << c[0] << ", want " << want);
+      }
+    }
+}
+}  // namespace
+
 TEST_CASE("block-format kernels at the bounds of their integer sums: every value at its largest",
           "[unit][quant][kernels]") {
-  const int k = 512;
   for (cpu::Isa isa : isas_here()) {
     const cpu::Kernels& kern = cpu::kernels_for(isa);
-    for (ep_moe_dtype_t t : kTypes)
-      for (int variant : {0, 1})
-        for (float sign : {1.0f, -1.0f}) {
-          CAPTURE(cpu::isa_name(isa), dtype_name(t), variant, sign);
-          const int nr = kern.nr;
-          const std::vector<uint8_t> blk = extreme_block(t, variant);
-          const size_t rb = quant_row_bytes(t, k);
-          std::vector<uint8_t> wq(rb * static_cast<size_t>(nr));
-          for (size_t off = 0; off < wq.size(); off += blk.size()) std::memcpy(wq.data() + off, blk.data(), blk.size());
-          cpu::PackedWeight w;
-          cpu::pack(w, Source{wq.data(), t, k}, nr, k, nr, t, kern.il_of(t));
-          std::vector<float> row(static_cast<size_t>(k));
-          dequantize_row(t, wq.data(), row.data(), k);
-          // Every activation the same: each quantizes to +-127.
-          const std::vector<float> x(static_cast<size_t>(k), sign);
-          std::vector<uint8_t> act(act_row_bytes(k));
-          kern.quantize_act(x.data(), k, act_quant_of(t), act.data());
-          const std::vector<double> av = act_values(act.data(), k);
-          double want = 0, mag = 0;
-          for (int q = 0; q < k; ++q) {
-            want += row[static_cast<size_t>(q)] * av[static_cast<size_t>(q)];
-            mag += std::fabs(row[static_cast<size_t>(q)] * av[static_cast<size_t>(q)]);
-          }
-          const void* a = act.data();
-          for (int m : {1, 4}) {
-            std::vector<const void*> as(static_cast<size_t>(m), a);
-            std::vector<float> c(static_cast<size_t>(m) * nr, NAN);
-            kern.qgemm[quant_index(t)](m, as.data(), k, w.panel(0), nr, c.data(), nr, nullptr);
-            int wrong = 0;
-            for (float v : c) wrong += !(std::fabs(double(v) - want) <= 2e-6 * mag + 1e-30);
-            CHECK(wrong == 0);
-            if (wrong) FAIL_CHECK("m " << m << ": got " << c[0] << ", want " << want);
-          }
-        }
+    for (ep_moe_dtype_t t : kTypes) {
+      CAPTURE(cpu::isa_name(isa), dtype_name(t));
+      check_extremes(kern.qgemm[quant_index(t)], kern.quantize_act, t, kern.nr, kern.il_of(t));
+    }
   }
 }
+
+#if defined(__x86_64__)  // the x86 kernels are built
+TEST_CASE("the 8-row interleaved kernels of every multiply-add, on 16- and 32-row panels", "[unit][quant][kernels]") {
+  // The tables take one of them per CPU (AVX-VNNI's where it has it,
+  // the AVX-512 tables the 16-row kernels where it has AVX512_VNNI), so
+  // each is run here on its own: maddubs (on 32-row panels, an AVX-512
+  // table without AVX512_VNNI), AVX-VNNI's vpdpbusd, and the same
+  // arithmetic through AVX512_VNNI's 256-bit vpdpbusd.
+  if (cpu::detect_isa() < cpu::Isa::Avx2) {
+    WARN("skipped: no AVX2 (or EP_MOE_CPU_ISA below it)");
+    return;
+  }
+  struct Policy {
+    const char* name;
+    void (*set)(cpu::QGemmFn*);
+    bool here;
+  };
+  const Policy policies[] = {{"maddubs", cpu::qgroups_avx2, true},
+                             {"avx-vnni", cpu::qgroups_avxvnni, cpu::has_avx_vnni()},
+                             {"avx512-vnni 256-bit", cpu::qgroups8_vnni_evex, cpu::has_avx512_vnni()}};
+  std::mt19937 rng(Catch::rngSeed() + 16);
+  for (const Policy& pol : policies) {
+    if (!pol.here) {
+      WARN("skipped: the 8-row kernels through " << pol.name << " (this CPU lacks it)");
+      continue;
+    }
+    cpu::QGemmFn fns[kQuantTypes] = {};
+    pol.set(fns);
+    for (int nr : {16, 32})
+      for (ep_moe_dtype_t t : kTypes) {
+        CAPTURE(pol.name, nr, dtype_name(t));
+        for (int k : {32, 256, 2048})
+          if (k % quant_block_elems(t) == 0)
+            check_qgemm(fns[quant_index(t)], cpu::quantize_act_avx2, t, k, nr, cpu::kGroupRows8, rng);
+        check_extremes(fns[quant_index(t)], cpu::quantize_act_avx2, t, nr, cpu::kGroupRows8);
+      }
+  }
+}
+#endif
 
 TEST_CASE("block-format packing: rows copied as they are, quantized from floats, read back whole", "[unit][quant]") {
   std::mt19937 rng(Catch::rngSeed() + 14);
