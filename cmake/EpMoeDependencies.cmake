@@ -51,3 +51,21 @@ if(NOT EP_MOE_WITH_MPI STREQUAL "OFF")
     message(FATAL_ERROR "EP_MOE_WITH_MPI=ON but no MPI was found (install libopenmpi-dev)")
   endif()
 endif()
+
+# --- oneDNN (the matrix engine module) ----------------------------------------
+# Debian's dnnl-config.cmake asks for OpenCL as REQUIRED (its GPU runtime is
+# OCL), which would stop the whole configure where OpenCL's headers are
+# missing: look for OpenCL first. The module also calls OpenMP itself.
+set(EP_MOE_HAVE_ONEDNN FALSE)
+if(NOT EP_MOE_WITH_ONEDNN STREQUAL "OFF")
+  find_package(OpenCL QUIET)
+  if(OpenCL_FOUND)
+    find_package(dnnl CONFIG QUIET)
+  endif()
+  find_package(OpenMP QUIET COMPONENTS CXX)
+  if(dnnl_FOUND AND OpenMP_CXX_FOUND)
+    set(EP_MOE_HAVE_ONEDNN TRUE)
+  elseif(EP_MOE_WITH_ONEDNN STREQUAL "ON")
+    message(FATAL_ERROR "EP_MOE_WITH_ONEDNN=ON but no oneDNN was found (install libdnnl-dev ocl-icd-opencl-dev)")
+  endif()
+endif()

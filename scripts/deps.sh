@@ -5,12 +5,15 @@
 set -euo pipefail
 what=${1:-test}
 
-build_pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libopenmpi-dev openmpi-bin)
+build_pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libopenmpi-dev openmpi-bin
+            libdnnl-dev ocl-icd-opencl-dev)
 test_pkgs=(catch2 doxygen clang clang-format libclang-rt-14-dev python3 python3-venv golang-go abigail-tools
-           libopenblas-dev libdnnl-dev ocl-icd-opencl-dev)
-# The last three: the GEMM engine benchmark only. ocl-icd-opencl-dev is only a
-# Recommends of libdnnl-dev, but Debian's dnnl-config.cmake needs OpenCL
-# (find_package(OpenCL REQUIRED)), and --no-install-recommends leaves it out.
+           libopenblas-dev)
+# libdnnl-dev: the matrix engine module (libep_moe_onednn.so) and the GEMM
+# engine benchmark; ocl-icd-opencl-dev is only a Recommends of it, but
+# Debian's dnnl-config.cmake needs OpenCL (find_package(OpenCL REQUIRED)),
+# and --no-install-recommends leaves it out. libopenblas-dev: that
+# benchmark only.
 
 pkgs=("${build_pkgs[@]}")
 if [ "$what" = test ]; then pkgs+=("${test_pkgs[@]}"); fi

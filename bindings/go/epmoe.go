@@ -141,6 +141,7 @@ const (
 	FeatureNCCL      = uint32(C.EP_MOE_FEATURE_NCCL)
 	FeatureMPI       = uint32(C.EP_MOE_FEATURE_MPI)
 	FeatureCallbacks = uint32(C.EP_MOE_FEATURE_CALLBACKS)
+	FeatureOneDNN    = uint32(C.EP_MOE_FEATURE_ONEDNN)
 )
 
 // HasFeature reports whether the library was built with every feature in mask.

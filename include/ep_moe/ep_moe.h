@@ -141,6 +141,7 @@ typedef enum ep_moe_feature {
   EP_MOE_FEATURE_MPI = 1u << 4,        /**< MPI communicator loaded. */
   EP_MOE_FEATURE_LOCAL_COMM = 1u << 5, /**< In-process communicator (always built). */
   EP_MOE_FEATURE_CALLBACKS = 1u << 6,  /**< Host-callback communicator (always built). */
+  EP_MOE_FEATURE_ONEDNN = 1u << 7,     /**< oneDNN matrix engine loaded (libep_moe_onednn.so: bf16 prefill on AMX). */
   /** \cond RANGE */
   EP_MOE_FEATURE_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
   EP_MOE_FEATURE_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */
@@ -1339,6 +1340,15 @@ typedef enum ep_moe_layer_attr {
   EP_MOE_LAYER_ATTR_HAS_ROUTER =
       28, /**< 1 when the layer holds a router weight (::EP_MOE_WEIGHT_ROUTER, given or loaded), so forward may be
              called with neither router_logits nor topk_ids; else 0. */
+  EP_MOE_LAYER_ATTR_MATRIX_ENGINE =
+      29, /**< The matrix engine of the layer's prefill: 0 none, 1 oneDNN on a CPU without AMX (only when asked for
+             with EP_MOE_MATRIX_ENGINE=onednn), 2 oneDNN on AMX tiles. It takes the bf16 expert GEMMs (bf16 weights and
+             activations) of an expert with enough rows in a forward: a threshold measured against the AVX-512 tiles
+             once per process, or EP_MOE_MATRIX_MIN_ROWS. Where the CPU has AMX and libep_moe_onednn.so loads
+             (::EP_MOE_FEATURE_ONEDNN) it is on, unless EP_MOE_MATRIX_ENGINE=off or EP_MOE_CPU_ISA names a level
+             below `amx`. docs/architecture.md says more. */
+  EP_MOE_LAYER_ATTR_LAST_ENGINE_PAIRS =
+      30, /**< (token, expert) pairs whose expert GEMMs the matrix engine computed in the last forward. */
   /** \cond RANGE */
   EP_MOE_LAYER_ATTR_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
   EP_MOE_LAYER_ATTR_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */

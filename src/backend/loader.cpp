@@ -124,6 +124,11 @@ constexpr bool kMpiBuilt = true;
 #else
 constexpr bool kMpiBuilt = false;
 #endif
+#if defined(EP_MOE_ONEDNN_MODULE_BUILT)
+constexpr bool kOnednnBuilt = true;
+#else
+constexpr bool kOnednnBuilt = false;
+#endif
 
 }  // namespace
 
@@ -136,6 +141,13 @@ const MpiModule* mpi_module(std::string* why) {
   // Global: Open MPI's own plugins resolve libmpi's symbols through it.
   return load_once<MpiModule>(kMpiBuilt, kMpiModuleFile, EP_MOE_STR(EP_MOE_MPI_MODULE_ENTRY), RTLD_NOW | RTLD_GLOBAL,
                               "MPI", "this ep_moe was built without MPI (install libopenmpi-dev and rebuild)", why);
+}
+
+const OnednnModule* onednn_module(std::string* why) {
+  // Local: nothing of oneDNN's or its OpenMP runtime's is offered to the host.
+  return load_once<OnednnModule>(kOnednnBuilt, kOnednnModuleFile, EP_MOE_STR(EP_MOE_ONEDNN_MODULE_ENTRY),
+                                 RTLD_NOW | RTLD_LOCAL, "oneDNN",
+                                 "this ep_moe was built without oneDNN (install libdnnl-dev and rebuild)", why);
 }
 
 }  // namespace backend
@@ -176,5 +188,19 @@ std::unique_ptr<Transport> make_mpi_transport(const void* mpi_comm, size_t comm_
   if (!m) fail(EP_MOE_ERR_UNSUPPORTED, "an MPI communicator: the MPI backend is not available: %s", why.c_str());
   return m->make_mpi_transport(mpi_comm, comm_size);
 }
+
+namespace cpu {
+std::unique_ptr<MatrixEngine> make_matrix_engine(const MatrixEngineDesc& d, std::string* why) {
+  const backend::OnednnModule* m = backend::onednn_module(why);
+  if (!m) return nullptr;
+  try {
+    return m->create_matrix_engine(d);
+  } catch (const Error& e) {
+    if (why) *why = e.what();
+    return nullptr;
+  }
+}
+bool matrix_engine_available() { return backend::onednn_module(nullptr) != nullptr; }
+}  // namespace cpu
 
 }  // namespace ep_moe

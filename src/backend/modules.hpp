@@ -1,7 +1,8 @@
 // The optional backends live in modules loaded at run time, so that one
 // libep_moe.so runs on a host without CUDA, NCCL or MPI and uses them where
 // they are: libep_moe_cuda.so (the CUDA layer, cuBLASLt, NCCL) and
-// libep_moe_mpi.so (the MPI transport). Each exports one C function that
+// libep_moe_mpi.so (the MPI transport) and libep_moe_onednn.so (the matrix
+// engine on oneDNN, cpu/matrix_engine.hpp, with its OpenMP runtime). Each exports one C function that
 // returns its table below; the core checks the table's ABI and version
 // against its own before using it, and never unloads a module (objects it
 // created, such as a communicator's transport, run its code until the end).
@@ -19,6 +20,7 @@
 
 #include "comm/comm.hpp"
 #include "comm/message_comm.hpp"
+#include "cpu/matrix_engine.hpp"
 #include "cuda/device_layer.hpp"
 #include "ep_moe/ep_moe.h"
 
@@ -26,7 +28,7 @@ namespace ep_moe {
 namespace backend {
 
 // Bumped whenever a table or a type it passes changes.
-constexpr uint32_t kModuleAbi = 3;
+constexpr uint32_t kModuleAbi = 4;
 
 struct CudaModule {
   uint32_t abi;
@@ -44,17 +46,26 @@ struct MpiModule {
   std::unique_ptr<Transport> (*make_mpi_transport)(const void* mpi_comm, size_t comm_size);
 };
 
+struct OnednnModule {
+  uint32_t abi;
+  int32_t version;
+  std::unique_ptr<cpu::MatrixEngine> (*create_matrix_engine)(const cpu::MatrixEngineDesc&);
+};
+
 // The modules' entry points and file names.
 #define EP_MOE_CUDA_MODULE_ENTRY ep_moe_cuda_module_v1
 #define EP_MOE_MPI_MODULE_ENTRY ep_moe_mpi_module_v1
+#define EP_MOE_ONEDNN_MODULE_ENTRY ep_moe_onednn_module_v1
 constexpr const char* kCudaModuleFile = "libep_moe_cuda.so";
 constexpr const char* kMpiModuleFile = "libep_moe_mpi.so";
+constexpr const char* kOnednnModuleFile = "libep_moe_onednn.so";
 
 // The loaded module, or nullptr with *why saying why not (not built, the
 // file or a library it needs missing, another build's module). Loaded once,
 // on first use; thread-safe.
 const CudaModule* cuda_module(std::string* why);
 const MpiModule* mpi_module(std::string* why);
+const OnednnModule* onednn_module(std::string* why);
 
 }  // namespace backend
 }  // namespace ep_moe

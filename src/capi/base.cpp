@@ -1,5 +1,6 @@
 // C API: versions, statuses, features, logging, thread-local errors.
 #include "backend/modules.hpp"
+#include "cpu/matrix_engine.hpp"
 #include "capi/handle.hpp"
 #include "common/dtype.hpp"
 #include "common/quant.hpp"
@@ -59,6 +60,12 @@ int ep_moe_has_feature(uint32_t features) {
   if (features & EP_MOE_FEATURE_MPI) {
     try {
       if (backend::mpi_module(nullptr)) built |= EP_MOE_FEATURE_MPI;
+    } catch (...) {
+    }
+  }
+  if (features & EP_MOE_FEATURE_ONEDNN) {
+    try {
+      if (cpu::matrix_engine_available()) built |= EP_MOE_FEATURE_ONEDNN;
     } catch (...) {
     }
   }

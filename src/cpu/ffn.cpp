@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "common/dtype.hpp"
+#include "common/error.hpp"
 
 namespace ep_moe {
 namespace cpu {
@@ -52,7 +53,11 @@ void add_bias_rows(float* c, int64_t ldc, int m, int n, const float* b) {
 }  // namespace
 
 FfnRunner::FfnRunner(const Kernels& k, int32_t hidden, int32_t max_inter, int64_t chunk_rows, bool bf16_activations)
-    : k_(k), hidden_(hidden), chunk_(std::max<int64_t>(1, chunk_rows)), bf16_act_(bf16_activations && k.gemm_bf16) {
+    : k_(k),
+      hidden_(hidden),
+      chunk_(std::max<int64_t>(1, chunk_rows)),
+      bf16_act_(bf16_activations && k.gemm_bf16),
+      bf16_rows_(bf16_activations) {
   // Room for a whole padded tile row so epilogues never bounds-check.
   const int32_t h = k.nr / 2;
   ldh_ = (max_inter + h - 1) / h * h;
@@ -95,6 +100,28 @@ const void* FfnRunner::tile_panel(const PackedWeight& w, int32_t p, int t) {
   return out;
 }
 
+void FfnRunner::set_engine(MatrixEngine* e, int64_t min_rows, int threads) {
+  engine_ = e;
+  engine_min_rows_ = std::max<int64_t>(1, min_rows);
+  engine_threads_ = threads;
+  if (!e) return;
+  const auto rows = static_cast<size_t>(chunk_ + e->max_rows());
+  xd_.resize(rows * static_cast<size_t>(hidden_) * 2);
+  hd_.resize(rows * static_cast<size_t>(ldh_) * 2);
+  ec_stride_ = static_cast<size_t>(e->max_rows()) * static_cast<size_t>(e->tile_cols());
+  ec_.resize(static_cast<size_t>(std::max(1, threads)) * ec_stride_ * sizeof(float));
+}
+
+bool FfnRunner::on_engine(const Segment& sg, bool down) const {
+  if (!engine_ || !bf16_rows_ || sg.len < engine_min_rows_) return false;
+  const PackedWeight& w = down ? *sg.job->down : *sg.job->gate_up;
+  if (w.dtype != EP_MOE_DTYPE_BF16 || w.nr != k_.nr || engine_->shape_of(w.k) < 0) return false;
+  if (w.panels() < engine_->tile_cols() / w.nr) return false;  // not one whole tile
+  // h is written by gate/up panel (nr / 2 values of it each): a down of
+  // depth inter exactly, a multiple of that.
+  return !down || (w.k == sg.job->inter && w.k % (k_.nr / 2) == 0 && w.k <= ldh_);
+}
+
 void FfnRunner::reserve_jobs(size_t max_jobs) {
   segs_.reserve(max_jobs);
   ord_.reserve(max_jobs);
@@ -104,6 +131,9 @@ void FfnRunner::reserve_jobs(size_t max_jobs) {
 void FfnRunner::run(ThreadPool& pool, const std::vector<ExpertJob>& jobs, const float* x, int64_t ldx, float* acc,
                     int64_t ldacc, Act act, const uint16_t* x16, int64_t ldx16) {
   tile_ok_ = tile_threads_ >= pool.size();
+  if (engine_ && pool.size() > engine_threads_)
+    fail(EP_MOE_ERR_INTERNAL, "FfnRunner: a pool of %d threads, the matrix engine has %d", pool.size(),
+         engine_threads_);
   segs_.clear();
   int64_t used = 0;
   for (const ExpertJob& j : jobs) {
@@ -135,12 +165,20 @@ void FfnRunner::run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_
     quant_gu = quant_gu || s.job->gate_up->quant();
     quant_down = quant_down || s.job->down->quant();
   }
+  for (Segment& s : segs_) {
+    s.eng_gu = on_engine(s, false);
+    s.eng_down = on_engine(s, true);
+    ch.eng_gu = ch.eng_gu || s.eng_gu;
+    ch.eng_down = ch.eng_down || s.eng_down;
+    if (s.eng_gu || s.eng_down) engine_rows_ += s.len;
+  }
   ch.hbuf = h_.data<float>();
   ch.xb = ch.dot ? xb_.data<uint16_t>() : nullptr;
   ch.hb = ch.dot ? hb_.data<uint16_t>() : nullptr;
   ch.xq = quant_gu ? xq_.data<char>() : nullptr;
   ch.hq = quant_down ? hq_.data<char>() : nullptr;
   if (ch.dot) gather_bf16_rows(ch, rows, pool, x, ldx, x16, ldx16);
+  if (ch.eng_gu) gather_engine_rows(rows, pool, x, ldx, x16, ldx16);
   if (ch.xq) quantize_rows(ch, rows, pool, x, ldx, false);
   phase_a(ch, pool, x, ldx, act);
   if (ch.hq) quantize_rows(ch, rows, pool, x, ldx, true);
@@ -160,6 +198,23 @@ void FfnRunner::gather_bf16_rows(const Chunk& ch, int64_t rows, ThreadPool& pool
       const int64_t tok = segs[s].job->rows[segs[s].begin + (r - segs[s].offset)];
       if (x16) std::memcpy(xb + r * ldxb_, x16 + tok * ldx16, static_cast<size_t>(hidden_) * 2);
       else k_.to_bf16(x + tok * ldx, xb + r * ldxb_, hidden_);
+    }
+  });
+}
+
+void FfnRunner::gather_engine_rows(int64_t rows, ThreadPool& pool, const float* x, int64_t ldx, const uint16_t* x16,
+                                   int64_t ldx16) {
+  const std::vector<Segment>& segs = segs_;
+  uint16_t* xd = xd_.data<uint16_t>();
+  pool.parallel_ranges(static_cast<size_t>(rows), 16, [&](size_t b0, size_t b1, int) {
+    const auto r0 = static_cast<int64_t>(b0), r1 = static_cast<int64_t>(b1);
+    size_t s = 0;
+    for (int64_t r = r0; r < r1; ++r) {
+      while (r >= segs[s].offset + segs[s].len) ++s;
+      if (!segs[s].eng_gu) continue;
+      const int64_t tok = segs[s].job->rows[segs[s].begin + (r - segs[s].offset)];
+      if (x16) std::memcpy(xd + r * hidden_, x16 + tok * ldx16, static_cast<size_t>(hidden_) * 2);
+      else k_.to_bf16(x + tok * ldx, xd + r * hidden_, hidden_);
     }
   });
 }
@@ -230,20 +285,36 @@ void FfnRunner::phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64
   for (const Segment& sg : segs) ord.push_back(&sg);
   std::sort(ord.begin(), ord.end(),
             [](const Segment* l, const Segment* r) { return l->len != r->len ? l->len > r->len : l < r; });
+  // A segment's items: its panels; on the engine, its whole tiles of tp
+  // panels first, then the panels past the last whole tile.
+  const int32_t tp = engine_ ? engine_->tile_cols() / nr : 1;
+  const auto items_of = [&](const Segment& sg) {
+    const int32_t np = sg.job->gate_up->panels();
+    return sg.eng_gu ? np / tp + np % tp : np;
+  };
+  // Item i of a segment: its first panel.
+  const auto panel_of_item = [&](const Segment& sg, int64_t i) {
+    if (!sg.eng_gu) return static_cast<int32_t>(i);
+    const int64_t whole = sg.job->gate_up->panels() / tp;
+    return static_cast<int32_t>(i < whole ? i * tp : whole * tp + (i - whole));
+  };
   std::vector<int64_t>& first = first_;
   first.assign(segs.size() + 1, 0);
-  for (size_t s = 0; s < segs.size(); ++s) first[s + 1] = first[s] + ord[s]->job->gate_up->panels();
+  for (size_t s = 0; s < segs.size(); ++s) first[s + 1] = first[s] + items_of(*ord[s]);
   const int64_t all_panels = first.back();
   const auto gate_up_panel = [&](int64_t i, size_t s) {
     while (i >= first[s + 1]) ++s;
-    return ord[s]->job->gate_up->panel(static_cast<int32_t>(i - first[s]));
+    return ord[s]->job->gate_up->panel(panel_of_item(*ord[s], i - first[s]));
   };
   const auto grain_a =
       static_cast<size_t>(std::max<int64_t>(1, std::min<int64_t>(kMaxPanels, all_panels / (8 * pool.size()))));
   // The fused activation of row i of c (one gate/up panel's nr columns)
   // into row `row` of h, at panel p's h columns.
   // With biases, they are added to c first (each c row is used once).
-  const auto activate_row = [&](float* ci, int64_t row, int32_t p, const ExpertJob& job) {
+  // Segment sg's down on the engine: h also into hd_, in bf16, dense.
+  uint16_t* hd = hd_.data<uint16_t>();
+  const auto activate_row = [&](float* ci, int64_t row, int32_t p, const Segment& sg) {
+    const ExpertJob& job = *sg.job;
     float hv[32];
     float* dst = dot ? hv : hbuf + row * ldh_ + static_cast<int64_t>(p) * h;
     if (job.gate_bias) {
@@ -258,6 +329,23 @@ void FfnRunner::phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64
     else
       for (int j = 0; j < h; ++j) dst[j] = activate(act, ci[j], ci[h + j]);
     if (dot) k_.to_bf16(hv, hb + row * ldh_ + static_cast<int64_t>(p) * h, h);
+    if (sg.eng_down)
+      k_.to_bf16(dst, hd + sg.offset * ldh_ + (row - sg.offset) * job.down->k + static_cast<int64_t>(p) * h, h);
+  };
+  // Whole tile p0 .. p0 + tp of segment sg's gate/up through the engine
+  // (in calls of its most rows), and the activation of its results.
+  const auto engine_tile = [&](const Segment& sg, int32_t p0, int t) {
+    const PackedWeight& w = *sg.job->gate_up;
+    const int shape = engine_->shape_of(w.k);
+    const int32_t cols = engine_->tile_cols();
+    float* cb = ec_.data<float>() + static_cast<size_t>(t) * ec_stride_;
+    const uint16_t* xs = xd_.data<uint16_t>() + sg.offset * hidden_;
+    for (int64_t r0 = 0; r0 < sg.len; r0 += engine_->max_rows()) {
+      const int64_t m = std::min(engine_->max_rows(), sg.len - r0);
+      engine_->gemm(shape, m, xs + r0 * hidden_, w.panel(p0), cb, t);
+      for (int64_t i = 0; i < m; ++i)
+        for (int32_t j = 0; j < tp; ++j) activate_row(cb + i * cols + j * nr, sg.offset + r0 + i, p0 + j, sg);
+    }
   };
   pool.parallel_shares(static_cast<size_t>(all_panels), grain_a, grain_a, [&](size_t b, size_t e, size_t nx, int t) {
     const float* a[kRows];
@@ -269,21 +357,27 @@ void FfnRunner::phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64
       while (q >= first[si + 1]) ++si;
       const Segment& s = *ord[si];
       const PackedWeight& w = *s.job->gate_up;
-      const auto p = static_cast<int32_t>(q - first[si]);
+      const int64_t item = q - first[si];
+      const int32_t p = panel_of_item(s, item);
+      if (s.eng_gu && item < w.panels() / tp) {
+        engine_tile(s, p, t);
+        ++q;
+        continue;
+      }
       // The panel this thread takes after those up to `after`.
       const auto next_after = [&](int64_t after) -> const void* {
         return after < static_cast<int64_t>(e)        ? gate_up_panel(after, si)
                : nx < static_cast<size_t>(all_panels) ? gate_up_panel(static_cast<int64_t>(nx), si)
                                                       : nullptr;
       };
-      if (const int rr = run_rows_of(s, w, dot)) {
+      if (const int rr = s.eng_gu ? 0 : run_rows_of(s, w, dot)) {
         const int64_t run = std::min<int64_t>({static_cast<int64_t>(e), first[si + 1], q + kRows * 32 / (nr * rr)}) - q;
         for (int i = 0; i < rr; ++i) a[i] = x ? x + static_cast<int64_t>(s.job->rows[s.begin + i]) * ldx : nullptr;
         run_panels(dot, w, rr, a, xb ? xb + s.offset * ldxb_ : nullptr, p, static_cast<int>(run), c,
                    next_after(q + run));
         for (int i = 0; i < rr; ++i)
           for (int64_t j = 0; j < run; ++j)
-            activate_row(c + (i * run + j) * nr, s.offset + i, p + static_cast<int32_t>(j), *s.job);
+            activate_row(c + (i * run + j) * nr, s.offset + i, p + static_cast<int32_t>(j), s);
         q += run;
         continue;
       }
@@ -303,7 +397,7 @@ void FfnRunner::phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64
           for (int i = 0; i < m; ++i) a[i] = x + static_cast<int64_t>(s.job->rows[s.begin + r0 + i]) * ldx;
           k_.gemm[w.dtype](m, a, w.k, w.panel(p), c, nr, r0 == 0 ? next : nullptr);
         }
-        for (int i = 0; i < m; ++i) activate_row(c + i * nr, s.offset + r0 + i, p, *s.job);
+        for (int i = 0; i < m; ++i) activate_row(c + i * nr, s.offset + r0 + i, p, s);
       }
       ++q;
     }
@@ -332,6 +426,27 @@ void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t l
   // waits out its peer's last full claim.
   const int32_t panels = (hidden_ + nr - 1) / nr;
   const auto grain_b = static_cast<size_t>(std::max(1, std::min(16, panels / (2 * pool.size()))));
+  // With segments on the matrix engine, claims are of whole engine tiles
+  // (units of etp panels; the last unit may be short): a claim then holds
+  // whole tiles, its panels past them (the last unit's) on the tiles.
+  const int32_t etp = ch.eng_down ? engine_->tile_cols() / nr : 1;
+  const int32_t units = (panels + etp - 1) / etp;
+  const auto grain_u = std::max<size_t>(1, grain_b / static_cast<size_t>(etp));
+  // Whole tile p of segment s's down through the engine, combined into acc.
+  const auto engine_down = [&](const Segment& s, int32_t p, int t) {
+    const PackedWeight& w = *s.job->down;
+    const int shape = engine_->shape_of(w.k);
+    const int32_t cols = engine_->tile_cols(), col0 = p * nr, ncols = std::min(cols, hidden_ - col0);
+    float* cb = ec_.data<float>() + static_cast<size_t>(t) * ec_stride_;
+    const uint16_t* hs = hd_.data<uint16_t>() + s.offset * ldh_;
+    for (int64_t r0 = 0; r0 < s.len; r0 += engine_->max_rows()) {
+      const int64_t m64 = std::min(engine_->max_rows(), s.len - r0);
+      const int m = static_cast<int>(m64);
+      engine_->gemm(shape, m64, hs + r0 * w.k, w.panel(p), cb, t);
+      if (s.job->down_bias) add_bias_rows(cb, cols, m, cols, s.job->down_bias + col0);
+      k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin + r0, s.job->weights + s.begin + r0, cb, cols, m, ncols);
+    }
+  };
   // Rows r0 .. r0 + m of segment s (m returned, kRows at most) through
   // down panel p into c, ldc floats a row.
   // tile: panel p unpacked for the int8 tiles (tiled segments), else null.
@@ -354,12 +469,13 @@ void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t l
   };
   const int32_t run_b = std::max(1, kRowBlockColumns / nr);  // panels per scatter_add in row-block order
   pool.parallel_shares(
-      static_cast<size_t>(panels), grain_b, std::max<size_t>(1, grain_b / 4),
-      [&](size_t b, size_t e, size_t nx, int t) {
+      static_cast<size_t>(units), grain_u, std::max<size_t>(1, grain_u / 4),
+      [&](size_t b, size_t e, size_t nxu, int t) {
         const float* a[kRows];
         const uint16_t* a16[kRows];
         alignas(64) float c[kRows * std::max(32, kRowBlockColumns)];
-        const auto p0 = static_cast<int32_t>(b), p_end = static_cast<int32_t>(e);
+        const auto p0 = static_cast<int32_t>(b) * etp, p_end = std::min(static_cast<int32_t>(e) * etp, panels);
+        const size_t nx = nxu * static_cast<size_t>(etp);
         for (size_t si = 0; si < segs.size(); ++si) {
           const Segment& s = segs[si];
           const PackedWeight& w = *s.job->down;
@@ -370,11 +486,17 @@ void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t l
                    : nx < static_cast<size_t>(panels) ? segs[0].job->down->panel(static_cast<int32_t>(nx))
                                                       : nullptr;
           };
+          // The segment's panels on the tiles: from s0.
+          int32_t s0 = p0;
+          if (s.eng_down) {
+            for (; s0 + etp <= p_end; s0 += etp) engine_down(s, s0, t);
+            if (s0 == p_end) continue;
+          }
           if (const int rr = run_rows_of(s, w, dot)) {
             // The claim's panels in runs through gemv / gemm_run, each run's
             // columns combined in one call (the same sums as per panel).
             for (int i = 0; i < rr; ++i) a[i] = hbuf + (s.offset + i) * ldh_;
-            for (int32_t p = p0; p < p_end;) {
+            for (int32_t p = s0; p < p_end;) {
               const int32_t run = std::min(p_end - p, kRows * 32 / (nr * rr)), col0 = p * nr;
               run_panels(dot, w, rr, a, hb ? hb + s.offset * ldh_ : nullptr, p, run, c, next_after(p + run));
               if (s.job->down_bias) add_bias_rows(c, run * nr, rr, run * nr, s.job->down_bias + col0);
@@ -405,9 +527,9 @@ void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t l
           // panel by panel.
           const size_t panel_bytes = w.panel_bytes();
           const bool tile = tiled(s, true);
-          if (s.len <= kRows || (!tile && static_cast<size_t>(p_end - p0) * panel_bytes <= kRowBlockClaimBytes)) {
+          if (s.len <= kRows || (!tile && static_cast<size_t>(p_end - s0) * panel_bytes <= kRowBlockClaimBytes)) {
             for (int64_t r0 = 0; r0 < s.len; r0 += kRows)
-              for (int32_t p = p0; p < p_end; p += run_b) {
+              for (int32_t p = s0; p < p_end; p += run_b) {
                 const int32_t np = std::min(run_b, p_end - p), col0 = p * nr;
                 const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
                 for (int32_t j = 0; j < np; ++j)
@@ -419,7 +541,7 @@ void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t l
               }
             continue;
           }
-          for (int32_t p = p0; p < p_end; ++p) {
+          for (int32_t p = s0; p < p_end; ++p) {
             const int32_t col0 = p * nr;
             const int ncols = std::min(nr, hidden_ - col0);
             const void* next = next_after(p + 1);

@@ -8,6 +8,7 @@
 
 #include "cpu/aligned.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/matrix_engine.hpp"
 #include "cpu/pack.hpp"
 #include "cpu/thread_pool.hpp"
 
@@ -69,11 +70,26 @@ class FfnRunner {
   // kernels). Called once per format held.
   void reserve_quant(int threads, ep_moe_dtype_t t);
 
+  // A matrix engine (cpu/matrix_engine.hpp; borrowed, it must outlive the
+  // runner, or null: none) for the bf16 GEMMs of an expert with at least
+  // `min_rows` rows in a chunk, when the layer's activations are bf16 and
+  // the weight's depth is one of the engine's shapes: x and h then go to
+  // it in bf16 (as on the pair-dot tiles), and it computes whole tiles of
+  // tile_cols columns, the panels past the last whole tile staying on the
+  // tiles. `threads`: the most pool threads a run() will have. Allocates
+  // the engine's workspace now.
+  void set_engine(MatrixEngine* e, int64_t min_rows, int threads);
+  // Rows (token, expert pairs) that went through the engine since the
+  // runner was made.
+  int64_t engine_rows() const { return engine_rows_; }
+
  private:
   struct Segment {
     const ExpertJob* job;
     int64_t begin, len;  // rows of the job
     int64_t offset;      // first workspace row
+    // Through the matrix engine: the gate/up tiles, the down tiles.
+    bool eng_gu = false, eng_down = false;
   };
   // One chunk of at most chunk_ rows: the bf16 rows (with the dot tiles),
   // phase A (gate/up and the activation into h), phase B (down, combined
@@ -87,11 +103,17 @@ class FfnRunner {
     // (xq, hq; act_row_bytes apart) in pair order, else null.
     char* xq = nullptr;
     char* hq = nullptr;
+    bool eng_gu = false, eng_down = false;  // some segment's gate/up, down on the engine
   };
   void run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_t ldx, float* acc, int64_t ldacc, Act act,
                  const uint16_t* x16, int64_t ldx16);
   void gather_bf16_rows(const Chunk& ch, int64_t rows, ThreadPool& pool, const float* x, int64_t ldx,
                         const uint16_t* x16, int64_t ldx16);
+  // The engine segments' rows of x into xd_, dense (hidden_ a row).
+  void gather_engine_rows(int64_t rows, ThreadPool& pool, const float* x, int64_t ldx, const uint16_t* x16,
+                          int64_t ldx16);
+  // Whether segment sg's gate/up (down false) or down goes to the engine.
+  bool on_engine(const Segment& sg, bool down) const;
   // The chunk's rows of x (xq) or of h (hq, after phase A) as int8
   // activation rows, for the segments whose weight `down`? is in a block format.
   void quantize_rows(const Chunk& ch, int64_t rows, ThreadPool& pool, const float* x, int64_t ldx, bool down);
@@ -124,6 +146,18 @@ class FfnRunner {
   // Per chunk: its segments (segs_), them by rows (ord_), and the first
   // gate/up panel of each in that order (first_): kept between runs.
   std::vector<Segment> segs_;
+  // The matrix engine (set_engine) and its workspace: the engine
+  // segments' x rows (xd_, dense, hidden_ a row) and h rows (hd_: segment
+  // s's row i at s.offset * ldh_ + i * its down depth), each with room
+  // for a call's padded rows past the chunk; one result tile per thread
+  // (ec_, ec_stride_ floats apart).
+  MatrixEngine* engine_ = nullptr;
+  int64_t engine_min_rows_ = 0;
+  int engine_threads_ = 0;
+  bool bf16_rows_ = false;  // the layer's activations are bf16
+  AlignedBuffer xd_, hd_, ec_;
+  size_t ec_stride_ = 0;
+  int64_t engine_rows_ = 0;
   std::vector<const Segment*> ord_;
   std::vector<int64_t> first_;
 };

@@ -2,6 +2,13 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace ep_moe {
 namespace cpu {
@@ -28,7 +35,7 @@ Isa detect_isa() {
     if (std::strcmp(env, "generic") == 0) want = Isa::Generic;
     else if (std::strcmp(env, "avx2") == 0) want = Isa::Avx2;
     else if (std::strcmp(env, "avx512") == 0) want = Isa::Avx512;
-    else if (std::strcmp(env, "avx512bf16") == 0) want = Isa::Avx512Bf16;
+    else if (std::strcmp(env, "avx512bf16") == 0 || std::strcmp(env, "amx") == 0) want = Isa::Avx512Bf16;
     if (static_cast<int>(want) < static_cast<int>(hw)) hw = want;
   }
   return hw;
@@ -50,6 +57,39 @@ bool has_avx_vnni() {
 #else
   return false;
 #endif
+}
+
+bool has_amx() {
+#if defined(__x86_64__) && defined(__linux__)
+  static std::once_flag once;
+  static bool ok = false;
+  std::call_once(once, [] {
+    unsigned a, b, c, d;
+    if (__get_cpuid_max(0, nullptr) < 7) return;
+    __cpuid_count(7, 0, a, b, c, d);
+    const bool tile = (d >> 24) & 1, bf16 = (d >> 22) & 1;
+    __cpuid(1, a, b, c, d);
+    const bool osxsave = (c >> 27) & 1;
+    if (!tile || !bf16 || !osxsave) return;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if (((lo >> 17) & 3) != 3) return;  // XTILECFG and XTILEDATA
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    ok = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  });
+  return ok;
+#else
+  return false;
+#endif
+}
+
+EnginePolicy matrix_engine_policy() {
+  const char* eng = std::getenv("EP_MOE_MATRIX_ENGINE");
+  if (eng && std::strcmp(eng, "off") == 0) return EnginePolicy::Off;
+  if (eng && std::strcmp(eng, "onednn") == 0) return EnginePolicy::Force;
+  const char* isa = std::getenv("EP_MOE_CPU_ISA");
+  if (isa && std::strcmp(isa, "amx") != 0) return EnginePolicy::Off;
+  return has_amx() ? EnginePolicy::Amx : EnginePolicy::Off;
 }
 
 const char* isa_name(Isa isa) {

@@ -10,7 +10,7 @@ enum class Isa : int { Generic = 0, Avx2 = 1, Avx512 = 2, Avx512Bf16 = 3 };
 
 // What this CPU supports, lowered by the environment variable
 // EP_MOE_CPU_ISA=generic|avx2|avx512|avx512bf16 (never raised above the
-// hardware).
+// hardware; `amx` names no lower level, see matrix_engine_policy()).
 Isa detect_isa();
 const char* isa_name(Isa isa);
 
@@ -24,6 +24,25 @@ bool has_avx512_vnni();
 // table has no AVX512_VNNI. Not lowered by EP_MOE_CPU_ISA either (generic
 // runs without it).
 bool has_avx_vnni();
+
+// Whether this thread may run AMX-BF16 tiles: the CPU has AMX-TILE and
+// AMX-BF16 (CPUID 7.0 EDX bits 24 and 22), the OS saves the tile state
+// (XCR0 bits 17 and 18), and Linux granted the process the tile data
+// (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once; the
+// kernel refuses it where the signal stack is too small for the state).
+// Not lowered by EP_MOE_CPU_ISA: matrix_engine_policy() reads that.
+bool has_amx();
+
+// Whether the layers use a matrix engine for prefill (cpu/matrix_engine.hpp),
+// from the environment:
+// - EP_MOE_MATRIX_ENGINE=off: never; =onednn: oneDNN's engine whatever ISA
+//   oneDNN runs on (on a CPU without AMX, for tests and benchmarks); unset
+//   or =auto: oneDNN's engine where the CPU has AMX (has_amx()).
+// - EP_MOE_CPU_ISA naming a level below `amx` (generic, avx2, avx512,
+//   avx512bf16) forbids it in auto; `amx` allows it (the default).
+// An unknown EP_MOE_MATRIX_ENGINE value reads as auto.
+enum class EnginePolicy : int { Off = 0, Amx = 1, Force = 2 };
+EnginePolicy matrix_engine_policy();
 
 }  // namespace cpu
 }  // namespace ep_moe

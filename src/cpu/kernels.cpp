@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <vector>
 
@@ -116,11 +117,12 @@ double bf16_dot_time_ratio() { return 0.0; }
 
 const Kernels& layer_kernels() {
   const Isa isa = detect_isa();
-  // Named by EP_MOE_CPU_ISA: taken as it is. Otherwise the pair-dot tiles
+  // Named by EP_MOE_CPU_ISA (a level, not `amx`): taken as it is. Otherwise the pair-dot tiles
   // run only where they beat widening bf16 to f32 FMAs: on some CPUs with
   // AVX512_BF16 the pair dot products are twice the FMA rate, on others
   // half of it (docs/benchmarks.md's tables say which), so it is timed.
-  if (isa == Isa::Avx512Bf16 && !std::getenv("EP_MOE_CPU_ISA")) {
+  const char* named = std::getenv("EP_MOE_CPU_ISA");
+  if (isa == Isa::Avx512Bf16 && (!named || std::strcmp(named, "amx") == 0)) {
     static const bool dot_slower = bf16_dot_time_ratio() > 1.0;  // once per process
     if (dot_slower) return kernels_for(Isa::Avx512);
   }

@@ -3,8 +3,10 @@
 #include "layer/cpu_backend.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <mutex>
 
 #include "common/dtype.hpp"
@@ -43,6 +45,7 @@ CpuBackend::CpuBackend(Layer& L, int64_t max_rows, int64_t send_rows, int64_t fa
   max_rows_ = max_rows;
   direct_bf16_ = !dtype_is_quant(wdt) && ffn_->reads_bf16_rows(wdt);
   if (dtype_is_quant(wdt)) ffn_->reserve_quant(pool_->size(), wdt);
+  set_up_engine();
   if (!direct_bf16_) x_f32_.resize(static_cast<size_t>(max_rows * H) * 4);
   acc_.resize(static_cast<size_t>(max_rows * H) * 4);
   own_x_.resize(static_cast<size_t>(T * H) * 4);
@@ -73,6 +76,49 @@ CpuBackend::CpuBackend(Layer& L, int64_t max_rows, int64_t send_rows, int64_t fa
       L.map_.ep_rank(), L.map_.ep_size(), c.hidden_size, c.intermediate_size, c.num_experts, c.top_k,
       L.map_.num_local_routed(), L.shared_count_, c.shared_intermediate_size, L.dp_size_, pool_->size(),
       cpu::isa_name(kern_.isa), kern_.qname);
+}
+
+void CpuBackend::set_up_engine() {
+  const cpu::EnginePolicy policy = cpu::matrix_engine_policy();
+  const ep_moe_layer_config_t& c = cfg_;
+  if (policy == cpu::EnginePolicy::Off || c.act_dtype != EP_MOE_DTYPE_BF16 || c.weight_dtype != EP_MOE_DTYPE_BF16)
+    return;
+  cpu::MatrixEngineDesc d;
+  d.threads = pool_->size();
+  d.nr = kern_.nr;
+  d.tile_panels = std::max(1, 256 / kern_.nr);
+  d.need_amx = policy == cpu::EnginePolicy::Amx;
+  // The depths of the GEMMs it may take: gate/up (hidden), the routed
+  // down (intermediate), the shared shard's down; those the panels' layout
+  // serves (multiples of 32), the others stay on the tiles.
+  for (const int32_t k : {c.hidden_size, c.intermediate_size, static_cast<int32_t>(L_.shared_count_)})
+    if (k > 0 && k % 32 == 0 && std::find(d.depths.begin(), d.depths.end(), k) == d.depths.end()) d.depths.push_back(k);
+  std::string why;
+  if (!d.depths.empty()) engine_ = cpu::make_matrix_engine(d, &why);
+  else why = "no depth of the layer is a multiple of 32";
+  if (!engine_) {
+    log(EP_MOE_LOG_INFO, "[EP rank %d/%d] no matrix engine: %s", L_.map_.ep_rank(), L_.map_.ep_size(), why.c_str());
+    return;
+  }
+  // From how many rows: EP_MOE_MATRIX_MIN_ROWS, else measured against the
+  // tiles (once per process and shape).
+  const char* env = std::getenv("EP_MOE_MATRIX_MIN_ROWS");
+  char* end = nullptr;
+  const long long forced = env ? std::strtoll(env, &end, 10) : 0;
+  const bool dot = ffn_->reads_bf16_rows(EP_MOE_DTYPE_BF16);
+  engine_min_rows_ =
+      env && end != env && *end == 0 && forced > 0
+          ? forced
+          : cpu::engine_min_rows(*engine_, kern_, dot, c.hidden_size % 32 == 0 ? c.hidden_size : d.depths[0]);
+  if (engine_min_rows_ == std::numeric_limits<int64_t>::max()) {
+    log(EP_MOE_LOG_INFO, "[EP rank %d/%d] no matrix engine: %s was slower than the tiles at every row count measured",
+        L_.map_.ep_rank(), L_.map_.ep_size(), engine_->name().c_str());
+    engine_.reset();
+    return;
+  }
+  ffn_->set_engine(engine_.get(), engine_min_rows_, pool_->size());
+  log(EP_MOE_LOG_INFO, "[EP rank %d/%d] matrix engine: %s, from %lld rows an expert", L_.map_.ep_rank(),
+      L_.map_.ep_size(), engine_->name().c_str(), static_cast<long long>(engine_min_rows_));
 }
 
 // --- weights ---------------------------------------------------------------------
@@ -288,6 +334,7 @@ void CpuBackend::keep_at_commit(LayerBackend& old_backend, const std::vector<Kep
 // --- routing -----------------------------------------------------------------------
 
 void CpuBackend::route(const ep_moe_forward_args_t& a) {
+  engine_mark_ = ffn_->engine_rows();
   const int64_t T = a.num_tokens, K = cfg_.top_k;
   if (T == 0) return;
   if (a.router_logits) {
@@ -366,6 +413,8 @@ bool CpuBackend::attr(ep_moe_layer_attr_t a, int64_t* v) const {
     case EP_MOE_LAYER_ATTR_LAST_SYNC_FREE: *v = -1; return true;
     case EP_MOE_LAYER_ATTR_NUM_THREADS: *v = pool_->size(); return true;
     case EP_MOE_LAYER_ATTR_CPU_ISA: *v = static_cast<int64_t>(kern_.isa); return true;
+    case EP_MOE_LAYER_ATTR_MATRIX_ENGINE: *v = !engine_ ? 0 : engine_->amx() ? 2 : 1; return true;
+    case EP_MOE_LAYER_ATTR_LAST_ENGINE_PAIRS: *v = ffn_->engine_rows() - engine_mark_; return true;
     case EP_MOE_LAYER_ATTR_WEIGHT_BYTES: {
       int64_t b = 0;
       for (const Slot& x : slots_)

@@ -133,6 +133,11 @@ class CpuBackend final : public LayerBackend {
   const ep_moe_layer_config_t& cfg_;
   const cpu::Kernels& kern_;
   std::unique_ptr<cpu::ThreadPool> pool_;
+  // The matrix engine for prefill (null: none), borrowed by ffn_, so
+  // declared before it; from engine_min_rows_ rows an expert.
+  std::unique_ptr<cpu::MatrixEngine> engine_;
+  int64_t engine_min_rows_ = 0;
+  int64_t engine_mark_ = 0;  // ffn_->engine_rows() when the last forward began
   std::unique_ptr<cpu::FfnRunner> ffn_;
   std::unique_ptr<cpu::RowOps> rows_;
   cpu::Act act_;
@@ -159,6 +164,8 @@ class CpuBackend final : public LayerBackend {
   std::vector<float> pair_weights_, shared_weights_, logits_;
   std::vector<cpu::ExpertJob> jobs_;
 
+  // Picks and sets up the matrix engine (cpu::matrix_engine_policy()).
+  void set_up_engine();
   int64_t last_tokens_ = 0, last_local_pairs_ = 0, last_skipped_ = 0, last_active_ = 0;
   PhaseTimes last_phase_;
 };

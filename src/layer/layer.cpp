@@ -685,6 +685,8 @@ int64_t Layer::attr(ep_moe_layer_attr_t a) const {
     case EP_MOE_LAYER_ATTR_REPLACE_EXPERTS_KEPT: return replace_kept_;
     case EP_MOE_LAYER_ATTR_NUM_EXPERTS: return cfg_.num_experts;
     case EP_MOE_LAYER_ATTR_HAS_ROUTER: return has_router_ ? 1 : 0;
+    case EP_MOE_LAYER_ATTR_MATRIX_ENGINE: return 0;  // a backend without one (CUDA)
+    case EP_MOE_LAYER_ATTR_LAST_ENGINE_PAIRS: return 0;
     default: break;
   }
   fail(EP_MOE_ERR_INVALID_ARGUMENT, "attr %d is not an ep_moe_layer_attr_t value", static_cast<int>(a));

@@ -199,7 +199,8 @@ struct RankResult {
   // EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS .. LAST_COMBINE_BYTES after the last forward
   int64_t permute_ns = -1, permute_bytes = -1, expert_ns = -1, combine_ns = -1, combine_bytes = -1;
   int64_t cpu_isa = -1;
-  int64_t weight_bytes = -1;  // EP_MOE_LAYER_ATTR_WEIGHT_BYTES
+  int64_t weight_bytes = -1;               // EP_MOE_LAYER_ATTR_WEIGHT_BYTES
+  int64_t engine = -1, engine_pairs = -1;  // EP_MOE_LAYER_ATTR_MATRIX_ENGINE, _LAST_ENGINE_PAIRS
   int stored = 0;
 };
 
@@ -461,6 +462,8 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
     ep_moe_layer_get_attr(&res.permute_bytes, layer, EP_MOE_LAYER_ATTR_LAST_PERMUTE_BYTES);
     ep_moe_layer_get_attr(&res.cpu_isa, layer, EP_MOE_LAYER_ATTR_CPU_ISA);
     ep_moe_layer_get_attr(&res.weight_bytes, layer, EP_MOE_LAYER_ATTR_WEIGHT_BYTES);
+    ep_moe_layer_get_attr(&res.engine, layer, EP_MOE_LAYER_ATTR_MATRIX_ENGINE);
+    ep_moe_layer_get_attr(&res.engine_pairs, layer, EP_MOE_LAYER_ATTR_LAST_ENGINE_PAIRS);
     ep_moe_layer_get_attr(&res.expert_ns, layer, EP_MOE_LAYER_ATTR_LAST_EXPERT_NS);
     ep_moe_layer_get_attr(&res.combine_ns, layer, EP_MOE_LAYER_ATTR_LAST_COMBINE_NS);
     ep_moe_layer_get_attr(&res.combine_bytes, layer, EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES);

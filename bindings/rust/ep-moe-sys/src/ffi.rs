@@ -35,6 +35,7 @@ pub const EP_MOE_FEATURE_CUBLASLT: ep_moe_feature_t = 8;
 pub const EP_MOE_FEATURE_MPI: ep_moe_feature_t = 16;
 pub const EP_MOE_FEATURE_LOCAL_COMM: ep_moe_feature_t = 32;
 pub const EP_MOE_FEATURE_CALLBACKS: ep_moe_feature_t = 64;
+pub const EP_MOE_FEATURE_ONEDNN: ep_moe_feature_t = 128;
 pub const EP_MOE_FEATURE_ENUM_MIN_: ep_moe_feature_t = -2147483648;
 pub const EP_MOE_FEATURE_ENUM_MAX_: ep_moe_feature_t = 2147483647;
 
@@ -181,6 +182,8 @@ pub const EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES: ep_moe_layer_attr_t = 25;
 pub const EP_MOE_LAYER_ATTR_DEVICE: ep_moe_layer_attr_t = 26;
 pub const EP_MOE_LAYER_ATTR_LAST_SYNC_FREE: ep_moe_layer_attr_t = 27;
 pub const EP_MOE_LAYER_ATTR_HAS_ROUTER: ep_moe_layer_attr_t = 28;
+pub const EP_MOE_LAYER_ATTR_MATRIX_ENGINE: ep_moe_layer_attr_t = 29;
+pub const EP_MOE_LAYER_ATTR_LAST_ENGINE_PAIRS: ep_moe_layer_attr_t = 30;
 pub const EP_MOE_LAYER_ATTR_ENUM_MIN_: ep_moe_layer_attr_t = -2147483648;
 pub const EP_MOE_LAYER_ATTR_ENUM_MAX_: ep_moe_layer_attr_t = 2147483647;
 

@@ -1,0 +1,121 @@
+// The matrix engine (cpu/matrix_engine.hpp, libep_moe_onednn.so) on the
+// layer's own bf16 panels, against a double product of the same bf16
+// values; and the FFN with the engine against the FFN without it.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "common/source.hpp"
+#include "cpu/isa.hpp"
+#include "cpu/kernels.hpp"
+#include "cpu/matrix_engine.hpp"
+#include "cpu/pack.hpp"
+
+using namespace ep_moe;
+
+namespace {
+
+// The module beside libep_moe.so in the build tree (this test links the
+// internal archive, whose own directory is the test's).
+const int module_dir_set = setenv("EP_MOE_BACKEND_DIR", EP_MOE_MODULE_DIR, 0);
+
+// The engine on panels nr wide for these depths, any ISA oneDNN picks, or
+// null after a WARN saying why (not built, no AVX512_BF16 for oneDNN's
+// bf16 brgemm).
+std::unique_ptr<cpu::MatrixEngine> engine_here(int32_t nr, std::vector<int32_t> depths, int threads = 1) {
+  (void)module_dir_set;
+  cpu::MatrixEngineDesc d;
+  d.threads = threads;
+  d.nr = nr;
+  d.tile_panels = 256 / nr;
+  d.depths = std::move(depths);
+  d.need_amx = false;
+  std::string why;
+  auto e = cpu::make_matrix_engine(d, &why);
+  if (!e) WARN("skipped: no matrix engine here: " << why);
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("the matrix engine reads the bf16 panels in place: a double product's values", "[unit][engine]") {
+  const cpu::Kernels& kern = cpu::kernels_for(cpu::detect_isa());
+  const int32_t nr = kern.nr;
+  auto eng = engine_here(nr, {256, 768});
+  if (!eng) return;
+  INFO("engine: " << eng->name());
+  CHECK(eng->shape_of(256) == 0);
+  CHECK(eng->shape_of(768) == 1);
+  CHECK(eng->shape_of(512) == -1);
+  const int32_t cols = eng->tile_cols();
+  REQUIRE(cols == 256 / nr * nr);
+  std::mt19937 rng(Catch::rngSeed() + 11);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const int32_t k : {256, 768}) {
+    // Two tiles of columns, the second read from its panel: a run of
+    // panels anywhere in a weight.
+    const int32_t n = 2 * cols;
+    std::vector<uint16_t> w(static_cast<size_t>(n) * static_cast<size_t>(k));
+    for (auto& v : w) v = f32_to_bf16(u(rng));
+    cpu::PackedWeight pw;
+    cpu::pack(pw, Source{w.data(), EP_MOE_DTYPE_BF16, k}, n, k, nr, EP_MOE_DTYPE_BF16);
+    for (const int64_t m : {int64_t{1}, int64_t{17}, int64_t{64}, int64_t{300}, eng->max_rows()}) {
+      const int64_t mp = eng->padded_rows(m);
+      REQUIRE(mp >= m);
+      std::vector<uint16_t> a(static_cast<size_t>(mp) * static_cast<size_t>(k));
+      for (auto& v : a) v = f32_to_bf16(u(rng));
+      std::vector<float> c(static_cast<size_t>(mp) * static_cast<size_t>(cols), std::nanf(""));
+      for (int tile = 0; tile < 2; ++tile) {
+        eng->gemm(eng->shape_of(k), m, a.data(), pw.panel(tile * cols / nr), c.data(), 0);
+        int bad = 0;
+        for (int64_t i = 0; i < m; ++i)
+          for (int32_t j = 0; j < cols; ++j) {
+            double ref = 0, mag = 0;
+            for (int32_t kk = 0; kk < k; ++kk) {
+              const double p =
+                  static_cast<double>(bf16_to_f32(a[static_cast<size_t>(i * k + kk)])) *
+                  bf16_to_f32(
+                      w[static_cast<size_t>(tile * cols + j) * static_cast<size_t>(k) + static_cast<size_t>(kk)]);
+              ref += p;
+              mag += std::fabs(p);
+            }
+            // f32 accumulation of k products: a few units in the last
+            // place of the sum of magnitudes.
+            const double got = c[static_cast<size_t>(i * cols + j)];
+            if (!(std::fabs(got - ref) <= 1e-5 * mag + 1e-6)) ++bad;
+          }
+        INFO("k " << k << ", rows " << m << ", tile " << tile);
+        CHECK(bad == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("the matrix engine refuses what it cannot run", "[unit][engine]") {
+  const cpu::Kernels& kern = cpu::kernels_for(cpu::detect_isa());
+  std::string why;
+  cpu::MatrixEngineDesc d;
+  d.nr = kern.nr;
+  d.tile_panels = 256 / kern.nr;
+  d.need_amx = false;
+  d.depths = {100};  // not a multiple of 32: the panels are not oneDNN's format
+  CHECK(cpu::make_matrix_engine(d, &why) == nullptr);
+  CHECK(!why.empty());
+  d.depths = {256};
+  d.nr = 24;  // no oneDNN format of that width
+  why.clear();
+  CHECK(cpu::make_matrix_engine(d, &why) == nullptr);
+  CHECK(!why.empty());
+  // need_amx: refused exactly where oneDNN's kernels have no AMX.
+  d.nr = kern.nr;
+  d.need_amx = true;
+  why.clear();
+  auto e = cpu::make_matrix_engine(d, &why);
+  if (e) CHECK(e->amx());
+  else CHECK(!why.empty());
+}
