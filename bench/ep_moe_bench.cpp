@@ -39,6 +39,16 @@ struct Options {
   // Weight dtypes, one set of rows each (compared in the same run), and the
   // activations' (-1: the weights' for float types, bf16 for block formats).
   std::vector<ep_moe_dtype_t> dtypes = {EP_MOE_DTYPE_BF16};
+  // --engine: the matrix engine setting of each variant (EP_MOE_MATRIX_ENGINE
+  // at its layers' creation; "": the environment's), the variants being
+  // every dtype under every setting, dtype by dtype (one each without
+  // --engine).
+  std::vector<std::string> engine_list;
+  std::vector<std::string> engines;  // per entry of dtypes, after expansion
+  std::string label(size_t i) const {
+    const std::string d = presets::dtype_name(dtypes[i]);
+    return i < engines.size() && !engines[i].empty() ? d + "/" + engines[i] : d;
+  }
   int act = -1;
   ep_moe_dtype_t act_of(ep_moe_dtype_t w) const {
     if (act >= 0) return static_cast<ep_moe_dtype_t>(act);
@@ -319,11 +329,12 @@ std::string run_dispatch(const presets::Model& model, int ranks, int T, ep_moe_d
 // the rounds' ratios of mean expert time, and of forward time. False: a
 // forward failed.
 bool alternate_dtypes(const Options& o, const presets::Model& m, const std::string& name, int T, ep_moe_layer_t* base,
-                      ep_moe_layer_t* other, ep_moe_dtype_t base_dt, ep_moe_dtype_t other_dt, DtypeRatio* q) {
+                      ep_moe_layer_t* other, size_t base_i, size_t other_i, DtypeRatio* q) {
+  const ep_moe_dtype_t base_dt = o.dtypes[base_i], other_dt = o.dtypes[other_i];
   q->preset = name;
   q->tokens = T;
-  q->base = dtype_name(base_dt);
-  q->dtype = dtype_name(other_dt);
+  q->base = o.label(base_i);
+  q->dtype = o.label(other_i);
   if (!base || !other) return true;
   Feed fb(m, T, o.act_of(base_dt)), fo(m, T, o.act_of(other_dt));
   ep_moe_layer_t* layers[2] = {base, other};
@@ -382,6 +393,7 @@ struct RowContext {
   double row_peak;                    // the GFLOP/s %peak is against (when not measured around the row)
   double expert_bytes, shared_bytes;  // a local expert's weights, the shared shard's
   int64_t shard;
+  std::string label;  // the variant's: dtype, and /engine with --engine
 };
 
 // One row: T tokens through `layer` for at least --min-time, with the
@@ -457,7 +469,7 @@ bool measure_row(const RowContext& cx, ep_moe_layer_t* layer, int T, Row* out) {
   t /= static_cast<double>(times.size());
   Row& r = *out;
   r.preset = name;
-  r.dtype = dtype_name(cx.wdt);
+  r.dtype = cx.label;
   r.strategy = cx.strategy == EP_MOE_SKIP_TOKENS ? "skip" : "weight0";
   r.ep = ep;
   r.tokens = T;
@@ -536,6 +548,21 @@ int parse_options(int argc, char** argv, Options* op) {
                 }
                 return !o.dtypes.empty();
               })
+      .custom("--engine", "E,E",
+              "matrix engine settings, each a variant of every dtype (rows and alternated ratios as for --dtype): "
+              "auto (the default: oneDNN where the CPU has AMX), off, onednn (on whatever ISA oneDNN runs); "
+              "set as EP_MOE_MATRIX_ENGINE when the variant's layers are made",
+              [&o](const std::string& v, std::string* err) {
+                o.engine_list.clear();
+                for (const auto& e : cli::split(v)) {
+                  if (e != "auto" && e != "off" && e != "onednn") {
+                    *err = "unknown engine " + e;
+                    return false;
+                  }
+                  o.engine_list.push_back(e);
+                }
+                return !o.engine_list.empty();
+              })
       .custom("--act-dtype", "D",
               "activations: f32, bf16 or f16 (default: the weights' float type; bf16 for block formats)",
               [&o](const std::string& v, std::string* err) {
@@ -579,6 +606,24 @@ int parse_options(int argc, char** argv, Options* op) {
 int main(int argc, char** argv) {
   Options o;
   if (const int rc = parse_options(argc, argv, &o); rc != cli::Parser::kRun) return rc;
+  if (!o.engine_list.empty()) {  // every dtype under every engine setting
+    std::vector<ep_moe_dtype_t> dts;
+    for (ep_moe_dtype_t d : o.dtypes)
+      for (const std::string& e : o.engine_list) {
+        dts.push_back(d);
+        o.engines.push_back(e);
+      }
+    o.dtypes = dts;
+  }
+  const char* env_engine = std::getenv("EP_MOE_MATRIX_ENGINE");
+  const std::string env_engine_value = env_engine ? env_engine : "";
+  // EP_MOE_MATRIX_ENGINE for variant i's layers (its setting, else as the
+  // environment had it).
+  const auto set_engine_env = [&](size_t i) {
+    const std::string e = i < o.engines.size() ? o.engines[i] : "";
+    if (e == "auto" || (e.empty() && !env_engine)) unsetenv("EP_MOE_MATRIX_ENGINE");
+    else setenv("EP_MOE_MATRIX_ENGINE", e.empty() ? env_engine_value.c_str() : e.c_str(), 1);
+  };
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   presets::CheckpointLayer ckl;
   if (!o.checkpoint.empty()) {
@@ -658,6 +703,7 @@ int main(int argc, char** argv) {
     for (size_t di = 0; di < o.dtypes.size(); ++di) {
       const ep_moe_dtype_t wdt = o.dtypes[di];
       const ep_moe_dtype_t act = o.act_of(wdt);
+      set_engine_env(di);
       const presets::Model* m = ckl.ck ? &ckl.model : presets::find(name);
       if (!m) {
         std::fprintf(stderr, "unknown preset %s\n", name.c_str());
@@ -731,7 +777,16 @@ int main(int argc, char** argv) {
                                     : peak,
                             3.0 * m->hidden * m->intermediate * bytes_per_weight(lw),
                             3.0 * m->hidden * static_cast<double>(shard) * shared_size,
-                            shard};
+                            shard,
+                            o.label(di)};
+        if (strategy == EP_MOE_SKIP_TOKENS) {
+          int64_t engine = 0;
+          ep_moe_layer_get_attr(&engine, layer, EP_MOE_LAYER_ATTR_MATRIX_ENGINE);
+          std::printf("(%s %s: matrix engine %s)\n", name.c_str(), o.label(di).c_str(),
+                      engine == 2   ? "oneDNN on AMX"
+                      : engine == 1 ? "oneDNN without AMX"
+                                    : "none");
+        }
         for (int T : o.tokens) {
           Row r;
           if (!measure_row(cx, layer, T, &r)) return 1;
@@ -748,13 +803,13 @@ int main(int argc, char** argv) {
       if (by[0] && by[1]) {
         for (int T : o.tokens) {
           RatioRow q;
-          q.preset = name + " " + dtype_name(wdt);
+          q.preset = name + " " + o.label(di);
           q.ep = ep;
           q.tokens = T;
           const Row* rs = nullptr;
           const Row* rw = nullptr;
           for (const auto& r : rows)
-            if (r.preset == name && r.tokens == T && r.ep == ep && r.dtype == dtype_name(wdt))
+            if (r.preset == name && r.tokens == T && r.ep == ep && r.dtype == o.label(di))
               (r.strategy == "skip" ? rs : rw) = &r;
           if (rs && rw) {
             q.rows_expert = rw->expert_ms / rs->expert_ms;
@@ -820,8 +875,7 @@ int main(int argc, char** argv) {
       for (int T : o.tokens)
         for (size_t di = 1; di < o.dtypes.size(); ++di) {
           DtypeRatio q;
-          if (!alternate_dtypes(o, *model, name, T, skip_layers[0], skip_layers[di], o.dtypes[0], o.dtypes[di], &q))
-            return 1;
+          if (!alternate_dtypes(o, *model, name, T, skip_layers[0], skip_layers[di], 0, di, &q)) return 1;
           dratios.push_back(q);
         }
     }
@@ -853,11 +907,11 @@ int main(int argc, char** argv) {
     std::printf(
         "\nweight dtypes against %s, the same preset and tokens in this run (forward time, expert time, "
         "GFLOP/s; %%bw and bound of each row above):\n",
-        dtype_name(o.dtypes[0]));
+        o.label(0).c_str());
     for (const Row& r : rows) {
-      if (r.strategy != "skip" || r.dtype == dtype_name(o.dtypes[0])) continue;
+      if (r.strategy != "skip" || r.dtype == o.label(0)) continue;
       for (const Row& b : rows)
-        if (b.strategy == "skip" && b.dtype == dtype_name(o.dtypes[0]) && b.preset == r.preset && b.tokens == r.tokens)
+        if (b.strategy == "skip" && b.dtype == o.label(0) && b.preset == r.preset && b.tokens == r.tokens)
           std::printf("%-14s T=%-5d %s / %s: speed %.2fx (%.3f vs %.3f ms), expert time %.2fx, GFLOP/s %.2fx\n",
                       r.preset.c_str(), r.tokens, r.dtype.c_str(), b.dtype.c_str(), b.ms / r.ms, r.ms, b.ms,
                       b.expert_ms / r.expert_ms, r.gflops / b.gflops);
@@ -920,7 +974,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::string dts;
-    for (ep_moe_dtype_t d : o.dtypes) dts += std::string(dts.empty() ? "\"" : ", \"") + dtype_name(d) + "\"";
+    for (size_t i = 0; i < o.dtypes.size(); ++i) dts += std::string(dts.empty() ? "\"" : ", \"") + o.label(i) + "\"";
     std::fprintf(f, "{\n  \"ep_moe_version\": \"%s\",\n  \"dtypes\": [%s],\n", ep_moe_version_string(), dts.c_str());
     std::fprintf(f,
                  "  \"machine\": {\"cpu\": \"%s\", \"threads\": %d, \"fma_isa\": \"%s\", \"fma_peak_gflops\": %.3f, "

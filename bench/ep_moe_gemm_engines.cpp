@@ -8,7 +8,10 @@
 // into its preferred layout, as ep_moe packs them once), f32 and bf16, with
 // the same number of threads, rotating through enough weight copies that the
 // caches hold none of them, each engine checked against a double-precision
-// product. Built only when both libraries are found.
+// product; and, for bf16, ep_moe's matrix engine (cpu/matrix_engine.hpp:
+// oneDNN's brgemm reading ep_moe's own panels in place, one call per pool
+// thread, as the expert FFN calls it). Built only when both libraries are
+// found.
 #include <cblas.h>
 #include <dlfcn.h>
 
@@ -18,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,6 +30,7 @@
 #include "cli.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/matrix_engine.hpp"
 #include "cpu/pack.hpp"
 #include "cpu/thread_pool.hpp"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -82,8 +87,20 @@ int main(int argc, char** argv) {
   if (!sbgemm) std::printf("this OpenBLAS has no cblas_sbgemm (built without BUILD_BFLOAT16): no OpenBLAS bf16 rows\n");
   std::printf("threads %d; ep_moe kernels %s; OpenBLAS core %s; oneDNN %d.%d\n", threads, cpu::isa_name(kern.isa),
               openblas_get_corename(), dnnl_version()->major, dnnl_version()->minor);
-  std::printf("%-16s %-5s %5s %9s %9s %9s %9s %9s\n", "shape", "dtype", "M", "ep_moe", "openblas", "onednn", "ob/ep",
-              "dnnl/ep");
+  // The matrix engine on every depth below, whatever ISA oneDNN runs here.
+  setenv("EP_MOE_BACKEND_DIR", EP_MOE_MODULE_DIR, 0);
+  cpu::MatrixEngineDesc ed;
+  ed.threads = threads;
+  ed.nr = kern.nr;
+  ed.tile_panels = std::max(1, 256 / kern.nr);
+  ed.depths = {2048, 768, 7168};
+  ed.need_amx = false;
+  std::string why;
+  const std::unique_ptr<cpu::MatrixEngine> engine = cpu::make_matrix_engine(ed, &why);
+  if (engine) std::printf("matrix engine: %s\n", engine->name().c_str());
+  else std::printf("no matrix engine: %s\n", why.c_str());
+  std::printf("%-16s %-5s %5s %9s %9s %9s %9s %9s %9s %9s\n", "shape", "dtype", "M", "ep_moe", "openblas", "onednn",
+              "engine", "ob/ep", "dnnl/ep", "eng/ep");
 
   const Shape shapes[] = {{"qwen3 gate_up", 1536, 2048},
                           {"qwen3 down", 2048, 768},
@@ -218,6 +235,35 @@ int main(int argc, char** argv) {
           strm.wait();
         };
         const double t_dnnl = have_dnnl ? time_it(copies, seconds, onednn) : std::nan("");
+
+        // The matrix engine: whole tiles of columns split over the pool's
+        // threads, rows in calls of its most (each padded up to its next
+        // row count: a holds room for that), bf16 only.
+        const bool have_engine = bf16 && engine && engine->shape_of(K) >= 0 && N % engine->tile_cols() == 0;
+        std::vector<uint16_t> ap;
+        std::vector<std::vector<float>> etile(static_cast<size_t>(threads));
+        if (have_engine) {
+          ap.assign(static_cast<size_t>(M + engine->max_rows()) * K, 0);
+          std::memcpy(ap.data(), ab.data(), ab.size() * 2);
+          for (auto& v : etile) v.resize(static_cast<size_t>(engine->max_rows()) * engine->tile_cols());
+        }
+        auto by_engine = [&](int c) {
+          const cpu::PackedWeight& w = packed[static_cast<size_t>(c)];
+          const int cols = engine->tile_cols(), tiles = N / cols, shape = engine->shape_of(K);
+          pool.parallel_for(static_cast<size_t>(threads), [&](size_t ti, int) {
+            const int t = static_cast<int>(ti);
+            float* tile = etile[ti].data();
+            for (int j = tiles * t / threads; j < tiles * (t + 1) / threads; ++j)
+              for (int r0 = 0; r0 < M; r0 += static_cast<int>(engine->max_rows())) {
+                const int m = std::min(static_cast<int>(engine->max_rows()), M - r0);
+                engine->gemm(shape, m, ap.data() + static_cast<size_t>(r0) * K, w.panel(j * cols / kern.nr), tile, t);
+                for (int i = 0; i < m; ++i)
+                  std::memcpy(cbuf.data() + static_cast<size_t>(r0 + i) * N + static_cast<size_t>(j) * cols,
+                              tile + static_cast<size_t>(i) * cols, static_cast<size_t>(cols) * 4);
+              }
+          });
+        };
+        const double t_engine = have_engine ? time_it(copies, seconds, by_engine) : std::nan("");
         // Every engine must compute the product of copy 0: checked on three
         // rows against a double-precision dot product of the same (rounded)
         // operands, which depends on no engine.
@@ -235,7 +281,7 @@ int main(int argc, char** argv) {
               ref[static_cast<size_t>(r) * N + n] = d;
               scale = std::max(scale, std::fabs(d));
             }
-          const auto check = [&](const char* engine, auto&& run) {
+          const auto check = [&](const char* what, auto&& run) {
             std::fill(cbuf.begin(), cbuf.end(), std::nan(""));
             run(0);
             double err = 0;
@@ -246,13 +292,14 @@ int main(int argc, char** argv) {
                 err = std::isnan(e) ? INFINITY : std::max(err, e);
               }
             if (err / scale > 1e-4) {  // f32 accumulation of exact (or f32) products
-              std::printf("MISMATCH %s vs the double-precision reference: %g\n", engine, err / scale);
+              std::printf("MISMATCH %s vs the double-precision reference: %g\n", what, err / scale);
               ++mismatches;
             }
           };
           check("ep_moe", ours);
           if (!std::isnan(t_blas)) check("OpenBLAS", blas);
           if (have_dnnl) check("oneDNN", onednn);
+          if (have_engine) check("matrix engine", by_engine);
         }
 
         // An engine that could not run this type shows "-".
@@ -262,13 +309,17 @@ int main(int argc, char** argv) {
           else std::snprintf(b, sizeof b, fmt, v);
           return std::string(b);
         };
-        std::printf("%-16s %-5s %5d %9.1f %9s %9s %9s %9s\n", sh.name, bf16 ? "bf16" : "f32", M, flops / t_ours / 1e9,
-                    col(flops / t_blas / 1e9, "%.1f").c_str(), col(flops / t_dnnl / 1e9, "%.1f").c_str(),
-                    col(t_ours / t_blas, "%.2fx").c_str(), col(t_ours / t_dnnl, "%.2fx").c_str());
+        std::printf("%-16s %-5s %5d %9.1f %9s %9s %9s %9s %9s %9s\n", sh.name, bf16 ? "bf16" : "f32", M,
+                    flops / t_ours / 1e9, col(flops / t_blas / 1e9, "%.1f").c_str(),
+                    col(flops / t_dnnl / 1e9, "%.1f").c_str(), col(flops / t_engine / 1e9, "%.1f").c_str(),
+                    col(t_ours / t_blas, "%.2fx").c_str(), col(t_ours / t_dnnl, "%.2fx").c_str(),
+                    col(t_ours / t_engine, "%.2fx").c_str());
         std::fflush(stdout);
       }
     }
   }
-  std::printf("(columns: GFLOP/s; ob/ep and dnnl/ep > 1 mean that engine is faster than ep_moe)\n");
+  std::printf(
+      "(columns: GFLOP/s; ob/ep, dnnl/ep and eng/ep > 1 mean that engine is faster than ep_moe's tiles; engine: "
+      "ep_moe's matrix engine on the same panels)\n");
   return mismatches == 0 ? 0 : 1;
 }

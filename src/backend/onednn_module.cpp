@@ -31,7 +31,9 @@
 namespace ep_moe {
 namespace {
 
-constexpr int64_t kRowCounts[] = {16, 32, 48, 64, 96, 128, 192, 256, 384, 512};
+// Steps of 16 rows (an AMX tile's) to 128, then of 32 and 64: a call pads
+// its rows by less than 1/8 from 128 rows on.
+constexpr int64_t kRowCounts[] = {16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512};
 constexpr int kBuckets = sizeof(kRowCounts) / sizeof(kRowCounts[0]);
 
 // The calling thread's OpenMP thread count at 1 for a scope.

@@ -23,7 +23,7 @@ namespace {
 // of the tiles on the same tile of columns; true where the engine took
 // less time.
 constexpr int kRounds = 5;
-constexpr int64_t kRowCounts[] = {16, 32, 64, 128, 256};
+constexpr int64_t kRowCounts[] = {16, 32, 64, 128, kEngineMeasuredRows};
 
 int64_t measure(MatrixEngine& e, const Kernels& k, bool dot, int32_t depth) {
   const int shape = e.shape_of(depth);

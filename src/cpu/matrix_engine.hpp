@@ -72,6 +72,8 @@ bool matrix_engine_available();
 // when the engine was slower even at 256. Measured once per process for
 // each (depth, table, dot): ~10 ms with AVX-512, less on AMX.
 int64_t engine_min_rows(MatrixEngine& e, const Kernels& k, bool dot, int32_t depth);
+// The most rows engine_min_rows measures.
+constexpr int64_t kEngineMeasuredRows = 256;
 
 }  // namespace cpu
 }  // namespace ep_moe

@@ -111,10 +111,17 @@ void CpuBackend::set_up_engine() {
           ? forced
           : cpu::engine_min_rows(*engine_, kern_, dot, c.hidden_size % 32 == 0 ? c.hidden_size : d.depths[0]);
   if (engine_min_rows_ == std::numeric_limits<int64_t>::max()) {
-    log(EP_MOE_LOG_INFO, "[EP rank %d/%d] no matrix engine: %s was slower than the tiles at every row count measured",
-        L_.map_.ep_rank(), L_.map_.ep_size(), engine_->name().c_str());
-    engine_.reset();
-    return;
+    // Slower than the tiles at every row count measured: no engine, unless
+    // it was asked for by name (tests, benchmarks): then from the most
+    // rows measured.
+    if (policy == cpu::EnginePolicy::Force) {
+      engine_min_rows_ = cpu::kEngineMeasuredRows;
+    } else {
+      log(EP_MOE_LOG_INFO, "[EP rank %d/%d] no matrix engine: %s was slower than the tiles at every row count measured",
+          L_.map_.ep_rank(), L_.map_.ep_size(), engine_->name().c_str());
+      engine_.reset();
+      return;
+    }
   }
   ffn_->set_engine(engine_.get(), engine_min_rows_, pool_->size());
   log(EP_MOE_LOG_INFO, "[EP rank %d/%d] matrix engine: %s, from %lld rows an expert", L_.map_.ep_rank(),
