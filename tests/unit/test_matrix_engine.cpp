@@ -4,9 +4,11 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <cstring>
 #include <vector>
 
 #include "common/dtype.hpp"
@@ -118,4 +120,59 @@ TEST_CASE("the matrix engine refuses what it cannot run", "[unit][engine]") {
   auto e = cpu::make_matrix_engine(d, &why);
   if (e) CHECK(e->amx());
   else CHECK(!why.empty());
+}
+
+TEST_CASE("AMX detection agrees with /proc/cpuinfo; the engine policy follows the environment", "[unit][engine]") {
+  // The kernel lists amx_tile and amx_bf16 where the CPU has them and the
+  // kernel supports them; has_amx() then also needs the tile permission,
+  // which such a kernel grants.
+  bool tile = false, bf16 = false;
+  if (FILE* f = std::fopen("/proc/cpuinfo", "r")) {
+    char line[8192];
+    while (std::fgets(line, sizeof line, f))
+      if (std::strncmp(line, "flags", 5) == 0) {
+        tile = std::strstr(line, " amx_tile") != nullptr;
+        bf16 = std::strstr(line, " amx_bf16") != nullptr;
+        break;
+      }
+    std::fclose(f);
+  }
+  CHECK(cpu::has_amx() == (tile && bf16));
+  if (!cpu::has_amx()) WARN("skipped: the AMX path (this CPU has no AMX): only its absence is checked");
+
+  const char* names[] = {"EP_MOE_MATRIX_ENGINE", "EP_MOE_CPU_ISA"};
+  std::string saved[2];
+  bool had[2];
+  for (int i = 0; i < 2; ++i) {
+    const char* v = std::getenv(names[i]);
+    had[i] = v != nullptr;
+    if (had[i]) saved[i] = v;
+  }
+  const auto policy = [&](const char* engine, const char* isa) {
+    if (engine) setenv(names[0], engine, 1);
+    else unsetenv(names[0]);
+    if (isa) setenv(names[1], isa, 1);
+    else unsetenv(names[1]);
+    return cpu::matrix_engine_policy();
+  };
+  const cpu::EnginePolicy by_cpu = cpu::has_amx() ? cpu::EnginePolicy::Amx : cpu::EnginePolicy::Off;
+  CHECK(policy(nullptr, nullptr) == by_cpu);
+  CHECK(policy("auto", nullptr) == by_cpu);
+  CHECK(policy(nullptr, "amx") == by_cpu);
+  CHECK(policy("off", nullptr) == cpu::EnginePolicy::Off);
+  CHECK(policy("onednn", nullptr) == cpu::EnginePolicy::Force);
+  CHECK(policy("onednn", "avx2") == cpu::EnginePolicy::Force);  // named: taken as it is
+  for (const char* lower : {"generic", "avx2", "avx512", "avx512bf16"}) {
+    INFO("EP_MOE_CPU_ISA=" << lower);
+    CHECK(policy(nullptr, lower) == cpu::EnginePolicy::Off);
+  }
+  // `amx` names no lower kernel table: the CPU's best.
+  policy(nullptr, "amx");
+  const cpu::Isa named_amx = cpu::detect_isa();
+  unsetenv(names[1]);
+  CHECK(named_amx == cpu::detect_isa());
+  for (int i = 0; i < 2; ++i) {
+    if (had[i]) setenv(names[i], saved[i].c_str(), 1);
+    else unsetenv(names[i]);
+  }
 }
