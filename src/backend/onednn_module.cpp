@@ -173,6 +173,7 @@ class OnednnEngine final : public cpu::MatrixEngine {
     return b;
   }
   static void check(dnnl_status_t st) {
+    if (st == dnnl_out_of_memory) fail(EP_MOE_ERR_OUT_OF_MEMORY, "oneDNN engine: oneDNN ran out of memory");
     if (st != dnnl_success) fail(EP_MOE_ERR_INTERNAL, "oneDNN engine: oneDNN call failed (status %d)", st);
   }
 

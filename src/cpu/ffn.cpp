@@ -112,6 +112,29 @@ void FfnRunner::set_engine(MatrixEngine* e, int64_t min_rows, int threads) {
   ec_.resize(static_cast<size_t>(std::max(1, threads)) * ec_stride_ * sizeof(float));
 }
 
+void FfnRunner::engine_gemm(int shape, int64_t m, const uint16_t* a, const void* w, float* c, int thread) {
+  if (engine_failed_.load(std::memory_order_relaxed)) return;
+  try {
+    engine_->gemm(shape, m, a, w, c, thread);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(engine_mu_);
+    if (!engine_error_) engine_error_ = std::current_exception();
+    engine_failed_.store(true, std::memory_order_relaxed);
+  }
+}
+
+void FfnRunner::rethrow_engine_error() {
+  if (!engine_failed_.load(std::memory_order_acquire)) return;
+  std::exception_ptr e;
+  {
+    std::lock_guard<std::mutex> lock(engine_mu_);
+    std::swap(e, engine_error_);
+    engine_failed_.store(false, std::memory_order_relaxed);
+  }
+  if (e) std::rethrow_exception(e);
+  fail(EP_MOE_ERR_INTERNAL, "FfnRunner: a matrix engine call failed");
+}
+
 bool FfnRunner::on_engine(const Segment& sg, bool down) const {
   if (!engine_ || !bf16_rows_ || sg.len < engine_min_rows_) return false;
   const PackedWeight& w = down ? *sg.job->down : *sg.job->gate_up;
@@ -181,8 +204,10 @@ void FfnRunner::run_chunk(int64_t rows, ThreadPool& pool, const float* x, int64_
   if (ch.eng_gu) gather_engine_rows(rows, pool, x, ldx, x16, ldx16);
   if (ch.xq) quantize_rows(ch, rows, pool, x, ldx, false);
   phase_a(ch, pool, x, ldx, act);
+  rethrow_engine_error();
   if (ch.hq) quantize_rows(ch, rows, pool, x, ldx, true);
   phase_b(ch, pool, acc, ldacc);
+  rethrow_engine_error();
 }
 
 // The chunk's rows of x in bf16, in pair order (from x16 when given).
@@ -342,7 +367,7 @@ void FfnRunner::phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64
     const uint16_t* xs = xd_.data<uint16_t>() + sg.offset * hidden_;
     for (int64_t r0 = 0; r0 < sg.len; r0 += engine_->max_rows()) {
       const int64_t m = std::min(engine_->max_rows(), sg.len - r0);
-      engine_->gemm(shape, m, xs + r0 * hidden_, w.panel(p0), cb, t);
+      engine_gemm(shape, m, xs + r0 * hidden_, w.panel(p0), cb, t);
       for (int64_t i = 0; i < m; ++i)
         for (int32_t j = 0; j < tp; ++j) activate_row(cb + i * cols + j * nr, sg.offset + r0 + i, p0 + j, sg);
     }
@@ -442,7 +467,7 @@ void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t l
     for (int64_t r0 = 0; r0 < s.len; r0 += engine_->max_rows()) {
       const int64_t m64 = std::min(engine_->max_rows(), s.len - r0);
       const int m = static_cast<int>(m64);
-      engine_->gemm(shape, m64, hs + r0 * w.k, w.panel(p), cb, t);
+      engine_gemm(shape, m64, hs + r0 * w.k, w.panel(p), cb, t);
       if (s.job->down_bias) add_bias_rows(cb, cols, m, cols, s.job->down_bias + col0);
       k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin + r0, s.job->weights + s.begin + r0, cb, cols, m, ncols);
     }

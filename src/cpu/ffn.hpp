@@ -3,7 +3,10 @@
 // added into an f32 accumulator in token order.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <exception>
+#include <mutex>
 #include <vector>
 
 #include "cpu/aligned.hpp"
@@ -158,6 +161,14 @@ class FfnRunner {
   AlignedBuffer xd_, hd_, ec_;
   size_t ec_stride_ = 0;
   int64_t engine_rows_ = 0;
+  // An engine call inside a pool job must not throw (ThreadPool): the
+  // first failure is kept here, the later calls of the phase skip, and
+  // it is thrown after the phase (engine_gemm, rethrow_engine_error).
+  std::atomic<bool> engine_failed_{false};
+  std::mutex engine_mu_;
+  std::exception_ptr engine_error_;
+  void engine_gemm(int shape, int64_t m, const uint16_t* a, const void* w, float* c, int thread);
+  void rethrow_engine_error();
   std::vector<const Segment*> ord_;
   std::vector<int64_t> first_;
 };

@@ -423,3 +423,80 @@ TEST_CASE("forwards after the first allocate nothing, in every CPU flow", "[faul
     CHECK(allocations_in_forwards(c, f.callbacks ? 1 : 0, 4, f.own_router) == 0);
   }
 }
+
+TEST_CASE(
+    "the matrix engine: oneDNN's execute allocates; a failed allocation there is a status, then the next "
+    "forward is right",
+    "[faults][alloc][forward][engine]") {
+  // ep_moe's side of a forward allocates nothing (the test above), but
+  // oneDNN 2.6's execute builds its argument map on the heap, a few small
+  // blocks a call, through the C and the C++ interfaces alike. So each of
+  // those allocations is made to fail in turn: the forward returns
+  // OUT_OF_MEMORY, and the next one is right.
+  setenv("EP_MOE_BACKEND_DIR", EP_MOE_MODULE_DIR, 0);  // the module beside libep_moe.so
+  if (!ep_moe_has_feature(EP_MOE_FEATURE_ONEDNN)) {
+    WARN("skipped: libep_moe_onednn.so is not available");
+    return;
+  }
+  setenv("EP_MOE_MATRIX_ENGINE", "onednn", 1);
+  setenv("EP_MOE_MATRIX_MIN_ROWS", "1", 1);
+  harness::Case c;  // depths the engine serves, with whole tiles (tests/multirank/test_engine.cpp)
+  c.spec.H = 320;
+  c.spec.I = 160;
+  c.spec.E = 4;
+  c.spec.K = 2;
+  c.spec.Is = 96;
+  c.wdt = c.adt = ref::BF16;
+  c.threads = 2;
+  c.max_tokens = 40;
+  c.tokens = {37};
+  std::mt19937 rng(99);
+  const ref::Weights w = ref::random_weights(c.spec, c.wdt, rng);
+  const harness::Inputs in = harness::make_inputs(c, w, rng);
+  ep_moe_expert_map_config_t mc;
+  ep_moe_expert_map_config_init(&mc);
+  mc.ep_size = 1;
+  mc.ep_rank = 0;
+  mc.global_num_experts = c.spec.E;
+  ep_moe_expert_map_t* map = nullptr;
+  REQUIRE(ep_moe_expert_map_create(&map, &mc) == EP_MOE_OK);
+  const ep_moe_layer_config_t lc = harness::layer_config(c);
+  ep_moe_layer_t* layer = nullptr;
+  REQUIRE(ep_moe_layer_create(&layer, &lc, map, nullptr, nullptr) == EP_MOE_OK);
+  int stored = 0;
+  REQUIRE(harness::load_weights(layer, c, w, &stored).empty());
+  int64_t engine = 0;
+  REQUIRE(ep_moe_layer_get_attr(&engine, layer, EP_MOE_LAYER_ATTR_MATRIX_ENGINE) == EP_MOE_OK);
+  if (engine == 0) {
+    WARN("skipped: oneDNN has no bf16 brgemm on this CPU");
+  } else {
+    const int T = c.tokens[0];
+    const auto hid = ref::encode(in.hidden[0], c.adt);
+    std::vector<uint8_t> out(static_cast<size_t>(T) * c.spec.H * 2);
+    const ep_moe_forward_args_t a = harness::forward_args(c, in, 0, hid.data(), out.data());
+    REQUIRE(ep_moe_layer_forward(layer, &a) == EP_MOE_OK);  // warm
+    g_count = 0;
+    g_fail_at = 1L << 40;  // count only
+    REQUIRE(ep_moe_layer_forward(layer, &a) == EP_MOE_OK);
+    g_fail_at = -1;
+    const long n = g_count.load();
+    int64_t pairs = 0;
+    ep_moe_layer_get_attr(&pairs, layer, EP_MOE_LAYER_ATTR_LAST_ENGINE_PAIRS);
+    CHECK(pairs > 0);
+    CHECK(n > 0);  // if oneDNN stops allocating, this test (and docs/threading.md) can say so
+    for (long k = 0; k < n; ++k) {
+      INFO("allocation " << k << " of " << n << " fails");
+      g_fail_at = k;
+      const ep_moe_status_t st = ep_moe_layer_forward(layer, &a);
+      g_fail_at = -1;
+      CHECK(st == EP_MOE_ERR_OUT_OF_MEMORY);
+      REQUIRE(ep_moe_layer_forward(layer, &a) == EP_MOE_OK);
+      CHECK(harness::relative_error(ref::decode(out.data(), static_cast<size_t>(T) * c.spec.H, c.adt), in.expect[0])
+                .err <= harness::tolerance(c.adt, c.wdt));
+    }
+  }
+  ep_moe_layer_destroy(layer);
+  ep_moe_expert_map_destroy(map);
+  unsetenv("EP_MOE_MATRIX_ENGINE");
+  unsetenv("EP_MOE_MATRIX_MIN_ROWS");
+}

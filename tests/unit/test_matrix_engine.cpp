@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <thread>
 #include <cstring>
 #include <vector>
 
@@ -96,6 +97,43 @@ TEST_CASE("the matrix engine reads the bf16 panels in place: a double product's 
       }
     }
   }
+}
+
+namespace {
+int process_threads() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  int n = -1;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "Threads: %d", &n) == 1) break;
+  std::fclose(f);
+  return n;
+}
+}  // namespace
+
+TEST_CASE("the matrix engine starts no OpenMP team: its calls stay on the calling thread", "[unit][engine]") {
+  // Debian's oneDNN runs on OpenMP, whose teams' threads stay alive with
+  // the native thread that started them: a fresh thread here, so that
+  // teams of earlier tests' threads are not this one's.
+  const cpu::Kernels& kern = cpu::kernels_for(cpu::detect_isa());
+  auto eng = engine_here(kern.nr, {2048});
+  if (!eng) return;
+  const int32_t k = 2048, n = eng->tile_cols();
+  std::vector<uint16_t> w(static_cast<size_t>(n) * k, f32_to_bf16(0.5f));
+  cpu::PackedWeight pw;
+  cpu::pack(pw, Source{w.data(), EP_MOE_DTYPE_BF16, k}, n, k, kern.nr, EP_MOE_DTYPE_BF16);
+  std::vector<uint16_t> a(static_cast<size_t>(eng->max_rows()) * k, f32_to_bf16(1.0f));
+  std::vector<float> c(static_cast<size_t>(eng->max_rows()) * n);
+  int before = -1, after = -1;
+  std::thread caller([&] {
+    before = process_threads();
+    for (int i = 0; i < 3; ++i) eng->gemm(0, eng->max_rows(), a.data(), pw.panel(0), c.data(), 0);
+    after = process_threads();
+  });
+  caller.join();
+  CHECK(c[0] == 1024.0f);  // 2048 products of 0.5, exact
+  CHECK(after == before);
 }
 
 TEST_CASE("the matrix engine refuses what it cannot run", "[unit][engine]") {
