@@ -115,7 +115,9 @@ int process_threads() {
 TEST_CASE("the matrix engine starts no OpenMP team: its calls stay on the calling thread", "[unit][engine]") {
   // Debian's oneDNN runs on OpenMP, whose teams' threads stay alive with
   // the native thread that started them: a fresh thread here, so that
-  // teams of earlier tests' threads are not this one's.
+  // teams of earlier tests' threads are not this one's (and a sanitizer's
+  // background thread, started with the process's first thread, is
+  // already there).
   const cpu::Kernels& kern = cpu::kernels_for(cpu::detect_isa());
   auto eng = engine_here(kern.nr, {2048});
   if (!eng) return;
