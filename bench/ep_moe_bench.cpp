@@ -45,6 +45,12 @@ struct Options {
   // --engine).
   std::vector<std::string> engine_list;
   std::vector<std::string> engines;  // per entry of dtypes, after expansion
+  // The dtype column's width: the longest label, at least 6.
+  int label_width() const {
+    size_t w = 6;
+    for (size_t i = 0; i < dtypes.size(); ++i) w = std::max(w, label(i).size());
+    return static_cast<int>(w);
+  }
   std::string label(size_t i) const {
     const std::string d = presets::dtype_name(dtypes[i]);
     return i < engines.size() && !engines[i].empty() ? d + "/" + engines[i] : d;
@@ -502,10 +508,10 @@ bool measure_row(const RowContext& cx, ep_moe_layer_t* layer, int T, Row* out) {
   r.bw_steady = steady;
   r.attempts = attempt;
   r.weight_frac = r.weight_gbs / row_bw;
-  std::printf("%-14s %-6s %4d %6d %-7s %9.3f %9.3f %11.1f %9.1f %5.1f%% %7.1f %9.1f %6.1f %5.1f%%%c %5s %6lld %6lld\n",
-              name.c_str(), r.dtype.c_str(), ep, T, r.strategy.c_str(), r.ms, r.expert_ms, r.tokens_per_s, r.gflops,
-              100 * r.gflops_frac, r.row_peak, r.weight_gbs, r.row_bw, 100 * r.weight_frac, steady ? ' ' : '~',
-              r.compute_bound() ? "pk" : "bw", static_cast<long long>(r.local_pairs),
+  std::printf("%-14s %-*s %4d %6d %-7s %9.3f %9.3f %11.1f %9.1f %5.1f%% %7.1f %9.1f %6.1f %5.1f%%%c %5s %6lld %6lld\n",
+              name.c_str(), o.label_width(), r.dtype.c_str(), ep, T, r.strategy.c_str(), r.ms, r.expert_ms,
+              r.tokens_per_s, r.gflops, 100 * r.gflops_frac, r.row_peak, r.weight_gbs, r.row_bw, 100 * r.weight_frac,
+              steady ? ' ' : '~', r.compute_bound() ? "pk" : "bw", static_cast<long long>(r.local_pairs),
               static_cast<long long>(r.active_experts));
   std::fflush(stdout);
   return true;
@@ -688,9 +694,9 @@ int main(int argc, char** argv) {
                   ? " (this CPU's bf16 pair dot products timed slower than widening bf16 to f32 FMAs: bf16 rows are "
                     "held to the FMA peak)"
                   : "");
-  std::printf("%-14s %-6s %4s %6s %-7s %9s %9s %11s %9s %6s %7s %9s %6s %6s %6s %7s %6s\n", "preset", "dtype", "ep",
-              "tokens", "strat", "ms", "expert_ms", "tokens/s", "GFLOP/s", "%peak", "rowPk", "wGB/s", "rowBW", "%bw",
-              "bound", "pairs", "active");
+  std::printf("%-14s %-*s %4s %6s %-7s %9s %9s %11s %9s %6s %7s %9s %6s %6s %6s %7s %6s\n", "preset", o.label_width(),
+              "dtype", "ep", "tokens", "strat", "ms", "expert_ms", "tokens/s", "GFLOP/s", "%peak", "rowPk", "wGB/s",
+              "rowBW", "%bw", "bound", "pairs", "active");
 
   std::vector<Row> rows;
   std::vector<RatioRow> ratios;
