@@ -65,7 +65,7 @@ dnnl::memory::format_tag panel_tag(int32_t nr) {
 
 class OnednnEngine final : public cpu::MatrixEngine {
  public:
-  explicit OnednnEngine(const cpu::MatrixEngineDesc& d) : eng_(dnnl::engine::kind::cpu, 0), d_(d) {
+  explicit OnednnEngine(const cpu::MatrixEngineDesc& d) : eng_(dnnl::engine::kind::cpu, 0) {
     using dt = dnnl::memory::data_type;
     const dnnl::memory::format_tag wtag = panel_tag(d.nr);
     if (wtag == dnnl::memory::format_tag::undef)
@@ -139,7 +139,7 @@ class OnednnEngine final : public cpu::MatrixEngine {
 
   void gemm(int shape, int64_t m, const uint16_t* a, const void* w, float* c, int thread) override {
     if (shape < 0 || static_cast<size_t>(shape) >= shapes_.size() || m < 1 || m > max_rows() || thread < 0 ||
-        thread >= d_.threads)
+        static_cast<size_t>(thread) >= per_thread_.size())
       fail(EP_MOE_ERR_INTERNAL, "oneDNN engine: bad call (shape %d, %lld rows, thread %d)", shape,
            static_cast<long long>(m), thread);
     const int b = bucket(m);
@@ -178,7 +178,6 @@ class OnednnEngine final : public cpu::MatrixEngine {
   }
 
   dnnl::engine eng_;
-  cpu::MatrixEngineDesc d_;
   int32_t cols_ = 0;
   std::vector<Shape> shapes_;
   std::string impl_, name_;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "common/dtype.hpp"
 #include "common/error.hpp"
@@ -123,16 +124,11 @@ void FfnRunner::engine_gemm(int shape, int64_t m, const uint16_t* a, const void*
   }
 }
 
+// After a phase (the pool's threads joined): the failure engine_gemm kept.
 void FfnRunner::rethrow_engine_error() {
-  if (!engine_failed_.load(std::memory_order_acquire)) return;
-  std::exception_ptr e;
-  {
-    std::lock_guard<std::mutex> lock(engine_mu_);
-    std::swap(e, engine_error_);
-    engine_failed_.store(false, std::memory_order_relaxed);
-  }
-  if (e) std::rethrow_exception(e);
-  fail(EP_MOE_ERR_INTERNAL, "FfnRunner: a matrix engine call failed");
+  if (!engine_failed_.load(std::memory_order_relaxed)) return;
+  engine_failed_.store(false, std::memory_order_relaxed);
+  std::rethrow_exception(std::exchange(engine_error_, nullptr));
 }
 
 bool FfnRunner::on_engine(const Segment& sg, bool down) const {
@@ -284,12 +280,95 @@ void FfnRunner::run_panels(bool dot, const PackedWeight& w, int m, const float* 
   else k_.gemv[w.dtype](a[0], w.k, w.panel(p), run, c, next);
 }
 
+// The fused activation of one row of a gate/up panel's results (ci: its
+// nr values, gate then up) into row `row` of h, at panel p's h columns;
+// with biases, they are added to ci first (each row is used once). A
+// segment whose down is on the engine gets its h in hd_ too (bf16, dense).
+void FfnRunner::activate_panel(const Chunk& ch, Act act, float* ci, int64_t row, int32_t p, const Segment& sg) {
+  const int h = k_.nr / 2;
+  const ExpertJob& job = *sg.job;
+  float hv[32];
+  float* dst = ch.dot ? hv : ch.hbuf + row * ldh_ + static_cast<int64_t>(p) * h;
+  if (job.gate_bias) {
+    const float* gb = job.gate_bias + static_cast<int64_t>(p) * h;
+    const float* ub = job.up_bias + static_cast<int64_t>(p) * h;
+    for (int j = 0; j < h; ++j) {
+      ci[j] += gb[j];
+      ci[h + j] += ub[j];
+    }
+  }
+  if (act == Act::Silu) k_.silu_mul(ci, ci + h, dst, h);
+  else
+    for (int j = 0; j < h; ++j) dst[j] = activate(act, ci[j], ci[h + j]);
+  if (ch.dot) k_.to_bf16(hv, ch.hb + row * ldh_ + static_cast<int64_t>(p) * h, h);
+  if (sg.eng_down)
+    k_.to_bf16(dst,
+               hd_.data<uint16_t>() + sg.offset * ldh_ + (row - sg.offset) * job.down->k + static_cast<int64_t>(p) * h,
+               h);
+}
+
+// Whole tile p0 .. of segment sg's gate/up through the engine (in calls of
+// its most rows, from xd_), and the activation of its results.
+void FfnRunner::engine_gate_up(const Chunk& ch, Act act, const Segment& sg, int32_t p0, int t) {
+  const PackedWeight& w = *sg.job->gate_up;
+  const int shape = engine_->shape_of(w.k);
+  const int32_t cols = engine_->tile_cols(), nr = k_.nr;
+  float* cb = ec_.data<float>() + static_cast<size_t>(t) * ec_stride_;
+  const uint16_t* xs = xd_.data<uint16_t>() + sg.offset * hidden_;
+  for (int64_t r0 = 0; r0 < sg.len; r0 += engine_->max_rows()) {
+    const int64_t m = std::min(engine_->max_rows(), sg.len - r0);
+    engine_gemm(shape, m, xs + r0 * hidden_, w.panel(p0), cb, t);
+    for (int64_t i = 0; i < m; ++i)
+      for (int32_t j = 0; j < cols / nr; ++j)
+        activate_panel(ch, act, cb + i * cols + j * nr, sg.offset + r0 + i, p0 + j, sg);
+  }
+}
+
+// Whole tile p .. of segment s's down through the engine (from hd_),
+// combined into acc.
+void FfnRunner::engine_down(const Segment& s, int32_t p, int t, float* acc, int64_t ldacc) {
+  const PackedWeight& w = *s.job->down;
+  const int shape = engine_->shape_of(w.k);
+  const int32_t cols = engine_->tile_cols(), col0 = p * k_.nr, ncols = std::min(cols, hidden_ - col0);
+  float* cb = ec_.data<float>() + static_cast<size_t>(t) * ec_stride_;
+  const uint16_t* hs = hd_.data<uint16_t>() + s.offset * ldh_;
+  for (int64_t r0 = 0; r0 < s.len; r0 += engine_->max_rows()) {
+    const int64_t m64 = std::min(engine_->max_rows(), s.len - r0);
+    const int m = static_cast<int>(m64);
+    engine_gemm(shape, m64, hs + r0 * w.k, w.panel(p), cb, t);
+    if (s.job->down_bias) add_bias_rows(cb, cols, m, cols, s.job->down_bias + col0);
+    k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin + r0, s.job->weights + s.begin + r0, cb, cols, m, ncols);
+  }
+}
+
+// Rows r0 .. r0 + m of segment s (m returned, kRows at most) through down
+// panel p into c, ldc floats a row; tile: panel p unpacked for the int8
+// tiles (tiled segments), else null.
+int FfnRunner::down_rows(const Chunk& ch, const Segment& s, const PackedWeight& w, int32_t p, int64_t r0, float* c,
+                         int ldc, const void* next, const void* tile) const {
+  const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
+  if (w.quant()) {
+    const void* aq[kRows];
+    for (int i = 0; i < m; ++i) aq[i] = ch.hq + (s.offset + r0 + i) * static_cast<int64_t>(ldhq_);
+    if (tile) k_.qtile[quant_index(w.dtype)](m, aq, w.k, tile, c, ldc, next);
+    else k_.qgemm[quant_index(w.dtype)](m, aq, w.k, w.panel(p), k_.nr, c, ldc, next);
+  } else if (ch.dot) {
+    const uint16_t* a16[kRows];
+    for (int i = 0; i < m; ++i) a16[i] = ch.hb + (s.offset + r0 + i) * ldh_;
+    k_.gemm_bf16(m, a16, w.k, w.panel(p), c, ldc, next);
+  } else {
+    const float* a[kRows];
+    for (int i = 0; i < m; ++i) a[i] = ch.hbuf + (s.offset + r0 + i) * ldh_;
+    k_.gemm[w.dtype](m, a, w.k, w.panel(p), c, ldc, next);
+  }
+  return m;
+}
+
 void FfnRunner::phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64_t ldx, Act act) {
   const std::vector<Segment>& segs = segs_;
-  const int nr = k_.nr, h = nr / 2;
+  const int nr = k_.nr;
   const bool dot = ch.dot;
-  float* hbuf = ch.hbuf;
-  uint16_t *xb = ch.xb, *hb = ch.hb;
+  uint16_t* xb = ch.xb;
   const char* xq = ch.xq;
   // Phase A: h = act(x W_gate^T) * (x W_up^T), per gate/up panel of each
   // segment, numbered in the order below (first[s]: segment s's first). The
@@ -333,45 +412,6 @@ void FfnRunner::phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64
   };
   const auto grain_a =
       static_cast<size_t>(std::max<int64_t>(1, std::min<int64_t>(kMaxPanels, all_panels / (8 * pool.size()))));
-  // The fused activation of row i of c (one gate/up panel's nr columns)
-  // into row `row` of h, at panel p's h columns.
-  // With biases, they are added to c first (each c row is used once).
-  // Segment sg's down on the engine: h also into hd_, in bf16, dense.
-  uint16_t* hd = hd_.data<uint16_t>();
-  const auto activate_row = [&](float* ci, int64_t row, int32_t p, const Segment& sg) {
-    const ExpertJob& job = *sg.job;
-    float hv[32];
-    float* dst = dot ? hv : hbuf + row * ldh_ + static_cast<int64_t>(p) * h;
-    if (job.gate_bias) {
-      const float* gb = job.gate_bias + static_cast<int64_t>(p) * h;
-      const float* ub = job.up_bias + static_cast<int64_t>(p) * h;
-      for (int j = 0; j < h; ++j) {
-        ci[j] += gb[j];
-        ci[h + j] += ub[j];
-      }
-    }
-    if (act == Act::Silu) k_.silu_mul(ci, ci + h, dst, h);
-    else
-      for (int j = 0; j < h; ++j) dst[j] = activate(act, ci[j], ci[h + j]);
-    if (dot) k_.to_bf16(hv, hb + row * ldh_ + static_cast<int64_t>(p) * h, h);
-    if (sg.eng_down)
-      k_.to_bf16(dst, hd + sg.offset * ldh_ + (row - sg.offset) * job.down->k + static_cast<int64_t>(p) * h, h);
-  };
-  // Whole tile p0 .. p0 + tp of segment sg's gate/up through the engine
-  // (in calls of its most rows), and the activation of its results.
-  const auto engine_tile = [&](const Segment& sg, int32_t p0, int t) {
-    const PackedWeight& w = *sg.job->gate_up;
-    const int shape = engine_->shape_of(w.k);
-    const int32_t cols = engine_->tile_cols();
-    float* cb = ec_.data<float>() + static_cast<size_t>(t) * ec_stride_;
-    const uint16_t* xs = xd_.data<uint16_t>() + sg.offset * hidden_;
-    for (int64_t r0 = 0; r0 < sg.len; r0 += engine_->max_rows()) {
-      const int64_t m = std::min(engine_->max_rows(), sg.len - r0);
-      engine_gemm(shape, m, xs + r0 * hidden_, w.panel(p0), cb, t);
-      for (int64_t i = 0; i < m; ++i)
-        for (int32_t j = 0; j < tp; ++j) activate_row(cb + i * cols + j * nr, sg.offset + r0 + i, p0 + j, sg);
-    }
-  };
   pool.parallel_shares(static_cast<size_t>(all_panels), grain_a, grain_a, [&](size_t b, size_t e, size_t nx, int t) {
     const float* a[kRows];
     const uint16_t* a16[kRows];
@@ -385,7 +425,7 @@ void FfnRunner::phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64
       const int64_t item = q - first[si];
       const int32_t p = panel_of_item(s, item);
       if (s.eng_gu && item < w.panels() / tp) {
-        engine_tile(s, p, t);
+        engine_gate_up(ch, act, s, p, t);
         ++q;
         continue;
       }
@@ -402,7 +442,7 @@ void FfnRunner::phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64
                    next_after(q + run));
         for (int i = 0; i < rr; ++i)
           for (int64_t j = 0; j < run; ++j)
-            activate_row(c + (i * run + j) * nr, s.offset + i, p + static_cast<int32_t>(j), s);
+            activate_panel(ch, act, c + (i * run + j) * nr, s.offset + i, p + static_cast<int32_t>(j), s);
         q += run;
         continue;
       }
@@ -422,7 +462,7 @@ void FfnRunner::phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64
           for (int i = 0; i < m; ++i) a[i] = x + static_cast<int64_t>(s.job->rows[s.begin + r0 + i]) * ldx;
           k_.gemm[w.dtype](m, a, w.k, w.panel(p), c, nr, r0 == 0 ? next : nullptr);
         }
-        for (int i = 0; i < m; ++i) activate_row(c + i * nr, s.offset + r0 + i, p, s);
+        for (int i = 0; i < m; ++i) activate_panel(ch, act, c + i * nr, s.offset + r0 + i, p, s);
       }
       ++q;
     }
@@ -457,47 +497,11 @@ void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t l
   const int32_t etp = ch.eng_down ? engine_->tile_cols() / nr : 1;
   const int32_t units = (panels + etp - 1) / etp;
   const auto grain_u = std::max<size_t>(1, grain_b / static_cast<size_t>(etp));
-  // Whole tile p of segment s's down through the engine, combined into acc.
-  const auto engine_down = [&](const Segment& s, int32_t p, int t) {
-    const PackedWeight& w = *s.job->down;
-    const int shape = engine_->shape_of(w.k);
-    const int32_t cols = engine_->tile_cols(), col0 = p * nr, ncols = std::min(cols, hidden_ - col0);
-    float* cb = ec_.data<float>() + static_cast<size_t>(t) * ec_stride_;
-    const uint16_t* hs = hd_.data<uint16_t>() + s.offset * ldh_;
-    for (int64_t r0 = 0; r0 < s.len; r0 += engine_->max_rows()) {
-      const int64_t m64 = std::min(engine_->max_rows(), s.len - r0);
-      const int m = static_cast<int>(m64);
-      engine_gemm(shape, m64, hs + r0 * w.k, w.panel(p), cb, t);
-      if (s.job->down_bias) add_bias_rows(cb, cols, m, cols, s.job->down_bias + col0);
-      k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin + r0, s.job->weights + s.begin + r0, cb, cols, m, ncols);
-    }
-  };
-  // Rows r0 .. r0 + m of segment s (m returned, kRows at most) through
-  // down panel p into c, ldc floats a row.
-  // tile: panel p unpacked for the int8 tiles (tiled segments), else null.
-  const auto down_rows = [&](const Segment& s, const PackedWeight& w, int32_t p, int64_t r0, float* c, int ldc,
-                             const void* next, const float** a, const uint16_t** a16, const void* tile) {
-    const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
-    if (w.quant()) {
-      const void* aq[kRows];
-      for (int i = 0; i < m; ++i) aq[i] = ch.hq + (s.offset + r0 + i) * static_cast<int64_t>(ldhq_);
-      if (tile) k_.qtile[quant_index(w.dtype)](m, aq, w.k, tile, c, ldc, next);
-      else k_.qgemm[quant_index(w.dtype)](m, aq, w.k, w.panel(p), nr, c, ldc, next);
-    } else if (dot) {
-      for (int i = 0; i < m; ++i) a16[i] = hb + (s.offset + r0 + i) * ldh_;
-      k_.gemm_bf16(m, a16, w.k, w.panel(p), c, ldc, next);
-    } else {
-      for (int i = 0; i < m; ++i) a[i] = hbuf + (s.offset + r0 + i) * ldh_;
-      k_.gemm[w.dtype](m, a, w.k, w.panel(p), c, ldc, next);
-    }
-    return m;
-  };
   const int32_t run_b = std::max(1, kRowBlockColumns / nr);  // panels per scatter_add in row-block order
   pool.parallel_shares(
       static_cast<size_t>(units), grain_u, std::max<size_t>(1, grain_u / 4),
       [&](size_t b, size_t e, size_t nxu, int t) {
         const float* a[kRows];
-        const uint16_t* a16[kRows];
         alignas(64) float c[kRows * std::max(32, kRowBlockColumns)];
         const auto p0 = static_cast<int32_t>(b) * etp, p_end = std::min(static_cast<int32_t>(e) * etp, panels);
         const size_t nx = nxu * static_cast<size_t>(etp);
@@ -514,7 +518,7 @@ void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t l
           // The segment's panels on the tiles: from s0.
           int32_t s0 = p0;
           if (s.eng_down) {
-            for (; s0 + etp <= p_end; s0 += etp) engine_down(s, s0, t);
+            for (; s0 + etp <= p_end; s0 += etp) engine_down(s, s0, t, acc, ldacc);
             if (s0 == p_end) continue;
           }
           if (const int rr = run_rows_of(s, w, dot)) {
@@ -558,7 +562,7 @@ void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t l
                 const int32_t np = std::min(run_b, p_end - p), col0 = p * nr;
                 const int m = static_cast<int>(std::min<int64_t>(kRows, s.len - r0));
                 for (int32_t j = 0; j < np; ++j)
-                  down_rows(s, w, p + j, r0, c + j * nr, np * nr, r0 == 0 ? next_after(p + j + 1) : nullptr, a, a16,
+                  down_rows(ch, s, w, p + j, r0, c + j * nr, np * nr, r0 == 0 ? next_after(p + j + 1) : nullptr,
                             tile ? tile_panel(w, p + j, t) : nullptr);
                 if (s.job->down_bias) add_bias_rows(c, np * nr, m, np * nr, s.job->down_bias + col0);
                 k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin + r0, s.job->weights + s.begin + r0, c, np * nr,
@@ -572,7 +576,7 @@ void FfnRunner::phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t l
             const void* next = next_after(p + 1);
             const void* tp = tile ? tile_panel(w, p, t) : nullptr;
             for (int64_t r0 = 0; r0 < s.len; r0 += kRows) {
-              const int m = down_rows(s, w, p, r0, c, nr, r0 == 0 ? next : nullptr, a, a16, tp);
+              const int m = down_rows(ch, s, w, p, r0, c, nr, r0 == 0 ? next : nullptr, tp);
               if (s.job->down_bias) add_bias_rows(c, nr, m, nr, s.job->down_bias + col0);
               k_.scatter_add(acc + col0, ldacc, s.job->rows + s.begin + r0, s.job->weights + s.begin + r0, c, nr, m,
                              ncols);

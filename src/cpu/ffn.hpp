@@ -126,6 +126,11 @@ class FfnRunner {
   bool tiled(const Segment& sg, bool down) const;
   const void* tile_panel(const PackedWeight& w, int32_t p, int t);
   void phase_a(const Chunk& ch, ThreadPool& pool, const float* x, int64_t ldx, Act act);
+  void activate_panel(const Chunk& ch, Act act, float* ci, int64_t row, int32_t p, const Segment& sg);
+  void engine_gate_up(const Chunk& ch, Act act, const Segment& sg, int32_t p0, int t);
+  void engine_down(const Segment& s, int32_t p, int t, float* acc, int64_t ldacc);
+  int down_rows(const Chunk& ch, const Segment& s, const PackedWeight& w, int32_t p, int64_t r0, float* c, int ldc,
+                const void* next, const void* tile) const;
   void phase_b(const Chunk& ch, ThreadPool& pool, float* acc, int64_t ldacc);
   int run_rows_of(const Segment& sg, const PackedWeight& w, bool dot) const;
   void run_panels(bool dot, const PackedWeight& w, int m, const float* const* a, const uint16_t* row16, int32_t p,

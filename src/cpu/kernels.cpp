@@ -1,7 +1,6 @@
 #include "cpu/kernels.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -9,6 +8,7 @@
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "cpu/best_ratio.hpp"
 #include "cpu/pack.hpp"
 
 namespace ep_moe {
@@ -55,28 +55,6 @@ void set_x86_block_kernels(Kernels& t, bool avx512) {
   t.qtile_rows[quant_index(EP_MOE_DTYPE_Q5_K)] = 12;
   t.qtile_rows[quant_index(EP_MOE_DTYPE_Q6_K)] = 8;
 }
-
-namespace {
-// Ratio of the time of `dot` to that of `wide` on the same work: the best
-// of several alternated rounds each (a preempted vCPU spoils one round).
-template <class Dot, class Wide>
-double best_ratio(Dot dot, Wide wide) {
-  using clock = std::chrono::steady_clock;
-  const auto time = [](auto& f) {
-    const auto t0 = clock::now();
-    f();
-    return std::chrono::duration<double>(clock::now() - t0).count();
-  };
-  dot();
-  wide();  // warm-up: code, panel and rows into the caches
-  double best_dot = 1e30, best_wide = 1e30;
-  for (int round = 0; round < 7; ++round) {
-    best_dot = std::min(best_dot, time(dot));
-    best_wide = std::min(best_wide, time(wide));
-  }
-  return best_dot / best_wide;
-}
-}  // namespace
 
 double bf16_dot_time_ratio() {
   // One bf16 panel (k = 512: 32 KiB) and 48 rows, in L1/L2: the tiles'

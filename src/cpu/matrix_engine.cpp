@@ -3,7 +3,6 @@
 #include "cpu/matrix_engine.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -13,16 +12,13 @@
 
 #include "common/dtype.hpp"
 #include "cpu/aligned.hpp"
+#include "cpu/best_ratio.hpp"
 #include "cpu/kernels.hpp"
 
 namespace ep_moe {
 namespace cpu {
 
 namespace {
-// Per row count, the best of kRounds alternated rounds of the engine and
-// of the tiles on the same tile of columns; true where the engine took
-// less time.
-constexpr int kRounds = 5;
 constexpr int64_t kRowCounts[] = {16, 32, 64, 128, kEngineMeasuredRows};
 
 int64_t measure(MatrixEngine& e, const Kernels& k, bool dot, int32_t depth) {
@@ -62,23 +58,10 @@ int64_t measure(MatrixEngine& e, const Kernels& k, bool dot, int32_t depth) {
   const auto engine = [&](int64_t m) {
     e.gemm(shape, m, rows16.data<uint16_t>(), panels.data<uint16_t>(), c.data<float>(), 0);
   };
-  using clock = std::chrono::steady_clock;
-  const auto time = [](auto&& f) {
-    const auto t0 = clock::now();
-    f();
-    return std::chrono::duration<double>(clock::now() - t0).count();
-  };
   int64_t from = std::numeric_limits<int64_t>::max();
   for (int i = static_cast<int>(sizeof(kRowCounts) / sizeof(kRowCounts[0])) - 1; i >= 0; --i) {
     const int64_t m = kRowCounts[i];
-    tiles(m);
-    engine(m);  // warm-up: code and data into the caches
-    double best_t = 1e30, best_e = 1e30;
-    for (int r = 0; r < kRounds; ++r) {
-      best_t = std::min(best_t, time([&] { tiles(m); }));
-      best_e = std::min(best_e, time([&] { engine(m); }));
-    }
-    if (best_e >= best_t) break;  // from here down the tiles hold
+    if (best_ratio([&] { engine(m); }, [&] { tiles(m); }) >= 1.0) break;  // from here down the tiles hold
     from = m;
   }
   return from;

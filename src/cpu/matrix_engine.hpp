@@ -68,7 +68,7 @@ bool matrix_engine_available();
 // every larger one of them, ran one tile of depth `depth` (one of its
 // shapes) in less time than the kernels k on the same panels (the
 // bf16 pair-dot tiles where `dot`, else the widening ones with f32 rows),
-// one thread, in cache, the best of 5 alternated rounds each; INT64_MAX
+// one thread, in cache, the best of 7 alternated rounds each (best_ratio); INT64_MAX
 // when the engine was slower even at 256. Measured once per process for
 // each (depth, table, dot): ~10 ms with AVX-512, less on AMX.
 int64_t engine_min_rows(MatrixEngine& e, const Kernels& k, bool dot, int32_t depth);
