@@ -25,9 +25,18 @@
 #include "machine_peaks.hpp"
 #include "cli.hpp"
 #include "presets.hpp"
+#include "report.hpp"
 
 namespace {
 
+using bench_report::DispatchRow;
+using bench_report::DtypeRatio;
+using bench_report::JsonMachine;
+using bench_report::median_of;
+using bench_report::RatioRow;
+using bench_report::Row;
+using bench_report::run_dispatch;
+using bench_report::write_json;
 using Clock = std::chrono::steady_clock;
 
 struct Options {
@@ -101,60 +110,6 @@ double bytes_per_weight(ep_moe_dtype_t d) {
   return static_cast<double>(bytes) / static_cast<double>(elems);
 }
 
-struct Row {
-  std::string preset, strategy, dtype;
-  int ep = 0, tokens = 0, threads = 0, iters = 0;
-  double ms = 0, expert_ms = 0, tokens_per_s = 0, gflops = 0, gflops_frac = 0, weight_gbs = 0, weight_frac = 0;
-  double row_bw = 0;                   // the read bandwidth weight_frac is against
-  double bw_before = 0, bw_after = 0;  // the probes around a streaming row (0: not probed)
-  bool bw_steady = true;               // the two probes within kBwJump of each other
-  int attempts = 1;
-  std::string peak_kind;
-  double row_peak = 0;                     // the GFLOP/s gflops_frac is against
-  double peak_before = 0, peak_after = 0;  // the peaks around a compute row (0: not measured)
-  // The roofline: the row's time can be no lower than the larger of
-  // bytes / row_bw and flops / row_peak, so its fraction of that bound is
-  // the larger of weight_frac and gflops_frac, and the larger one names
-  // what binds (on AVX2, widened bf16 at 8 rows per expert is bound by
-  // arithmetic, not bandwidth).
-  bool compute_bound() const { return gflops_frac > weight_frac; }
-  double roofline_frac() const { return compute_bound() ? gflops_frac : weight_frac; }
-  int64_t local_pairs = 0, active_experts = 0;
-  double flops = 0, weight_bytes = 0;  // per forward, means over the batches (the columns' numerators)
-  // The row's least time by the roofline at a given bandwidth and peak.
-  double roofline_s(double bw_gbs, double peak_gflops) const {
-    return std::max(weight_bytes / (bw_gbs * 1e9), flops / (peak_gflops * 1e9));
-  }
-};
-
-// The weight-0 / skip comparison of one preset and token count: from the
-// two rows (run one after the other, seconds to minutes apart on this VM),
-// and alternated, rounds of a block of forwards of each strategy in turn,
-// the ratio of each round's mean expert (and forward) times; the median
-// over the rounds, with the range.
-struct RatioRow {
-  std::string preset;
-  int ep = 0, tokens = 0, rounds = 0;
-  double rows_expert = 0, rows_forward = 0;                        // weight-0 row / skip row
-  double expert = 0, expert_min = 0, expert_max = 0, forward = 0;  // alternated (0: not run)
-  // The ratio the two rows' work gives: the weight-0 row's roofline time
-  // over the skip row's, both at the skip row's bandwidth and peak; the
-  // expert-time ratio when both rows run at the same fraction of their
-  // roofline. Work both strategies do (a shared expert; at decode, the
-  // local experts weight-0 streams, not all it routes) keeps it low; a
-  // target above it asks the skip row to run its smaller work that much
-  // nearer its roofline than the weight-0 row runs its larger work.
-  double work = 0;
-};
-
-// One dtype against the baseline dtype, alternated (ratios of the
-// baseline's time to this dtype's: above 1, this dtype is faster).
-struct DtypeRatio {
-  std::string preset, dtype, base;
-  int tokens = 0, rounds = 0;
-  double expert = 0, expert_min = 0, expert_max = 0, forward = 0;
-};
-
 // Several different batches of T tokens, cycled, so that decode rows touch
 // different experts each call and the cache cannot keep the same weights hot.
 struct Batches {
@@ -207,127 +162,6 @@ bool forward_batch(ep_moe_layer_t* layer, ep_moe_forward_args_t& a, const Batche
   ep_moe_layer_get_attr(expert_ns, layer, EP_MOE_LAYER_ATTR_LAST_EXPERT_NS);
   if (local_pairs) ep_moe_layer_get_attr(local_pairs, layer, EP_MOE_LAYER_ATTR_LAST_LOCAL_PAIRS);
   return true;
-}
-
-double median_of(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-struct DispatchRow {
-  std::string preset;
-  int ranks = 0, tokens = 0, iters = 0;
-  double permute_mb = 0, permute_gbs = 0, permute_base_gbs = 0;  // per rank and forward
-  double combine_mb = 0, combine_gbs = 0, combine_base_gbs = 0;
-  double memory_gbs = 0;  // memcpy from memory (128 MiB buffers), per thread, same run
-  double forward_us = 0;  // wall time of one forward, collectives included (median over forwards, mean over ranks)
-};
-
-// The all-to-all flow of `model` on `ranks` in-process ranks of one thread
-// each, T tokens per rank: each rank's permutation and combine rates from
-// the layer's phase attributes (means over the timed forwards), then
-// memcpy of the same bytes per rank by `ranks` concurrent threads. The
-// experts are shrunk (intermediate 16, no shared expert): neither phase
-// depends on them. Returns "" or the error.
-std::string run_dispatch(const presets::Model& model, int ranks, int T, ep_moe_dtype_t dt, double min_time,
-                         DispatchRow* row) {
-  presets::Model m = model;
-  m.intermediate = 16;
-  m.shared_intermediate = 0;
-  std::vector<ep_moe_comm_t*> comms(static_cast<size_t>(ranks), nullptr);
-  if (ep_moe_comm_create_local(comms.data(), ranks, nullptr) != EP_MOE_OK) return ep_moe_last_error();
-  const int iters = T >= 4096 ? 6 : T <= 64 ? 1000 : 24;  // the same on every rank: forward is collective
-  std::vector<std::string> errs(static_cast<size_t>(ranks));
-  // Per rank: the bytes of every timed forward (the same input each time),
-  // and each forward's permutation, combine and wall times.
-  std::vector<double> perm_b(static_cast<size_t>(ranks)), comb_b(perm_b);
-  std::vector<std::vector<double>> perm_ns(static_cast<size_t>(ranks)), comb_ns(perm_ns), fwd_ns(perm_ns);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < ranks; ++r) {
-    ts.emplace_back([&, r] {
-      std::string& err = errs[static_cast<size_t>(r)];
-      ep_moe_comm_t* comm = comms[static_cast<size_t>(r)];
-      // A rank that cannot set up aborts the group, so its peers' first
-      // collective fails instead of waiting for it.
-      auto fail = [&](std::string e) {
-        err = std::move(e);
-        ep_moe_comm_abort(comm);
-      };
-      ep_moe_expert_map_t* map = presets::linear_map(ranks, r, m.experts);
-      if (!map) return fail(ep_moe_last_error());
-      ep_moe_layer_config_t lc = presets::layer_config(m, 0, dt, dt, T, 1);
-      lc.dispatch_mode = EP_MOE_DISPATCH_ALLTOALL;
-      ep_moe_layer_t* layer = nullptr;
-      if (ep_moe_layer_create(&layer, &lc, map, comm, nullptr) != EP_MOE_OK) {
-        fail(ep_moe_last_error());
-        ep_moe_expert_map_destroy(map);
-        return;
-      }
-      const std::string werr = presets::load_random_weights(layer, map, m, 0, 1);
-      ep_moe_expert_map_destroy(map);
-      if (!werr.empty()) fail(werr);
-      std::vector<float> hid(static_cast<size_t>(T) * m.hidden), lg(static_cast<size_t>(T) * m.experts);
-      presets::fill(hid, hid.size(), 21 + static_cast<uint64_t>(r), static_cast<uint64_t>(T), 1.0f);
-      presets::fill(lg, lg.size(), 2000 + static_cast<uint64_t>(r), static_cast<uint64_t>(T), 3.0f);
-      const std::vector<uint8_t> h = presets::encode(hid, dt);
-      std::vector<uint8_t> out(h.size());
-      ep_moe_forward_args_t a;
-      ep_moe_forward_args_init(&a);
-      a.num_tokens = T;
-      a.hidden = h.data();
-      a.router_logits = lg.data();
-      a.out = out.data();
-      for (int it = 0; it <= iters && err.empty(); ++it) {  // call 0 warms up
-        const auto f0 = std::chrono::steady_clock::now();
-        if (ep_moe_layer_forward(layer, &a) != EP_MOE_OK) {
-          err = ep_moe_layer_last_error(layer);
-          break;
-        }
-        if (it == 0) continue;
-        fwd_ns[static_cast<size_t>(r)].push_back(
-            std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - f0).count());
-        int64_t v[4] = {0, 0, 0, 0};
-        ep_moe_layer_get_attr(&v[0], layer, EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS);
-        ep_moe_layer_get_attr(&v[1], layer, EP_MOE_LAYER_ATTR_LAST_PERMUTE_BYTES);
-        ep_moe_layer_get_attr(&v[2], layer, EP_MOE_LAYER_ATTR_LAST_COMBINE_NS);
-        ep_moe_layer_get_attr(&v[3], layer, EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES);
-        perm_ns[static_cast<size_t>(r)].push_back(static_cast<double>(v[0]));
-        perm_b[static_cast<size_t>(r)] = static_cast<double>(v[1]);
-        comb_ns[static_cast<size_t>(r)].push_back(static_cast<double>(v[2]));
-        comb_b[static_cast<size_t>(r)] = static_cast<double>(v[3]);
-      }
-      ep_moe_layer_destroy(layer);
-    });
-  }
-  for (auto& t : ts) t.join();
-  for (auto* c : comms) ep_moe_comm_destroy(c);
-  for (const auto& e : errs)
-    if (!e.empty()) return e;
-  // Medians over the forwards, then means over the ranks: a mean over
-  // forwards lets one preemption of this VM's vCPU (milliseconds) outweigh
-  // a thousand sub-microsecond phases.
-  double pn = 0, pb = 0, cn = 0, cb = 0, fn = 0;
-  for (int r = 0; r < ranks; ++r) {
-    const auto ri = static_cast<size_t>(r);
-    pn += median_of(perm_ns[ri]);
-    cn += median_of(comb_ns[ri]);
-    fn += median_of(fwd_ns[ri]);
-    pb += perm_b[ri];
-    cb += comb_b[ri];
-  }
-  row->preset = model.name;
-  row->ranks = ranks;
-  row->tokens = T;
-  row->iters = iters;
-  row->permute_gbs = pn > 0 ? pb / pn : 0;  // bytes per ns = GB/s
-  row->combine_gbs = cn > 0 ? cb / cn : 0;
-  row->permute_mb = pb / ranks / 1e6;
-  row->combine_mb = cb / ranks / 1e6;
-  row->forward_us = fn / ranks / 1e3;
-  row->permute_base_gbs = bench::memcpy_gbs_per_thread(ranks, min_time, static_cast<size_t>(pb / ranks));
-  row->combine_base_gbs = bench::memcpy_gbs_per_thread(ranks, min_time, static_cast<size_t>(cb / ranks));
-  return "";
 }
 
 // Rounds of a block of forwards of the baseline layer and of another dtype's,
@@ -604,15 +438,8 @@ int parse_options(int argc, char** argv, Options* op) {
               "weights (random tokens and logits); no dispatch part",
               "PATH")
       .option("--layer", &o.layer, "with --checkpoint: the MoE layer (default: the first)", 0, INT_MAX);
-  return args.parse(argc, argv);
-}
-
-}  // namespace
-
-int main(int argc, char** argv) {
-  Options o;
-  if (const int rc = parse_options(argc, argv, &o); rc != cli::Parser::kRun) return rc;
-  if (!o.engine_list.empty()) {  // every dtype under every engine setting
+  const int rc = args.parse(argc, argv);
+  if (rc == cli::Parser::kRun && !o.engine_list.empty()) {  // every dtype under every engine setting
     std::vector<ep_moe_dtype_t> dts;
     for (ep_moe_dtype_t d : o.dtypes)
       for (const std::string& e : o.engine_list) {
@@ -621,6 +448,14 @@ int main(int argc, char** argv) {
       }
     o.dtypes = dts;
   }
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (const int rc = parse_options(argc, argv, &o); rc != cli::Parser::kRun) return rc;
   const char* env_engine = std::getenv("EP_MOE_MATRIX_ENGINE");
   const std::string env_engine_value = env_engine ? env_engine : "";
   // EP_MOE_MATRIX_ENGINE for variant i's layers (its setting, else as the
@@ -974,74 +809,14 @@ int main(int argc, char** argv) {
   }
 
   if (!o.json.empty()) {
-    FILE* f = std::fopen(o.json.c_str(), "w");
-    if (!f) {
+    std::vector<std::string> labels;
+    for (size_t i = 0; i < o.dtypes.size(); ++i) labels.push_back(o.label(i));
+    const JsonMachine mach{cpu,      threads,   fma_isa, peak,
+                           dot_peak, int8_peak, bw,      layer_isa >= 0 && layer_isa <= 3 ? kIsaNames[layer_isa] : "?"};
+    if (!write_json(o.json, labels, mach, rows, ratios, dratios, drows)) {
       std::fprintf(stderr, "cannot write %s\n", o.json.c_str());
       return 1;
     }
-    std::string dts;
-    for (size_t i = 0; i < o.dtypes.size(); ++i) dts += std::string(dts.empty() ? "\"" : ", \"") + o.label(i) + "\"";
-    std::fprintf(f, "{\n  \"ep_moe_version\": \"%s\",\n  \"dtypes\": [%s],\n", ep_moe_version_string(), dts.c_str());
-    std::fprintf(f,
-                 "  \"machine\": {\"cpu\": \"%s\", \"threads\": %d, \"fma_isa\": \"%s\", \"fma_peak_gflops\": %.3f, "
-                 "\"bf16_dot_peak_gflops\": %.3f, \"int8_dot_peak_gops\": %.3f, \"read_bandwidth_gbs\": %.3f, "
-                 "\"layer_kernels\": \"%s\"},\n"
-                 "  \"results\": [\n",
-                 cpu.c_str(), threads, fma_isa, peak, dot_peak, int8_peak, bw,
-                 layer_isa >= 0 && layer_isa <= 3 ? kIsaNames[layer_isa] : "?");
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      std::fprintf(f,
-                   "    {\"preset\": \"%s\", \"dtype\": \"%s\", \"ep\": %d, \"tokens\": %d, \"strategy\": \"%s\", "
-                   "\"threads\": %d, "
-                   "\"iters\": %d, \"ms\": %.6f, \"expert_ms\": %.6f, \"tokens_per_s\": %.3f, \"gflops\": %.3f, "
-                   "\"gflops_frac_peak\": "
-                   "%.5f, \"peak\": \"%s\", \"row_peak_gflops\": %.3f, \"peak_before_gflops\": %.3f, "
-                   "\"peak_after_gflops\": %.3f, "
-                   "\"weight_gbs\": %.3f, \"row_read_bandwidth_gbs\": %.3f, \"weight_frac_bw\": %.5f, "
-                   "\"bw_before_gbs\": %.3f, \"bw_after_gbs\": %.3f, \"bw_steady\": %s, \"attempts\": %d, "
-                   "\"bound\": \"%s\", \"roofline_frac\": %.5f, \"local_pairs\": %lld, \"active_experts\": %lld}%s\n",
-                   r.preset.c_str(), r.dtype.c_str(), r.ep, r.tokens, r.strategy.c_str(), r.threads, r.iters, r.ms,
-                   r.expert_ms, r.tokens_per_s, r.gflops, r.gflops_frac, r.peak_kind.c_str(), r.row_peak, r.peak_before,
-                   r.peak_after, r.weight_gbs, r.row_bw, r.weight_frac, r.bw_before, r.bw_after,
-                   r.bw_steady ? "true" : "false", r.attempts, r.compute_bound() ? "compute" : "bandwidth",
-                   r.roofline_frac(), static_cast<long long>(r.local_pairs), static_cast<long long>(r.active_experts),
-                   i + 1 < rows.size() ? "," : "");
-    }
-    std::fprintf(f, "  ],\n  \"strategy_ratios\": [\n");
-    for (size_t i = 0; i < ratios.size(); ++i) {
-      const RatioRow& q = ratios[i];
-      std::fprintf(f,
-                   "    {\"preset\": \"%s\", \"ep\": %d, \"tokens\": %d, \"rows_expert_ratio\": %.4f, "
-                   "\"rows_forward_ratio\": %.4f, \"rounds\": %d, \"alternated_expert_ratio\": %.4f, "
-                   "\"alternated_expert_ratio_min\": %.4f, \"alternated_expert_ratio_max\": %.4f, "
-                   "\"alternated_forward_ratio\": %.4f, \"roofline_work_ratio\": %.4f}%s\n",
-                   q.preset.c_str(), q.ep, q.tokens, q.rows_expert, q.rows_forward, q.rounds, q.expert, q.expert_min,
-                   q.expert_max, q.forward, q.work, i + 1 < ratios.size() ? "," : "");
-    }
-    std::fprintf(f, "  ],\n  \"dtype_ratios\": [\n");
-    for (size_t i = 0; i < dratios.size(); ++i) {
-      const DtypeRatio& q = dratios[i];
-      std::fprintf(f,
-                   "    {\"preset\": \"%s\", \"tokens\": %d, \"dtype\": \"%s\", \"baseline\": \"%s\", \"rounds\": %d, "
-                   "\"alternated_expert_speedup\": %.4f, \"alternated_expert_speedup_min\": %.4f, "
-                   "\"alternated_expert_speedup_max\": %.4f, \"alternated_forward_speedup\": %.4f}%s\n",
-                   q.preset.c_str(), q.tokens, q.dtype.c_str(), q.base.c_str(), q.rounds, q.expert, q.expert_min,
-                   q.expert_max, q.forward, i + 1 < dratios.size() ? "," : "");
-    }
-    std::fprintf(f, "  ],\n  \"dispatch\": [\n");
-    for (size_t i = 0; i < drows.size(); ++i) {
-      const DispatchRow& d = drows[i];
-      std::fprintf(f,
-                   "    {\"preset\": \"%s\", \"ranks\": %d, \"tokens\": %d, \"iters\": %d, \"permute_mb\": %.4f, "
-                   "\"permute_gbs\": %.3f, \"permute_memcpy_gbs\": %.3f, \"combine_mb\": %.4f, \"combine_gbs\": %.3f, "
-                   "\"combine_memcpy_gbs\": %.3f, \"memcpy_from_memory_gbs\": %.3f, \"forward_us\": %.3f}%s\n",
-                   d.preset.c_str(), d.ranks, d.tokens, d.iters, d.permute_mb, d.permute_gbs, d.permute_base_gbs,
-                   d.combine_mb, d.combine_gbs, d.combine_base_gbs, d.memory_gbs, d.forward_us,
-                   i + 1 < drows.size() ? "," : "");
-    }
-    std::fprintf(f, "  ]\n}\n");
-    std::fclose(f);
     std::printf("\nwrote %s\n", o.json.c_str());
   }
   return 0;
