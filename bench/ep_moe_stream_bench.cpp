@@ -22,7 +22,7 @@
 // expert) and the tiles are the block kernels on int8 activation rows.
 //   ep_moe_stream_bench [--experts E] [--hidden H] [--inter I] [--dtype D]
 //                       [--rows r1,r2,...] [--threads N] [--blocks B]
-//                       [--block-seconds S] [--bw-mb M]
+//                       [--block-seconds S] [--bw-mb M] [--per-forward N]
 // --rows: rows per expert (1..64), cycled over the experts (default
 // 2,1,3,2,5,1,4,6, about qwen3-30b-a3b T=32 on an EP-4 rank); --bw-mb: the
 // probe's buffer (default 1024).
@@ -76,7 +76,7 @@ double median(std::vector<double> v) {
 }
 
 struct Options {
-  int experts = 28, hidden = 2048, inter = 768, blocks = 20, bw_mb = 1024;
+  int experts = 28, hidden = 2048, inter = 768, blocks = 20, bw_mb = 1024, per_forward = 0;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   double block_s = 0.25;
   std::vector<int> rows_pattern = {2, 1, 3, 2, 5, 1, 4, 6};
@@ -89,6 +89,10 @@ int parse_options(int argc, char** argv, Options* o) {
                    "The expert path against its own tiles and a plain read of the same weights, each as a fraction "
                    "of the read probe in the same moment.");
   args.option("--experts", &o->experts, "experts streamed (default 28)", 1, 1 << 16)
+      .option("--per-forward", &o->per_forward,
+              "experts per FfnRunner run: the pass is that many runs of so many experts each, as decode runs a "
+              "few experts per forward (default: all in one run)",
+              1, 1 << 16)
       .option("--hidden", &o->hidden, "hidden size (default 2048)", 2, 1 << 16)
       .option("--inter", &o->inter, "intermediate size (default 768)", 2, 1 << 18)
       .option("--threads", &o->threads, "threads (default: all hardware threads)", 1, 1024)
@@ -370,9 +374,18 @@ int main(int argc, char** argv) {
       sink[t * 8] += bench::sum_words(reinterpret_cast<const uint64_t*>(flat.data<char>() + b), (e - b) / 8);
     });
   };
+  // The experts in runs of --per-forward (consecutive experts, so every
+  // pass still reads each expert once).
+  std::vector<std::vector<cpu::ExpertJob>> runs;
+  const size_t per_run = o.per_forward > 0 ? static_cast<size_t>(o.per_forward) : jobs.jobs.size();
+  for (size_t b = 0; b < jobs.jobs.size(); b += per_run)
+    runs.emplace_back(jobs.jobs.begin() + static_cast<std::ptrdiff_t>(b),
+                      jobs.jobs.begin() + static_cast<std::ptrdiff_t>(std::min(jobs.jobs.size(), b + per_run)));
   auto layer_path = [&] {
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    ffn.run(pool, jobs.jobs, x.data(), hidden, acc.data(), hidden, cpu::Act::Silu, x16.data(), hidden);
+    for (const auto& run : runs) {
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      ffn.run(pool, run, x.data(), hidden, acc.data(), hidden, cpu::Act::Silu, x16.data(), hidden);
+    }
   };
 
   std::printf("CPU: %s\n", bench::cpu_description().c_str());

@@ -1,6 +1,8 @@
 // A 64-byte aligned, uninitialised byte buffer (weights, workspaces). It
 // allocates with the aligned operator new, so a test that replaces the
-// global operator new sees (and can fail) these allocations too.
+// global operator new sees (and can fail) these allocations too; buffers of
+// kArenaMin bytes or more are carved from huge-page slabs (huge_arena.hpp),
+// themselves allocated that way.
 #pragma once
 
 #include <cstddef>
@@ -8,9 +10,7 @@
 #include <new>
 #include <utility>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
+#include "cpu/huge_arena.hpp"
 
 namespace ep_moe {
 
@@ -38,14 +38,7 @@ class AlignedBuffer {
     if (bytes > 0) {
       const size_t rounded = (bytes + 63) / 64 * 64;
       if (rounded < bytes) throw std::bad_alloc();
-      p = ::operator new (rounded, std::align_val_t{alignment(bytes)});
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-      // Large buffers (expert weights) start on a 2 MiB boundary and ask for
-      // transparent huge pages (where THP is in madvise mode, as on Debian):
-      // streaming weights then takes far fewer TLB misses. Advice only; a
-      // kernel without THP ignores it.
-      if (alignment(bytes) == kHuge) (void)madvise(p, rounded, MADV_HUGEPAGE);
-#endif
+      p = bytes >= kArenaMin ? arena_alloc(bytes) : ::operator new (rounded, std::align_val_t{64});
     }
     release(ptr_, size_);
     ptr_ = p;
@@ -63,10 +56,10 @@ class AlignedBuffer {
   }
 
  private:
-  static constexpr size_t kHuge = size_t{2} << 20;
-  static size_t alignment(size_t bytes) { return bytes >= kHuge ? kHuge : 64; }
   static void release(void* p, size_t bytes) noexcept {
-    if (p) ::operator delete (p, std::align_val_t{alignment(bytes)});
+    if (!p) return;
+    if (bytes >= kArenaMin) arena_free(p, bytes);
+    else ::operator delete (p, std::align_val_t{64});
   }
 
   void* ptr_ = nullptr;
