@@ -242,7 +242,11 @@ void FfnRunner::gather_engine_rows(int64_t rows, ThreadPool& pool, const float* 
 
 void FfnRunner::quantize_rows(const Chunk& ch, int64_t rows, ThreadPool& pool, const float* x, int64_t ldx, bool down) {
   const std::vector<Segment>& segs = segs_;
-  pool.parallel_ranges(static_cast<size_t>(rows), 8, [&](size_t b0, size_t b1, int) {
+  // Up to 8 rows a block, but every thread some when there are fewer
+  // (decode: the rows of 8 experts' single tokens).
+  const auto threads = static_cast<int64_t>(pool.size());
+  const auto block = static_cast<size_t>(std::max<int64_t>(1, std::min<int64_t>(8, (rows + threads - 1) / threads)));
+  pool.parallel_ranges(static_cast<size_t>(rows), block, [&](size_t b0, size_t b1, int) {
     const auto r0 = static_cast<int64_t>(b0), r1 = static_cast<int64_t>(b1);
     size_t s = 0;
     for (int64_t r = r0; r < r1; ++r) {
