@@ -42,6 +42,15 @@ struct Stream {
     }
     _mm_prefetch(reinterpret_cast<const char*>(t), _MM_HINT_T1);
   }
+  // at() once for each line that starts in [p, p + n). Blocks whose size
+  // is no multiple of 64 bytes (a group of Q8_0, Q4_0, MXFP4 or Q6_K
+  // blocks) would otherwise ask for the line they share with the next
+  // block twice: a prefetch instruction in 4-5 that brings no new line
+  // but takes issue slots and a miss buffer's lookup from the stream.
+  [[gnu::always_inline]] void lines(const uint8_t* p, size_t n) const {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    for (uintptr_t l = (a + 63) & ~uintptr_t{63}; l < a + n; l += 64) at(reinterpret_cast<const uint8_t*>(l));
+  }
 };
 
 // M activation rows' quants, their block scales and their sums of 16

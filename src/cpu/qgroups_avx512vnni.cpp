@@ -199,8 +199,7 @@ void group_dot_q6k(const uint8_t* g, int k, const void* const* a, float* c, int 
   const Acts<M> act(a, k);
   Sums<M> acc;
   for (int b = 0; b < k / 256; ++b, g += GP::kQ6kBlock) {
-    if (st)
-      for (size_t off = 0; off < GP::kQ6kBlock; off += 64) st->at(g + off);
+    if (st) st->lines(g, GP::kQ6kBlock);
     __m512i tot[M];
     for (int r = 0; r < M; ++r) tot[r] = _mm512_setzero_si512();
     for (int h = 0; h < 2; ++h)
@@ -368,8 +367,7 @@ void group_dot_a(const uint8_t* g, int k, const void* const* a, float* c, int ld
   const Acts<M> act(a, k);
   Sums<M> acc;
   for (int b = 0; b < k / 32; ++b, g += gb) {
-    if (st)
-      for (size_t off = 0; off < gb; off += 64) st->at(g + off);
+    if (st) st->lines(g, gb);
     const uint8_t* qs = g + kGroupRows * kScaleBytes<T>;
     __m512i t[M][2];
     for (int r = 0; r < M; ++r) {
