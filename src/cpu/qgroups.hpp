@@ -51,7 +51,27 @@ struct Stream {
     const auto a = reinterpret_cast<uintptr_t>(p);
     for (uintptr_t l = (a + 63) & ~uintptr_t{63}; l < a + n; l += 64) at(reinterpret_cast<const uint8_t*>(l));
   }
+  // Whether the ahead line of every byte of [p, p + n) lies in this
+  // panel: then ahead() is at() for them. All but a panel's last few KiB
+  // of blocks are inside, so a kernel that prefetches between its loads
+  // asks once a block and spends one instruction a line instead of at()'s
+  // checks (the 8-row K-quant kernels: their arithmetic on a line is only
+  // ~20 instructions, and decode is bound by it on AVX2). lines() keeps
+  // at(): its prefetches come in a burst at a block's start, and the
+  // unchecked burst streamed Q8_0 slower.
+  [[gnu::always_inline]] bool inside(const uint8_t* p, size_t n) const { return p + n + kAheadBytes <= end; }
+  [[gnu::always_inline]] static void ahead(const uint8_t* p) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + kAheadBytes), _MM_HINT_T1);
+  }
 };
+
+// The prefetch of the line at p of a block for which in = st &&
+// st->inside(block): the unchecked ahead() inside, else at(); none
+// without a stream.
+[[gnu::always_inline]] inline void prefetch_line(const Stream* st, bool in, const uint8_t* p) {
+  if (__builtin_expect(in, 1)) Stream::ahead(p);
+  else if (st) st->at(p);
+}
 
 // M activation rows' quants, their block scales and their sums of 16
 // (common/quant.hpp's act_q, act_d, act_s).
