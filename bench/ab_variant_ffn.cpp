@@ -27,6 +27,7 @@ AbVariantFfn::AbVariantFfn(const Kernels& k, int32_t hidden, int32_t max_inter, 
     : impl_(std::make_unique<Impl>(k, hidden, max_inter, chunk_rows, bf16)) {}
 AbVariantFfn::~AbVariantFfn() = default;
 void AbVariantFfn::reserve_jobs(size_t max_jobs) { impl_->reserve_jobs(max_jobs); }
+void AbVariantFfn::reserve_quant(int threads, ep_moe_dtype_t t) { impl_->reserve_quant(threads, t); }
 void AbVariantFfn::run(ThreadPool& pool, const std::vector<ExpertJob>& jobs, const float* x, int64_t ldx, float* acc,
                        int64_t ldacc, Act act) {
   impl_->run(pool, jobs, x, ldx, acc, ldacc, act);

@@ -19,6 +19,7 @@ class AbVariantFfn {
   AbVariantFfn(const AbVariantFfn&) = delete;
   AbVariantFfn& operator=(const AbVariantFfn&) = delete;
   void reserve_jobs(size_t max_jobs);
+  void reserve_quant(int threads, ep_moe_dtype_t t);
   void run(ThreadPool& pool, const std::vector<ExpertJob>& jobs, const float* x, int64_t ldx, float* acc, int64_t ldacc,
            Act act);
 

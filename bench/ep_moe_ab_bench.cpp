@@ -4,21 +4,26 @@
 // two builds cannot show a change of a few per cent. Here the library's
 // FfnRunner (the layer's expert path) on its AVX-512 or AVX2 tiles (A) and
 // a second build of both (B: bench/ab_variant_ffn.cpp, and
-// bench/ab_variant_avx512.cpp or bench/ab_variant_avx2.cpp, each taking
+// bench/ab_variant_avx512.cpp or bench/ab_variant_avx2.cpp with the block
+// formats' group kernels of bench/ab_variant_qgroups*.cpp, each taking
 // its sources from the directory given to CMake as EP_MOE_AB_VARIANT_DIR
-// where that has them: cpu/ffn.cpp, cpu/kernels_x86.inc, ...) run the
+// where that has them: cpu/ffn.cpp, cpu/kernels_x86.inc, cpu/qgroups8.inc,
+// cpu/qgroups.hpp, ...) run the
 // same expert jobs, alternating in blocks (ABBA order), over weights
 // rotated through more experts than the caches hold. It first checks that
 // both give the same bits (a change that keeps each sum's order keeps
 // them), then prints each side's median time and the median and range of
 // the per-pair B/A ratios.
 //
-// Weights are widened in the tiles (f32 activations, as a layer with f32
-// or f16 activations runs them; bf16 weights too). Uses the library's
+// Float weights are widened in the tiles (f32 activations, as a layer with
+// f32 or f16 activations runs them; bf16 weights too); block formats
+// (--dtype q4_k, ...: the weights quantized at pack) run their group
+// kernels (or, past a table's row threshold, the library's int8 tiles on
+// both sides) on activations quantized per row. Uses the library's
 // internals, not its C API.
 //
 //   ep_moe_ab_bench [--isa avx512|avx2] [--hidden H] [--inter I]
-//                   [--dtype f32|bf16|f16] [--rows r1,r2,...] [--experts E]
+//                   [--dtype f32|bf16|f16|q4_k|...] [--rows r1,r2,...] [--experts E]
 //                   [--pool P] [--shared-inter S] [--shared-rows R]
 //                   [--batch T] [--threads N] [--blocks B]
 //                   [--block-seconds T] [--require-same-bits]
@@ -40,6 +45,9 @@
 //   cmake -B build/ab --preset release -DEP_MOE_AB_VARIANT_DIR=DIR
 //   cmake --build build/ab --target ep_moe_ab_bench
 //   build/ab/bench/ep_moe_ab_bench --hidden 4096 --inter 14336 --rows 128 --experts 2 --pool 3
+// A decode change to a block format's kernels (copies of cpu/qgroups8.inc
+// ... in DIR/cpu/): one row an expert, a pool far larger than the caches,
+//   build/ab/bench/ep_moe_ab_bench --dtype q4_k --rows 1 --experts 8 --pool 128 --blocks 60 --block-seconds 0.2
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -58,6 +66,8 @@
 #include "cpu/thread_pool.hpp"
 #include "ab_variant_ffn.hpp"
 #include "cli.hpp"
+#include "common/quant.hpp"
+#include "presets.hpp"
 
 namespace ep_moe {
 namespace cpu {
@@ -112,12 +122,9 @@ int main(int argc, char** argv) {
       .option("--threads", &threads, "threads (default 2)", 1, 1024)
       .option("--blocks", &blocks, "alternated blocks (default 8)", 1, 1 << 20)
       .option("--block-seconds", &block_s, "seconds per block (default 0.5)", 1e-6, 3600)
-      .custom("--dtype", "D", "weights: f32 (default), bf16 or f16",
+      .custom("--dtype", "D", "weights: f32 (default), bf16, f16 or a block format (q4_k, q8_0, ...)",
               [&dtype](const std::string& v, std::string* err) {
-                if (v == "f32") dtype = EP_MOE_DTYPE_F32;
-                else if (v == "bf16") dtype = EP_MOE_DTYPE_BF16;
-                else if (v == "f16") dtype = EP_MOE_DTYPE_F16;
-                else *err = "takes f32, bf16 or f16";
+                if (!presets::parse_dtype(v, &dtype, true)) *err = "takes f32, bf16, f16 or a block format";
                 return err->empty();
               })
       .list("--rows", &rows, "rows per expert (default 32)", 1, kMaxRows)
@@ -134,6 +141,12 @@ int main(int argc, char** argv) {
                  "--pool >= --experts, --shared-inter >= 0, --shared-rows and --rows of 1..%d, and --batch >= 0, "
                  "when set no fewer than any --rows or --shared-rows\n",
                  kMaxRows);
+    return 2;
+  }
+  if (dtype_is_quant(dtype) && (hidden % quant_block_elems(dtype) != 0 || inter % quant_block_elems(dtype) != 0 ||
+                                (shared > 0 && shared % quant_block_elems(dtype) != 0))) {
+    std::fprintf(stderr, "%s needs --hidden, --inter and --shared-inter multiples of %d\n", presets::dtype_name(dtype),
+                 static_cast<int>(quant_block_elems(dtype)));
     return 2;
   }
   const cpu::Isa have = cpu::detect_isa();
@@ -212,6 +225,9 @@ int main(int argc, char** argv) {
   cpu::AbVariantFfn rb(kb, hidden, max_inter, chunk, false);
   ra.reserve_jobs(static_cast<size_t>(experts) + 1);
   rb.reserve_jobs(static_cast<size_t>(experts) + 1);
+  // The activation rows' quantized copies (and the int8 tiles' room) for a block format.
+  ra.reserve_quant(threads, dtype);
+  rb.reserve_quant(threads, dtype);
   std::vector<cpu::ExpertJob> jobs;
   const auto jobs_from = [&](int first) {
     jobs.clear();
@@ -232,11 +248,7 @@ int main(int argc, char** argv) {
       (static_cast<double>(sgu.bytes() + sdn.bytes()) + experts * static_cast<double>(gu[0].bytes() + dn[0].bytes())) /
       1e6;
   std::printf("ep_moe_ab_bench: %s tiles, hidden %d inter %d %s, %d experts of rows", cpu::isa_name(need), hidden,
-              inter,
-              dtype == EP_MOE_DTYPE_F32    ? "f32"
-              : dtype == EP_MOE_DTYPE_BF16 ? "bf16"
-                                           : "f16",
-              experts);
+              inter, presets::dtype_name(dtype), experts);
   for (size_t i = 0; i < rows.size(); ++i) std::printf("%s%d", i ? "," : " ", rows[i]);
   std::printf(" (%.0f MB a pass, %d in the pool)", pass_mb, pool_n);
   if (batch > 0) std::printf(", each drawn from a batch of %d", batch);
@@ -269,9 +281,12 @@ int main(int argc, char** argv) {
     ratio.push_back(t[1] / t[0]);
   }
   const double ma = median(ta), mb = median(tb);
-  std::printf("A %.3f ms (%.1f GFLOP/s)  B %.3f ms (%.1f GFLOP/s)  B/A median %.3f, range %.3f-%.3f over %d pairs\n",
-              ma, flops / ma / 1e6, mb, flops / mb / 1e6, median(ratio), *std::min_element(ratio.begin(), ratio.end()),
-              *std::max_element(ratio.begin(), ratio.end()), blocks);
+  // GB/s: the pass's weight bytes over its time (what decode is held to).
+  std::printf(
+      "A %.3f ms (%.1f GFLOP/s, %.1f GB/s)  B %.3f ms (%.1f GFLOP/s, %.1f GB/s)  B/A median %.3f, range %.3f-%.3f "
+      "over %d pairs\n",
+      ma, flops / ma / 1e6, pass_mb / ma, mb, flops / mb / 1e6, pass_mb / mb, median(ratio),
+      *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()), blocks);
   std::printf("pairs:");
   for (double r : ratio) std::printf(" %.3f", r);
   std::printf("\n");
