@@ -33,6 +33,11 @@ struct Stream {
   const uint8_t* end;   // this panel's end
   const uint8_t* next;  // the next panel (null: none)
   size_t bytes;         // this panel's size, taken to be the next one's too
+  // Where ahead() stops being at(): this panel's end, or the next panel's
+  // where that follows this one in memory (an expert's panels do). A
+  // panel not much longer than kAheadBytes (a down projection's, k = 768:
+  // 7 KiB of Q4_K) would otherwise take at()'s checks for most blocks.
+  const uint8_t* reach;
   [[gnu::always_inline]] void at(const uint8_t* p) const {
     const uint8_t* t = p + kAheadBytes;
     if (t >= end) {
@@ -59,7 +64,7 @@ struct Stream {
   // ~20 instructions, and decode is bound by it on AVX2). lines() keeps
   // at(): its prefetches come in a burst at a block's start, and the
   // unchecked burst streamed Q8_0 slower.
-  [[gnu::always_inline]] bool inside(const uint8_t* p, size_t n) const { return p + n + kAheadBytes <= end; }
+  [[gnu::always_inline]] bool inside(const uint8_t* p, size_t n) const { return p + n + kAheadBytes <= reach; }
   [[gnu::always_inline]] static void ahead(const uint8_t* p) {
     _mm_prefetch(reinterpret_cast<const char*>(p + kAheadBytes), _MM_HINT_T1);
   }
@@ -106,7 +111,9 @@ void run_groups(const GroupFn* fns, size_t row_bytes, int m, const void* const* 
   if (m <= 0) return;
   const auto* p0 = static_cast<const uint8_t*>(panel);
   const size_t panel_bytes = static_cast<size_t>(nr) * row_bytes;
-  const Stream stream{p0 + panel_bytes, static_cast<const uint8_t*>(next), panel_bytes};
+  const auto* end = p0 + panel_bytes;
+  const auto* nx = static_cast<const uint8_t*>(next);
+  const Stream stream{end, nx, panel_bytes, nx == end ? end + panel_bytes : end};
   const Stream* st = m <= kCallRows ? &stream : nullptr;
   for (int g = 0; g < nr / R; ++g)
     for (int i0 = 0; i0 < m; i0 += kCallRows) {
