@@ -59,6 +59,31 @@ bool has_avx_vnni() {
 #endif
 }
 
+size_t decode_prefetch_bytes_for(bool amd, unsigned family, unsigned model) {
+  // Zen 3 (and 3+): family 19h models 00-0F, 20-2F, 40-5F; Zen 4 is 10-1F, 60-7F, A0-AF.
+  const bool zen3 =
+      family == 0x19 && (model <= 0x0F || (model >= 0x20 && model <= 0x2F) || (model >= 0x40 && model <= 0x5F));
+  return amd && (family == 0x17 || zen3) ? 3072 : 6144;
+}
+
+size_t decode_prefetch_bytes() {
+  static const size_t bytes = [] {
+#if defined(__x86_64__) && defined(__linux__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return decode_prefetch_bytes_for(false, 0, 0);
+    // "AuthenticAMD" in EBX, EDX, ECX.
+    const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return decode_prefetch_bytes_for(false, 0, 0);
+    const unsigned base = (a >> 8) & 0xF, family = base + (base == 0xF ? (a >> 20) & 0xFF : 0);
+    const unsigned model = ((a >> 4) & 0xF) | (base == 0xF ? ((a >> 16) & 0xF) << 4 : 0);
+    return decode_prefetch_bytes_for(amd, family, model);
+#else
+    return decode_prefetch_bytes_for(false, 0, 0);
+#endif
+  }();
+  return bytes;
+}
+
 bool has_amx() {
 #if defined(__x86_64__) && defined(__linux__)
   static std::once_flag once;

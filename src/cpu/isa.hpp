@@ -3,6 +3,8 @@
 // and are called only when the CPU has the instructions.
 #pragma once
 
+#include <cstddef>
+
 namespace ep_moe {
 namespace cpu {
 
@@ -24,6 +26,17 @@ bool has_avx512_vnni();
 // table has no AVX512_VNNI. Not lowered by EP_MOE_CPU_ISA either (generic
 // runs without it).
 bool has_avx_vnni();
+
+// How far ahead of its reads a block kernel's decode stream prefetches
+// (cpu/qgroups.hpp's Stream), in bytes: 3 KiB on AMD CPUs before Zen 4
+// (family 17h, and 19h's Zen 3 models), whose PREFETCHT1 fills L1 as T0
+// does, so that every line in flight holds one of L1's few miss buffers
+// (6 KiB ahead streamed 2-7 % slower there); 6 KiB elsewhere, where T1
+// stops at L2, which keeps more misses in flight.
+size_t decode_prefetch_bytes();
+// The rule itself, for a CPU's vendor (AMD or not), family and model as
+// CPUID leaf 1 gives them (extended fields added).
+size_t decode_prefetch_bytes_for(bool amd, unsigned family, unsigned model);
 
 // Whether this thread may run AMX-BF16 tiles: the CPU has AMX-TILE and
 // AMX-BF16 (CPUID 7.0 EDX bits 24 and 22), the OS saves the tile state

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "common/quant.hpp"
+#include "cpu/isa.hpp"
 
 namespace ep_moe {
 namespace cpu {
@@ -19,27 +20,30 @@ namespace cpu {
 namespace {
 
 // Decode streams each panel from memory once: every 64 bytes read
-// prefetch the line kAheadBytes on, past the panel's end into the panel
+// prefetch the line `ahead` bytes on, past the panel's end into the panel
 // this thread takes next. Spread over the reads, so that they overlap the
 // arithmetic (a burst of a whole row's lines at once left long rows
 // waiting on the memory); a few KiB ahead covers the latency at two
-// threads' share of the bandwidth. Into L2, not L1: a prefetch into L1
-// holds one of the core's few L1 miss buffers until its line comes from
-// memory, and with ~100 lines in flight the arithmetic's own loads (the
-// activations, the L1 prefetcher's) queued behind them; L2 keeps more
-// misses in flight, and the L1 prefetcher brings each line on from L2.
-constexpr size_t kAheadBytes = 6144;
+// threads' share of the bandwidth. With PREFETCHT1: into L2 where the
+// CPU stops it there, since a prefetch into L1 holds one of the core's
+// few L1 miss buffers until its line comes from memory, and with ~100
+// lines in flight the arithmetic's own loads (the activations, the L1
+// prefetcher's) queued behind them; L2 keeps more misses in flight, and
+// the L1 prefetcher brings each line on from L2. Where T1 fills L1 anyway
+// (AMD before Zen 4), a shorter lead keeps fewer lines in flight
+// (isa.hpp's decode_prefetch_bytes picks it).
 struct Stream {
   const uint8_t* end;   // this panel's end
   const uint8_t* next;  // the next panel (null: none)
   size_t bytes;         // this panel's size, taken to be the next one's too
   // Where ahead() stops being at(): this panel's end, or the next panel's
   // where that follows this one in memory (an expert's panels do). A
-  // panel not much longer than kAheadBytes (a down projection's, k = 768:
+  // panel not much longer than the lead (a down projection's, k = 768:
   // 7 KiB of Q4_K) would otherwise take at()'s checks for most blocks.
   const uint8_t* reach;
+  size_t lead;  // bytes ahead (decode_prefetch_bytes)
   [[gnu::always_inline]] void at(const uint8_t* p) const {
-    const uint8_t* t = p + kAheadBytes;
+    const uint8_t* t = p + lead;
     if (t >= end) {
       const auto past = static_cast<size_t>(t - end);
       if (!next || past >= bytes) return;
@@ -57,16 +61,16 @@ struct Stream {
     for (uintptr_t l = (a + 63) & ~uintptr_t{63}; l < a + n; l += 64) at(reinterpret_cast<const uint8_t*>(l));
   }
   // Whether the ahead line of every byte of [p, p + n) lies in this
-  // panel: then ahead() is at() for them. All but a panel's last few KiB
-  // of blocks are inside, so a kernel that prefetches between its loads
-  // asks once a block and spends one instruction a line instead of at()'s
-  // checks (the 8-row K-quant kernels: their arithmetic on a line is only
-  // ~20 instructions, and decode is bound by it on AVX2). lines() keeps
-  // at(): its prefetches come in a burst at a block's start, and the
-  // unchecked burst streamed Q8_0 slower.
-  [[gnu::always_inline]] bool inside(const uint8_t* p, size_t n) const { return p + n + kAheadBytes <= reach; }
-  [[gnu::always_inline]] static void ahead(const uint8_t* p) {
-    _mm_prefetch(reinterpret_cast<const char*>(p + kAheadBytes), _MM_HINT_T1);
+  // panel (or the next, where reach says so): then ahead() is at() for
+  // them. All but a panel's last few KiB of blocks are inside, so a
+  // kernel that prefetches between its loads asks once a block and spends
+  // one instruction a line instead of at()'s checks (the 8-row K-quant
+  // kernels: their arithmetic on a line is only ~20 instructions). lines()
+  // keeps at(): its prefetches come in a burst at a block's start, and
+  // the unchecked burst streamed Q8_0 slower.
+  [[gnu::always_inline]] bool inside(const uint8_t* p, size_t n) const { return p + n + lead <= reach; }
+  [[gnu::always_inline]] void ahead(const uint8_t* p) const {
+    _mm_prefetch(reinterpret_cast<const char*>(p + lead), _MM_HINT_T1);
   }
 };
 
@@ -74,7 +78,7 @@ struct Stream {
 // st->inside(block): the unchecked ahead() inside, else at(); none
 // without a stream.
 [[gnu::always_inline]] inline void prefetch_line(const Stream* st, bool in, const uint8_t* p) {
-  if (__builtin_expect(in, 1)) Stream::ahead(p);
+  if (__builtin_expect(in, 1)) st->ahead(p);
   else if (st) st->at(p);
 }
 
@@ -113,7 +117,7 @@ void run_groups(const GroupFn* fns, size_t row_bytes, int m, const void* const* 
   const size_t panel_bytes = static_cast<size_t>(nr) * row_bytes;
   const auto* end = p0 + panel_bytes;
   const auto* nx = static_cast<const uint8_t*>(next);
-  const Stream stream{end, nx, panel_bytes, nx == end ? end + panel_bytes : end};
+  const Stream stream{end, nx, panel_bytes, nx == end ? end + panel_bytes : end, decode_prefetch_bytes()};
   const Stream* st = m <= kCallRows ? &stream : nullptr;
   for (int g = 0; g < nr / R; ++g)
     for (int i0 = 0; i0 < m; i0 += kCallRows) {

@@ -508,3 +508,19 @@ TEST_CASE(
     }
   }
 }
+
+TEST_CASE("decode prefetch lead: 3 KiB where PREFETCHT1 fills L1 (AMD before Zen 4), 6 KiB elsewhere",
+          "[unit][kernels]") {
+  CHECK(cpu::decode_prefetch_bytes_for(true, 0x17, 0x31) == 3072);   // Zen 2 (Rome)
+  CHECK(cpu::decode_prefetch_bytes_for(true, 0x19, 0x01) == 3072);   // Zen 3 (Milan)
+  CHECK(cpu::decode_prefetch_bytes_for(true, 0x19, 0x21) == 3072);   // Zen 3 (Vermeer)
+  CHECK(cpu::decode_prefetch_bytes_for(true, 0x19, 0x50) == 3072);   // Zen 3 (Cezanne)
+  CHECK(cpu::decode_prefetch_bytes_for(true, 0x19, 0x11) == 6144);   // Zen 4 (Genoa)
+  CHECK(cpu::decode_prefetch_bytes_for(true, 0x19, 0x61) == 6144);   // Zen 4 (Raphael)
+  CHECK(cpu::decode_prefetch_bytes_for(true, 0x19, 0xA0) == 6144);   // Zen 4c (Bergamo)
+  CHECK(cpu::decode_prefetch_bytes_for(true, 0x1A, 0x02) == 6144);   // Zen 5
+  CHECK(cpu::decode_prefetch_bytes_for(false, 0x19, 0x01) == 6144);  // not AMD
+  CHECK(cpu::decode_prefetch_bytes_for(false, 6, 0x8F) == 6144);     // Intel Sapphire Rapids
+  const size_t here = cpu::decode_prefetch_bytes();
+  CHECK((here == 3072 || here == 6144));
+}
