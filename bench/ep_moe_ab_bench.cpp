@@ -103,9 +103,10 @@ int main(int argc, char** argv) {
   ep_moe_dtype_t dtype = EP_MOE_DTYPE_F32;
   std::vector<int> rows{32};
   std::string isa_arg;
-  cli::Parser args("ep_moe_ab_bench [options]",
-                   "A change to the tiles or to the expert path (FfnRunner) against the code before it, alternated in "
-                   "one process.");
+  cli::Parser args(
+      "ep_moe_ab_bench [options]",
+      "A change to the tiles, the block-format kernels or the expert path (FfnRunner) against the code before "
+      "it, alternated in one process.");
   args.custom("--isa", "I", "avx512 or avx2 (default: the best this CPU has)",
               [&isa_arg](const std::string& v, std::string* err) {
                 isa_arg = v;
