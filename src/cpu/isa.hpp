@@ -30,9 +30,9 @@ bool has_avx_vnni();
 // How far ahead of its reads a block kernel's decode stream prefetches
 // (cpu/qgroups.hpp's Stream), in bytes: 3 KiB on AMD CPUs before Zen 4
 // (family 17h, and 19h's Zen 3 models), whose PREFETCHT1 fills L1 as T0
-// does, so that every line in flight holds one of L1's few miss buffers
-// (6 KiB ahead streamed 2-7 % slower there); 6 KiB elsewhere, where T1
-// stops at L2, which keeps more misses in flight.
+// does, so that every line in flight holds one of L1's few miss buffers;
+// 6 KiB elsewhere, where T1 stops at L2, which keeps more misses in
+// flight. Read once (cached).
 size_t decode_prefetch_bytes();
 // The rule itself, for a CPU's vendor (AMD or not), family and model as
 // CPUID leaf 1 gives them (extended fields added).

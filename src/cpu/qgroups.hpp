@@ -117,7 +117,10 @@ void run_groups(const GroupFn* fns, size_t row_bytes, int m, const void* const* 
   const size_t panel_bytes = static_cast<size_t>(nr) * row_bytes;
   const auto* end = p0 + panel_bytes;
   const auto* nx = static_cast<const uint8_t*>(next);
-  const Stream stream{end, nx, panel_bytes, nx == end ? end + panel_bytes : end, decode_prefetch_bytes()};
+  // Once per includer: a call per panel into isa.cpp would be the only
+  // out-of-line work on this path.
+  static const size_t lead = decode_prefetch_bytes();
+  const Stream stream{end, nx, panel_bytes, nx == end ? end + panel_bytes : end, lead};
   const Stream* st = m <= kCallRows ? &stream : nullptr;
   for (int g = 0; g < nr / R; ++g)
     for (int i0 = 0; i0 < m; i0 += kCallRows) {
