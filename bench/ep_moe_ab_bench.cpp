@@ -93,49 +93,52 @@ void fill_normal(std::vector<float>& v, std::mt19937& rng, float sd) {
   for (float& x : v) x = nd(rng);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+struct Options {
   int hidden = 2048, inter = 768, experts = 32, pool_n = 0, shared = 0, shared_rows = 0, threads = 2, blocks = 8,
       batch = 0;
   double block_s = 0.5;
   bool require_same = false;
   ep_moe_dtype_t dtype = EP_MOE_DTYPE_F32;
   std::vector<int> rows{32};
-  std::string isa_arg;
+  std::string isa;
+};
+
+// The command line into o, checked: -1 to run, else the exit status.
+int parse_options(int argc, char** argv, Options& o) {
   cli::Parser args(
       "ep_moe_ab_bench [options]",
       "A change to the tiles, the block-format kernels or the expert path (FfnRunner) against the code before "
       "it, alternated in one process.");
   args.custom("--isa", "I", "avx512 or avx2 (default: the best this CPU has)",
-              [&isa_arg](const std::string& v, std::string* err) {
-                isa_arg = v;
+              [&o](const std::string& v, std::string* err) {
+                o.isa = v;
                 if (v != "avx512" && v != "avx2") *err = "takes avx512 or avx2";
                 return err->empty();
               })
-      .option("--hidden", &hidden, "hidden size (default 2048)", 1, 1 << 16)
-      .option("--inter", &inter, "intermediate size (default 768)", 1, 1 << 18)
-      .option("--experts", &experts, "experts of a step (default 32)", 1, 1 << 16)
-      .option("--pool", &pool_n, "experts the steps pick from (default 2 x --experts)", 0, 1 << 20)
-      .option("--shared-inter", &shared, "shared expert intermediate size (default 0: none)", 0, 1 << 18)
-      .option("--shared-rows", &shared_rows, "rows of the shared expert", 0, kMaxRows)
-      .option("--batch", &batch, "rows of a step (default 0: the largest --rows)", 0, 1 << 20)
-      .option("--threads", &threads, "threads (default 2)", 1, 1024)
-      .option("--blocks", &blocks, "alternated blocks (default 8)", 1, 1 << 20)
-      .option("--block-seconds", &block_s, "seconds per block (default 0.5)", 1e-6, 3600)
+      .option("--hidden", &o.hidden, "hidden size (default 2048)", 1, 1 << 16)
+      .option("--inter", &o.inter, "intermediate size (default 768)", 1, 1 << 18)
+      .option("--experts", &o.experts, "experts of a step (default 32)", 1, 1 << 16)
+      .option("--pool", &o.pool_n, "experts the steps pick from (default 2 x --experts)", 0, 1 << 20)
+      .option("--shared-inter", &o.shared, "shared expert intermediate size (default 0: none)", 0, 1 << 18)
+      .option("--shared-rows", &o.shared_rows, "rows of the shared expert", 0, kMaxRows)
+      .option("--batch", &o.batch, "rows of a step (default 0: the largest --rows)", 0, 1 << 20)
+      .option("--threads", &o.threads, "threads (default 2)", 1, 1024)
+      .option("--blocks", &o.blocks, "alternated blocks (default 8)", 1, 1 << 20)
+      .option("--block-seconds", &o.block_s, "seconds per block (default 0.5)", 1e-6, 3600)
       .custom("--dtype", "D", "weights: f32 (default), bf16, f16 or a block format (q4_k, q8_0, ...)",
-              [&dtype](const std::string& v, std::string* err) {
-                if (!presets::parse_dtype(v, &dtype, true)) *err = "takes f32, bf16, f16 or a block format";
+              [&o](const std::string& v, std::string* err) {
+                if (!presets::parse_dtype(v, &o.dtype, true)) *err = "takes f32, bf16, f16 or a block format";
                 return err->empty();
               })
-      .list("--rows", &rows, "rows per expert (default 32)", 1, kMaxRows)
-      .flag("--require-same-bits", &require_same, "fail unless both sides give the same bits");
+      .list("--rows", &o.rows, "rows per expert (default 32)", 1, kMaxRows)
+      .flag("--require-same-bits", &o.require_same, "fail unless both sides give the same bits");
   if (const int rc = args.parse(argc, argv); rc != cli::Parser::kRun) return rc;
-  if (pool_n <= 0) pool_n = 2 * experts;
-  bool ok = hidden > 0 && inter > 0 && experts > 0 && pool_n >= experts && shared >= 0 && shared_rows >= 0 &&
-            shared_rows <= kMaxRows && threads > 0 && blocks > 0 && block_s > 0 && !rows.empty();
-  for (int r : rows) ok = ok && r >= 1 && r <= kMaxRows && (batch == 0 || r <= batch);
-  ok = ok && batch >= 0 && (batch == 0 || shared_rows <= batch);
+  if (o.pool_n <= 0) o.pool_n = 2 * o.experts;
+  bool ok = o.hidden > 0 && o.inter > 0 && o.experts > 0 && o.pool_n >= o.experts && o.shared >= 0 &&
+            o.shared_rows >= 0 && o.shared_rows <= kMaxRows && o.threads > 0 && o.blocks > 0 && o.block_s > 0 &&
+            !o.rows.empty();
+  for (int r : o.rows) ok = ok && r >= 1 && r <= kMaxRows && (o.batch == 0 || r <= o.batch);
+  ok = ok && o.batch >= 0 && (o.batch == 0 || o.shared_rows <= o.batch);
   if (!ok) {
     std::fprintf(stderr,
                  "need positive --hidden, --inter, --experts, --threads, --blocks, --block-seconds, "
@@ -144,14 +147,80 @@ int main(int argc, char** argv) {
                  kMaxRows);
     return 2;
   }
-  if (dtype_is_quant(dtype) && (hidden % quant_block_elems(dtype) != 0 || inter % quant_block_elems(dtype) != 0 ||
-                                (shared > 0 && shared % quant_block_elems(dtype) != 0))) {
-    std::fprintf(stderr, "%s needs --hidden, --inter and --shared-inter multiples of %d\n", presets::dtype_name(dtype),
-                 static_cast<int>(quant_block_elems(dtype)));
+  const ep_moe_dtype_t dt = o.dtype;
+  if (dtype_is_quant(dt) && (o.hidden % quant_block_elems(dt) != 0 || o.inter % quant_block_elems(dt) != 0 ||
+                             (o.shared > 0 && o.shared % quant_block_elems(dt) != 0))) {
+    std::fprintf(stderr, "%s needs --hidden, --inter and --shared-inter multiples of %d\n", presets::dtype_name(dt),
+                 static_cast<int>(quant_block_elems(dt)));
     return 2;
   }
+  return -1;
+}
+
+// An expert's gate/up and down from [inter, hidden] gate and up and a
+// [hidden, inter] down (f32), packed for k's tiles in dt.
+void pack_expert(const cpu::Kernels& k, ep_moe_dtype_t dt, int inter, int hidden, const std::vector<float>& gate,
+                 const std::vector<float>& up, const std::vector<float>& down, cpu::PackedWeight* gu,
+                 cpu::PackedWeight* dn) {
+  cpu::init_gate_up(*gu, inter, hidden, k.nr, dt, k.il_of(dt));
+  cpu::pack_gate_up_half(*gu, Source{gate.data(), EP_MOE_DTYPE_F32, hidden}, 0, inter);
+  cpu::pack_gate_up_half(*gu, Source{up.data(), EP_MOE_DTYPE_F32, hidden}, 1, inter);
+  cpu::pack(*dn, Source{down.data(), EP_MOE_DTYPE_F32, inter}, hidden, inter, k.nr, dt, k.il_of(dt));
+}
+
+// With --batch, each expert's own rows: a random draw of rows[e %
+// rows.size()] of the batch's tokens (in order), and a weight for each.
+void draw_rows(const std::vector<int>& rows, int experts, const std::vector<int32_t>& token, std::mt19937& rng,
+               std::vector<std::vector<int32_t>>* tok_of, std::vector<std::vector<float>>* w_of) {
+  std::uniform_real_distribution<float> ud(0.1f, 1.0f);
+  tok_of->assign(static_cast<size_t>(experts), {});
+  w_of->assign(static_cast<size_t>(experts), {});
+  std::vector<int32_t> all(token);
+  for (size_t e = 0; e < tok_of->size(); ++e) {
+    const int r = rows[e % rows.size()];
+    std::shuffle(all.begin(), all.end(), rng);
+    (*tok_of)[e].assign(all.begin(), all.begin() + r);
+    std::sort((*tok_of)[e].begin(), (*tok_of)[e].end());
+    for (int i = 0; i < r; ++i) (*w_of)[e].push_back(ud(rng));
+  }
+}
+
+// ABBA blocks of `blocks` pairs: pair i times A then B, or B then A, in
+// turn (so a drift within a pair favours neither side on average), each
+// side running pass(side) (0: A, 1: B) for at least block_s seconds.
+// Each side's mean ms a pass per pair.
+template <class Pass>
+void time_abba(int blocks, double block_s, Pass&& pass, std::vector<double>* ta, std::vector<double>* tb) {
+  for (int b = 0; b < blocks; ++b) {
+    double t[2] = {0, 0};
+    for (int h = 0; h < 2; ++h) {
+      const int side = h ^ (b & 1);
+      const auto start = Clock::now();
+      int n = 0;
+      double el = 0;
+      do {
+        pass(side);
+        ++n;
+        el = std::chrono::duration<double>(Clock::now() - start).count();
+      } while (el < block_s);
+      t[side] = el / n * 1e3;
+    }
+    ta->push_back(t[0]);
+    tb->push_back(t[1]);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (const int rc = parse_options(argc, argv, o); rc >= 0) return rc;
+  const int hidden = o.hidden, inter = o.inter, experts = o.experts, pool_n = o.pool_n, shared = o.shared,
+            shared_rows = o.shared_rows, threads = o.threads, batch = o.batch;
+  const ep_moe_dtype_t dtype = o.dtype;
+  const std::vector<int>& rows = o.rows;
   const cpu::Isa have = cpu::detect_isa();
-  const bool use512 = isa_arg.empty() ? have >= cpu::Isa::Avx512 : isa_arg == "avx512";
+  const bool use512 = o.isa.empty() ? have >= cpu::Isa::Avx512 : o.isa == "avx512";
   const cpu::Isa need = use512 ? cpu::Isa::Avx512 : cpu::Isa::Avx2;
   if (have < need) {
     std::printf("ep_moe_ab_bench: this CPU has no %s (EP_MOE_CPU_ISA may lower what it has); skipped\n",
@@ -173,22 +242,14 @@ int main(int argc, char** argv) {
   fill_normal(up, rng, 0.05f);
   fill_normal(down, rng, 0.05f);
   std::vector<cpu::PackedWeight> gu(static_cast<size_t>(pool_n)), dn(static_cast<size_t>(pool_n));
-  for (int e = 0; e < pool_n; ++e) {
-    cpu::init_gate_up(gu[e], inter, hidden, ka.nr, dtype, ka.il_of(dtype));
-    cpu::pack_gate_up_half(gu[e], Source{gate.data(), EP_MOE_DTYPE_F32, hidden}, 0, inter);
-    cpu::pack_gate_up_half(gu[e], Source{up.data(), EP_MOE_DTYPE_F32, hidden}, 1, inter);
-    cpu::pack(dn[e], Source{down.data(), EP_MOE_DTYPE_F32, inter}, hidden, inter, ka.nr, dtype, ka.il_of(dtype));
-  }
+  for (int e = 0; e < pool_n; ++e) pack_expert(ka, dtype, inter, hidden, gate, up, down, &gu[e], &dn[e]);
   cpu::PackedWeight sgu, sdn;
   if (shared > 0) {
     std::vector<float> sg(static_cast<size_t>(shared) * hidden), su(sg.size()), sd(sg.size());
     fill_normal(sg, rng, 0.05f);
     fill_normal(su, rng, 0.05f);
     fill_normal(sd, rng, 0.05f);
-    cpu::init_gate_up(sgu, shared, hidden, ka.nr, dtype, ka.il_of(dtype));
-    cpu::pack_gate_up_half(sgu, Source{sg.data(), EP_MOE_DTYPE_F32, hidden}, 0, shared);
-    cpu::pack_gate_up_half(sgu, Source{su.data(), EP_MOE_DTYPE_F32, hidden}, 1, shared);
-    cpu::pack(sdn, Source{sd.data(), EP_MOE_DTYPE_F32, shared}, hidden, shared, ka.nr, dtype, ka.il_of(dtype));
+    pack_expert(ka, dtype, shared, hidden, sg, su, sd, &sgu, &sdn);
   }
   std::vector<float> x(static_cast<size_t>(t_rows) * hidden);
   fill_normal(x, rng, 1.0f);
@@ -199,20 +260,9 @@ int main(int argc, char** argv) {
     token[static_cast<size_t>(i)] = i;
     weight[static_cast<size_t>(i)] = ud(rng);
   }
-  // With --batch, each expert's own tokens (a random draw, in order) and
-  // weights; without, every expert reads tokens 0 .. rows - 1.
-  std::vector<std::vector<int32_t>> tok_of(static_cast<size_t>(experts));
-  std::vector<std::vector<float>> w_of(static_cast<size_t>(experts));
-  if (batch > 0) {
-    std::vector<int32_t> all(token);
-    for (size_t e = 0; e < tok_of.size(); ++e) {
-      const int r = rows[e % rows.size()];
-      std::shuffle(all.begin(), all.end(), rng);
-      tok_of[e].assign(all.begin(), all.begin() + r);
-      std::sort(tok_of[e].begin(), tok_of[e].end());
-      for (int i = 0; i < r; ++i) w_of[e].push_back(ud(rng));
-    }
-  }
+  std::vector<std::vector<int32_t>> tok_of;
+  std::vector<std::vector<float>> w_of;
+  if (batch > 0) draw_rows(rows, experts, token, rng, &tok_of, &w_of);
   int64_t chunk = shared > 0 ? s_rows : 0;
   double flops = shared > 0 ? 6.0 * hidden * static_cast<double>(shared) * s_rows : 0.0;
   for (int e = 0; e < experts; ++e) {
@@ -256,40 +306,27 @@ int main(int argc, char** argv) {
   if (shared > 0) std::printf(", shared %d over %d rows", shared, s_rows);
   std::printf(", %d threads\nbits: %s\n", threads, same ? "the same" : "DIFFERENT");
 
-  // ABBA blocks: pair i is (A, B) or (B, A) in turn, so a drift within a
-  // pair favours neither side on average.
   std::vector<double> ta, tb, ratio;
   int rot = 0;
-  for (int b = 0; b < blocks; ++b) {
-    double t[2] = {0, 0};
-    for (int h = 0; h < 2; ++h) {
-      const int side = h ^ (b & 1);  // 0: A, 1: B
-      const auto start = Clock::now();
-      int n = 0;
-      double el = 0;
-      do {
+  time_abba(
+      o.blocks, o.block_s,
+      [&](int side) {
         jobs_from(rot);
         rot = (rot + experts) % pool_n;
         if (side) rb.run(pool, jobs, x.data(), hidden, acc_a.data(), hidden, cpu::Act::Silu);
         else ra.run(pool, jobs, x.data(), hidden, acc_a.data(), hidden, cpu::Act::Silu);
-        ++n;
-        el = std::chrono::duration<double>(Clock::now() - start).count();
-      } while (el < block_s);
-      t[side] = el / n * 1e3;
-    }
-    ta.push_back(t[0]);
-    tb.push_back(t[1]);
-    ratio.push_back(t[1] / t[0]);
-  }
+      },
+      &ta, &tb);
+  for (size_t i = 0; i < ta.size(); ++i) ratio.push_back(tb[i] / ta[i]);
   const double ma = median(ta), mb = median(tb);
   // GB/s: the pass's weight bytes over its time (what decode is held to).
   std::printf(
       "A %.3f ms (%.1f GFLOP/s, %.1f GB/s)  B %.3f ms (%.1f GFLOP/s, %.1f GB/s)  B/A median %.3f, range %.3f-%.3f "
       "over %d pairs\n",
       ma, flops / ma / 1e6, pass_mb / ma, mb, flops / mb / 1e6, pass_mb / mb, median(ratio),
-      *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()), blocks);
+      *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()), o.blocks);
   std::printf("pairs:");
   for (double r : ratio) std::printf(" %.3f", r);
   std::printf("\n");
-  return require_same && !same ? 1 : 0;
+  return o.require_same && !same ? 1 : 0;
 }
