@@ -717,6 +717,19 @@ int main(int argc, char** argv) {
         for (size_t di = 1; di < o.dtypes.size(); ++di) {
           DtypeRatio q;
           if (!alternate_dtypes(o, *model, name, T, skip_layers[0], skip_layers[di], 0, di, &q)) return 1;
+          // Both skip rows at T bound by the bandwidth: the alternated
+          // speedup per weight byte.
+          const Row* rb = nullptr;
+          const Row* ro = nullptr;
+          for (const Row& r : rows) {
+            if (r.preset != name || r.tokens != T || r.strategy != "skip") continue;
+            if (r.dtype == o.label(0)) rb = &r;
+            else if (r.dtype == o.label(di)) ro = &r;
+          }
+          if (rb && ro && !rb->compute_bound() && !ro->compute_bound() && rb->weight_bytes > 0 && q.expert > 0) {
+            q.bytes = ro->weight_bytes / rb->weight_bytes;
+            q.stream = q.expert * q.bytes;
+          }
           dratios.push_back(q);
         }
     }
@@ -762,10 +775,14 @@ int main(int argc, char** argv) {
           "alternated (%d rounds of a block of forwards of each, at least %.3f s each; the median of the rounds' "
           "ratios of mean times, and their range: the same moments for both, so the machine's drift cancels):\n",
           o.ratio_rounds, o.min_time / 4);
-    for (const DtypeRatio& q : dratios)
-      std::printf("%-14s T=%-5d %s / %s alternated: speed %.2fx in expert time (%.2f-%.2f), forward time %.2fx\n",
+    for (const DtypeRatio& q : dratios) {
+      std::printf("%-14s T=%-5d %s / %s alternated: speed %.2fx in expert time (%.2f-%.2f), forward time %.2fx",
                   q.preset.c_str(), q.tokens, q.dtype.c_str(), q.base.c_str(), q.expert, q.expert_min, q.expert_max,
                   q.forward);
+      if (q.stream > 0)
+        std::printf("; %.3fx the weight bytes, so %.2fx the weight GB/s of %s", q.bytes, q.stream, q.base.c_str());
+      std::printf("\n");
+    }
   }
 
   // Permutation and combine of the all-to-all flow against memcpy.

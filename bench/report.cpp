@@ -165,9 +165,10 @@ bool write_json(const std::string& path, const std::vector<std::string>& labels,
     std::fprintf(f,
                  "    {\"preset\": \"%s\", \"tokens\": %d, \"dtype\": \"%s\", \"baseline\": \"%s\", \"rounds\": %d, "
                  "\"alternated_expert_speedup\": %.4f, \"alternated_expert_speedup_min\": %.4f, "
-                 "\"alternated_expert_speedup_max\": %.4f, \"alternated_forward_speedup\": %.4f}%s\n",
+                 "\"alternated_expert_speedup_max\": %.4f, \"alternated_forward_speedup\": %.4f, "
+                 "\"weight_bytes_ratio\": %.4f, \"alternated_weight_gbs_ratio\": %.4f}%s\n",
                  q.preset.c_str(), q.tokens, q.dtype.c_str(), q.base.c_str(), q.rounds, q.expert, q.expert_min,
-                 q.expert_max, q.forward, i + 1 < dratios.size() ? "," : "");
+                 q.expert_max, q.forward, q.bytes, q.stream, i + 1 < dratios.size() ? "," : "");
   }
   std::fprintf(f, "  ],\n  \"dispatch\": [\n");
   for (size_t i = 0; i < drows.size(); ++i) {

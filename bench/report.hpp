@@ -63,6 +63,12 @@ struct DtypeRatio {
   std::string preset, dtype, base;
   int tokens = 0, rounds = 0;
   double expert = 0, expert_min = 0, expert_max = 0, forward = 0;
+  // Where both dtypes' rows at these tokens are bound by the bandwidth:
+  // the dtype's weight bytes per forward over the baseline's (from the
+  // rows), and its weight GB/s over the baseline's in the alternated
+  // rounds (expert speedup times that bytes ratio), a drift-free measure of
+  // how well its kernels stream next to the baseline's. 0: not both bw.
+  double bytes = 0, stream = 0;
 };
 
 struct DispatchRow {
