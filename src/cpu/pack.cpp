@@ -59,8 +59,8 @@ void group_pieces(ep_moe_dtype_t t, size_t lane, int32_t k, F f) {
     if (t == EP_MOE_DTYPE_Q6_K) {
       f(g + 2 * lane, r + 208, 2);
       for (size_t w = 0; w < 4; ++w) f(g + P::kQ6kScales + 4 * (R * w + lane), r + 192 + 4 * w, 4);
-      for (size_t w = 0; w < 32; ++w) f(g + P::kQ6kQl + 4 * (R * w + lane), r + 4 * w, 4);
-      for (size_t w = 0; w < 16; ++w) f(g + P::kQ6kQh + 4 * (R * w + lane), r + 128 + 4 * w, 4);
+      for (size_t w = 0; w < 32; ++w) f(g + P::q6k_ql(w) + 4 * lane, r + 4 * w, 4);
+      for (size_t w = 0; w < 16; ++w) f(g + P::q6k_qh(w) + 4 * lane, r + 128 + 4 * w, 4);
       continue;
     }
     const size_t sb = t == EP_MOE_DTYPE_MXFP4 ? 1 : 2;

@@ -64,7 +64,8 @@ struct PackedWeight {
 //   Q5_K: as Q4_K, with their qh (8 dwords a row) between the scale words
 //   and the quants;
 //   Q6_K: the R rows' d (f16), their 16 int8 scales (4 dwords a row), their
-//   ql (32 dwords a row), their qh (16 dwords a row);
+//   ql (32 dwords a row), their qh (16 dwords a row); in groups of 8 rows
+//   ql and qh step by step instead (GroupParts::q6k_ql, q6k_qh);
 //   IQ4_XS: the R rows' d (f16), their scales_h (u16), their scales_l
 //   (u32), their qs (32 dwords a row);
 //   Q8_0, Q4_0, MXFP4: the R rows' scales (f16 d; MXFP4's e8m0 byte), then
@@ -78,6 +79,19 @@ struct GroupParts {
   static constexpr size_t kQ5kBlock = R * 176, kQ5kQh = R * 16, kQ5kQuants = R * 48;
   static constexpr size_t kIq4Block = R * 136, kIq4ScalesH = R * 2, kIq4ScalesL = R * 4, kIq4Quants = R * 8;
   static constexpr size_t kQ6kBlock = R * 210, kQ6kScales = R * 2, kQ6kQl = R * 18, kQ6kQh = R * 146;
+  // Q6_K's ql dword w and qh dword w (row 0's; row l's 4 l on). In groups of
+  // 16 rows ql's 32 dwords, then qh's 16 (kQ6kQh). In groups of 8, step by
+  // step in the order the AVX2 kernels read them, so that their decode
+  // streams each block front to back: step s = 8 h + v (h = 0, 1; v = 0 ..
+  // 7) holds ql dword 16 h + v, ql dword 16 h + 8 + v and qh dword s, at
+  // kQ6kQl + kQ6kStep s (read from three places at once, a block's lines
+  // came in later than a front-to-back format's and decode streamed
+  // slower).
+  static constexpr size_t kQ6kStep = 12 * R;
+  static constexpr size_t q6k_ql(size_t w) {
+    return R == 8 ? kQ6kQl + kQ6kStep * (8 * (w / 16) + w % 8) + 4 * R * (w % 16 / 8) : kQ6kQl + 4 * R * w;
+  }
+  static constexpr size_t q6k_qh(size_t w) { return R == 8 ? kQ6kQl + kQ6kStep * w + 8 * R : kQ6kQh + 4 * R * w; }
 };
 // Whether format t has that layout.
 bool groups_rows(ep_moe_dtype_t t);
