@@ -108,18 +108,10 @@ using GroupFn = void (*)(const uint8_t* g, int k, const void* const* a, float* c
 
 // A QGemmFn over groups of R rows (kernels.hpp): fns[m - 1] takes m
 // activation rows. Decode (one pass of rows) streams the panel from
-// memory, prefetching; calls of more rows are bound by their arithmetic,
-// each group going round again from L1 or L2 after its first pass. With
-// ahead_group, that first pass prefetches the next group (this panel's
-// next, or the next panel's first), each line as the kernel reads the
-// same line of its own group (a Stream one group ahead), so the next
-// group's first pass finds its lines in cache. Q6_K takes it: its blocks
-// are read in three places at once (ql's two halves and qh), which the
-// hardware prefetcher follows late on a group's first pass; the formats
-// read front to back gained nothing from it (AVX2, Zen 3).
+// memory, prefetching; calls of more rows are bound by their arithmetic.
 template <int R>
 void run_groups(const GroupFn* fns, size_t row_bytes, int m, const void* const* a, int k, const void* panel, int nr,
-                float* c, int ldc, const void* next, bool ahead_group = false) {
+                float* c, int ldc, const void* next) {
   if (m <= 0) return;
   const auto* p0 = static_cast<const uint8_t*>(panel);
   const size_t panel_bytes = static_cast<size_t>(nr) * row_bytes;
@@ -130,13 +122,11 @@ void run_groups(const GroupFn* fns, size_t row_bytes, int m, const void* const* 
   static const size_t lead = decode_prefetch_bytes();
   const Stream stream{end, nx, panel_bytes, nx == end ? end + panel_bytes : end, lead};
   const Stream* st = m <= kCallRows ? &stream : nullptr;
-  const Stream group_ahead{end, nx, panel_bytes, stream.reach, static_cast<size_t>(R) * row_bytes};
-  const Stream* first = st ? st : ahead_group ? &group_ahead : nullptr;  // a group's first pass
   for (int g = 0; g < nr / R; ++g)
     for (int i0 = 0; i0 < m; i0 += kCallRows) {
       const int mm = m - i0 < kCallRows ? m - i0 : kCallRows;
       fns[mm - 1](p0 + static_cast<size_t>(g) * R * row_bytes, k, a + i0, c + static_cast<ptrdiff_t>(i0) * ldc + g * R,
-                  ldc, i0 == 0 ? first : st);
+                  ldc, st);
     }
 }
 
