@@ -164,6 +164,23 @@ bool forward_batch(ep_moe_layer_t* layer, ep_moe_forward_args_t& a, const Batche
   return true;
 }
 
+// The skip-strategy row of preset at T tokens in dtype (label), or null.
+const Row* skip_row(const std::vector<Row>& rows, const std::string& preset, int T, const std::string& dtype) {
+  for (const Row& r : rows)
+    if (r.strategy == "skip" && r.preset == preset && r.tokens == T && r.dtype == dtype) return &r;
+  return nullptr;
+}
+
+// Where both skip rows at q's tokens are bound by the bandwidth: q's
+// weight-bytes ratio (from the rows) and its alternated speedup per byte.
+void per_byte(const std::vector<Row>& rows, DtypeRatio* q) {
+  const Row* rb = skip_row(rows, q->preset, q->tokens, q->base);
+  const Row* ro = skip_row(rows, q->preset, q->tokens, q->dtype);
+  if (!rb || !ro || rb->compute_bound() || ro->compute_bound() || rb->weight_bytes <= 0 || q->expert <= 0) return;
+  q->bytes = ro->weight_bytes / rb->weight_bytes;
+  q->stream = q->expert * q->bytes;
+}
+
 // Rounds of a block of forwards of the baseline layer and of another dtype's,
 // in turn (who goes first alternates), T tokens: the median and range of
 // the rounds' ratios of mean expert time, and of forward time. False: a
@@ -453,6 +470,35 @@ int parse_options(int argc, char** argv, Options* op) {
 
 }  // namespace
 
+// The weight dtypes against the first, row by row (skip strategy) and
+// alternated, in this run.
+void print_dtype_ratios(const Options& o, const std::vector<Row>& rows, const std::vector<DtypeRatio>& dratios) {
+  std::printf(
+      "\nweight dtypes against %s, the same preset and tokens in this run (forward time, expert time, "
+      "GFLOP/s; %%bw and bound of each row above):\n",
+      o.label(0).c_str());
+  for (const Row& r : rows) {
+    if (r.strategy != "skip" || r.dtype == o.label(0)) continue;
+    if (const Row* b = skip_row(rows, r.preset, r.tokens, o.label(0)))
+      std::printf("%-14s T=%-5d %s / %s: speed %.2fx (%.3f vs %.3f ms), expert time %.2fx, GFLOP/s %.2fx\n",
+                  r.preset.c_str(), r.tokens, r.dtype.c_str(), b->dtype.c_str(), b->ms / r.ms, r.ms, b->ms,
+                  b->expert_ms / r.expert_ms, r.gflops / b->gflops);
+  }
+  if (!dratios.empty())
+    std::printf(
+        "alternated (%d rounds of a block of forwards of each, at least %.3f s each; the median of the rounds' "
+        "ratios of mean times, and their range: the same moments for both, so the machine's drift cancels):\n",
+        o.ratio_rounds, o.min_time / 4);
+  for (const DtypeRatio& q : dratios) {
+    std::printf("%-14s T=%-5d %s / %s alternated: speed %.2fx in expert time (%.2f-%.2f), forward time %.2fx",
+                q.preset.c_str(), q.tokens, q.dtype.c_str(), q.base.c_str(), q.expert, q.expert_min, q.expert_max,
+                q.forward);
+    if (q.stream > 0)
+      std::printf("; %.3fx the weight bytes, so %.2fx the weight GB/s of %s", q.bytes, q.stream, q.base.c_str());
+    std::printf("\n");
+  }
+}
+
 int main(int argc, char** argv) {
   Options o;
   if (const int rc = parse_options(argc, argv, &o); rc != cli::Parser::kRun) return rc;
@@ -717,19 +763,7 @@ int main(int argc, char** argv) {
         for (size_t di = 1; di < o.dtypes.size(); ++di) {
           DtypeRatio q;
           if (!alternate_dtypes(o, *model, name, T, skip_layers[0], skip_layers[di], 0, di, &q)) return 1;
-          // Both skip rows at T bound by the bandwidth: the alternated
-          // speedup per weight byte.
-          const Row* rb = nullptr;
-          const Row* ro = nullptr;
-          for (const Row& r : rows) {
-            if (r.preset != name || r.tokens != T || r.strategy != "skip") continue;
-            if (r.dtype == o.label(0)) rb = &r;
-            else if (r.dtype == o.label(di)) ro = &r;
-          }
-          if (rb && ro && !rb->compute_bound() && !ro->compute_bound() && rb->weight_bytes > 0 && q.expert > 0) {
-            q.bytes = ro->weight_bytes / rb->weight_bytes;
-            q.stream = q.expert * q.bytes;
-          }
+          per_byte(rows, &q);
           dratios.push_back(q);
         }
     }
@@ -756,34 +790,7 @@ int main(int argc, char** argv) {
     std::printf("\n");
   }
 
-  // The weight dtypes against the first, row by row (skip strategy), in this run.
-  if (o.dtypes.size() > 1) {
-    std::printf(
-        "\nweight dtypes against %s, the same preset and tokens in this run (forward time, expert time, "
-        "GFLOP/s; %%bw and bound of each row above):\n",
-        o.label(0).c_str());
-    for (const Row& r : rows) {
-      if (r.strategy != "skip" || r.dtype == o.label(0)) continue;
-      for (const Row& b : rows)
-        if (b.strategy == "skip" && b.dtype == o.label(0) && b.preset == r.preset && b.tokens == r.tokens)
-          std::printf("%-14s T=%-5d %s / %s: speed %.2fx (%.3f vs %.3f ms), expert time %.2fx, GFLOP/s %.2fx\n",
-                      r.preset.c_str(), r.tokens, r.dtype.c_str(), b.dtype.c_str(), b.ms / r.ms, r.ms, b.ms,
-                      b.expert_ms / r.expert_ms, r.gflops / b.gflops);
-    }
-    if (!dratios.empty())
-      std::printf(
-          "alternated (%d rounds of a block of forwards of each, at least %.3f s each; the median of the rounds' "
-          "ratios of mean times, and their range: the same moments for both, so the machine's drift cancels):\n",
-          o.ratio_rounds, o.min_time / 4);
-    for (const DtypeRatio& q : dratios) {
-      std::printf("%-14s T=%-5d %s / %s alternated: speed %.2fx in expert time (%.2f-%.2f), forward time %.2fx",
-                  q.preset.c_str(), q.tokens, q.dtype.c_str(), q.base.c_str(), q.expert, q.expert_min, q.expert_max,
-                  q.forward);
-      if (q.stream > 0)
-        std::printf("; %.3fx the weight bytes, so %.2fx the weight GB/s of %s", q.bytes, q.stream, q.base.c_str());
-      std::printf("\n");
-    }
-  }
+  if (o.dtypes.size() > 1) print_dtype_ratios(o, rows, dratios);
 
   // Permutation and combine of the all-to-all flow against memcpy.
   std::vector<DispatchRow> drows;
