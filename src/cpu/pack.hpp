@@ -84,9 +84,7 @@ struct GroupParts {
   // step in the order the AVX2 kernels read them, so that their decode
   // streams each block front to back: step s = 8 h + v (h = 0, 1; v = 0 ..
   // 7) holds ql dword 16 h + v, ql dword 16 h + 8 + v and qh dword s, at
-  // kQ6kQl + kQ6kStep s (read from three places at once, a block's lines
-  // came in later than a front-to-back format's and decode streamed
-  // slower).
+  // kQ6kQl + kQ6kStep s.
   static constexpr size_t kQ6kStep = 12 * R;
   static constexpr size_t q6k_ql(size_t w) {
     return R == 8 ? kQ6kQl + kQ6kStep * (8 * (w / 16) + w % 8) + 4 * R * (w % 16 / 8) : kQ6kQl + 4 * R * w;
