@@ -206,7 +206,7 @@ Figures measure(const cpu::Kernels& kern, ep_moe_dtype_t dt, const Weights& wc, 
   const bool tiles = kern.qtile[quant_index(dt)] != nullptr;
   std::vector<std::vector<float>> c(static_cast<size_t>(threads), std::vector<float>(static_cast<size_t>(64 * nr)));
   std::vector<AlignedBuffer> unpacked(static_cast<size_t>(threads));
-  for (auto& b : unpacked) b.resize(tiles ? cpu::qtile_panel_bytes(dt, k) : 0);
+  for (auto& b : unpacked) b.resize(tiles ? cpu::qtile_panel_bytes(dt, k, nr) : 0);
   Figures f;
   if (tiles) f.tile_err = check_tiles(kern, dt, wc, a, unpacked[0].data<char>());
   std::vector<double> done(static_cast<size_t>(threads));

@@ -79,9 +79,9 @@ void FfnRunner::reserve_quant(int threads, ep_moe_dtype_t t) {
     hq_.resize(static_cast<size_t>(chunk_) * ldhq_);
   }
   if (!dtype_is_quant(t)) return;
-  if (k_.tiles(t, std::numeric_limits<int64_t>::max()) && k_.nr == kQTileCols) {
+  if (k_.tiles(t, std::numeric_limits<int64_t>::max())) {
     const int64_t kmax = (std::max(hidden_, ldh_) + 255) / 256 * 256;
-    const size_t bytes = std::max(tile_bytes_, qtile_panel_bytes(t, kmax));
+    const size_t bytes = std::max(tile_bytes_, qtile_panel_bytes(t, kmax, k_.nr));
     if (threads > tile_threads_ || bytes > tile_bytes_) {
       tile_bytes_ = bytes;
       tile_threads_ = std::max(tile_threads_, threads);
@@ -92,7 +92,7 @@ void FfnRunner::reserve_quant(int threads, ep_moe_dtype_t t) {
 
 bool FfnRunner::tiled(const Segment& sg, bool down) const {
   const PackedWeight& w = down ? *sg.job->down : *sg.job->gate_up;
-  return w.quant() && tile_ok_ && k_.tiles(w.dtype, sg.len) && qtile_panel_bytes(w.dtype, w.k) <= tile_bytes_;
+  return w.quant() && tile_ok_ && k_.tiles(w.dtype, sg.len) && qtile_panel_bytes(w.dtype, w.k, k_.nr) <= tile_bytes_;
 }
 
 const void* FfnRunner::tile_panel(const PackedWeight& w, int32_t p, int t) {

@@ -40,6 +40,14 @@ void set_x86_block_kernels(Kernels& t, bool avx512) {
     if (avx_vnni) qgroups_avxvnni(t.qgemm);
     else qgroups_avx2(t.qgemm);
     t.qname = avx_vnni ? "avx-vnni, 8 interleaved rows" : "avx2 maddubs, 8 interleaved rows";
+    // The AVX2 table's maddubs tiles (panels of 16 rows), where its group
+    // kernels are maddubs too: measured only against those.
+    if (!avx512 && !avx_vnni) {
+      t.qname = "avx2 maddubs, 8 interleaved rows, int8 tiles";
+      qtiles_avx2(t.qtile);
+      qunpack_avx2(t.qunpack);
+      t.qtile_rows[quant_index(EP_MOE_DTYPE_Q6_K)] = 8;
+    }
     return;
   }
   t.qname = "avx512-vnni, 16 interleaved rows, int8 tiles";

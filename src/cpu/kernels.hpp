@@ -50,25 +50,26 @@ using GemmRunFn = void (*)(int m, const float* const* a, int k, const void* pane
 using QGemmFn = void (*)(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc,
                          const void* next);
 
-// Block-format panels of kQTileCols weight rows unpacked for the int8
-// tiles (AVX512-VNNI, qtile_avx512vnni.cpp): the weights as u8 in k-groups
-// of 4 across the 32 rows, with their scales per block (qtile_panel_bytes
-// bytes for k elements a row).
+// Block-format panels unpacked for the int8 tiles, a table's whole panel
+// (nr weight rows: kQTileCols with AVX512-VNNI, qtile_avx512vnni.cpp; 16
+// on AVX2, qtile_avx2.cpp) at a time: the weights as u8 in k-groups of 4
+// across the panel's rows, with their scales per block (qtile_panel_bytes
+// bytes for k elements a row; cpu/qtile_layout.hpp).
 constexpr int kQTileCols = 32;
 using QUnpackFn = void (*)(const void* panel, int k, void* out);
 // m activation rows (as for QGemmFn) through an unpacked panel:
-// c[i * ldc + j] for j < kQTileCols, the same exact integer sums per block
-// as the block kernels' (summed in f32 in another order). `next`: the
-// block panel the caller unpacks next (or null), prefetched into L2 over
-// the call.
+// c[i * ldc + j] for j < nr, the same exact integer sums per block as the
+// block kernels' (summed in f32 in another order). `next`: the block
+// panel the caller unpacks next (or null), prefetched into L2 over the
+// call.
 using QTileFn = void (*)(int m, const void* const* a, int k, const void* tiles, float* c, int ldc, const void* next);
-// Bytes of an unpacked panel of block format t (0 for dtypes that are not
-// block formats): per 32 elements (Q8_0, Q4_0, MXFP4) 32 x 32 u8 and 32 f32
-// scales; per 256 (Q4_K, Q5_K, IQ4_XS: 8 groups of 32; Q6_K: 16 of 16)
-// 256 x 32 u8, groups x 32 i32 scales and i16 coefficients, 32 f32 d and
-// 32 f32 dmin.
-constexpr size_t qtile_panel_bytes(ep_moe_dtype_t t, int64_t k) {
-  constexpr size_t c = kQTileCols;
+// Bytes of an unpacked panel of `cols` rows of block format t (0 for
+// dtypes that are not block formats): per 32 elements (Q8_0, Q4_0, MXFP4)
+// 32 x cols u8 and cols f32 scales; per 256 (Q4_K, Q5_K, IQ4_XS: 8 groups
+// of 32; Q6_K: 16 of 16) 256 x cols u8, groups x cols scales (a dword
+// each) and i16 coefficients, cols f32 d and cols f32 dmin.
+constexpr size_t qtile_panel_bytes(ep_moe_dtype_t t, int64_t k, int cols = kQTileCols) {
+  const auto c = static_cast<size_t>(cols);
   switch (t) {
     case EP_MOE_DTYPE_Q8_0:
     case EP_MOE_DTYPE_Q4_0:
@@ -129,9 +130,9 @@ struct Kernels {
   int32_t il_of(ep_moe_dtype_t t) const { return dtype_is_quant(t) ? qil[quant_index(t)] : 0; }
   // An f32 row into an activation row (quantize_act_row's bytes).
   void (*quantize_act)(const float* x, int64_t k, ActQuant aq, void* out) = nullptr;
-  // Where set: block-format panels unpacked for the int8 tiles (a panel
-  // of nr == kQTileCols rows at a time), used for an expert's calls of at
-  // least qtile_rows rows (by quant_index; 0: never).
+  // Where set: block-format panels unpacked for the int8 tiles (a whole
+  // panel of nr rows at a time), used for an expert's calls of at least
+  // qtile_rows rows (by quant_index; 0: never).
   QUnpackFn qunpack[kQuantTypes] = {};
   QTileFn qtile[kQuantTypes] = {};
   int qtile_rows[kQuantTypes] = {};
@@ -208,6 +209,11 @@ void set_x86_block_kernels(Kernels& t, bool avx512);
 // The int8 tiles (qtile_avx512vnni.cpp), by quant_index (their panels
 // unpacked by qgroups_avx512vnni's qunpack entries).
 void qtiles_avx512vnni(QTileFn* tile);
+// The AVX2 table's int8 tiles (qtile_avx2.cpp: maddubs on panels of 16
+// rows) and their unpackers (qgroups_avx2.cpp), for the formats where they
+// pay: set by quant_index, the rest left null.
+void qtiles_avx2(QTileFn* tile);
+void qunpack_avx2(QUnpackFn* unpack);
 
 // Per-ISA tables, defined in their own translation units.
 const Kernels& kernels_generic();

@@ -1,7 +1,8 @@
 // The AVX2 table's block-format kernels: rows interleaved 8 at a time
 // through maddubs (qgroups8.inc), for the AVX2 table and the AVX-512 ones
-// where the CPU has no AVX512_VNNI, and the activation rows' quantizer of
-// every x86 table (built with -mavx2 -mfma -mf16c).
+// where the CPU has no AVX512_VNNI; the unpacking of its panels for its
+// int8 tiles (qtile_avx2.cpp); and the activation rows' quantizer of every
+// x86 table (built with -mavx2 -mfma -mf16c).
 #include <immintrin.h>
 
 #include <array>
@@ -12,6 +13,7 @@
 #include "cpu/kernels.hpp"
 #include "cpu/pack.hpp"
 #include "cpu/qgroups.hpp"
+#include "cpu/qtile_layout.hpp"
 
 namespace ep_moe {
 namespace cpu {
@@ -24,6 +26,35 @@ struct Maddubs {
 };
 
 #include "cpu/qgroups8.inc"
+
+// --- unpacking for the int8 tiles (qtile_layout.hpp, 16 columns) ------------
+// A panel of two 8-row groups into the tiles' layout: group h's rows are
+// columns 8 h .. 8 h + 7, the second half of each 64-byte piece.
+constexpr int kTileCols = 2 * R;
+
+// Q6_K: the values as stored (u8, 0 .. 63), each group's scale as the i16
+// pair (s, s) that madd takes, the coefficients 32 s as i16 pairs, d.
+void unpack_q6k(const void* panel, int k, void* out) {
+  using L = KLayout<EP_MOE_DTYPE_Q6_K, kTileCols>;
+  const auto* p = static_cast<const uint8_t*>(panel);
+  auto* o = static_cast<uint8_t*>(out);
+  const size_t rb = quant_row_bytes(EP_MOE_DTYPE_Q6_K, k);
+  const auto put = [](uint8_t* at, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), v); };
+  for (int b = 0; b < k / 256; ++b, o += L::kBlock)
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* g = p + static_cast<size_t>(h) * R * rb + static_cast<size_t>(b) * GP::kQ6kBlock;
+      uint8_t* oh = o + 4 * R * h;
+      for (int hh = 0; hh < 2; ++hh)
+        for (int v = 0; v < 8; ++v) {
+          __m256i x[4];
+          q6_values(g, hh, v, x);
+          for (int u = 0; u < 4; ++u) put(oh + (32 * hh + 8 * u + v) * L::kGroup, x[u]);
+        }
+      for (int j = 0; j < L::G; ++j) put(oh + L::kSc + j * L::kGroup, pair16(q6_scale(g, j)));
+      for (int pr = 0; pr < L::G / 2; ++pr) put(oh + L::kCoef + pr * L::kGroup, q6_coef(g, pr));
+      _mm256_storeu_ps(reinterpret_cast<float*>(oh + L::kD), f16x8(g));
+    }
+}
 
 }  // namespace
 
@@ -78,6 +109,8 @@ void quantize_act_avx2(const float* x, int64_t k, ActQuant aq, void* outp) {
 }
 
 void qgroups_avx2(QGemmFn* gemm) { set_qgroups8<Maddubs>(gemm); }
+
+void qunpack_avx2(QUnpackFn* unpack) { unpack[quant_index(EP_MOE_DTYPE_Q6_K)] = unpack_q6k; }
 
 }  // namespace cpu
 }  // namespace ep_moe

@@ -36,23 +36,6 @@ namespace cpu {
 
 namespace {
 
-// The panel the caller unpacks next, prefetched into L2 while the tiles
-// run over this one (the unpacking reads its 32 rows side by side, which
-// the hardware prefetchers do not follow well from memory): lines
-// [first, first + count) of it, spread over the `blocks` block steps of a
-// register tile.
-struct Ahead {
-  const char* next = nullptr;
-  size_t first = 0, count = 0;
-  int blocks = 1;
-  void at(int b) const {
-    if (!next) return;
-    const size_t l0 = first + count * static_cast<size_t>(b) / static_cast<size_t>(blocks);
-    const size_t l1 = first + count * static_cast<size_t>(b + 1) / static_cast<size_t>(blocks);
-    for (size_t l = l0; l < l1; ++l) _mm_prefetch(next + 64 * l, _MM_HINT_T1);
-  }
-};
-
 // --- Q8_0, Q4_0, MXFP4: a scale per 32 ---------------------------------------
 template <int T>
 constexpr int offset_a() {

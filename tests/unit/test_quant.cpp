@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -298,6 +299,49 @@ TEST_CASE("block-format kernels at the bounds of their integer sums: every value
     for (ep_moe_dtype_t t : kTypes) {
       CAPTURE(cpu::isa_name(isa), dtype_name(t));
       check_extremes(kern.qgemm[quant_index(t)], kern.quantize_act, t, kern.nr, kern.il_of(t));
+    }
+  }
+}
+
+namespace {
+// A table's int8 tiles as a QGemmFn: each panel unpacked (qunpack), then
+// its rows through qtile, so that check_qgemm and check_extremes hold the
+// tiles to what they hold the block kernels to.
+const cpu::Kernels* g_tiles = nullptr;
+ep_moe_dtype_t g_tile_type = EP_MOE_DTYPE_F32;
+void unpacked_then_tiled(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc,
+                         const void* next) {
+  const int i = quant_index(g_tile_type);
+  std::vector<uint8_t> buf(cpu::qtile_panel_bytes(g_tile_type, k, nr) + 64);
+  void* out = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
+  g_tiles->qunpack[i](panel, k, out);
+  g_tiles->qtile[i](m, a, k, out, c, ldc, next);
+}
+}  // namespace
+
+TEST_CASE("int8 tiles on unpacked panels match a double product of the dequantized values, every table with them",
+          "[unit][quant][kernels]") {
+  // Where a table has tiles for a format (Kernels::qtile: AVX512-VNNI's
+  // for every format, AVX2's maddubs ones for some), at every tile height
+  // and at the bounds of the integer sums; formats without are reported.
+  std::mt19937 rng(Catch::rngSeed() + 17);
+  for (cpu::Isa isa : isas_here()) {
+    const cpu::Kernels& kern = cpu::kernels_for(isa);
+    for (ep_moe_dtype_t t : kTypes) {
+      if (!kern.qtile[quant_index(t)]) {
+        WARN("skipped: " << cpu::isa_name(isa) << " (" << kern.qname << ") has no int8 tiles for " << dtype_name(t));
+        continue;
+      }
+      REQUIRE(kern.qunpack[quant_index(t)] != nullptr);
+      g_tiles = &kern;
+      g_tile_type = t;
+      CAPTURE(cpu::isa_name(isa), dtype_name(t));
+      for (int k : {32, 96, 256, 768, 2048})
+        if (k % quant_block_elems(t) == 0) {
+          CAPTURE(k);
+          check_qgemm(unpacked_then_tiled, kern.quantize_act, t, k, kern.nr, kern.il_of(t), rng);
+        }
+      check_extremes(unpacked_then_tiled, kern.quantize_act, t, kern.nr, kern.il_of(t));
     }
   }
 }
