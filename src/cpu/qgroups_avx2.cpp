@@ -32,6 +32,43 @@ struct Maddubs {
 // columns 8 h .. 8 h + 7, the second half of each 64-byte piece.
 constexpr int kTileCols = 2 * R;
 
+// Q4_K, Q5_K: the values (u8, 0 .. 15 or 31), each group's scale as the
+// i16 pair (s, s), the mins as i16 pairs (the coefficients), d and dmin
+// (qtile_avx2.cpp takes Q5_K only).
+template <int T>
+void unpack_k45(const void* panel, int k, void* out) {
+  using L = KLayout<T, kTileCols>;
+  constexpr bool kFive = T == EP_MOE_DTYPE_Q5_K;
+  constexpr size_t kBlock = kFive ? GP::kQ5kBlock : GP::kQ4kBlock, kQuants = kFive ? GP::kQ5kQuants : GP::kQ4kQuants;
+  const auto* p = static_cast<const uint8_t*>(panel);
+  auto* o = static_cast<uint8_t*>(out);
+  const size_t rb = quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+  const auto put = [](uint8_t* at, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), v); };
+  for (int b = 0; b < k / 256; ++b, o += L::kBlock)
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* g = p + static_cast<size_t>(h) * R * rb + static_cast<size_t>(b) * kBlock;
+      uint8_t* oh = o + 4 * R * h;
+      for (int ch = 0; ch < 4; ++ch)
+        for (int v = 0; v < 8; ++v) {
+          const __m256i w = load(g + kQuants + 4 * R * (8 * ch + v));
+          __m256i wl = _mm256_and_si256(w, m4), wh = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+          if constexpr (kFive) {
+            const __m256i qh = load(g + GP::kQ5kQh + 4 * R * v);
+            wl = _mm256_or_si256(wl, _mm256_and_si256(bit_to4(qh, 2 * ch), bit4));
+            wh = _mm256_or_si256(wh, _mm256_and_si256(bit_to4(qh, 2 * ch + 1), bit4));
+          }
+          put(oh + (16 * ch + v) * L::kGroup, wl);
+          put(oh + (16 * ch + 8 + v) * L::kGroup, wh);
+        }
+      const Scales sc = scales(g);
+      for (int j = 0; j < L::G; ++j) put(oh + L::kSc + j * L::kGroup, pair16(group_scale(sc, j)));
+      for (int pr = 0; pr < L::G / 2; ++pr) put(oh + L::kCoef + pr * L::kGroup, min_pair(sc, pr));
+      _mm256_storeu_ps(reinterpret_cast<float*>(oh + L::kD), f16x8(g));
+      _mm256_storeu_ps(reinterpret_cast<float*>(oh + L::kDmin), f16x8(g + GP::kQ4kDmin));
+    }
+}
+
 // Q6_K: the values as stored (u8, 0 .. 63), each group's scale as the i16
 // pair (s, s) that madd takes, the coefficients 32 s as i16 pairs, d.
 void unpack_q6k(const void* panel, int k, void* out) {
@@ -110,7 +147,10 @@ void quantize_act_avx2(const float* x, int64_t k, ActQuant aq, void* outp) {
 
 void qgroups_avx2(QGemmFn* gemm) { set_qgroups8<Maddubs>(gemm); }
 
-void qunpack_avx2(QUnpackFn* unpack) { unpack[quant_index(EP_MOE_DTYPE_Q6_K)] = unpack_q6k; }
+void qunpack_avx2(QUnpackFn* unpack) {
+  unpack[quant_index(EP_MOE_DTYPE_Q5_K)] = unpack_k45<EP_MOE_DTYPE_Q5_K>;
+  unpack[quant_index(EP_MOE_DTYPE_Q6_K)] = unpack_q6k;
+}
 
 }  // namespace cpu
 }  // namespace ep_moe

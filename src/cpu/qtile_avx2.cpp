@@ -1,7 +1,8 @@
 // AVX2 int8 tiles for block-format prefill (kernels.hpp's QTileFn; built
 // with -mavx2 -mfma -mf16c), for the formats whose interleaved-row kernels
 // spend much of each step taking the values apart: Q6_K, whose 6-bit values
-// come from three places of a step (qgroups8.inc's q6_values).
+// come from three places of a step (qgroups8.inc's q6_values), and Q5_K,
+// whose fifth bits come from a second load.
 //
 // A panel's 16 weight rows are first unpacked to u8 (once per panel,
 // however many activation rows then use it; qgroups_avx2.cpp's unpackers)
@@ -9,14 +10,14 @@
 // k-group is two 256-bit vectors of 4 consecutive elements of 8 weight
 // rows each, so one broadcast activation dword feeds two maddubs. The
 // interleaved-row kernels unpack each step again for every call of 4
-// activation rows, and their 4 rows' 16 running sums spill.
+// activation rows, and the Q6_K one's 4 rows' 16 running sums spill.
 //
-// maddubs multiplies u8 by s8 into i16 pairs, saturating: Q6_K's values as
-// stored (0 .. 63) make a pair of at most 2 * 63 * 127 = 16002, so two
-// k-groups (8 elements) share one i16 sum (32004), which one madd by the
-// group's scale (the i16 pair (s, s)) widens to i32. The offset 32 comes off
-// through the activations' sums of 16 (the coefficients 32 s), exactly:
-// every i32 bound is qtile_avx512vnni.cpp's.
+// maddubs multiplies u8 by s8 into i16 pairs, saturating, so k-groups share
+// an i16 sum only as far as the values allow (kRun), and one madd by the
+// group's scale (the i16 pair (s, s)) widens it to i32. Q6_K's offset 32
+// comes off through the activations' sums of 16 (the coefficients 32 s),
+// exactly; Q5_K's mins in f32, scaled by dmin. Every i32 bound is
+// qtile_avx512vnni.cpp's.
 #include <immintrin.h>
 
 #include <array>
@@ -37,33 +38,45 @@ constexpr int C = 16;  // the AVX2 table's panel rows (its nr)
 
 inline __m256i load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
+// maddubs products a format's i16 sums hold (header): values up to 15
+// (Q4_K) make pairs of at most 3810, 8 of them a sum; 31 (Q5_K) 7874, 4;
+// 63 (Q6_K) 16002, 2.
+template <int T>
+constexpr int kRun = T == EP_MOE_DTYPE_Q4_K   ? 8
+                     : T == EP_MOE_DTYPE_Q5_K ? 4
+                                              : 2;
+
 // M activation rows (Q8_K-style: one f32 scale per 256) through an
-// unpacked Q6_K panel: c[i * ldc + j] for row i, column j < 16. Per block
-// and column d sum_g s_g (sum q a) - d sum_g 32 s_g A_g, exact in i32.
-template <int M>
-void tile_q6k(const void* const* a, int k, const uint8_t* up, float* c, int ldc, const Ahead& ahead) {
-  using L = KLayout<EP_MOE_DTYPE_Q6_K, C>;
+// unpacked panel of Q4_K, Q5_K or Q6_K: c[i * ldc + j] for row i, column
+// j < 16. Per block and column d sum_g s_g (sum q a), less the
+// coefficients against the activations' group sums: Q6_K's 32 s_g taken
+// off in i32, Q4_K's and Q5_K's mins scaled by dmin in f32. Exact in i32
+// (the bounds of qtile_avx512vnni.cpp's tile_k).
+template <int T, int M>
+void tile_k(const void* const* a, int k, const uint8_t* up, float* c, int ldc, const Ahead& ahead) {
+  using L = KLayout<T, C>;
   const Acts<M> act(a, k);
-  for (int m = 0; m < M; ++m) {
-    _mm256_storeu_ps(c + m * ldc, _mm256_setzero_ps());
-    _mm256_storeu_ps(c + m * ldc + 8, _mm256_setzero_ps());
-  }
   for (int b = 0; b < k / 256; ++b, up += L::kBlock) {
     ahead.at(b);
     __m256i sum[M][2];
     for (int m = 0; m < M; ++m) sum[m][0] = sum[m][1] = _mm256_setzero_si256();
     for (int j = 0; j < L::G; ++j) {
-      const __m256i s0 = load(up + L::kSc + j * L::kGroup), s1 = load(up + L::kSc + j * L::kGroup + 32);
-      for (int gp = 0; gp < L::KG; gp += 2) {
-        const uint8_t* wg = up + (L::KG * j + gp) * L::kGroup;
-        const __m256i w00 = load(wg), w01 = load(wg + 32), w10 = load(wg + L::kGroup), w11 = load(wg + L::kGroup + 32);
+      const uint8_t* sc = up + L::kSc + j * L::kGroup;
+      for (int g0 = 0; g0 < L::KG; g0 += kRun<T>) {
+        __m256i t[M][2];
+        for (int m = 0; m < M; ++m) t[m][0] = t[m][1] = _mm256_setzero_si256();
+        for (int g = g0; g < g0 + kRun<T>; ++g) {
+          const uint8_t* wg = up + (L::KG * j + g) * L::kGroup;
+          const __m256i w0 = load(wg), w1 = load(wg + 32);
+          for (int m = 0; m < M; ++m) {
+            const __m256i av = _mm256_set1_epi32(rd32(act.q[m] + 256 * b + 4 * (L::KG * j + g)));
+            t[m][0] = _mm256_add_epi16(t[m][0], _mm256_maddubs_epi16(w0, av));
+            t[m][1] = _mm256_add_epi16(t[m][1], _mm256_maddubs_epi16(w1, av));
+          }
+        }
         for (int m = 0; m < M; ++m) {
-          const int8_t* q = act.q[m] + 256 * b + 4 * (L::KG * j + gp);
-          const __m256i a0 = _mm256_set1_epi32(rd32(q)), a1 = _mm256_set1_epi32(rd32(q + 4));
-          const __m256i t0 = _mm256_add_epi16(_mm256_maddubs_epi16(w00, a0), _mm256_maddubs_epi16(w10, a1));
-          const __m256i t1 = _mm256_add_epi16(_mm256_maddubs_epi16(w01, a0), _mm256_maddubs_epi16(w11, a1));
-          sum[m][0] = _mm256_add_epi32(sum[m][0], _mm256_madd_epi16(t0, s0));
-          sum[m][1] = _mm256_add_epi32(sum[m][1], _mm256_madd_epi16(t1, s1));
+          sum[m][0] = _mm256_add_epi32(sum[m][0], _mm256_madd_epi16(t[m][0], load(sc)));
+          sum[m][1] = _mm256_add_epi32(sum[m][1], _mm256_madd_epi16(t[m][1], load(sc + 32)));
         }
       }
     }
@@ -78,41 +91,50 @@ void tile_q6k(const void* const* a, int k, const uint8_t* up, float* c, int ldc,
         off[m][1] = _mm256_add_epi32(off[m][1], _mm256_madd_epi16(k1, sv));
       }
     }
-    const __m256 d0 = _mm256_loadu_ps(reinterpret_cast<const float*>(up + L::kD));
-    const __m256 d1 = _mm256_loadu_ps(reinterpret_cast<const float*>(up + L::kD + 32));
+    const auto* d = reinterpret_cast<const float*>(up + L::kD);
+    const auto* dmin = reinterpret_cast<const float*>(up + L::kDmin);
     for (int m = 0; m < M; ++m) {
       const __m256 da = _mm256_set1_ps(act.d[m][8 * b]);
-      float* cm = c + m * ldc;
-      _mm256_storeu_ps(cm, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum[m][0], off[m][0])),
-                                           _mm256_mul_ps(d0, da), _mm256_loadu_ps(cm)));
-      _mm256_storeu_ps(cm + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum[m][1], off[m][1])),
-                                               _mm256_mul_ps(d1, da), _mm256_loadu_ps(cm + 8)));
+      for (int h = 0; h < 2; ++h) {
+        float* cm = c + m * ldc + 8 * h;
+        __m256 v = b == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(cm);
+        if constexpr (L::kSub) {
+          v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum[m][h], off[m][h])),
+                              _mm256_mul_ps(_mm256_loadu_ps(d + 8 * h), da), v);
+        } else {
+          v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m][h]), _mm256_mul_ps(_mm256_loadu_ps(d + 8 * h), da), v);
+          v = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(off[m][h]), _mm256_mul_ps(_mm256_loadu_ps(dmin + 8 * h), da), v);
+        }
+        _mm256_storeu_ps(cm, v);
+      }
     }
   }
 }
 
 // --- the panel calls -----------------------------------------------------------
 // Register tiles of kTileRows activation rows: their 2 i32 sums each, the
-// k-group pair's 4 weight vectors, the two scales and the products fill
-// the 16 registers; the f32 results stay in c, updated once a block.
+// k-group's 2 weight vectors and the tile's i16 sums fill the 16 registers;
+// the f32 results stay in c, updated once a block. (Block by block over
+// every tile instead, an unpacked block staying in L1, was no faster: the
+// panel comes from L2 at the rate the tiles take it.)
 constexpr int kTileRows = 3;
 
 using TileFn = void (*)(const void* const*, int, const uint8_t*, float*, int, const Ahead&);
-template <int... I>
+template <int T, int... I>
 constexpr std::array<TileFn, sizeof...(I)> tile_table(std::integer_sequence<int, I...>) {
-  return {tile_q6k<I + 1>...};
+  return {tile_k<T, I + 1>...};
 }
 
 template <int T>
 void qtile(int m, const void* const* a, int k, const void* tiles, float* c, int ldc, const void* next) {
-  static constexpr std::array<TileFn, kTileRows> kTiles = tile_table(std::make_integer_sequence<int, kTileRows>{});
+  static constexpr std::array<TileFn, kTileRows> kTiles = tile_table<T>(std::make_integer_sequence<int, kTileRows>{});
   const auto* up = static_cast<const uint8_t*>(tiles);
   // The next panel's lines, shared out over the register tiles.
   const size_t lines = (C * quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k) + 63) / 64;
   const int calls = (m + kTileRows - 1) / kTileRows;
   Ahead ahead;
   ahead.next = static_cast<const char*>(next);
-  ahead.blocks = k / quant_block_elems(static_cast<ep_moe_dtype_t>(T));
+  ahead.blocks = k / 256;
   for (int i0 = 0, call = 0; i0 < m; i0 += kTileRows, ++call) {
     const int mm = m - i0 < kTileRows ? m - i0 : kTileRows;
     ahead.first = lines * static_cast<size_t>(call) / static_cast<size_t>(calls);
@@ -123,7 +145,12 @@ void qtile(int m, const void* const* a, int k, const void* tiles, float* c, int 
 
 }  // namespace
 
-void qtiles_avx2(QTileFn* tile) { tile[quant_index(EP_MOE_DTYPE_Q6_K)] = qtile<EP_MOE_DTYPE_Q6_K>; }
+// Q4_K is not among them: its group kernel's nibbles cost two instructions
+// a load, and the tiles ran level with it (t/c 0.8-1.1).
+void qtiles_avx2(QTileFn* tile) {
+  tile[quant_index(EP_MOE_DTYPE_Q5_K)] = qtile<EP_MOE_DTYPE_Q5_K>;
+  tile[quant_index(EP_MOE_DTYPE_Q6_K)] = qtile<EP_MOE_DTYPE_Q6_K>;
+}
 
 }  // namespace cpu
 }  // namespace ep_moe

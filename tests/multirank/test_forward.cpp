@@ -545,7 +545,7 @@ TEST_CASE("GGUF block-format experts in prefill: interleaved-row kernels or int8
   // Experts with many rows in a chunk (prefill): the interleaved-row
   // kernels over several calls of rows (AVX2, and the AVX-512 tables
   // without AVX512_VNNI) and with AVX512_VNNI the int8 tiles
-  // (Kernels::qtile_rows: every format), against the reference with the
+  // (Kernels::qtile_rows: every format; on AVX2 Q5_K and Q6_K), against the reference with the
   // activations quantized as stated, on every ISA path: gate/up and down
   // in different formats (mixes), an expert's rows past one kernel call, a
   // block-format shared expert over every token (rows past one kernel call
@@ -555,12 +555,16 @@ TEST_CASE("GGUF block-format experts in prefill: interleaved-row kernels or int8
   for (int isa_i = 0; isa_i < 4; ++isa_i) {
     const char* isa = harness::kIsaNames[isa_i];
     setenv("EP_MOE_CPU_ISA", isa, 1);
-    for (int variant = 0; variant < 8; ++variant) {
+    for (int variant = 0; variant < 9; ++variant) {
       INFO("isa " << isa << " variant " << variant);
       Case c;
       c.qgu = c.qdown = types[variant % 4];
       if (variant == 4) c.qgu = refq::Q4_K;    // Q4_K gate/up, Q8_0 down
       if (variant == 5) c.qdown = refq::Q6_K;  // Q4_0 gate/up, Q6_K down
+      if (variant == 8) {                      // Q5_K gate/up, Q6_K down (both on AVX2's tiles)
+        c.qgu = refq::Q5_K;
+        c.qdown = refq::Q6_K;
+      }
       c.spec.H = variant == 3 ? 512 : 256;
       c.spec.I = 256;
       c.spec.E = 4;
