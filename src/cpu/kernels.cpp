@@ -47,6 +47,7 @@ void set_x86_block_kernels(Kernels& t, bool avx512) {
       t.qname = "avx2 maddubs, 8 interleaved rows, int8 tiles";
       qtiles_avx2(t.qtile);
       qunpack_avx2(t.qunpack);
+      t.qtile_rows[quant_index(EP_MOE_DTYPE_MXFP4)] = 16;
       t.qtile_rows[quant_index(EP_MOE_DTYPE_Q5_K)] = 12;
       t.qtile_rows[quant_index(EP_MOE_DTYPE_Q6_K)] = 8;
     }

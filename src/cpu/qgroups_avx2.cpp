@@ -32,32 +32,27 @@ struct Maddubs {
 // columns 8 h .. 8 h + 7, the second half of each 64-byte piece.
 constexpr int kTileCols = 2 * R;
 
-// Q4_K, Q5_K: the values (u8, 0 .. 15 or 31), each group's scale as the
-// i16 pair (s, s), the mins as i16 pairs (the coefficients), d and dmin
-// (qtile_avx2.cpp takes Q5_K only).
-template <int T>
-void unpack_k45(const void* panel, int k, void* out) {
-  using L = KLayout<T, kTileCols>;
-  constexpr bool kFive = T == EP_MOE_DTYPE_Q5_K;
-  constexpr size_t kBlock = kFive ? GP::kQ5kBlock : GP::kQ4kBlock, kQuants = kFive ? GP::kQ5kQuants : GP::kQ4kQuants;
+// Q5_K: the values (u8, 0 .. 31, the fifth bits joined), each group's
+// scale as the i16 pair (s, s), the mins as i16 pairs (the coefficients),
+// d and dmin.
+void unpack_q5k(const void* panel, int k, void* out) {
+  using L = KLayout<EP_MOE_DTYPE_Q5_K, kTileCols>;
   const auto* p = static_cast<const uint8_t*>(panel);
   auto* o = static_cast<uint8_t*>(out);
-  const size_t rb = quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k);
+  const size_t rb = quant_row_bytes(EP_MOE_DTYPE_Q5_K, k);
   const __m256i m4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
   const auto put = [](uint8_t* at, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), v); };
   for (int b = 0; b < k / 256; ++b, o += L::kBlock)
     for (int h = 0; h < 2; ++h) {
-      const uint8_t* g = p + static_cast<size_t>(h) * R * rb + static_cast<size_t>(b) * kBlock;
+      const uint8_t* g = p + static_cast<size_t>(h) * R * rb + static_cast<size_t>(b) * GP::kQ5kBlock;
       uint8_t* oh = o + 4 * R * h;
       for (int ch = 0; ch < 4; ++ch)
         for (int v = 0; v < 8; ++v) {
-          const __m256i w = load(g + kQuants + 4 * R * (8 * ch + v));
-          __m256i wl = _mm256_and_si256(w, m4), wh = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
-          if constexpr (kFive) {
-            const __m256i qh = load(g + GP::kQ5kQh + 4 * R * v);
-            wl = _mm256_or_si256(wl, _mm256_and_si256(bit_to4(qh, 2 * ch), bit4));
-            wh = _mm256_or_si256(wh, _mm256_and_si256(bit_to4(qh, 2 * ch + 1), bit4));
-          }
+          const __m256i w = load(g + GP::kQ5kQuants + 4 * R * (8 * ch + v));
+          const __m256i qh = load(g + GP::kQ5kQh + 4 * R * v);
+          const __m256i wl = _mm256_or_si256(_mm256_and_si256(w, m4), _mm256_and_si256(bit_to4(qh, 2 * ch), bit4));
+          const __m256i wh = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), m4),
+                                             _mm256_and_si256(bit_to4(qh, 2 * ch + 1), bit4));
           put(oh + (16 * ch + v) * L::kGroup, wl);
           put(oh + (16 * ch + 8 + v) * L::kGroup, wh);
         }
@@ -66,6 +61,32 @@ void unpack_k45(const void* panel, int k, void* out) {
       for (int pr = 0; pr < L::G / 2; ++pr) put(oh + L::kCoef + pr * L::kGroup, min_pair(sc, pr));
       _mm256_storeu_ps(reinterpret_cast<float*>(oh + L::kD), f16x8(g));
       _mm256_storeu_ps(reinterpret_cast<float*>(oh + L::kDmin), f16x8(g + GP::kQ4kDmin));
+    }
+}
+
+// MXFP4: the doubled values + 12 (u8, 0 .. 24), the blocks' scales as f32.
+void unpack_mxfp4(const void* panel, int k, void* out) {
+  constexpr int T = EP_MOE_DTYPE_MXFP4;
+  constexpr size_t kBlock = kBlockAOf<kTileCols>, kGroup = 4 * kTileCols;
+  constexpr size_t gb = R * static_cast<size_t>(kBlockBytes<T>);
+  const auto* p = static_cast<const uint8_t*>(panel);
+  auto* o = static_cast<uint8_t*>(out);
+  const size_t rb = quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i table = _mm256_broadcastsi128_si256(
+      _mm_add_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4Values)), _mm_set1_epi8(12)));
+  const auto put = [](uint8_t* at, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), v); };
+  for (int b = 0; b < k / 32; ++b, o += kBlock)
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* g = p + static_cast<size_t>(h) * R * rb + static_cast<size_t>(b) * gb;
+      const uint8_t* qs = g + R * kScaleBytes<T>;
+      uint8_t* oh = o + 4 * R * h;
+      for (int v = 0; v < 4; ++v) {
+        const __m256i w = load(qs + 4 * R * v);
+        put(oh + v * kGroup, _mm256_shuffle_epi8(table, _mm256_and_si256(w, m4)));
+        put(oh + (4 + v) * kGroup, _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(w, 4), m4)));
+      }
+      _mm256_storeu_ps(reinterpret_cast<float*>(oh + 8 * kGroup), scales32<T>(g));
     }
 }
 
@@ -148,7 +169,8 @@ void quantize_act_avx2(const float* x, int64_t k, ActQuant aq, void* outp) {
 void qgroups_avx2(QGemmFn* gemm) { set_qgroups8<Maddubs>(gemm); }
 
 void qunpack_avx2(QUnpackFn* unpack) {
-  unpack[quant_index(EP_MOE_DTYPE_Q5_K)] = unpack_k45<EP_MOE_DTYPE_Q5_K>;
+  unpack[quant_index(EP_MOE_DTYPE_MXFP4)] = unpack_mxfp4;
+  unpack[quant_index(EP_MOE_DTYPE_Q5_K)] = unpack_q5k;
   unpack[quant_index(EP_MOE_DTYPE_Q6_K)] = unpack_q6k;
 }
 

@@ -38,19 +38,63 @@ constexpr int C = 16;  // the AVX2 table's panel rows (its nr)
 
 inline __m256i load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// maddubs products a format's i16 sums hold (header): values up to 15
-// (Q4_K) make pairs of at most 3810, 8 of them a sum; 31 (Q5_K) 7874, 4;
-// 63 (Q6_K) 16002, 2.
+// --- MXFP4: a scale per 32 ----------------------------------------------------
+// M activation rows (Q8_0-style: one f32 scale per 32) through an unpacked
+// panel: per block and column t = sum (w + 12) a - 12 sum a, exact in i32
+// (w: the doubled E2M1 values). Values up to 24 make pairs of at most 6096,
+// so 4 k-groups share an i16 sum. The f32 results stay in c, updated once
+// a block.
+template <int T, int M>
+void tile_a(const void* const* a, int k, const uint8_t* up, float* c, int ldc, const Ahead& ahead) {
+  static_assert(T == EP_MOE_DTYPE_MXFP4, "the per-32 tiles are MXFP4's");
+  constexpr int z = 12, run = 4;
+  constexpr size_t kGroup = 4 * C;
+  const Acts<M> act(a, k);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int b = 0; b < k / 32; ++b, up += kBlockAOf<C>) {
+    ahead.at(b);
+    __m256i tot[M][2];
+    for (int m = 0; m < M; ++m) tot[m][0] = tot[m][1] = _mm256_set1_epi32(-z * (act.s[m][2 * b] + act.s[m][2 * b + 1]));
+    for (int g0 = 0; g0 < 8; g0 += run) {
+      __m256i t[M][2];
+      for (int m = 0; m < M; ++m) t[m][0] = t[m][1] = _mm256_setzero_si256();
+      for (int g = g0; g < g0 + run; ++g) {
+        const __m256i w0 = load(up + g * kGroup), w1 = load(up + g * kGroup + 32);
+        for (int m = 0; m < M; ++m) {
+          const __m256i av = _mm256_set1_epi32(rd32(act.q[m] + 32 * b + 4 * g));
+          t[m][0] = _mm256_add_epi16(t[m][0], _mm256_maddubs_epi16(w0, av));
+          t[m][1] = _mm256_add_epi16(t[m][1], _mm256_maddubs_epi16(w1, av));
+        }
+      }
+      for (int m = 0; m < M; ++m) {
+        tot[m][0] = _mm256_add_epi32(tot[m][0], _mm256_madd_epi16(t[m][0], ones));
+        tot[m][1] = _mm256_add_epi32(tot[m][1], _mm256_madd_epi16(t[m][1], ones));
+      }
+    }
+    const auto* d = reinterpret_cast<const float*>(up + 8 * kGroup);
+    for (int m = 0; m < M; ++m) {
+      const __m256 da = _mm256_set1_ps(act.d[m][b]);
+      for (int h = 0; h < 2; ++h) {
+        float* cm = c + m * ldc + 8 * h;
+        const __m256 v = b == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(cm);
+        _mm256_storeu_ps(
+            cm, _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[m][h]), _mm256_mul_ps(_mm256_loadu_ps(d + 8 * h), da), v));
+      }
+    }
+  }
+}
+
+// --- Q5_K, Q6_K: blocks of 256 ----------------------------------------------------
+// maddubs products a format's i16 sums hold (header): values up to 31
+// (Q5_K) make pairs of at most 7874, 4 of them a sum; 63 (Q6_K) 16002, 2.
 template <int T>
-constexpr int kRun = T == EP_MOE_DTYPE_Q4_K   ? 8
-                     : T == EP_MOE_DTYPE_Q5_K ? 4
-                                              : 2;
+constexpr int kRun = T == EP_MOE_DTYPE_Q5_K ? 4 : 2;
 
 // M activation rows (Q8_K-style: one f32 scale per 256) through an
-// unpacked panel of Q4_K, Q5_K or Q6_K: c[i * ldc + j] for row i, column
-// j < 16. Per block and column d sum_g s_g (sum q a), less the
-// coefficients against the activations' group sums: Q6_K's 32 s_g taken
-// off in i32, Q4_K's and Q5_K's mins scaled by dmin in f32. Exact in i32
+// unpacked panel of Q5_K or Q6_K: c[i * ldc + j] for row i, column j <
+// 16. Per block and column d sum_g s_g (sum q a), less the coefficients
+// against the activations' group sums: Q6_K's 32 s_g taken off in i32,
+// Q5_K's mins scaled by dmin in f32. Exact in i32
 // (the bounds of qtile_avx512vnni.cpp's tile_k).
 template <int T, int M>
 void tile_k(const void* const* a, int k, const uint8_t* up, float* c, int ldc, const Ahead& ahead) {
@@ -120,9 +164,18 @@ void tile_k(const void* const* a, int k, const uint8_t* up, float* c, int ldc, c
 constexpr int kTileRows = 3;
 
 using TileFn = void (*)(const void* const*, int, const uint8_t*, float*, int, const Ahead&);
+template <int T>
+constexpr bool per256() {
+  return T == EP_MOE_DTYPE_Q5_K || T == EP_MOE_DTYPE_Q6_K;
+}
+template <int T, int M>
+void tile_rows_of(const void* const* a, int k, const uint8_t* up, float* c, int ldc, const Ahead& ahead) {
+  if constexpr (per256<T>()) tile_k<T, M>(a, k, up, c, ldc, ahead);
+  else tile_a<T, M>(a, k, up, c, ldc, ahead);
+}
 template <int T, int... I>
 constexpr std::array<TileFn, sizeof...(I)> tile_table(std::integer_sequence<int, I...>) {
-  return {tile_k<T, I + 1>...};
+  return {tile_rows_of<T, I + 1>...};
 }
 
 template <int T>
@@ -134,7 +187,7 @@ void qtile(int m, const void* const* a, int k, const void* tiles, float* c, int 
   const int calls = (m + kTileRows - 1) / kTileRows;
   Ahead ahead;
   ahead.next = static_cast<const char*>(next);
-  ahead.blocks = k / 256;
+  ahead.blocks = k / quant_block_elems(static_cast<ep_moe_dtype_t>(T));
   for (int i0 = 0, call = 0; i0 < m; i0 += kTileRows, ++call) {
     const int mm = m - i0 < kTileRows ? m - i0 : kTileRows;
     ahead.first = lines * static_cast<size_t>(call) / static_cast<size_t>(calls);
@@ -145,9 +198,13 @@ void qtile(int m, const void* const* a, int k, const void* tiles, float* c, int 
 
 }  // namespace
 
-// Q4_K is not among them: its group kernel's nibbles cost two instructions
-// a load, and the tiles ran level with it (t/c 0.8-1.1).
+// Not among them: Q4_K and Q4_0, whose group kernels take their nibbles
+// apart in two instructions a load and which the tiles ran level with
+// (t/c 0.8-1.1, and Q4_K's layer prefill the same with and without);
+// Q8_0 and IQ4_XS, whose signed values need maddubs' sign trick per
+// activation row either way.
 void qtiles_avx2(QTileFn* tile) {
+  tile[quant_index(EP_MOE_DTYPE_MXFP4)] = qtile<EP_MOE_DTYPE_MXFP4>;
   tile[quant_index(EP_MOE_DTYPE_Q5_K)] = qtile<EP_MOE_DTYPE_Q5_K>;
   tile[quant_index(EP_MOE_DTYPE_Q6_K)] = qtile<EP_MOE_DTYPE_Q6_K>;
 }

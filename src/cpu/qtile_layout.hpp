@@ -19,9 +19,11 @@ namespace cpu {
 constexpr int kCols = kQTileCols;          // the AVX-512 tiles' panel rows: two vectors of 16
 constexpr size_t kGroupBytes = 4 * kCols;  // one k-group of 4 across the columns
 
-// Q8_0, Q4_0, MXFP4: each block of 32 elements is 8 k-groups (1024 bytes)
-// and the kCols rows' scales as f32 (128 bytes).
-constexpr size_t kBlockA = 8 * kGroupBytes + 4 * kCols;
+// Q8_0, Q4_0, MXFP4: each block of 32 elements is 8 k-groups (8 x 4 C
+// bytes) and the C rows' scales as f32 (4 C bytes).
+template <int C>
+constexpr size_t kBlockAOf = 8 * 4 * C + 4 * C;
+constexpr size_t kBlockA = kBlockAOf<kCols>;
 
 // Q4_K, Q5_K, Q6_K, IQ4_XS: G groups a block (8 of 32 elements; Q6_K 16 of
 // 16), each with an integer scale s_g, and per group a coefficient c_g
@@ -46,6 +48,7 @@ struct KLayout {
   static constexpr size_t kDmin = kD + kGroup, kBlock = kDmin + kGroup;
 };
 static_assert(kBlockA * 8 == qtile_panel_bytes(EP_MOE_DTYPE_Q8_0, 256) &&
+                  kBlockAOf<16> * 8 == qtile_panel_bytes(EP_MOE_DTYPE_MXFP4, 256, 16) &&
                   KLayout<EP_MOE_DTYPE_Q4_K>::kBlock == qtile_panel_bytes(EP_MOE_DTYPE_Q4_K, 256) &&
                   KLayout<EP_MOE_DTYPE_Q6_K>::kBlock == qtile_panel_bytes(EP_MOE_DTYPE_Q6_K, 256) &&
                   KLayout<EP_MOE_DTYPE_Q6_K, 16>::kBlock == qtile_panel_bytes(EP_MOE_DTYPE_Q6_K, 256, 16) &&
