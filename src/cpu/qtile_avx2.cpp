@@ -1,8 +1,9 @@
 // AVX2 int8 tiles for block-format prefill (kernels.hpp's QTileFn; built
 // with -mavx2 -mfma -mf16c), for the formats whose interleaved-row kernels
 // spend much of each step taking the values apart: Q6_K, whose 6-bit values
-// come from three places of a step (qgroups8.inc's q6_values), and Q5_K,
-// whose fifth bits come from a second load.
+// come from three places of a step (qgroups8.inc's q6_values), Q5_K,
+// whose fifth bits come from a second load, and MXFP4, whose nibbles go
+// through a table shuffle each.
 //
 // A panel's 16 weight rows are first unpacked to u8 (once per panel,
 // however many activation rows then use it; qgroups_avx2.cpp's unpackers)
@@ -14,8 +15,8 @@
 //
 // maddubs multiplies u8 by s8 into i16 pairs, saturating, so k-groups share
 // an i16 sum only as far as the values allow (kRun), and one madd by the
-// group's scale (the i16 pair (s, s)) widens it to i32. Q6_K's offset 32
-// comes off through the activations' sums of 16 (the coefficients 32 s),
+// group's scale (the i16 pair (s, s); MXFP4: ones) widens it to i32.
+// Offsets (Q6_K's 32, MXFP4's 12) come off through the activations' sums,
 // exactly; Q5_K's mins in f32, scaled by dmin. Every i32 bound is
 // qtile_avx512vnni.cpp's.
 #include <immintrin.h>
