@@ -246,7 +246,7 @@ struct RowContext {
   // What the row's %peak is against: the f32 FMA peak, the bf16 pair-dot
   // one (bf16 weights and activations on the bf16 pair-dot tiles) or the
   // int8 dot one (block formats with int8 tiles on an AVX512-VNNI CPU).
-  enum class Peak { Fma, Bf16Dot, Int8Dot } peak_of;
+  enum class Peak { Fma, Bf16Dot, Int8Dot, Int8Maddubs } peak_of;
   double row_peak;                    // the GFLOP/s %peak is against (when not measured around the row)
   double expert_bytes, shared_bytes;  // a local expert's weights, the shared shard's
   int64_t shard;
@@ -283,6 +283,7 @@ bool measure_row(const RowContext& cx, ep_moe_layer_t* layer, int T, Row* out) {
     switch (cx.peak_of) {
       case RowContext::Peak::Bf16Dot: return bench::bf16_dot_peak_gflops(threads, peak_s);
       case RowContext::Peak::Int8Dot: return bench::int8_dot_peak_gops(threads, peak_s);
+      case RowContext::Peak::Int8Maddubs: return bench::int8_maddubs_peak_gops(threads, peak_s);
       case RowContext::Peak::Fma: break;
     }
     return bench::fma_peak_gflops(threads, peak_s, &unused);
@@ -347,9 +348,10 @@ bool measure_row(const RowContext& cx, ep_moe_layer_t* layer, int T, Row* out) {
   r.peak_before = peak_before;
   r.peak_after = peak_after;
   r.gflops_frac = r.gflops / r.row_peak;
-  r.peak_kind = cx.peak_of == RowContext::Peak::Bf16Dot   ? "bf16dot"
-                : cx.peak_of == RowContext::Peak::Int8Dot ? "int8dot"
-                                                          : "f32fma";
+  r.peak_kind = cx.peak_of == RowContext::Peak::Bf16Dot       ? "bf16dot"
+                : cx.peak_of == RowContext::Peak::Int8Dot     ? "int8dot"
+                : cx.peak_of == RowContext::Peak::Int8Maddubs ? "int8maddubs"
+                                                              : "f32fma";
   r.flops = flops;
   r.weight_bytes = mean_active * expert_bytes + shared_bytes;
   r.weight_gbs = r.weight_bytes / t / 1e9;
@@ -529,16 +531,19 @@ int main(int argc, char** argv) {
   const double peak = bench::fma_peak_gflops(threads, o.peak_time, &fma_isa);
   const double dot_peak = bench::bf16_dot_peak_gflops(threads, o.peak_time);
   const double int8_peak = bench::int8_dot_peak_gops(threads, o.peak_time);
+  const double maddubs_peak = bench::int8_maddubs_peak_gops(threads, o.peak_time);
   bench::ReadBandwidth bw_probe(threads, o.bw_mb);
   const double bw = bw_probe.measure(o.peak_time);
   if (dot_peak > 0) std::printf("bf16 dot-product peak (avx512bf16): %.1f GFLOP/s\n", dot_peak);
   if (int8_peak > 0) std::printf("int8 dot-product peak (avx512vnni): %.1f GOP/s\n", int8_peak);
+  if (maddubs_peak > 0) std::printf("int8 multiply peak (avx2 maddubs): %.1f GOP/s\n", maddubs_peak);
   std::printf("f32 FMA peak (%s): %.1f GFLOP/s   read bandwidth (%d MiB buffer): %.1f GB/s\n", fma_isa, peak, o.bw_mb,
               bw);
   std::printf(
       "%%peak is against rowPk: the bf16 dot-product peak for bf16 weights and activations on the bf16 "
       "kernels, the int8 dot-product peak for block-format weights on the AVX-512 "
-      "kernels of a VNNI CPU (their prefill int8 tiles), else the f32 FMA peak; for T > %d measured again just "
+      "kernels of a VNNI CPU, the maddubs peak for block-format weights on the other x86 kernels, "
+      "else the f32 FMA peak; for T > %d measured again just "
       "before and just after the row (the "
       "higher of the two), else the one above\n",
       kLocalBwTokens);
@@ -638,13 +643,17 @@ int main(int argc, char** argv) {
         // from column 0) is whole blocks, else in f32.
         const auto lw = static_cast<ep_moe_dtype_t>(lc.weight_dtype);
         const bool dot = isa == 3 && lw == EP_MOE_DTYPE_BF16 && act == EP_MOE_DTYPE_BF16 && dot_peak > 0;
-        // Every block format has int8 tiles (src/cpu/kernels.cpp, set_x86_block_kernels).
+        // Block formats run on int8 products (src/cpu/kernels.cpp,
+        // set_x86_block_kernels): vpdpbusd on the AVX-512 tables of a VNNI
+        // CPU, maddubs on the other x86 tables.
         int64_t block = 1, block_bytes = 0;
         if (ep_moe_dtype_block(&block, &block_bytes, lw) != EP_MOE_OK) block = 1;
-        const bool tiles = isa >= 2 && int8_peak > 0 && block > 1;
-        const RowContext::Peak peak_of = dot     ? RowContext::Peak::Bf16Dot
-                                         : tiles ? RowContext::Peak::Int8Dot
-                                                 : RowContext::Peak::Fma;
+        const bool vnni = isa >= 2 && int8_peak > 0 && block > 1;
+        const bool maddubs = !vnni && isa >= 1 && maddubs_peak > 0 && block > 1;
+        const RowContext::Peak peak_of = dot       ? RowContext::Peak::Bf16Dot
+                                         : vnni    ? RowContext::Peak::Int8Dot
+                                         : maddubs ? RowContext::Peak::Int8Maddubs
+                                                   : RowContext::Peak::Fma;
         const double shared_size = bytes_per_weight(lw) >= 2.0 || shard % block == 0 ? bytes_per_weight(lw) : 4.0;
         const RowContext cx{o,
                             m,
@@ -659,9 +668,10 @@ int main(int argc, char** argv) {
                             bw,
                             bw_probe,
                             peak_of,
-                            dot     ? dot_peak
-                            : tiles ? int8_peak
-                                    : peak,
+                            dot       ? dot_peak
+                            : vnni    ? int8_peak
+                            : maddubs ? maddubs_peak
+                                      : peak,
                             3.0 * m->hidden * m->intermediate * bytes_per_weight(lw),
                             3.0 * m->hidden * static_cast<double>(shard) * shared_size,
                             shard,
@@ -835,8 +845,9 @@ int main(int argc, char** argv) {
   if (!o.json.empty()) {
     std::vector<std::string> labels;
     for (size_t i = 0; i < o.dtypes.size(); ++i) labels.push_back(o.label(i));
-    const JsonMachine mach{cpu,      threads,   fma_isa, peak,
-                           dot_peak, int8_peak, bw,      layer_isa >= 0 && layer_isa <= 3 ? kIsaNames[layer_isa] : "?"};
+    const JsonMachine mach{cpu,          threads,  fma_isa,
+                           peak,         dot_peak, int8_peak,
+                           maddubs_peak, bw,       layer_isa >= 0 && layer_isa <= 3 ? kIsaNames[layer_isa] : "?"};
     if (!write_json(o.json, labels, mach, rows, ratios, dratios, drows)) {
       std::fprintf(stderr, "cannot write %s\n", o.json.c_str());
       return 1;

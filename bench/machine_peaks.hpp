@@ -24,6 +24,14 @@ double bf16_dot_peak_gflops(int threads, double seconds);
 // peak of the block-format int8 tiles (src/cpu/qtile_avx512vnni.cpp).
 double int8_dot_peak_gops(int threads, double seconds);
 
+// int8 multiply throughput of AVX2's vpmaddubsw (32 u8 x s8 products into
+// 16 i16 pair sums an instruction, each product counted as a multiply-add,
+// 2 ops), of `threads` threads, the best of 8 windows over about
+// `seconds`; 0 without AVX2. The peak of the block-format kernels of the
+// tables without AVX512_VNNI (src/cpu/qgroups8.inc, qtile_avx2.cpp: every
+// product goes through it; an AVX-VNNI CPU's vpdpbusd takes the same 32).
+double int8_maddubs_peak_gops(int threads, double seconds);
+
 // Read bandwidth of `threads` threads streaming a `megabytes` buffer with
 // vector loads, GB/s: the best of 8 windows of seconds / 8 each. The buffer
 // is allocated and touched once, so the bandwidth can be measured again next

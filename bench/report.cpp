@@ -125,10 +125,12 @@ bool write_json(const std::string& path, const std::vector<std::string>& labels,
   std::fprintf(f, "{\n  \"ep_moe_version\": \"%s\",\n  \"dtypes\": [%s],\n", ep_moe_version_string(), dts.c_str());
   std::fprintf(f,
                "  \"machine\": {\"cpu\": \"%s\", \"threads\": %d, \"fma_isa\": \"%s\", \"fma_peak_gflops\": %.3f, "
-               "\"bf16_dot_peak_gflops\": %.3f, \"int8_dot_peak_gops\": %.3f, \"read_bandwidth_gbs\": %.3f, "
+               "\"bf16_dot_peak_gflops\": %.3f, \"int8_dot_peak_gops\": %.3f, \"int8_maddubs_peak_gops\": %.3f, "
+               "\"read_bandwidth_gbs\": %.3f, "
                "\"layer_kernels\": \"%s\"},\n"
                "  \"results\": [\n",
-               m.cpu.c_str(), m.threads, m.fma_isa, m.fma_peak, m.dot_peak, m.int8_peak, m.bw, m.layer_kernels);
+               m.cpu.c_str(), m.threads, m.fma_isa, m.fma_peak, m.dot_peak, m.int8_peak, m.maddubs_peak, m.bw,
+               m.layer_kernels);
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     std::fprintf(f,

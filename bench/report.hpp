@@ -95,7 +95,7 @@ struct JsonMachine {
   std::string cpu;
   int threads;
   const char* fma_isa;
-  double fma_peak, dot_peak, int8_peak, bw;
+  double fma_peak, dot_peak, int8_peak, maddubs_peak, bw;
   const char* layer_kernels;
 };
 
