@@ -292,6 +292,10 @@ int main(int argc, char** argv) {
   const cpu::Kernels& generic = cpu::kernels_for(cpu::Isa::Generic);
   std::printf("threads %d, k %d, this CPU's best table: %s, its block kernels: %s\n", threads, k, cpu::isa_name(top),
               cpu::kernels_for(top).qname);
+  // The multiply's own rate, per thread, in the GMAC/s columns' unit.
+  const double vnni = bench::int8_dot_peak_gops(threads, 1.0), mdb = bench::int8_maddubs_peak_gops(threads, 1.0);
+  if (vnni > 0) std::printf("peak (avx512vnni vpdpbusd): %.1f GMAC/s a thread\n", vnni / 2 / threads);
+  if (mdb > 0) std::printf("peak (avx2 vpmaddubsw): %.1f GMAC/s a thread\n", mdb / 2 / threads);
   std::printf("%-8s %-8s %5s %11s %11s %9s %11s %9s %7s %11s %6s\n", "isa", "dtype", "rows", "cache Gw/s", "GMAC/s",
               "strm GB/s", "stream Gw/s", "read GB/s", "strm/rd", "tile GMAC/s", "t/c");
   // Every table this CPU runs, and beside the AVX2 table its 8-row
