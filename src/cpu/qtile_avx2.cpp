@@ -164,7 +164,6 @@ void tile_k(const void* const* a, int k, const uint8_t* up, float* c, int ldc, c
 // panel comes from L2 at the rate the tiles take it.)
 constexpr int kTileRows = 3;
 
-using TileFn = void (*)(const void* const*, int, const uint8_t*, float*, int, const Ahead&);
 template <int T>
 constexpr bool per256() {
   return T == EP_MOE_DTYPE_Q5_K || T == EP_MOE_DTYPE_Q6_K;
@@ -182,19 +181,9 @@ constexpr std::array<TileFn, sizeof...(I)> tile_table(std::integer_sequence<int,
 template <int T>
 void qtile(int m, const void* const* a, int k, const void* tiles, float* c, int ldc, const void* next) {
   static constexpr std::array<TileFn, kTileRows> kTiles = tile_table<T>(std::make_integer_sequence<int, kTileRows>{});
-  const auto* up = static_cast<const uint8_t*>(tiles);
-  // The next panel's lines, shared out over the register tiles.
-  const size_t lines = (C * quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k) + 63) / 64;
-  const int calls = (m + kTileRows - 1) / kTileRows;
-  Ahead ahead;
-  ahead.next = static_cast<const char*>(next);
-  ahead.blocks = k / quant_block_elems(static_cast<ep_moe_dtype_t>(T));
-  for (int i0 = 0, call = 0; i0 < m; i0 += kTileRows, ++call) {
-    const int mm = m - i0 < kTileRows ? m - i0 : kTileRows;
-    ahead.first = lines * static_cast<size_t>(call) / static_cast<size_t>(calls);
-    ahead.count = lines * static_cast<size_t>(call + 1) / static_cast<size_t>(calls) - ahead.first;
-    kTiles[static_cast<size_t>(mm - 1)](a + i0, k, up, c + static_cast<ptrdiff_t>(i0) * ldc, ldc, ahead);
-  }
+  constexpr auto t = static_cast<ep_moe_dtype_t>(T);
+  run_tiles<kTileRows>(kTiles.data(), m, a, k, tiles, c, ldc, next, C * quant_row_bytes(t, k),
+                       k / quant_block_elems(t));
 }
 
 }  // namespace

@@ -178,7 +178,6 @@ void tile_rows_of(const void* const* a, int k, const uint8_t* up, float* c, int 
   else tile_a<T, M>(a, k, up, c, ldc, ahead);
 }
 
-using TileFn = void (*)(const void* const*, int, const uint8_t*, float*, int, const Ahead&);
 template <int T, int... I>
 constexpr std::array<TileFn, sizeof...(I)> tile_table(std::integer_sequence<int, I...>) {
   return {tile_rows_of<T, I + 1>...};
@@ -188,19 +187,8 @@ template <int T>
 void qtile(int m, const void* const* a, int k, const void* tiles, float* c, int ldc, const void* next) {
   constexpr int R = tile_rows<T>();
   static constexpr std::array<TileFn, R> kTiles = tile_table<T>(std::make_integer_sequence<int, R>{});
-  const auto* up = static_cast<const uint8_t*>(tiles);
-  // The next panel's lines, shared out over the register tiles.
-  const size_t lines = (kCols * quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k) + 63) / 64;
-  const int calls = (m + R - 1) / R;
-  Ahead ahead;
-  ahead.next = static_cast<const char*>(next);
-  ahead.blocks = k / quant_block_elems(static_cast<ep_moe_dtype_t>(T));
-  for (int i0 = 0, call = 0; i0 < m; i0 += R, ++call) {
-    const int mm = m - i0 < R ? m - i0 : R;
-    ahead.first = lines * static_cast<size_t>(call) / static_cast<size_t>(calls);
-    ahead.count = lines * static_cast<size_t>(call + 1) / static_cast<size_t>(calls) - ahead.first;
-    kTiles[static_cast<size_t>(mm - 1)](a + i0, k, up, c + static_cast<ptrdiff_t>(i0) * ldc, ldc, ahead);
-  }
+  constexpr auto t = static_cast<ep_moe_dtype_t>(T);
+  run_tiles<R>(kTiles.data(), m, a, k, tiles, c, ldc, next, kCols * quant_row_bytes(t, k), k / quant_block_elems(t));
 }
 
 }  // namespace

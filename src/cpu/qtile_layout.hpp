@@ -73,6 +73,30 @@ struct Ahead {
     for (size_t l = l0; l < l1; ++l) _mm_prefetch(next + 64 * l, _MM_HINT_T1);
   }
 };
+
+// A register tile's rows through an unpacked panel: (a, k, the panel, c,
+// ldc, the next panel's prefetch).
+using TileFn = void (*)(const void* const*, int, const uint8_t*, float*, int, const Ahead&);
+
+// A QTileFn over register tiles of R rows (fns[mm - 1] takes mm): rows [0,
+// m) of a through the unpacked panel `tiles`, with the next block panel's
+// lines (next: panel_bytes of it, or null) shared out over the calls and
+// each call's share spread over its `blocks` block steps.
+template <int R>
+void run_tiles(const TileFn* fns, int m, const void* const* a, int k, const void* tiles, float* c, int ldc,
+               const void* next, size_t panel_bytes, int blocks) {
+  const size_t lines = (panel_bytes + 63) / 64;
+  const int calls = (m + R - 1) / R;
+  Ahead ahead;
+  ahead.next = static_cast<const char*>(next);
+  ahead.blocks = blocks;
+  for (int i0 = 0, call = 0; i0 < m; i0 += R, ++call) {
+    const int mm = m - i0 < R ? m - i0 : R;
+    ahead.first = lines * static_cast<size_t>(call) / static_cast<size_t>(calls);
+    ahead.count = lines * static_cast<size_t>(call + 1) / static_cast<size_t>(calls) - ahead.first;
+    fns[mm - 1](a + i0, k, static_cast<const uint8_t*>(tiles), c + static_cast<ptrdiff_t>(i0) * ldc, ldc, ahead);
+  }
+}
 }  // namespace
 
 }  // namespace cpu
