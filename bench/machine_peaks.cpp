@@ -99,7 +99,7 @@ __attribute__((target("avx2"))) double dot_maddubs(int64_t iters) {
   __m256i a[12];
   for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_epi16(static_cast<int16_t>(i));
   __m256i x = _mm256_set1_epi16(1), y = _mm256_set1_epi32(0x01ff01ff);  // y: (-1, 1, -1, 1)
-  asm("" : "+x"(x), "+x"(y));  // not constants to the compiler
+  asm("" : "+x"(x), "+x"(y));                                           // not constants to the compiler
   for (int64_t it = 0; it < iters; ++it)
 #pragma GCC unroll 12
     for (int i = 0; i < 12; ++i) a[i] = _mm256_add_epi16(_mm256_maddubs_epi16(a[i], y), x);
