@@ -41,15 +41,18 @@ void set_x86_block_kernels(Kernels& t, bool avx512) {
     else qgroups_avx2(t.qgemm);
     t.qname = avx_vnni ? "avx-vnni, 8 interleaved rows" : "avx2 maddubs, 8 interleaved rows";
     // The AVX2 table's maddubs tiles (panels of 16 rows), where its group
-    // kernels are maddubs too: measured only against those. They pass the
-    // group kernels at ~8 rows for Q6_K and ~12-16 for Q5_K.
+    // kernels are maddubs too: measured only against those. In cache they
+    // pass the group kernels at ~8 rows (Q6_K), ~12-16 (Q5_K) and ~16
+    // (MXFP4); an expert with that few rows in a layer streams its panels
+    // from memory, where unpacking them first gained nothing (the layer at
+    // 4 rows an expert ran as fast or faster with twice these thresholds).
     if (!avx512 && !avx_vnni) {
       t.qname = "avx2 maddubs, 8 interleaved rows, int8 tiles";
       qtiles_avx2(t.qtile);
       qunpack_avx2(t.qunpack);
-      t.qtile_rows[quant_index(EP_MOE_DTYPE_MXFP4)] = 16;
-      t.qtile_rows[quant_index(EP_MOE_DTYPE_Q5_K)] = 12;
-      t.qtile_rows[quant_index(EP_MOE_DTYPE_Q6_K)] = 8;
+      t.qtile_rows[quant_index(EP_MOE_DTYPE_MXFP4)] = 32;
+      t.qtile_rows[quant_index(EP_MOE_DTYPE_Q5_K)] = 24;
+      t.qtile_rows[quant_index(EP_MOE_DTYPE_Q6_K)] = 16;
     }
     return;
   }

@@ -198,13 +198,14 @@ void qgroups_avxvnni(QGemmFn* gemm);
 void qgroups8_vnni_evex(QGemmFn* gemm);
 void quantize_act_avx2(const float* x, int64_t k, ActQuant aq, void* out);
 // An x86 table's block-format entries: the AVX2 activation quantizer, and
-// qgemm from the 8-row kernels (through AVX-VNNI where the CPU has it), or
-// on the AVX-512 tables (avx512) where the CPU has AVX512_VNNI the 16-row
-// kernels and the int8 tiles. The
-// interleaved kernels run every row count at least as fast as widening
-// the panels to f32 for the f32 tiles would (no table widens). The tiles'
-// thresholds (qtile_rows) are where ep_moe_qkernel_bench's t/c column
-// passes 1 against the table's own block kernels (k 768 and 2048).
+// qgemm from the 8-row kernels (through AVX-VNNI where the CPU has it,
+// else with the AVX2 table's int8 tiles for some formats), or on the
+// AVX-512 tables (avx512) where the CPU has AVX512_VNNI the 16-row kernels
+// and the int8 tiles. The interleaved kernels run every row count at least
+// as fast as widening the panels to f32 for the f32 tiles would (no table
+// widens). The tiles' thresholds (qtile_rows) are where
+// ep_moe_qkernel_bench's t/c column passes 1 against the table's own block
+// kernels (k 768 and 2048); the AVX2 table's twice that (kernels.cpp).
 void set_x86_block_kernels(Kernels& t, bool avx512);
 // The int8 tiles (qtile_avx512vnni.cpp), by quant_index (their panels
 // unpacked by qgroups_avx512vnni's qunpack entries).
