@@ -43,9 +43,10 @@ void set_x86_block_kernels(Kernels& t, bool avx512) {
     // The AVX2 table's maddubs tiles (panels of 16 rows), where its group
     // kernels are maddubs too: measured only against those. In cache they
     // pass the group kernels at ~8 rows (Q6_K), ~12-16 (Q5_K) and ~16
-    // (MXFP4); an expert with that few rows in a layer streams its panels
-    // from memory, where unpacking them first gained nothing (the layer at
-    // 4 rows an expert ran as fast or faster with twice these thresholds).
+    // (MXFP4); in a layer, an expert with that few rows spends most of its
+    // time streaming its panels from memory, which unpacking them first
+    // does not shorten (the layer at 4 rows an expert ran as fast or
+    // faster with twice these thresholds).
     if (!avx512 && !avx_vnni) {
       t.qname = "avx2 maddubs, 8 interleaved rows, int8 tiles";
       qtiles_avx2(t.qtile);
