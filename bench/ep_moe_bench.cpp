@@ -233,20 +233,37 @@ bool alternate_dtypes(const Options& o, const presets::Model& m, const std::stri
   return true;
 }
 
-// What one row of the table measures needs: the run's options, peaks and
-// bandwidth probe, and the layer's preset, strategy and dtypes.
+// What a row's %peak is against: the f32 FMA peak, the bf16 pair-dot one
+// (bf16 weights and activations on the bf16 pair-dot tiles), or the int8
+// one of the block formats' multiply (vpdpbusd on the AVX-512 tables of a
+// VNNI CPU, vpmaddubsw on the other x86 tables).
+enum class PeakKind { Fma, Bf16Dot, Int8Dot, Int8Maddubs };
+constexpr int kPeakKinds = 4;
+const char* const kPeakKindNames[kPeakKinds] = {"f32fma", "bf16dot", "int8dot", "int8maddubs"};
+
+// The peak of `kind` on `threads` threads, over about `seconds` (GFLOP/s or
+// GOP/s; 0 where the CPU lacks the instruction); the FMA's ISA into *isa.
+double measure_peak(PeakKind kind, int threads, double seconds, const char** isa) {
+  switch (kind) {
+    case PeakKind::Bf16Dot: return bench::bf16_dot_peak_gflops(threads, seconds);
+    case PeakKind::Int8Dot: return bench::int8_dot_peak_gops(threads, seconds);
+    case PeakKind::Int8Maddubs: return bench::int8_maddubs_peak_gops(threads, seconds);
+    case PeakKind::Fma: break;
+  }
+  return bench::fma_peak_gflops(threads, seconds, isa);
+}
+
+// What one row of the table measures needs: the run's options, bandwidth
+// and probe, and the layer's preset, strategy and dtypes.
 struct RowContext {
   const Options& o;
   const presets::Model* m;
   std::string name;
   int ep, threads, strategy;
   ep_moe_dtype_t wdt, act;
-  double peak, dot_peak, bw;
+  double bw;
   bench::ReadBandwidth& bw_probe;
-  // What the row's %peak is against: the f32 FMA peak, the bf16 pair-dot
-  // one (bf16 weights and activations on the bf16 pair-dot tiles) or the
-  // int8 dot one (block formats with int8 tiles on an AVX512-VNNI CPU).
-  enum class Peak { Fma, Bf16Dot, Int8Dot, Int8Maddubs } peak_of;
+  PeakKind peak_of;
   double row_peak;                    // the GFLOP/s %peak is against (when not measured around the row)
   double expert_bytes, shared_bytes;  // a local expert's weights, the shared shard's
   int64_t shard;
@@ -278,17 +295,11 @@ bool measure_row(const RowContext& cx, ep_moe_layer_t* layer, int T, Row* out) {
   // Compute rows: the peak of this moment, as row_bw is for streaming ones.
   const bool local_peak = T > kLocalBwTokens && o.min_time > 0;
   const double peak_s = std::min(o.peak_time, kLocalPeakSeconds);
-  const auto measure_peak = [&] {
+  const auto row_peak_now = [&] {
     const char* unused = nullptr;
-    switch (cx.peak_of) {
-      case RowContext::Peak::Bf16Dot: return bench::bf16_dot_peak_gflops(threads, peak_s);
-      case RowContext::Peak::Int8Dot: return bench::int8_dot_peak_gops(threads, peak_s);
-      case RowContext::Peak::Int8Maddubs: return bench::int8_maddubs_peak_gops(threads, peak_s);
-      case RowContext::Peak::Fma: break;
-    }
-    return bench::fma_peak_gflops(threads, peak_s, &unused);
+    return measure_peak(cx.peak_of, threads, peak_s, &unused);
   };
-  const double peak_before = local_peak ? measure_peak() : 0.0;
+  const double peak_before = local_peak ? row_peak_now() : 0.0;
   bool steady = true;
   int attempt = 0;
   while (attempt < kRowAttempts) {
@@ -320,7 +331,7 @@ bool measure_row(const RowContext& cx, ep_moe_layer_t* layer, int T, Row* out) {
     steady = std::fabs(bw_before - bw_after) <= kBwJump * row_bw;
     if (steady || !bw_retry) break;
   }
-  const double peak_after = local_peak ? measure_peak() : 0.0;
+  const double peak_after = local_peak ? row_peak_now() : 0.0;
   // Work varies a little between batches: use mean work over mean time.
   double t = 0;
   for (double x : times) t += x;
@@ -348,10 +359,7 @@ bool measure_row(const RowContext& cx, ep_moe_layer_t* layer, int T, Row* out) {
   r.peak_before = peak_before;
   r.peak_after = peak_after;
   r.gflops_frac = r.gflops / r.row_peak;
-  r.peak_kind = cx.peak_of == RowContext::Peak::Bf16Dot       ? "bf16dot"
-                : cx.peak_of == RowContext::Peak::Int8Dot     ? "int8dot"
-                : cx.peak_of == RowContext::Peak::Int8Maddubs ? "int8maddubs"
-                                                              : "f32fma";
+  r.peak_kind = kPeakKindNames[static_cast<int>(cx.peak_of)];
   r.flops = flops;
   r.weight_bytes = mean_active * expert_bytes + shared_bytes;
   r.weight_gbs = r.weight_bytes / t / 1e9;
@@ -528,10 +536,12 @@ int main(int argc, char** argv) {
   const char* fma_isa = "";
   const std::string cpu = bench::cpu_description();
   std::printf("CPU: %s\nmeasuring this machine's peaks with %d thread(s)...\n", cpu.c_str(), threads);
-  const double peak = bench::fma_peak_gflops(threads, o.peak_time, &fma_isa);
-  const double dot_peak = bench::bf16_dot_peak_gflops(threads, o.peak_time);
-  const double int8_peak = bench::int8_dot_peak_gops(threads, o.peak_time);
-  const double maddubs_peak = bench::int8_maddubs_peak_gops(threads, o.peak_time);
+  double peaks[kPeakKinds];  // by PeakKind
+  for (int i = 0; i < kPeakKinds; ++i)
+    peaks[i] = measure_peak(static_cast<PeakKind>(i), threads, o.peak_time, &fma_isa);
+  const double peak = peaks[static_cast<int>(PeakKind::Fma)], dot_peak = peaks[static_cast<int>(PeakKind::Bf16Dot)];
+  const double int8_peak = peaks[static_cast<int>(PeakKind::Int8Dot)];
+  const double maddubs_peak = peaks[static_cast<int>(PeakKind::Int8Maddubs)];
   bench::ReadBandwidth bw_probe(threads, o.bw_mb);
   const double bw = bw_probe.measure(o.peak_time);
   if (dot_peak > 0) std::printf("bf16 dot-product peak (avx512bf16): %.1f GFLOP/s\n", dot_peak);
@@ -650,10 +660,10 @@ int main(int argc, char** argv) {
         if (ep_moe_dtype_block(&block, &block_bytes, lw) != EP_MOE_OK) block = 1;
         const bool vnni = isa >= 2 && int8_peak > 0 && block > 1;
         const bool maddubs = !vnni && isa >= 1 && maddubs_peak > 0 && block > 1;
-        const RowContext::Peak peak_of = dot       ? RowContext::Peak::Bf16Dot
-                                         : vnni    ? RowContext::Peak::Int8Dot
-                                         : maddubs ? RowContext::Peak::Int8Maddubs
-                                                   : RowContext::Peak::Fma;
+        const PeakKind peak_of = dot       ? PeakKind::Bf16Dot
+                                 : vnni    ? PeakKind::Int8Dot
+                                 : maddubs ? PeakKind::Int8Maddubs
+                                           : PeakKind::Fma;
         const double shared_size = bytes_per_weight(lw) >= 2.0 || shard % block == 0 ? bytes_per_weight(lw) : 4.0;
         const RowContext cx{o,
                             m,
@@ -663,15 +673,10 @@ int main(int argc, char** argv) {
                             strategy,
                             lw,
                             act,
-                            peak,
-                            dot_peak,
                             bw,
                             bw_probe,
                             peak_of,
-                            dot       ? dot_peak
-                            : vnni    ? int8_peak
-                            : maddubs ? maddubs_peak
-                                      : peak,
+                            peaks[static_cast<int>(peak_of)],
                             3.0 * m->hidden * m->intermediate * bytes_per_weight(lw),
                             3.0 * m->hidden * static_cast<double>(shard) * shared_size,
                             shard,

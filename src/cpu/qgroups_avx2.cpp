@@ -31,6 +31,7 @@ struct Maddubs {
 // A panel of two 8-row groups into the tiles' layout: group h's rows are
 // columns 8 h .. 8 h + 7, the second half of each 64-byte piece.
 constexpr int kTileCols = 2 * R;
+inline void put(uint8_t* at, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), v); }
 
 // Q5_K: the values (u8, 0 .. 31, the fifth bits joined), each group's
 // scale as the i16 pair (s, s), the mins as i16 pairs (the coefficients),
@@ -41,7 +42,6 @@ void unpack_q5k(const void* panel, int k, void* out) {
   auto* o = static_cast<uint8_t*>(out);
   const size_t rb = quant_row_bytes(EP_MOE_DTYPE_Q5_K, k);
   const __m256i m4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
-  const auto put = [](uint8_t* at, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), v); };
   for (int b = 0; b < k / 256; ++b, o += L::kBlock)
     for (int h = 0; h < 2; ++h) {
       const uint8_t* g = p + static_cast<size_t>(h) * R * rb + static_cast<size_t>(b) * GP::kQ5kBlock;
@@ -75,7 +75,6 @@ void unpack_mxfp4(const void* panel, int k, void* out) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i table = _mm256_broadcastsi128_si256(
       _mm_add_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4Values)), _mm_set1_epi8(12)));
-  const auto put = [](uint8_t* at, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), v); };
   for (int b = 0; b < k / 32; ++b, o += kBlock)
     for (int h = 0; h < 2; ++h) {
       const uint8_t* g = p + static_cast<size_t>(h) * R * rb + static_cast<size_t>(b) * gb;
@@ -97,7 +96,6 @@ void unpack_q6k(const void* panel, int k, void* out) {
   const auto* p = static_cast<const uint8_t*>(panel);
   auto* o = static_cast<uint8_t*>(out);
   const size_t rb = quant_row_bytes(EP_MOE_DTYPE_Q6_K, k);
-  const auto put = [](uint8_t* at, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), v); };
   for (int b = 0; b < k / 256; ++b, o += L::kBlock)
     for (int h = 0; h < 2; ++h) {
       const uint8_t* g = p + static_cast<size_t>(h) * R * rb + static_cast<size_t>(b) * GP::kQ6kBlock;
