@@ -181,21 +181,17 @@ void per_byte(const std::vector<Row>& rows, DtypeRatio* q) {
   q->stream = q->expert * q->bytes;
 }
 
-// Rounds of a block of forwards of the baseline layer and of another dtype's,
-// in turn (who goes first alternates), T tokens: the median and range of
-// the rounds' ratios of mean expert time, and of forward time. False: a
-// forward failed.
-bool alternate_dtypes(const Options& o, const presets::Model& m, const std::string& name, int T, ep_moe_layer_t* base,
-                      ep_moe_layer_t* other, size_t base_i, size_t other_i, DtypeRatio* q) {
-  const ep_moe_dtype_t base_dt = o.dtypes[base_i], other_dt = o.dtypes[other_i];
-  q->preset = name;
-  q->tokens = T;
-  q->base = o.label(base_i);
-  q->dtype = o.label(other_i);
-  if (!base || !other) return true;
-  Feed fb(m, T, o.act_of(base_dt)), fo(m, T, o.act_of(other_dt));
-  ep_moe_layer_t* layers[2] = {base, other};
-  Feed* feeds[2] = {&fb, &fo};
+// Rounds (o.ratio_rounds) of a block of forwards of layers[0] and of
+// layers[1] in turn, at least o.min_time / 4 each, who goes first
+// alternating; each layer cycles its feed's batches from where it left off
+// (the two may share one feed). Per round, the ratio of layers[num]'s mean
+// expert (and forward) time to the other's: the same moments for both, so
+// the machine's drift cancels. A round in which the other layer had no
+// local pair (a large EP at a few tokens) has no ratio and is left out.
+// False: a forward failed.
+bool alternate(const Options& o, ep_moe_layer_t* const (&layers)[2], Feed* const (&feeds)[2], int num,
+               bench_report::Alternated* q) {
+  const int den = 1 - num;
   int it[2] = {0, 0};
   double wall = 0;
   int64_t ens = 0;
@@ -205,23 +201,26 @@ bool alternate_dtypes(const Options& o, const presets::Model& m, const std::stri
   std::vector<double> er, fr;
   for (int round = 0; round < o.ratio_rounds; ++round) {
     double mean_e[2] = {0, 0}, mean_f[2] = {0, 0};
+    int64_t pairs[2] = {0, 0};
     for (int ph = 0; ph < 2; ++ph) {
       const int s = (ph + round) % 2;
       double e_sum = 0, f_sum = 0;
       int n = 0;
       const auto start = Clock::now();
       do {
-        if (!forward_batch(layers[s], feeds[s]->a, feeds[s]->batches, it[s]++, &wall, &ens)) return false;
+        int64_t np = 0;
+        if (!forward_batch(layers[s], feeds[s]->a, feeds[s]->batches, it[s]++, &wall, &ens, &np)) return false;
         e_sum += static_cast<double>(ens);
         f_sum += wall;
+        pairs[s] += np;
         ++n;
       } while (std::chrono::duration<double>(Clock::now() - start).count() < block_s);
       mean_e[s] = e_sum / n;
       mean_f[s] = f_sum / n;
     }
-    if (mean_e[1] <= 0 || mean_f[1] <= 0) continue;
-    er.push_back(mean_e[0] / mean_e[1]);
-    fr.push_back(mean_f[0] / mean_f[1]);
+    if (pairs[den] == 0 || mean_e[den] <= 0 || mean_f[den] <= 0) continue;
+    er.push_back(mean_e[num] / mean_e[den]);
+    fr.push_back(mean_f[num] / mean_f[den]);
   }
   q->rounds = static_cast<int>(er.size());
   if (!er.empty()) {
@@ -233,6 +232,21 @@ bool alternate_dtypes(const Options& o, const presets::Model& m, const std::stri
   return true;
 }
 
+// The baseline layer (dtype base_i) against another dtype's, alternated at
+// T tokens: the ratios of the baseline's times to the other's. False: a
+// forward failed.
+bool alternate_dtypes(const Options& o, const presets::Model& m, const std::string& name, int T, ep_moe_layer_t* base,
+                      ep_moe_layer_t* other, size_t base_i, size_t other_i, DtypeRatio* q) {
+  q->preset = name;
+  q->tokens = T;
+  q->base = o.label(base_i);
+  q->dtype = o.label(other_i);
+  if (!base || !other) return true;
+  Feed fb(m, T, o.act_of(o.dtypes[base_i])), fo(m, T, o.act_of(o.dtypes[other_i]));
+  ep_moe_layer_t* const layers[2] = {base, other};
+  Feed* const feeds[2] = {&fb, &fo};
+  return alternate(o, layers, feeds, 0, q);
+}
 // What a row's %peak is against: the f32 FMA peak, the bf16 pair-dot one
 // (bf16 weights and activations on the bf16 pair-dot tiles), or the int8
 // one of the block formats' multiply (vpdpbusd on the AVX-512 tables of a
@@ -478,8 +492,6 @@ int parse_options(int argc, char** argv, Options* op) {
   return rc;
 }
 
-}  // namespace
-
 // The weight dtypes against the first, row by row (skip strategy) and
 // alternated, in this run.
 void print_dtype_ratios(const Options& o, const std::vector<Row>& rows, const std::vector<DtypeRatio>& dratios) {
@@ -509,46 +521,32 @@ void print_dtype_ratios(const Options& o, const std::vector<Row>& rows, const st
   }
 }
 
-int main(int argc, char** argv) {
-  Options o;
-  if (const int rc = parse_options(argc, argv, &o); rc != cli::Parser::kRun) return rc;
-  const char* env_engine = std::getenv("EP_MOE_MATRIX_ENGINE");
-  const std::string env_engine_value = env_engine ? env_engine : "";
-  // EP_MOE_MATRIX_ENGINE for variant i's layers (its setting, else as the
-  // environment had it).
-  const auto set_engine_env = [&](size_t i) {
-    const std::string e = i < o.engines.size() ? o.engines[i] : "";
-    if (e == "auto" || (e.empty() && !env_engine)) unsetenv("EP_MOE_MATRIX_ENGINE");
-    else setenv("EP_MOE_MATRIX_ENGINE", e.empty() ? env_engine_value.c_str() : e.c_str(), 1);
-  };
-  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  presets::CheckpointLayer ckl;
-  if (!o.checkpoint.empty()) {
-    const std::string err = presets::open_checkpoint_layer(o.checkpoint, o.layer, &ckl);
-    if (!err.empty()) {
-      std::fprintf(stderr, "--checkpoint: %s\n", err.c_str());
-      return 1;
-    }
-    o.presets = {"checkpoint"};
-    o.dispatch_ranks = -1;
-  }
-
+// This machine's peaks (by PeakKind) and read bandwidth, measured at the
+// start of the run.
+struct Machine {
+  std::string cpu;
+  int threads = 0;
   const char* fma_isa = "";
-  const std::string cpu = bench::cpu_description();
-  std::printf("CPU: %s\nmeasuring this machine's peaks with %d thread(s)...\n", cpu.c_str(), threads);
-  double peaks[kPeakKinds];  // by PeakKind
+  double peaks[kPeakKinds] = {};
+  double bw = 0;
+  double peak(PeakKind k) const { return peaks[static_cast<int>(k)]; }
+};
+
+// Measures them (the bandwidth with `probe`) and prints them, with what
+// the table's %peak, %bw and bound are against.
+void measure_machine(const Options& o, bench::ReadBandwidth& probe, Machine* mc) {
+  std::printf("CPU: %s\nmeasuring this machine's peaks with %d thread(s)...\n", mc->cpu.c_str(), mc->threads);
   for (int i = 0; i < kPeakKinds; ++i)
-    peaks[i] = measure_peak(static_cast<PeakKind>(i), threads, o.peak_time, &fma_isa);
-  const double peak = peaks[static_cast<int>(PeakKind::Fma)], dot_peak = peaks[static_cast<int>(PeakKind::Bf16Dot)];
-  const double int8_peak = peaks[static_cast<int>(PeakKind::Int8Dot)];
-  const double maddubs_peak = peaks[static_cast<int>(PeakKind::Int8Maddubs)];
-  bench::ReadBandwidth bw_probe(threads, o.bw_mb);
-  const double bw = bw_probe.measure(o.peak_time);
-  if (dot_peak > 0) std::printf("bf16 dot-product peak (avx512bf16): %.1f GFLOP/s\n", dot_peak);
-  if (int8_peak > 0) std::printf("int8 dot-product peak (avx512vnni): %.1f GOP/s\n", int8_peak);
-  if (maddubs_peak > 0) std::printf("int8 multiply peak (avx2 maddubs): %.1f GOP/s\n", maddubs_peak);
-  std::printf("f32 FMA peak (%s): %.1f GFLOP/s   read bandwidth (%d MiB buffer): %.1f GB/s\n", fma_isa, peak, o.bw_mb,
-              bw);
+    mc->peaks[i] = measure_peak(static_cast<PeakKind>(i), mc->threads, o.peak_time, &mc->fma_isa);
+  mc->bw = probe.measure(o.peak_time);
+  if (const double p = mc->peak(PeakKind::Bf16Dot); p > 0)
+    std::printf("bf16 dot-product peak (avx512bf16): %.1f GFLOP/s\n", p);
+  if (const double p = mc->peak(PeakKind::Int8Dot); p > 0)
+    std::printf("int8 dot-product peak (avx512vnni): %.1f GOP/s\n", p);
+  if (const double p = mc->peak(PeakKind::Int8Maddubs); p > 0)
+    std::printf("int8 multiply peak (avx2 maddubs): %.1f GOP/s\n", p);
+  std::printf("f32 FMA peak (%s): %.1f GFLOP/s   read bandwidth (%d MiB buffer): %.1f GB/s\n", mc->fma_isa,
+              mc->peak(PeakKind::Fma), o.bw_mb, mc->bw);
   std::printf(
       "%%peak is against rowPk: the bf16 dot-product peak for bf16 weights and activations on the bf16 "
       "kernels, the int8 dot-product peak for block-format weights on the AVX-512 "
@@ -565,9 +563,16 @@ int main(int argc, char** argv) {
   std::printf(
       "bound names what binds the row by the roofline, the larger of %%peak and %%bw: bw (the read bandwidth) "
       "or pk (the peak)\n");
-  // The kernels every layer of this process takes (on AVX512_BF16 the
-  // pair-dot tiles are timed against widening at the first layer's creation).
-  int64_t layer_isa = -1;
+}
+
+const char* const kIsaNames[] = {"generic", "avx2", "avx512", "avx512bf16"};
+const char* isa_label(int64_t isa) { return isa >= 0 && isa <= 3 ? kIsaNames[isa] : "?"; }
+
+// The CPU kernels every layer of this process takes, as a small layer
+// reports them (-1: none could be made); printed. On AVX512_BF16 the
+// pair-dot tiles are timed against widening at the first layer's creation.
+int64_t layer_kernels(const Options& o, const Machine& mc) {
+  int64_t isa = -1;
   if (ep_moe_expert_map_t* map = presets::linear_map(1, 0, 2)) {
     ep_moe_layer_config_t lc;
     ep_moe_layer_config_init(&lc);
@@ -578,214 +583,168 @@ int main(int argc, char** argv) {
     lc.num_threads = 1;
     ep_moe_layer_t* probe = nullptr;
     if (ep_moe_layer_create(&probe, &lc, map, nullptr, nullptr) == EP_MOE_OK)
-      ep_moe_layer_get_attr(&layer_isa, probe, EP_MOE_LAYER_ATTR_CPU_ISA);
+      ep_moe_layer_get_attr(&isa, probe, EP_MOE_LAYER_ATTR_CPU_ISA);
     ep_moe_layer_destroy(probe);
     ep_moe_expert_map_destroy(map);
   }
-  static const char* const kIsaNames[] = {"generic", "avx2", "avx512", "avx512bf16"};
   const bool isa_named = std::getenv("EP_MOE_CPU_ISA") != nullptr;
-  std::printf("layer kernels: %s%s\n\n", layer_isa >= 0 && layer_isa <= 3 ? kIsaNames[layer_isa] : "?",
+  std::printf("layer kernels: %s%s\n\n", isa_label(isa),
               isa_named ? " (named by EP_MOE_CPU_ISA)"
-              : layer_isa == 2 && dot_peak > 0
+              : isa == 2 && mc.peak(PeakKind::Bf16Dot) > 0
                   ? " (this CPU's bf16 pair dot products timed slower than widening bf16 to f32 FMAs: bf16 rows are "
                     "held to the FMA peak)"
                   : "");
-  std::printf("%-14s %-*s %4s %6s %-7s %9s %9s %11s %9s %6s %7s %9s %6s %6s %6s %7s %6s\n", "preset", o.label_width(),
-              "dtype", "ep", "tokens", "strat", "ms", "expert_ms", "tokens/s", "GFLOP/s", "%peak", "rowPk", "wGB/s",
-              "rowBW", "%bw", "bound", "pairs", "active");
+  return isa;
+}
 
+// EP_MOE_MATRIX_ENGINE as the environment had it at the start, and as each
+// variant's layers are made.
+struct EngineEnv {
+  bool set = std::getenv("EP_MOE_MATRIX_ENGINE") != nullptr;
+  std::string value = set ? std::getenv("EP_MOE_MATRIX_ENGINE") : "";
+  // Variant i's setting (--engine), else the environment's.
+  void apply(const Options& o, size_t i) const {
+    const std::string e = i < o.engines.size() ? o.engines[i] : "";
+    if (e == "auto" || (e.empty() && !set)) unsetenv("EP_MOE_MATRIX_ENGINE");
+    else setenv("EP_MOE_MATRIX_ENGINE", e.empty() ? value.c_str() : e.c_str(), 1);
+  }
+};
+
+// What the runs of one preset share.
+struct Run {
+  const Options& o;
+  const Machine& mc;
+  bench::ReadBandwidth& probe;
+  const presets::CheckpointLayer& ckl;
+  const EngineEnv& engine;
+  int max_tokens;
+};
+
+// A layer of model m on rank 0 of EP ep, its weights loaded: random ones
+// in wdt, or the checkpoint's; its weight dtype into *lw. Null: it failed
+// (printed).
+ep_moe_layer_t* make_layer(const Run& run, const presets::Model& m, int ep, int strategy, ep_moe_dtype_t wdt,
+                           ep_moe_dtype_t act, ep_moe_dtype_t* lw) {
+  ep_moe_expert_map_t* map = presets::linear_map(ep, 0, m.experts);
+  if (!map) {
+    std::fprintf(stderr, "map: %s\n", ep_moe_last_error());
+    return nullptr;
+  }
+  ep_moe_layer_config_t lc = presets::layer_config(m, m.shared_intermediate, wdt, act, run.max_tokens, run.mc.threads);
+  if (run.ckl.ck) {  // the file's semantics and weight dtype; the activations' dtype of the options
+    lc = run.ckl.config;
+    lc.act_dtype = act;
+    lc.max_tokens = run.max_tokens;
+    lc.num_threads = run.mc.threads;
+  }
+  lc.skip_mode = strategy;
+  *lw = static_cast<ep_moe_dtype_t>(lc.weight_dtype);
+  ep_moe_layer_t* layer = nullptr;
+  if (ep_moe_layer_create(&layer, &lc, map, nullptr, nullptr) != EP_MOE_OK) {
+    std::fprintf(stderr, "layer: %s\n", ep_moe_last_error());
+    ep_moe_expert_map_destroy(map);
+    return nullptr;
+  }
+  std::string err;
+  if (!run.ckl.ck) err = presets::load_random_weights(layer, map, m, m.shared_intermediate, 1);
+  else if (ep_moe_layer_load(layer, run.ckl.ck, run.ckl.layer) != EP_MOE_OK) err = ep_moe_layer_last_error(layer);
+  ep_moe_expert_map_destroy(map);
+  if (!err.empty()) {
+    std::fprintf(stderr, "weights: %s\n", err.c_str());
+    ep_moe_layer_destroy(layer);
+    return nullptr;
+  }
+  return layer;
+}
+
+// What measure_row needs of `layer` (variant di of preset `name`, its
+// weights in lw).
+RowContext row_context(const Run& run, const presets::Model* m, const std::string& name, int ep, int strategy,
+                       ep_moe_layer_t* layer, ep_moe_dtype_t lw, size_t di) {
+  const Options& o = run.o;
+  const Machine& mc = run.mc;
+  const ep_moe_dtype_t act = o.act_of(o.dtypes[di]);
+  int64_t shard = 0, isa = 0;
+  ep_moe_layer_get_attr(&isa, layer, EP_MOE_LAYER_ATTR_CPU_ISA);
+  ep_moe_layer_get_attr(&shard, layer, EP_MOE_LAYER_ATTR_SHARED_SHARD_SIZE);
+  // The bf16 kernels run bf16 weights with bf16 activations on pair dot
+  // products: their peak is the dot-product peak. A block format's shared
+  // expert is held in it where this rank's shard (rank 0's, from column 0)
+  // is whole blocks, else in f32.
+  const bool dot = isa == 3 && lw == EP_MOE_DTYPE_BF16 && act == EP_MOE_DTYPE_BF16 && mc.peak(PeakKind::Bf16Dot) > 0;
+  // Block formats run on int8 products (src/cpu/kernels.cpp,
+  // set_x86_block_kernels): vpdpbusd on the AVX-512 tables of a VNNI CPU,
+  // maddubs on the other x86 tables.
+  int64_t block = 1, block_bytes = 0;
+  if (ep_moe_dtype_block(&block, &block_bytes, lw) != EP_MOE_OK) block = 1;
+  const bool vnni = isa >= 2 && mc.peak(PeakKind::Int8Dot) > 0 && block > 1;
+  const bool maddubs = !vnni && isa >= 1 && mc.peak(PeakKind::Int8Maddubs) > 0 && block > 1;
+  const PeakKind peak_of = dot       ? PeakKind::Bf16Dot
+                           : vnni    ? PeakKind::Int8Dot
+                           : maddubs ? PeakKind::Int8Maddubs
+                                     : PeakKind::Fma;
+  const double shared_size = bytes_per_weight(lw) >= 2.0 || shard % block == 0 ? bytes_per_weight(lw) : 4.0;
+  return RowContext{o,
+                    m,
+                    name,
+                    ep,
+                    mc.threads,
+                    strategy,
+                    lw,
+                    act,
+                    mc.bw,
+                    run.probe,
+                    peak_of,
+                    mc.peak(peak_of),
+                    3.0 * m->hidden * m->intermediate * bytes_per_weight(lw),
+                    3.0 * m->hidden * static_cast<double>(shard) * shared_size,
+                    shard,
+                    o.label(di)};
+}
+
+// The results of the run, in the order they are printed.
+struct Results {
   std::vector<Row> rows;
   std::vector<RatioRow> ratios;
-  int max_tokens = *std::max_element(o.tokens.begin(), o.tokens.end());
   std::vector<DtypeRatio> dratios;
-  for (const auto& name : o.presets) {
-    // Each dtype's skip layer, kept for the alternated comparison of dtypes.
-    std::vector<ep_moe_layer_t*> skip_layers(o.dtypes.size(), nullptr);
-    const presets::Model* model = nullptr;
-    for (size_t di = 0; di < o.dtypes.size(); ++di) {
-      const ep_moe_dtype_t wdt = o.dtypes[di];
-      const ep_moe_dtype_t act = o.act_of(wdt);
-      set_engine_env(di);
-      const presets::Model* m = ckl.ck ? &ckl.model : presets::find(name);
-      if (!m) {
-        std::fprintf(stderr, "unknown preset %s\n", name.c_str());
-        return 2;
-      }
-      const int ep = o.ep > 0 ? o.ep : m->default_ep;
-      const int shared = m->shared_intermediate;
-      // The preset's layers by strategy (skip, weight-0), kept for the
-      // alternated comparison below and destroyed after it.
-      ep_moe_layer_t* by[2] = {nullptr, nullptr};
-      for (int strategy : o.strategies) {
-        if (strategy == EP_MOE_SKIP_WEIGHT_ZERO && ep == 1) continue;  // nothing is non-local
-        ep_moe_expert_map_t* map = presets::linear_map(ep, 0, m->experts);
-        if (!map) {
-          std::fprintf(stderr, "map: %s\n", ep_moe_last_error());
-          return 1;
-        }
-        ep_moe_layer_config_t lc = presets::layer_config(*m, shared, wdt, act, max_tokens, threads);
-        if (ckl.ck) {  // the file's semantics and weight dtype; the activations' dtype of the options
-          lc = ckl.config;
-          lc.act_dtype = act;
-          lc.max_tokens = max_tokens;
-          lc.num_threads = threads;
-        }
-        lc.skip_mode = strategy;
-        ep_moe_layer_t* layer = nullptr;
-        if (ep_moe_layer_create(&layer, &lc, map, nullptr, nullptr) != EP_MOE_OK) {
-          std::fprintf(stderr, "layer: %s\n", ep_moe_last_error());
-          return 1;
-        }
-        std::string err;
-        if (!ckl.ck) err = presets::load_random_weights(layer, map, *m, shared, 1);
-        else if (ep_moe_layer_load(layer, ckl.ck, ckl.layer) != EP_MOE_OK) err = ep_moe_layer_last_error(layer);
-        ep_moe_expert_map_destroy(map);
-        if (!err.empty()) {
-          std::fprintf(stderr, "weights: %s\n", err.c_str());
-          return 1;
-        }
-        int64_t shard = 0, isa = 0;
-        ep_moe_layer_get_attr(&isa, layer, EP_MOE_LAYER_ATTR_CPU_ISA);
-        ep_moe_layer_get_attr(&shard, layer, EP_MOE_LAYER_ATTR_SHARED_SHARD_SIZE);
-        // The bf16 kernels run bf16 weights with bf16 activations on pair dot
-        // products: their peak is the dot-product peak. A block format's
-        // shared expert is held in it where this rank's shard (rank 0's,
-        // from column 0) is whole blocks, else in f32.
-        const auto lw = static_cast<ep_moe_dtype_t>(lc.weight_dtype);
-        const bool dot = isa == 3 && lw == EP_MOE_DTYPE_BF16 && act == EP_MOE_DTYPE_BF16 && dot_peak > 0;
-        // Block formats run on int8 products (src/cpu/kernels.cpp,
-        // set_x86_block_kernels): vpdpbusd on the AVX-512 tables of a VNNI
-        // CPU, maddubs on the other x86 tables.
-        int64_t block = 1, block_bytes = 0;
-        if (ep_moe_dtype_block(&block, &block_bytes, lw) != EP_MOE_OK) block = 1;
-        const bool vnni = isa >= 2 && int8_peak > 0 && block > 1;
-        const bool maddubs = !vnni && isa >= 1 && maddubs_peak > 0 && block > 1;
-        const PeakKind peak_of = dot       ? PeakKind::Bf16Dot
-                                 : vnni    ? PeakKind::Int8Dot
-                                 : maddubs ? PeakKind::Int8Maddubs
-                                           : PeakKind::Fma;
-        const double shared_size = bytes_per_weight(lw) >= 2.0 || shard % block == 0 ? bytes_per_weight(lw) : 4.0;
-        const RowContext cx{o,
-                            m,
-                            name,
-                            ep,
-                            threads,
-                            strategy,
-                            lw,
-                            act,
-                            bw,
-                            bw_probe,
-                            peak_of,
-                            peaks[static_cast<int>(peak_of)],
-                            3.0 * m->hidden * m->intermediate * bytes_per_weight(lw),
-                            3.0 * m->hidden * static_cast<double>(shard) * shared_size,
-                            shard,
-                            o.label(di)};
-        if (strategy == EP_MOE_SKIP_TOKENS) {
-          int64_t engine = 0;
-          ep_moe_layer_get_attr(&engine, layer, EP_MOE_LAYER_ATTR_MATRIX_ENGINE);
-          std::printf("(%s %s: matrix engine %s)\n", name.c_str(), o.label(di).c_str(),
-                      engine == 2   ? "oneDNN on AMX"
-                      : engine == 1 ? "oneDNN without AMX"
-                                    : "none");
-        }
-        for (int T : o.tokens) {
-          Row r;
-          if (!measure_row(cx, layer, T, &r)) return 1;
-          rows.push_back(r);
-        }
-        ep_moe_layer_t*& kept = by[strategy == EP_MOE_SKIP_TOKENS ? 0 : 1];
-        if (kept) ep_moe_layer_destroy(kept);  // a strategy named twice: its last layer is kept
-        kept = layer;
-      }
-      // The weight-0 / skip ratio the issue asks for, of the two rows and
-      // alternated: the rows ran seconds to minutes apart, and this VM's
-      // peaks move by 15 % over such spans, so their ratio carries that
-      // drift; the rounds here put both strategies into the same moments.
-      if (by[0] && by[1]) {
-        for (int T : o.tokens) {
-          RatioRow q;
-          q.preset = name + " " + o.label(di);
-          q.ep = ep;
-          q.tokens = T;
-          const Row* rs = nullptr;
-          const Row* rw = nullptr;
-          for (const auto& r : rows)
-            if (r.preset == name && r.tokens == T && r.ep == ep && r.dtype == o.label(di))
-              (r.strategy == "skip" ? rs : rw) = &r;
-          if (rs && rw) {
-            q.rows_expert = rw->expert_ms / rs->expert_ms;
-            q.rows_forward = rw->ms / rs->ms;
-            const double sk = rs->roofline_s(rs->row_bw, rs->row_peak);
-            if (sk > 0) q.work = rw->roofline_s(rs->row_bw, rs->row_peak) / sk;
-          }
-          if (o.ratio_rounds > 0) {
-            Feed feed(*m, T, act);
-            const Batches& batches = feed.batches;
-            ep_moe_forward_args_t& a = feed.a;
-            // Each strategy cycles its own batches from where it left off.
-            int it[2] = {0, 0};
-            double wall = 0;
-            int64_t ens = 0;
-            for (int s = 0; s < 2; ++s)  // warm-up
-              if (!forward_batch(by[s], a, batches, it[s]++, &wall, &ens)) return 1;
-            // A block: forwards of one strategy for at least a quarter of
-            // --min-time (at least one); which strategy goes first alternates.
-            const double block_s = o.min_time / 4;
-            // A round whose skip block had no local pair at all (a large EP
-            // at a few tokens) has no expert-time ratio; it is left out.
-            std::vector<double> er, fr;
-            for (int round = 0; round < o.ratio_rounds; ++round) {
-              double mean_e[2] = {0, 0}, mean_f[2] = {0, 0};
-              int64_t pairs[2] = {0, 0};
-              for (int ph = 0; ph < 2; ++ph) {
-                const int s = (ph + round) % 2;
-                double e_sum = 0, f_sum = 0;
-                int n = 0;
-                const auto start = Clock::now();
-                do {
-                  int64_t np = 0;
-                  if (!forward_batch(by[s], a, batches, it[s]++, &wall, &ens, &np)) return 1;
-                  e_sum += static_cast<double>(ens);
-                  f_sum += wall;
-                  pairs[s] += np;
-                  ++n;
-                } while (std::chrono::duration<double>(Clock::now() - start).count() < block_s);
-                mean_e[s] = e_sum / n;
-                mean_f[s] = f_sum / n;
-              }
-              if (pairs[0] == 0 || mean_e[0] <= 0 || mean_f[0] <= 0) continue;
-              er.push_back(mean_e[1] / mean_e[0]);
-              fr.push_back(mean_f[1] / mean_f[0]);
-            }
-            q.rounds = static_cast<int>(er.size());
-            if (!er.empty()) {
-              q.expert = median_of(er);
-              q.expert_min = *std::min_element(er.begin(), er.end());
-              q.expert_max = *std::max_element(er.begin(), er.end());
-              q.forward = median_of(fr);
-            }
-          }
-          ratios.push_back(q);
-        }
-      }
-      model = m;
-      skip_layers[di] = by[0];
-      if (by[1]) ep_moe_layer_destroy(by[1]);
+  std::vector<DispatchRow> drows;
+};
+
+// The weight-0 / skip comparison the issue asks for, at each token count,
+// of variant di of preset `name` (by: its skip and weight-0 layers): of the
+// two rows, and alternated. The rows ran seconds to minutes apart, and
+// this VM's peaks move by 15 % over such spans, so their ratio carries that
+// drift; the alternated rounds put both strategies into the same moments.
+// False: a forward failed.
+bool strategy_ratios(const Options& o, const presets::Model& m, const std::string& name, int ep, size_t di,
+                     ep_moe_layer_t* const (&by)[2], Results* res) {
+  for (int T : o.tokens) {
+    RatioRow q;
+    q.preset = name + " " + o.label(di);
+    q.ep = ep;
+    q.tokens = T;
+    const Row* rs = nullptr;
+    const Row* rw = nullptr;
+    for (const auto& r : res->rows)
+      if (r.preset == name && r.tokens == T && r.ep == ep && r.dtype == o.label(di))
+        (r.strategy == "skip" ? rs : rw) = &r;
+    if (rs && rw) {
+      q.rows_expert = rw->expert_ms / rs->expert_ms;
+      q.rows_forward = rw->ms / rs->ms;
+      const double sk = rs->roofline_s(rs->row_bw, rs->row_peak);
+      if (sk > 0) q.work = rw->roofline_s(rs->row_bw, rs->row_peak) / sk;
     }
-    if (o.dtypes.size() > 1 && o.ratio_rounds > 0 && model) {
-      for (int T : o.tokens)
-        for (size_t di = 1; di < o.dtypes.size(); ++di) {
-          DtypeRatio q;
-          if (!alternate_dtypes(o, *model, name, T, skip_layers[0], skip_layers[di], 0, di, &q)) return 1;
-          per_byte(rows, &q);
-          dratios.push_back(q);
-        }
+    if (o.ratio_rounds > 0) {
+      Feed feed(m, T, o.act_of(o.dtypes[di]));
+      Feed* const feeds[2] = {&feed, &feed};
+      if (!alternate(o, by, feeds, 1, &q)) return false;
     }
-    for (ep_moe_layer_t* l : skip_layers)
-      if (l) ep_moe_layer_destroy(l);
+    res->ratios.push_back(q);
   }
-  // The same-run ratios the issue asks for: skip vs weight-0 expert time.
+  return true;
+}
+
+void print_strategy_ratios(const Options& o, const std::vector<RatioRow>& ratios) {
   std::printf("\n");
   if (!ratios.empty() && o.ratio_rounds > 0)
     std::printf(
@@ -804,56 +763,165 @@ int main(int argc, char** argv) {
     if (q.work > 0) std::printf("; by the rows' work (roofline) %.2fx", q.work);
     std::printf("\n");
   }
+}
 
-  if (o.dtypes.size() > 1) print_dtype_ratios(o, rows, dratios);
-
-  // Permutation and combine of the all-to-all flow against memcpy.
-  std::vector<DispatchRow> drows;
-  const int dranks = o.dispatch_ranks > 0 ? o.dispatch_ranks : o.dispatch_ranks < 0 ? 0 : threads;
-  double mem_cpy = 0;  // memcpy from memory, GB/s per thread with dranks threads copying
-  if (dranks >= 2) {
-    mem_cpy = bench::memcpy_gbs_per_thread(dranks, std::max(0.5, o.peak_time), size_t{128} << 20);
-    if (mem_cpy <= 0) {
-      std::fprintf(stderr, "dispatch part: no memory for %d memcpy buffers of 2 x 128 MiB\n", dranks);
+// Every variant of preset `name`: each strategy's rows, the weight-0 /
+// skip ratios, then each dtype alternated against the first. 0, or the
+// exit code of a failure (printed).
+int run_preset(const Run& run, const std::string& name, Results* res) {
+  const Options& o = run.o;
+  // Each variant's skip layer, kept for the alternated comparison of dtypes.
+  std::vector<ep_moe_layer_t*> skip_layers(o.dtypes.size(), nullptr);
+  const auto release = [&] {
+    for (ep_moe_layer_t* l : skip_layers) ep_moe_layer_destroy(l);
+  };
+  const presets::Model* m = run.ckl.ck ? &run.ckl.model : presets::find(name);
+  if (!m) {
+    std::fprintf(stderr, "unknown preset %s\n", name.c_str());
+    return 2;
+  }
+  const int ep = o.ep > 0 ? o.ep : m->default_ep;
+  for (size_t di = 0; di < o.dtypes.size(); ++di) {
+    run.engine.apply(o, di);
+    // The variant's layers by strategy (skip, weight-0), kept for the
+    // alternated comparison.
+    ep_moe_layer_t* by[2] = {nullptr, nullptr};
+    const auto fail = [&] {
+      for (ep_moe_layer_t* l : by) ep_moe_layer_destroy(l);
+      release();
       return 1;
-    }
-    std::printf(
-        "\npermutation / combine: all-to-all dispatch, %d in-process ranks x 1 thread, %s rows; GB/s per rank "
-        "against memcpy by %d concurrent threads: of the same bytes (memcpy, %%cpy: in cache when they fit) and "
-        "from memory (%%mem: 128 MiB buffers, %.2f GB/s per thread); experts shrunk to intermediate 16, "
-        "which fwd_us (a whole forward) includes\n",
-        dranks, dtype_name(o.act_of(o.dtypes[0])), dranks, mem_cpy);
-    std::printf("%-14s %6s %6s %10s %9s %9s %6s %6s %10s %9s %9s %6s %6s %10s\n", "preset", "ranks", "tokens",
-                "perm_MB", "GB/s", "memcpy", "%cpy", "%mem", "comb_MB", "GB/s", "memcpy", "%cpy", "%mem", "fwd_us");
-    for (const auto& name : o.presets) {
-      const presets::Model* m = presets::find(name);
+    };
+    for (int strategy : o.strategies) {
+      if (strategy == EP_MOE_SKIP_WEIGHT_ZERO && ep == 1) continue;  // nothing is non-local
+      ep_moe_dtype_t lw = o.dtypes[di];
+      ep_moe_layer_t* layer = make_layer(run, *m, ep, strategy, o.dtypes[di], o.act_of(o.dtypes[di]), &lw);
+      if (!layer) return fail();
+      ep_moe_layer_t*& kept = by[strategy == EP_MOE_SKIP_TOKENS ? 0 : 1];
+      ep_moe_layer_destroy(kept);  // a strategy named twice: its last layer is kept
+      kept = layer;
+      const RowContext cx = row_context(run, m, name, ep, strategy, layer, lw, di);
+      if (strategy == EP_MOE_SKIP_TOKENS) {
+        int64_t engine = 0;
+        ep_moe_layer_get_attr(&engine, layer, EP_MOE_LAYER_ATTR_MATRIX_ENGINE);
+        std::printf("(%s %s: matrix engine %s)\n", name.c_str(), o.label(di).c_str(),
+                    engine == 2   ? "oneDNN on AMX"
+                    : engine == 1 ? "oneDNN without AMX"
+                                  : "none");
+      }
       for (int T : o.tokens) {
-        DispatchRow d;
-        const std::string err = run_dispatch(*m, dranks, T, o.act_of(o.dtypes[0]), std::max(0.2, o.min_time / 2), &d);
-        if (!err.empty()) {
-          std::fprintf(stderr, "dispatch part: %s\n", err.c_str());
-          return 1;
-        }
-        d.memory_gbs = mem_cpy;
-        std::printf("%-14s %6d %6d %10.3f %9.2f %9.2f %5.1f%% %5.0f%% %10.3f %9.2f %9.2f %5.1f%% %5.0f%% %10.1f\n",
-                    name.c_str(), d.ranks, d.tokens, d.permute_mb, d.permute_gbs, d.permute_base_gbs,
-                    100 * d.permute_gbs / std::max(1e-9, d.permute_base_gbs),
-                    100 * d.permute_gbs / std::max(1e-9, mem_cpy), d.combine_mb, d.combine_gbs, d.combine_base_gbs,
-                    100 * d.combine_gbs / std::max(1e-9, d.combine_base_gbs),
-                    100 * d.combine_gbs / std::max(1e-9, mem_cpy), d.forward_us);
-        std::fflush(stdout);
-        drows.push_back(d);
+        Row r;
+        if (!measure_row(cx, layer, T, &r)) return fail();
+        res->rows.push_back(r);
       }
     }
+    if (by[0] && by[1] && !strategy_ratios(o, *m, name, ep, di, by, res)) return fail();
+    skip_layers[di] = by[0];
+    ep_moe_layer_destroy(by[1]);
   }
+  if (o.dtypes.size() > 1 && o.ratio_rounds > 0) {
+    for (int T : o.tokens)
+      for (size_t di = 1; di < o.dtypes.size(); ++di) {
+        DtypeRatio q;
+        if (!alternate_dtypes(o, *m, name, T, skip_layers[0], skip_layers[di], 0, di, &q)) {
+          release();
+          return 1;
+        }
+        per_byte(res->rows, &q);
+        res->dratios.push_back(q);
+      }
+  }
+  release();
+  return 0;
+}
 
+// Permutation and combine of the all-to-all flow against memcpy, on
+// `threads` in-process ranks (fewer than 2: not run). False: it failed
+// (printed).
+bool dispatch_part(const Options& o, int threads, Results* res) {
+  const int dranks = o.dispatch_ranks > 0 ? o.dispatch_ranks : o.dispatch_ranks < 0 ? 0 : threads;
+  if (dranks < 2) return true;
+  // memcpy from memory, GB/s per thread with dranks threads copying
+  const double mem_cpy = bench::memcpy_gbs_per_thread(dranks, std::max(0.5, o.peak_time), size_t{128} << 20);
+  if (mem_cpy <= 0) {
+    std::fprintf(stderr, "dispatch part: no memory for %d memcpy buffers of 2 x 128 MiB\n", dranks);
+    return false;
+  }
+  std::printf(
+      "\npermutation / combine: all-to-all dispatch, %d in-process ranks x 1 thread, %s rows; GB/s per rank "
+      "against memcpy by %d concurrent threads: of the same bytes (memcpy, %%cpy: in cache when they fit) and "
+      "from memory (%%mem: 128 MiB buffers, %.2f GB/s per thread); experts shrunk to intermediate 16, "
+      "which fwd_us (a whole forward) includes\n",
+      dranks, dtype_name(o.act_of(o.dtypes[0])), dranks, mem_cpy);
+  std::printf("%-14s %6s %6s %10s %9s %9s %6s %6s %10s %9s %9s %6s %6s %10s\n", "preset", "ranks", "tokens", "perm_MB",
+              "GB/s", "memcpy", "%cpy", "%mem", "comb_MB", "GB/s", "memcpy", "%cpy", "%mem", "fwd_us");
+  for (const auto& name : o.presets) {
+    const presets::Model* m = presets::find(name);
+    for (int T : o.tokens) {
+      DispatchRow d;
+      const std::string err = run_dispatch(*m, dranks, T, o.act_of(o.dtypes[0]), std::max(0.2, o.min_time / 2), &d);
+      if (!err.empty()) {
+        std::fprintf(stderr, "dispatch part: %s\n", err.c_str());
+        return false;
+      }
+      d.memory_gbs = mem_cpy;
+      std::printf("%-14s %6d %6d %10.3f %9.2f %9.2f %5.1f%% %5.0f%% %10.3f %9.2f %9.2f %5.1f%% %5.0f%% %10.1f\n",
+                  name.c_str(), d.ranks, d.tokens, d.permute_mb, d.permute_gbs, d.permute_base_gbs,
+                  100 * d.permute_gbs / std::max(1e-9, d.permute_base_gbs),
+                  100 * d.permute_gbs / std::max(1e-9, mem_cpy), d.combine_mb, d.combine_gbs, d.combine_base_gbs,
+                  100 * d.combine_gbs / std::max(1e-9, d.combine_base_gbs),
+                  100 * d.combine_gbs / std::max(1e-9, mem_cpy), d.forward_us);
+      std::fflush(stdout);
+      res->drows.push_back(d);
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (const int rc = parse_options(argc, argv, &o); rc != cli::Parser::kRun) return rc;
+  const EngineEnv engine;
+  presets::CheckpointLayer ckl;
+  if (!o.checkpoint.empty()) {
+    const std::string err = presets::open_checkpoint_layer(o.checkpoint, o.layer, &ckl);
+    if (!err.empty()) {
+      std::fprintf(stderr, "--checkpoint: %s\n", err.c_str());
+      return 1;
+    }
+    o.presets = {"checkpoint"};
+    o.dispatch_ranks = -1;
+  }
+  Machine mc;
+  mc.cpu = bench::cpu_description();
+  mc.threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  bench::ReadBandwidth probe(mc.threads, o.bw_mb);
+  measure_machine(o, probe, &mc);
+  const int64_t layer_isa = layer_kernels(o, mc);
+  std::printf("%-14s %-*s %4s %6s %-7s %9s %9s %11s %9s %6s %7s %9s %6s %6s %6s %7s %6s\n", "preset", o.label_width(),
+              "dtype", "ep", "tokens", "strat", "ms", "expert_ms", "tokens/s", "GFLOP/s", "%peak", "rowPk", "wGB/s",
+              "rowBW", "%bw", "bound", "pairs", "active");
+  const Run run{o, mc, probe, ckl, engine, *std::max_element(o.tokens.begin(), o.tokens.end())};
+  Results res;
+  for (const auto& name : o.presets)
+    if (const int rc = run_preset(run, name, &res); rc != 0) return rc;
+  print_strategy_ratios(o, res.ratios);
+  if (o.dtypes.size() > 1) print_dtype_ratios(o, res.rows, res.dratios);
+  if (!dispatch_part(o, mc.threads, &res)) return 1;
   if (!o.json.empty()) {
     std::vector<std::string> labels;
     for (size_t i = 0; i < o.dtypes.size(); ++i) labels.push_back(o.label(i));
-    const JsonMachine mach{cpu,          threads,  fma_isa,
-                           peak,         dot_peak, int8_peak,
-                           maddubs_peak, bw,       layer_isa >= 0 && layer_isa <= 3 ? kIsaNames[layer_isa] : "?"};
-    if (!write_json(o.json, labels, mach, rows, ratios, dratios, drows)) {
+    const JsonMachine jm{mc.cpu,
+                         mc.threads,
+                         mc.fma_isa,
+                         mc.peak(PeakKind::Fma),
+                         mc.peak(PeakKind::Bf16Dot),
+                         mc.peak(PeakKind::Int8Dot),
+                         mc.peak(PeakKind::Int8Maddubs),
+                         mc.bw,
+                         isa_label(layer_isa)};
+    if (!write_json(o.json, labels, jm, res.rows, res.ratios, res.dratios, res.drows)) {
       std::fprintf(stderr, "cannot write %s\n", o.json.c_str());
       return 1;
     }

@@ -37,16 +37,21 @@ struct Row {
   }
 };
 
+// Two layers alternated: rounds of a block of forwards of each in turn,
+// the ratio of each round's mean expert (and forward) times; the median
+// over the rounds, with the range (0: not run).
+struct Alternated {
+  int rounds = 0;
+  double expert = 0, expert_min = 0, expert_max = 0, forward = 0;
+};
+
 // The weight-0 / skip comparison of one preset and token count: from the
 // two rows (run one after the other, seconds to minutes apart on this VM),
-// and alternated, rounds of a block of forwards of each strategy in turn,
-// the ratio of each round's mean expert (and forward) times; the median
-// over the rounds, with the range.
-struct RatioRow {
+// and alternated (weight-0 over skip).
+struct RatioRow : Alternated {
   std::string preset;
-  int ep = 0, tokens = 0, rounds = 0;
-  double rows_expert = 0, rows_forward = 0;                        // weight-0 row / skip row
-  double expert = 0, expert_min = 0, expert_max = 0, forward = 0;  // alternated (0: not run)
+  int ep = 0, tokens = 0;
+  double rows_expert = 0, rows_forward = 0;  // weight-0 row / skip row
   // The ratio the two rows' work gives: the weight-0 row's roofline time
   // over the skip row's, both at the skip row's bandwidth and peak; the
   // expert-time ratio when both rows run at the same fraction of their
@@ -59,10 +64,9 @@ struct RatioRow {
 
 // One dtype against the baseline dtype, alternated (ratios of the
 // baseline's time to this dtype's: above 1, this dtype is faster).
-struct DtypeRatio {
+struct DtypeRatio : Alternated {
   std::string preset, dtype, base;
-  int tokens = 0, rounds = 0;
-  double expert = 0, expert_min = 0, expert_max = 0, forward = 0;
+  int tokens = 0;
   // Where both dtypes' rows at these tokens are bound by the bandwidth:
   // the dtype's weight bytes per forward over the baseline's (from the
   // rows), and its weight GB/s over the baseline's in the alternated
