@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/cpuid.hpp"
+
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
@@ -393,21 +395,11 @@ double memcpy_gbs_per_thread(int threads, double seconds, size_t bytes) {
 }
 
 std::string cpu_description() {
-#if defined(__x86_64__)
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(0, &a, &b, &c, &d)) return "unknown CPU";
-  char vendor[13] = {};
-  std::memcpy(vendor, &b, 4);
-  std::memcpy(vendor + 4, &d, 4);
-  std::memcpy(vendor + 8, &c, 4);
-  unsigned family = 0, model = 0;
-  if (a >= 1 && __get_cpuid(1, &a, &b, &c, &d)) {
-    const unsigned base_family = (a >> 8) & 0xf, base_model = (a >> 4) & 0xf;
-    family = base_family == 0xf ? base_family + ((a >> 20) & 0xff) : base_family;
-    model = base_family == 0xf || base_family == 0x6 ? base_model + (((a >> 16) & 0xf) << 4) : base_model;
-  }
+  const ep_moe::CpuSignature s = ep_moe::cpu_signature();
+  if (!s.vendor[0]) return "unknown CPU";
   std::string brand;
-  unsigned top = 0;
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned top = 0, b = 0, c = 0, d = 0;
   __get_cpuid(0x80000000u, &top, &b, &c, &d);
   if (top >= 0x80000004u) {
     for (unsigned leaf = 0x80000002u; leaf <= 0x80000004u; ++leaf) {
@@ -416,6 +408,7 @@ std::string cpu_description() {
       brand.append(reinterpret_cast<const char*>(r), sizeof r);
     }
   }
+#endif
   // Printable, single spaces, nothing a JSON string would need escaped.
   const auto keep = [](char ch) { return ch > ' ' && ch < 127 && ch != '"' && ch != '\\'; };
   std::string clean;
@@ -426,13 +419,10 @@ std::string cpu_description() {
   }
   while (!clean.empty() && clean.back() == ' ') clean.pop_back();
   std::string v;
-  for (char ch : std::string(vendor))
+  for (char ch : std::string(s.vendor))
     if (keep(ch)) v += ch;
   if (clean.empty()) clean = "unnamed CPU";
-  return clean + " (" + v + " family " + std::to_string(family) + " model " + std::to_string(model) + ")";
-#else
-  return "unknown CPU";
-#endif
+  return clean + " (" + v + " family " + std::to_string(s.family) + " model " + std::to_string(s.model) + ")";
 }
 
 }  // namespace bench

@@ -1,5 +1,7 @@
 #include "cpu/isa.hpp"
 
+#include "common/cpuid.hpp"
+
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -68,18 +70,8 @@ size_t decode_prefetch_bytes_for(bool amd, unsigned family, unsigned model) {
 
 size_t decode_prefetch_bytes() {
   static const size_t bytes = [] {
-#if defined(__x86_64__) && defined(__linux__)
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid(0, &a, &b, &c, &d)) return decode_prefetch_bytes_for(false, 0, 0);
-    // "AuthenticAMD" in EBX, EDX, ECX.
-    const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return decode_prefetch_bytes_for(false, 0, 0);
-    const unsigned base = (a >> 8) & 0xF, family = base + (base == 0xF ? (a >> 20) & 0xFF : 0);
-    const unsigned model = ((a >> 4) & 0xF) | (base == 0xF ? ((a >> 16) & 0xF) << 4 : 0);
-    return decode_prefetch_bytes_for(amd, family, model);
-#else
-    return decode_prefetch_bytes_for(false, 0, 0);
-#endif
+    const CpuSignature s = cpu_signature();
+    return decode_prefetch_bytes_for(s.amd(), s.family, s.model);
   }();
   return bytes;
 }
