@@ -885,11 +885,7 @@ int main(int argc, char** argv) {
   const EngineEnv engine;
   presets::CheckpointLayer ckl;
   if (!o.checkpoint.empty()) {
-    const std::string err = presets::open_checkpoint_layer(o.checkpoint, o.layer, &ckl);
-    if (!err.empty()) {
-      std::fprintf(stderr, "--checkpoint: %s\n", err.c_str());
-      return 1;
-    }
+    if (!presets::open_checkpoint_layer(o.checkpoint, o.layer, &ckl)) return 1;
     o.presets = {"checkpoint"};
     o.dispatch_ranks = -1;
   }

@@ -326,11 +326,7 @@ int main(int argc, char** argv) {
   presets::Model custom = *base;
   presets::CheckpointLayer ckl;
   if (!o.checkpoint.empty()) {
-    const std::string err = presets::open_checkpoint_layer(o.checkpoint, o.layer, &ckl);
-    if (!err.empty()) {
-      std::fprintf(stderr, "--checkpoint: %s\n", err.c_str());
-      return 1;
-    }
+    if (!presets::open_checkpoint_layer(o.checkpoint, o.layer, &ckl)) return 1;
     o.ck = &ckl;
     ckl.note = o.checkpoint + " layer " + std::to_string(ckl.layer) + " (" + ckl.arch +
                (ckl.router ? ", its router)" : ", random logits)");

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <string>
@@ -233,19 +234,23 @@ struct CheckpointLayer {
   ~CheckpointLayer() { ep_moe_checkpoint_close(ck); }
 };
 
-// Opens `path` and derives its MoE layer `layer` (-1: the first) into
-// `out`; returns "" or what failed.
-inline std::string open_checkpoint_layer(const std::string& path, int layer, CheckpointLayer* out) {
-  if (ep_moe_checkpoint_open(&out->ck, path.c_str(), nullptr) != EP_MOE_OK) return ep_moe_last_error();
+// Opens `path` (a program's --checkpoint) and derives its MoE layer `layer`
+// (-1: the first) into `out`; false after printing what failed.
+inline bool open_checkpoint_layer(const std::string& path, int layer, CheckpointLayer* out) {
+  const auto fail = [](const std::string& what) {
+    std::fprintf(stderr, "--checkpoint: %s\n", what.c_str());
+    return false;
+  };
+  if (ep_moe_checkpoint_open(&out->ck, path.c_str(), nullptr) != EP_MOE_OK) return fail(ep_moe_last_error());
   size_t n = 0;
   ep_moe_checkpoint_moe_layers(nullptr, 0, &n, out->ck);
   std::vector<int32_t> layers(n);
   ep_moe_checkpoint_moe_layers(layers.data(), n, &n, out->ck);
-  if (layers.empty()) return path + " has no MoE layer";
+  if (layers.empty()) return fail(path + " has no MoE layer");
   out->layer = layer >= 0 ? layer : layers[0];
   ep_moe_layer_config_init(&out->config);
   if (ep_moe_checkpoint_layer_config(&out->config, out->ck, out->layer) != EP_MOE_OK)
-    return ep_moe_checkpoint_last_error(out->ck);
+    return fail(ep_moe_checkpoint_last_error(out->ck));
   ep_moe_tensor_info_t ti;
   ep_moe_tensor_info_init(&ti);
   out->router = ep_moe_checkpoint_tensor_info(&ti, out->ck, out->layer, EP_MOE_WEIGHT_ROUTER, -1) == EP_MOE_OK;
@@ -266,7 +271,7 @@ inline std::string open_checkpoint_layer(const std::string& path, int layer, Che
                      c.shared_expert_gate != 0,
                      1,
                      out->note.c_str()};
-  return "";
+  return true;
 }
 
 }  // namespace presets
