@@ -248,47 +248,105 @@ struct Move {
   double gb_weights = 0, replace_s = 0, gb_moved = 0, gbs = 0, frac = 0, max_diff = 0;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Options o;
+int parse_options(int argc, char** argv, Options* o) {
   cli::Parser args("ep_moe_eplb_bench [options]",
                    "Expert load balancing: imbalance before and after a re-placement on Zipf routing, and the cost of "
                    "moving the weights.");
-  args.list("--preset", &o.presets, "models (qwen3-30b-a3b, qwen2-57b-a14b, deepseek-v3, mixtral-8x7b)")
-      .list("--ep", &o.eps, "EP sizes (default: the preset's and 8)", 1, 4096)
-      .option("--zipf", &o.zipf, "Zipf exponent of expert popularity (default 1.0)", 0, 100)
-      .option("--tokens", &o.tokens, "tokens per load window (default 16384)", 1, 1 << 30)
-      .option("--redundant-div", &o.redundant_div, "E/D redundant slots (default 8)", 1, 1 << 20)
+  args.list("--preset", &o->presets, "models (qwen3-30b-a3b, qwen2-57b-a14b, deepseek-v3, mixtral-8x7b)")
+      .list("--ep", &o->eps, "EP sizes (default: the preset's and 8)", 1, 4096)
+      .option("--zipf", &o->zipf, "Zipf exponent of expert popularity (default 1.0)", 0, 100)
+      .option("--tokens", &o->tokens, "tokens per load window (default 16384)", 1, 1 << 30)
+      .option("--redundant-div", &o->redundant_div, "E/D redundant slots (default 8)", 1, 1 << 20)
       .custom("--dispatch", "A,B", "allgather, alltoall (default both)",
-              [&o](const std::string& v, std::string* err) {
-                o.dispatch.clear();
+              [o](const std::string& v, std::string* err) {
+                o->dispatch.clear();
                 for (const auto& s : cli::split(v)) {
-                  if (s == "allgather") o.dispatch.push_back(EP_MOE_DISPATCH_ALLGATHER);
-                  else if (s == "alltoall") o.dispatch.push_back(EP_MOE_DISPATCH_ALLTOALL);
+                  if (s == "allgather") o->dispatch.push_back(EP_MOE_DISPATCH_ALLGATHER);
+                  else if (s == "alltoall") o->dispatch.push_back(EP_MOE_DISPATCH_ALLTOALL);
                   else *err = "unknown dispatch " + s;
                 }
-                return err->empty() && !o.dispatch.empty();
+                return err->empty() && !o->dispatch.empty();
               })
-      .option("--replace-gb", &o.replace_gb,
+      .option("--replace-gb", &o->replace_gb,
               "part 2 only for presets whose expert weights fit G GB (default 5; 0: skip)", 0, 1e6)
-      .option("--seed", &o.seed, "routing seed (default 1234)")
-      .option("--json", &o.json, "also write the results as JSON", "FILE");
-  if (const int rc = args.parse(argc, argv); rc != cli::Parser::kRun) return rc;
+      .option("--seed", &o->seed, "routing seed (default 1234)")
+      .option("--json", &o->json, "also write the results as JSON", "FILE");
+  return args.parse(argc, argv);
+}
 
-  // ---- part 1: imbalance before and after ----
+// One part-1 row: ep ranks (hier: 8 a node, the groups kept on a node) with
+// `dispatch`; a window on the linear placement, the rebalancer's table
+// applied, the same window again and a fresh one.
+Balance balance_case(const Options& o, const std::string& name, const presets::Model& m, const Router& router, int ep,
+                     bool hier, int dispatch, std::mt19937& g) {
+  presets::Model small = m;
+  small.hidden = 32;
+  small.intermediate = 16;
+  // All-to-all ranks each bring a share of the tokens (workspace is
+  // sized for max_tokens per rank).
+  const int max_tokens = dispatch == EP_MOE_DISPATCH_ALLTOALL ? (o.tokens + ep - 1) / ep : o.tokens;
+  ep_moe_layer_config_t lc = presets::layer_config(small, 0, EP_MOE_DTYPE_F32, EP_MOE_DTYPE_F32, max_tokens, 1);
+  lc.dispatch_mode = dispatch;
+  Group grp;
+  make_group(grp, ep, lc, dispatch == EP_MOE_DISPATCH_ALLTOALL, [&](ep_moe_layer_t* l, const ep_moe_expert_map_t* mp) {
+    return presets::load_random_weights(l, mp, small, 0, 7);
+  });
+  Balance b;
+  b.preset = name;
+  b.dispatch = dispatch == EP_MOE_DISPATCH_ALLGATHER ? "allgather" : "alltoall";
+  b.hier = hier;
+  b.ep = ep;
+  b.experts = m.experts;
+  b.slots = slots_for(m.experts, ep, o.redundant_div);
+  b.rpn = hier ? 8 : 0;
+  b.groups = hier ? m.groups : 0;
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+  router.draw(o.tokens, g, &ids, &w);
+  run_window(grp, ids, w, m.top_k, small.hidden, EP_MOE_DTYPE_F32, nullptr, nullptr);
+  std::vector<int64_t> load;
+  b.before = window_imbalance(grp, m.experts, &load);
+  const std::vector<double> loadd(load.begin(), load.end());
+  ep_moe_rebalance_config_t rc;
+  ep_moe_rebalance_config_init(&rc);
+  rc.num_experts = m.experts;
+  rc.num_slots = b.slots;
+  rc.num_ranks = ep;
+  rc.ranks_per_node = b.rpn;
+  rc.num_expert_groups = b.groups;
+  std::vector<int32_t> linear(static_cast<size_t>(m.experts));
+  std::iota(linear.begin(), linear.end(), 0);
+  rc.num_current_slots = m.experts;
+  rc.current_slots = linear.data();
+  std::vector<int32_t> table(static_cast<size_t>(b.slots));
+  const auto t0 = Clock::now();
+  if (ep_moe_rebalance(table.data(), table.size(), &b.predicted, loadd.data(), loadd.size(), &rc) != EP_MOE_OK)
+    die(ep_moe_last_error());
+  b.rebalance_us = seconds_since(t0) * 1e6;
+  b.replace_ms = replace_all(grp, m.experts, table, &b.replace_bytes) * 1e3;
+  // The same window again (the placement and the replica rule alone),
+  // then a fresh one (plus sampling noise).
+  run_window(grp, ids, w, m.top_k, small.hidden, EP_MOE_DTYPE_F32, nullptr, nullptr);
+  b.replay = window_imbalance(grp, m.experts, &load);
+  router.draw(o.tokens, g, &ids, &w);
+  run_window(grp, ids, w, m.top_k, small.hidden, EP_MOE_DTYPE_F32, nullptr, nullptr);
+  b.after = window_imbalance(grp, m.experts, &load);
+  return b;
+}
+
+// Part 1 over every preset and EP size; false (after saying why) on an
+// unknown preset or an EP size out of range.
+bool part1(const Options& o, std::mt19937& g, std::vector<Balance>* rows) {
   std::printf(
       "Part 1: Zipf(%.2f) routing, %d tokens per window, E/%d redundant slots (rounded up to whole slots per rank)\n",
       o.zipf, o.tokens, o.redundant_div);
   std::printf("%-15s %-9s %-6s %4s %5s %5s %8s %9s %8s %8s %12s %11s\n", "preset", "dispatch", "place", "ep", "E",
               "slots", "before", "predicted", "replay", "fresh", "rebalance_us", "replace_ms");
-  std::vector<Balance> rows;
-  std::mt19937 g(o.seed);
   for (const auto& name : o.presets) {
     const presets::Model* m = presets::find(name);
     if (!m) {
       std::fprintf(stderr, "unknown preset %s\n", name.c_str());
-      return 2;
+      return false;
     }
     std::vector<int> eps = o.eps;
     if (eps.empty()) {
@@ -299,7 +357,7 @@ int main(int argc, char** argv) {
     for (int ep : eps) {
       if (ep < 1 || ep > 256) {
         std::fprintf(stderr, "EP size %d is outside [1, 256]\n", ep);
-        return 2;
+        return false;
       }
       // DeepSeek's grouped experts on several nodes (8 ranks each): both the
       // hierarchical placement (groups stay on a node) and the global one.
@@ -307,186 +365,156 @@ int main(int argc, char** argv) {
       for (int hier = multi_node ? 1 : 0; hier >= 0; --hier)
         for (int dispatch : o.dispatch) {
           if (dispatch == EP_MOE_DISPATCH_ALLTOALL && ep == 1) continue;
-          presets::Model small = *m;
-          small.hidden = 32;
-          small.intermediate = 16;
-          // All-to-all ranks each bring a share of the tokens (workspace is
-          // sized for max_tokens per rank).
-          const int max_tokens = dispatch == EP_MOE_DISPATCH_ALLTOALL ? (o.tokens + ep - 1) / ep : o.tokens;
-          ep_moe_layer_config_t lc = presets::layer_config(small, 0, EP_MOE_DTYPE_F32, EP_MOE_DTYPE_F32, max_tokens, 1);
-          lc.dispatch_mode = dispatch;
-          Group grp;
-          make_group(grp, ep, lc, dispatch == EP_MOE_DISPATCH_ALLTOALL,
-                     [&](ep_moe_layer_t* l, const ep_moe_expert_map_t* mp) {
-                       return presets::load_random_weights(l, mp, small, 0, 7);
-                     });
-          Balance b;
-          b.preset = name;
-          b.dispatch = dispatch == EP_MOE_DISPATCH_ALLGATHER ? "allgather" : "alltoall";
-          b.ep = ep;
-          b.experts = m->experts;
-          b.slots = slots_for(m->experts, ep, o.redundant_div);
-          b.rpn = hier ? 8 : 0;
-          b.groups = hier ? m->groups : 0;
-          std::vector<int32_t> ids;
-          std::vector<float> w;
-          router.draw(o.tokens, g, &ids, &w);
-          run_window(grp, ids, w, m->top_k, small.hidden, EP_MOE_DTYPE_F32, nullptr, nullptr);
-          std::vector<int64_t> load;
-          b.before = window_imbalance(grp, m->experts, &load);
-          const std::vector<double> loadd(load.begin(), load.end());
-          ep_moe_rebalance_config_t rc;
-          ep_moe_rebalance_config_init(&rc);
-          rc.num_experts = m->experts;
-          rc.num_slots = b.slots;
-          rc.num_ranks = ep;
-          rc.ranks_per_node = b.rpn;
-          rc.num_expert_groups = b.groups;
-          std::vector<int32_t> linear(static_cast<size_t>(m->experts));
-          std::iota(linear.begin(), linear.end(), 0);
-          rc.num_current_slots = m->experts;
-          rc.current_slots = linear.data();
-          std::vector<int32_t> table(static_cast<size_t>(b.slots));
-          const auto t0 = Clock::now();
-          if (ep_moe_rebalance(table.data(), table.size(), &b.predicted, loadd.data(), loadd.size(), &rc) != EP_MOE_OK)
-            die(ep_moe_last_error());
-          b.rebalance_us = seconds_since(t0) * 1e6;
-          b.replace_ms = replace_all(grp, m->experts, table, &b.replace_bytes) * 1e3;
-          // The same window again (the placement and the replica rule alone),
-          // then a fresh one (plus sampling noise).
-          run_window(grp, ids, w, m->top_k, small.hidden, EP_MOE_DTYPE_F32, nullptr, nullptr);
-          b.replay = window_imbalance(grp, m->experts, &load);
-          router.draw(o.tokens, g, &ids, &w);
-          run_window(grp, ids, w, m->top_k, small.hidden, EP_MOE_DTYPE_F32, nullptr, nullptr);
-          b.after = window_imbalance(grp, m->experts, &load);
+          const Balance b = balance_case(o, name, *m, router, ep, hier != 0, dispatch, g);
           std::printf("%-15s %-9s %-6s %4d %5d %5d %8.3f %9.3f %8.3f %8.3f %12.1f %11.2f\n", name.c_str(),
-                      b.dispatch.c_str(), hier ? "hier" : "global", ep, b.experts, b.slots, b.before, b.predicted,
+                      b.dispatch.c_str(), b.hier ? "hier" : "global", b.ep, b.experts, b.slots, b.before, b.predicted,
                       b.replay, b.after, b.rebalance_us, b.replace_ms);
           std::fflush(stdout);
-          rows.push_back(b);
+          rows->push_back(b);
         }
     }
   }
   int met = 0, met_fresh = 0;
-  for (const auto& b : rows) {
+  for (const auto& b : *rows) {
     met += b.replay <= 1.05;
     met_fresh += b.after <= 1.05;
   }
   std::printf(
       "goal imbalance <= 1.05 after rebalancing: met in %d of %zu cases on the window it was computed from, %d of %zu "
       "on a fresh window\n\n",
-      met, rows.size(), met_fresh, rows.size());
+      met, rows->size(), met_fresh, rows->size());
+  return true;
+}
 
-  // ---- part 2: re-placement at the real sizes ----
+// Part 2 for one preset at its real sizes: the re-placement from the linear
+// placement, then after the load drifts by +-10 % (each time passing the
+// placement in use to the rebalancer), checked on a few tokens run before
+// and after.
+void replace_steps(const Options& o, const std::string& name, const presets::Model& m, int ep, int P, double total_gb,
+                   double bw, std::mt19937& g, std::vector<Move>* moves) {
+  ep_moe_layer_config_t lc = presets::layer_config(m, 0, EP_MOE_DTYPE_BF16, EP_MOE_DTYPE_BF16, 64, 1);
+  Group grp;
+  make_group(grp, ep, lc, false, [&](ep_moe_layer_t* l, const ep_moe_expert_map_t* mp) {
+    return presets::load_random_weights(l, mp, m, 0, 11);
+  });
+  const Router router(m.experts, m.top_k, o.zipf, g);
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+  router.draw(4096, g, &ids, &w);
+  std::vector<double> load(static_cast<size_t>(m.experts), 0.0);
+  for (int32_t e : ids) load[static_cast<size_t>(e)] += 1;
+  // A few tokens through the layer before and after: the move must not change them.
+  const int T = 16;
+  std::vector<int32_t> tids;
+  std::vector<float> tw;
+  router.draw(T, g, &tids, &tw);
+  std::vector<float> hidden;
+  presets::fill(hidden, static_cast<size_t>(T) * m.hidden, 5, 6, 1.0f);
+  std::vector<std::vector<uint8_t>> before, after;
+  run_window(grp, tids, tw, m.top_k, m.hidden, EP_MOE_DTYPE_BF16, &hidden, &before);
+  std::vector<int32_t> current(static_cast<size_t>(m.experts));
+  std::iota(current.begin(), current.end(), 0);
+  std::uniform_real_distribution<double> drift(0.9, 1.1);
+  for (int step = 0; step < 2; ++step) {
+    if (step == 1)
+      for (auto& x : load) x *= drift(g);
+    ep_moe_rebalance_config_t rc;
+    ep_moe_rebalance_config_init(&rc);
+    rc.num_experts = m.experts;
+    rc.num_slots = P;
+    rc.num_ranks = ep;
+    rc.num_current_slots = static_cast<int32_t>(current.size());
+    rc.current_slots = current.data();
+    std::vector<int32_t> table(static_cast<size_t>(P));
+    if (ep_moe_rebalance(table.data(), table.size(), nullptr, load.data(), load.size(), &rc) != EP_MOE_OK)
+      die(ep_moe_last_error());
+    Move mv;
+    mv.preset = name;
+    mv.step = step == 0 ? "from-linear" : "after-drift";
+    mv.ep = ep;
+    mv.slots = P;
+    mv.gb_weights = total_gb;
+    int64_t bytes = 0;
+    mv.replace_s = replace_all(grp, m.experts, table, &bytes);
+    mv.gb_moved = static_cast<double>(bytes) / 1e9;
+    mv.gbs = mv.gb_moved / mv.replace_s;
+    mv.frac = mv.gbs / bw;
+    run_window(grp, tids, tw, m.top_k, m.hidden, EP_MOE_DTYPE_BF16, &hidden, &after);
+    for (int r = 0; r < ep; ++r) {
+      const auto a = presets::decode(before[static_cast<size_t>(r)], EP_MOE_DTYPE_BF16);
+      const auto b = presets::decode(after[static_cast<size_t>(r)], EP_MOE_DTYPE_BF16);
+      for (size_t i = 0; i < a.size(); ++i)
+        mv.max_diff = std::max(mv.max_diff, static_cast<double>(std::fabs(a[i] - b[i])));
+    }
+    std::printf("%-15s %-12s %4d %5d %10.2f %10.2f %10.3f %9.2f %9.1f%% %12.2g\n", name.c_str(), mv.step.c_str(), ep, P,
+                mv.gb_weights, mv.gb_moved, mv.replace_s, mv.gbs, 100 * mv.frac, mv.max_diff);
+    std::fflush(stdout);
+    moves->push_back(mv);
+    current = table;
+  }
+}
+
+// Part 2 over the presets whose expert weights fit --replace-gb.
+std::vector<Move> part2(const Options& o, std::mt19937& g) {
   std::vector<Move> moves;
-  if (o.replace_gb > 0) {
-    const double bw = memcpy_gbs(256);
-    std::printf("Part 2: re-placement at the models' sizes (bf16, in-process ranks); memcpy bandwidth %.1f GB/s\n", bw);
-    std::printf("%-15s %-12s %4s %5s %10s %10s %10s %9s %10s %12s\n", "preset", "step", "ep", "slots", "weights_GB",
-                "moved_GB", "replace_s", "GB/s", "of_memcpy", "out_changed");
-    for (const auto& name : o.presets) {
-      const presets::Model* m = presets::find(name);
-      const int ep = o.eps.empty() ? m->default_ep : o.eps[0];
-      const int P = slots_for(m->experts, ep, o.redundant_div);
-      const double expert_gb = 3.0 * m->hidden * m->intermediate * 2 / 1e9;
-      const double total_gb = expert_gb * P;
-      if (total_gb > o.replace_gb) {
-        std::printf("%-15s skipped: %.1f GB of expert weights after re-placement exceeds --replace-gb %.1f\n",
-                    name.c_str(), total_gb, o.replace_gb);
-        continue;
-      }
-      ep_moe_layer_config_t lc = presets::layer_config(*m, 0, EP_MOE_DTYPE_BF16, EP_MOE_DTYPE_BF16, 64, 1);
-      Group grp;
-      make_group(grp, ep, lc, false, [&](ep_moe_layer_t* l, const ep_moe_expert_map_t* mp) {
-        return presets::load_random_weights(l, mp, *m, 0, 11);
-      });
-      const Router router(m->experts, m->top_k, o.zipf, g);
-      std::vector<int32_t> ids;
-      std::vector<float> w;
-      router.draw(4096, g, &ids, &w);
-      std::vector<double> load(static_cast<size_t>(m->experts), 0.0);
-      for (int32_t e : ids) load[static_cast<size_t>(e)] += 1;
-      // A few tokens through the layer before and after: the move must not change them.
-      const int T = 16;
-      std::vector<int32_t> tids;
-      std::vector<float> tw;
-      router.draw(T, g, &tids, &tw);
-      std::vector<float> hidden;
-      presets::fill(hidden, static_cast<size_t>(T) * m->hidden, 5, 6, 1.0f);
-      std::vector<std::vector<uint8_t>> before, after;
-      run_window(grp, tids, tw, m->top_k, m->hidden, EP_MOE_DTYPE_BF16, &hidden, &before);
-      // From the linear placement, then after the load drifts by +-10 %
-      // (each time passing the placement in use to the rebalancer).
-      std::vector<int32_t> current(static_cast<size_t>(m->experts));
-      std::iota(current.begin(), current.end(), 0);
-      std::uniform_real_distribution<double> drift(0.9, 1.1);
-      for (int step = 0; step < 2; ++step) {
-        if (step == 1)
-          for (auto& x : load) x *= drift(g);
-        ep_moe_rebalance_config_t rc;
-        ep_moe_rebalance_config_init(&rc);
-        rc.num_experts = m->experts;
-        rc.num_slots = P;
-        rc.num_ranks = ep;
-        rc.num_current_slots = static_cast<int32_t>(current.size());
-        rc.current_slots = current.data();
-        std::vector<int32_t> table(static_cast<size_t>(P));
-        if (ep_moe_rebalance(table.data(), table.size(), nullptr, load.data(), load.size(), &rc) != EP_MOE_OK)
-          die(ep_moe_last_error());
-        Move mv;
-        mv.preset = name;
-        mv.step = step == 0 ? "from-linear" : "after-drift";
-        mv.ep = ep;
-        mv.slots = P;
-        mv.gb_weights = total_gb;
-        int64_t bytes = 0;
-        mv.replace_s = replace_all(grp, m->experts, table, &bytes);
-        mv.gb_moved = static_cast<double>(bytes) / 1e9;
-        mv.gbs = mv.gb_moved / mv.replace_s;
-        mv.frac = mv.gbs / bw;
-        run_window(grp, tids, tw, m->top_k, m->hidden, EP_MOE_DTYPE_BF16, &hidden, &after);
-        for (int r = 0; r < ep; ++r) {
-          const auto a = presets::decode(before[static_cast<size_t>(r)], EP_MOE_DTYPE_BF16);
-          const auto b = presets::decode(after[static_cast<size_t>(r)], EP_MOE_DTYPE_BF16);
-          for (size_t i = 0; i < a.size(); ++i)
-            mv.max_diff = std::max(mv.max_diff, static_cast<double>(std::fabs(a[i] - b[i])));
-        }
-        std::printf("%-15s %-12s %4d %5d %10.2f %10.2f %10.3f %9.2f %9.1f%% %12.2g\n", name.c_str(), mv.step.c_str(),
-                    ep, P, mv.gb_weights, mv.gb_moved, mv.replace_s, mv.gbs, 100 * mv.frac, mv.max_diff);
-        std::fflush(stdout);
-        moves.push_back(mv);
-        current = table;
-      }
+  const double bw = memcpy_gbs(256);
+  std::printf("Part 2: re-placement at the models' sizes (bf16, in-process ranks); memcpy bandwidth %.1f GB/s\n", bw);
+  std::printf("%-15s %-12s %4s %5s %10s %10s %10s %9s %10s %12s\n", "preset", "step", "ep", "slots", "weights_GB",
+              "moved_GB", "replace_s", "GB/s", "of_memcpy", "out_changed");
+  for (const auto& name : o.presets) {
+    const presets::Model* m = presets::find(name);  // part 1 checked every name
+    const int ep = o.eps.empty() ? m->default_ep : o.eps[0];
+    const int P = slots_for(m->experts, ep, o.redundant_div);
+    const double expert_gb = 3.0 * m->hidden * m->intermediate * 2 / 1e9;
+    const double total_gb = expert_gb * P;
+    if (total_gb > o.replace_gb) {
+      std::printf("%-15s skipped: %.1f GB of expert weights after re-placement exceeds --replace-gb %.1f\n",
+                  name.c_str(), total_gb, o.replace_gb);
+      continue;
     }
+    replace_steps(o, name, *m, ep, P, total_gb, bw, g, &moves);
   }
+  return moves;
+}
 
-  if (!o.json.empty()) {
-    FILE* f = std::fopen(o.json.c_str(), "w");
-    if (!f) die("cannot write " + o.json);
-    std::fprintf(f, "{\n  \"zipf\": %g, \"tokens\": %d, \"redundant_div\": %d,\n  \"balance\": [\n", o.zipf, o.tokens,
-                 o.redundant_div);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const auto& b = rows[i];
-      std::fprintf(
-          f,
-          "    {\"preset\": \"%s\", \"dispatch\": \"%s\", \"ep\": %d, \"experts\": %d, \"slots\": %d, "
-          "\"ranks_per_node\": %d, \"groups\": %d, \"imbalance_before\": %.4f, \"imbalance_predicted\": %.4f, "
-          "\"imbalance_replay\": %.4f, \"imbalance_after\": %.4f, \"rebalance_us\": %.1f, \"replace_ms\": %.3f}%s\n",
-          b.preset.c_str(), b.dispatch.c_str(), b.ep, b.experts, b.slots, b.rpn, b.groups, b.before, b.predicted,
-          b.replay, b.after, b.rebalance_us, b.replace_ms, i + 1 < rows.size() ? "," : "");
-    }
-    std::fprintf(f, "  ],\n  \"replace\": [\n");
-    for (size_t i = 0; i < moves.size(); ++i) {
-      const auto& v = moves[i];
-      std::fprintf(f,
-                   "    {\"preset\": \"%s\", \"step\": \"%s\", \"ep\": %d, \"slots\": %d, \"weights_gb\": %.3f, "
-                   "\"moved_gb\": %.3f, "
-                   "\"replace_s\": %.4f, \"gbs\": %.3f, \"fraction_of_memcpy\": %.4f, \"max_output_change\": %g}%s\n",
-                   v.preset.c_str(), v.step.c_str(), v.ep, v.slots, v.gb_weights, v.gb_moved, v.replace_s, v.gbs,
-                   v.frac, v.max_diff, i + 1 < moves.size() ? "," : "");
-    }
-    std::fprintf(f, "  ]\n}\n");
-    std::fclose(f);
+void write_json(const Options& o, const std::vector<Balance>& rows, const std::vector<Move>& moves) {
+  FILE* f = std::fopen(o.json.c_str(), "w");
+  if (!f) die("cannot write " + o.json);
+  std::fprintf(f, "{\n  \"zipf\": %g, \"tokens\": %d, \"redundant_div\": %d,\n  \"balance\": [\n", o.zipf, o.tokens,
+               o.redundant_div);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& b = rows[i];
+    std::fprintf(
+        f,
+        "    {\"preset\": \"%s\", \"dispatch\": \"%s\", \"ep\": %d, \"experts\": %d, \"slots\": %d, "
+        "\"ranks_per_node\": %d, \"groups\": %d, \"imbalance_before\": %.4f, \"imbalance_predicted\": %.4f, "
+        "\"imbalance_replay\": %.4f, \"imbalance_after\": %.4f, \"rebalance_us\": %.1f, \"replace_ms\": %.3f}%s\n",
+        b.preset.c_str(), b.dispatch.c_str(), b.ep, b.experts, b.slots, b.rpn, b.groups, b.before, b.predicted,
+        b.replay, b.after, b.rebalance_us, b.replace_ms, i + 1 < rows.size() ? "," : "");
   }
+  std::fprintf(f, "  ],\n  \"replace\": [\n");
+  for (size_t i = 0; i < moves.size(); ++i) {
+    const auto& v = moves[i];
+    std::fprintf(f,
+                 "    {\"preset\": \"%s\", \"step\": \"%s\", \"ep\": %d, \"slots\": %d, \"weights_gb\": %.3f, "
+                 "\"moved_gb\": %.3f, "
+                 "\"replace_s\": %.4f, \"gbs\": %.3f, \"fraction_of_memcpy\": %.4f, \"max_output_change\": %g}%s\n",
+                 v.preset.c_str(), v.step.c_str(), v.ep, v.slots, v.gb_weights, v.gb_moved, v.replace_s, v.gbs, v.frac,
+                 v.max_diff, i + 1 < moves.size() ? "," : "");
+  }
+  std::fprintf(f, "  ]\n}\n");
+  std::fclose(f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (const int rc = parse_options(argc, argv, &o); rc != cli::Parser::kRun) return rc;
+  std::mt19937 g(o.seed);
+  std::vector<Balance> rows;
+  if (!part1(o, g, &rows)) return 2;
+  const std::vector<Move> moves = o.replace_gb > 0 ? part2(o, g) : std::vector<Move>{};
+  if (!o.json.empty()) write_json(o, rows, moves);
   return 0;
 }
