@@ -759,9 +759,12 @@ bool Checkpoint::locate(int32_t layer, ep_moe_weight_t which, int32_t expert, Sl
   // Expert e of a 3-D tensor [E, a, b] viewed as [rows, cols].
   auto sub = [&](const TensorInfo* t, int64_t rows, int64_t cols, bool transposed) {
     const int64_t a = transposed ? cols : rows, b = transposed ? rows : cols;
-    if (t->shape.size() != 3 || t->shape[1] != a || t->shape[2] != b)
-      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s' should be [%d, %lld, %lld]", file(t->file).name().c_str(),
-           t->name.c_str(), s.experts, static_cast<long long>(a), static_cast<long long>(b));
+    // All three dimensions: expert e's rows are read at e's place in it, so
+    // a tensor of fewer experts than the layer has would end before them.
+    if (t->shape.size() != 3 || t->shape[0] != s.experts || t->shape[1] != a || t->shape[2] != b)
+      fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s' should be [%d, %lld, %lld], it is %s", file(t->file).name().c_str(),
+           t->name.c_str(), s.experts, static_cast<long long>(a), static_cast<long long>(b),
+           dims_text(t->shape).c_str());
     out->tensor = t;
     out->offset = t->offset + t->bytes_of(static_cast<uint64_t>(expert) * static_cast<uint64_t>(a * b));
     out->rows = rows;

@@ -22,7 +22,7 @@ namespace writers {
 
 struct Tensor {
   std::string name;
-  std::string dtype;           // safetensors dtype name, or "Q8_0" for GGUF
+  std::string dtype;           // safetensors dtype name, or a GGUF block format ("Q8_0", "Q4_K", ...)
   std::vector<int64_t> shape;  // outermost first
   std::vector<uint8_t> data;
 };
@@ -113,7 +113,12 @@ inline uint32_t ggml_type(const std::string& dtype) {
   if (dtype == "Q4_0") return 2;
   if (dtype == "Q4_1") return 3;  // written as raw blocks (20 bytes for 32 elements): never loaded
   if (dtype == "Q8_0") return 8;
+  if (dtype == "Q4_K") return 12;
+  if (dtype == "Q5_K") return 13;
+  if (dtype == "Q6_K") return 14;
+  if (dtype == "IQ4_XS") return 23;
   if (dtype == "BF16") return 30;
+  if (dtype == "MXFP4") return 39;
   return 0xffffffffu;
 }
 

@@ -1,0 +1,331 @@
+// Random mutations of small GGUF MoE checkpoints whose experts are in the
+// block formats (gate/up in one, down in another, as Q4_K_M files mix them):
+// every mutated file goes through open, layer config, layer create, load and
+// a forward, and each step must return a status (an error with a message) —
+// never crash, hang, or touch memory it does not own (the sanitizer builds
+// run this test too). test_corrupt.cpp has the targeted faults and their
+// exact messages; this one reaches the combinations nobody listed, from the
+// header through to the kernels.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ep_moe/ep_moe.h"
+#include "writers.hpp"
+
+namespace {
+
+struct BlockFormat {
+  const char* name;
+  int elems, bytes;
+  // Where its f16 scales sit in a block (-1: none), and MXFP4's e8m0 byte.
+  int d_at, dmin_at, e8m0_at;
+};
+
+const BlockFormat kFormats[] = {
+    {"Q8_0", 32, 34, 0, -1, -1},     {"Q4_0", 32, 18, 0, -1, -1},  {"MXFP4", 32, 17, -1, -1, 0},
+    {"Q4_K", 256, 144, 0, 2, -1},    {"Q5_K", 256, 176, 0, 2, -1}, {"Q6_K", 256, 210, 208, -1, -1},
+    {"IQ4_XS", 256, 136, 0, -1, -1},
+};
+
+const BlockFormat& format(const std::string& name) {
+  for (const auto& f : kFormats)
+    if (name == f.name) return f;
+  throw std::runtime_error("no block format " + name);
+}
+
+// `rows` rows of k elements in format f: random bytes, the scales small
+// finite values, so that the unmutated file computes finite outputs.
+std::vector<uint8_t> random_blocks(const BlockFormat& f, int64_t rows, int64_t k, std::mt19937& rng) {
+  std::vector<uint8_t> b(static_cast<size_t>(rows * (k / f.elems) * f.bytes));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& x : b) x = static_cast<uint8_t>(byte(rng));
+  for (size_t at = 0; at < b.size(); at += static_cast<size_t>(f.bytes)) {
+    const auto put_f16 = [&](int off) {
+      if (off < 0) return;
+      const uint16_t h = static_cast<uint16_t>(0x1c00 + byte(rng));  // about 2^-8
+      std::memcpy(&b[at + static_cast<size_t>(off)], &h, 2);
+    };
+    put_f16(f.d_at);
+    put_f16(f.dmin_at);
+    if (f.e8m0_at >= 0) b[at + static_cast<size_t>(f.e8m0_at)] = static_cast<uint8_t>(118 + byte(rng) % 8);
+  }
+  return b;
+}
+
+// A qwen3moe GGUF with one MoE layer (layer 1): experts [E, I, H] in
+// `gate_up`, down [E, H, I] in `down`, the router in F32; and where its
+// header (metadata, tensor infos, padding) ends.
+struct GgufFile {
+  std::vector<uint8_t> bytes;
+  size_t header = 0;
+};
+GgufFile quant_moe(int H, int I, int E, int K, const std::string& gate_up, const std::string& down, std::mt19937& rng) {
+  writers::Model m;
+  m.spec.H = H;
+  m.spec.I = I;
+  m.spec.E = E;
+  m.spec.K = K;
+  m.layer = 1;
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> emb(static_cast<size_t>(37 * H)), router(static_cast<size_t>(E * H));
+  for (auto& x : emb) x = n(rng);
+  for (auto& x : router) x = n(rng) / std::sqrt(static_cast<float>(H));
+  std::vector<writers::Tensor> ts;
+  ts.push_back({"token_embd.weight", "F32", {37, H}, writers::encode(emb, "F32")});
+  ts.push_back({"blk.1.ffn_gate_inp.weight", "F32", {E, H}, writers::encode(router, "F32")});
+  const BlockFormat &gu = format(gate_up), &dn = format(down);
+  ts.push_back({"blk.1.ffn_gate_exps.weight", gate_up, {E, I, H}, random_blocks(gu, int64_t{E} * I, H, rng)});
+  ts.push_back({"blk.1.ffn_up_exps.weight", gate_up, {E, I, H}, random_blocks(gu, int64_t{E} * I, H, rng)});
+  ts.push_back({"blk.1.ffn_down_exps.weight", down, {E, H, I}, random_blocks(dn, int64_t{E} * H, I, rng)});
+  GgufFile f{writers::gguf_bytes(ts, writers::gguf_meta(m)), 0};
+  size_t data = 0;
+  for (const auto& t : ts) data += (t.data.size() + 31) / 32 * 32;  // gguf_bytes' default alignment
+  f.header = f.bytes.size() - data;
+  return f;
+}
+
+// One to three random changes: bits flipped or a word replaced in the header
+// (the first `header` bytes), bytes inserted or cut there, bytes set in the
+// tensor data, or the file cut short.
+void mutate(std::vector<uint8_t>& b, size_t header, std::mt19937& rng) {
+  static const uint64_t kWords[] = {0,
+                                    1,
+                                    2,
+                                    3,
+                                    7,
+                                    31,
+                                    32,
+                                    255,
+                                    256,
+                                    1024,
+                                    0x7fffffffull,
+                                    0x80000000ull,
+                                    0xffffffffull,
+                                    1ull << 32,
+                                    1ull << 40,
+                                    0x7fffffffffffffffull,
+                                    ~0ull};
+  const auto pick = [&](size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng); };
+  const int changes = 1 + static_cast<int>(pick(3));
+  for (int c = 0; c < changes && !b.empty(); ++c) {
+    const size_t hdr = std::min(header, b.size());
+    switch (pick(7)) {
+      case 0:
+      case 1: {  // bits in the header
+        for (int i = 1 + static_cast<int>(pick(3)); i > 0; --i) b[pick(hdr)] ^= static_cast<uint8_t>(1u << pick(8));
+        break;
+      }
+      case 2: {  // a u32 or u64 in the header replaced by a boundary value
+        const size_t w = pick(2) ? 8 : 4, at = pick(hdr > w ? hdr - w : 1);
+        const uint64_t v = kWords[pick(sizeof kWords / sizeof kWords[0])];
+        std::memcpy(&b[at], &v, std::min(w, b.size() - at));
+        break;
+      }
+      case 3: {  // bytes inserted into or cut from the header
+        const size_t at = pick(hdr), n = 1 + pick(8);
+        if (pick(2)) b.insert(b.begin() + static_cast<long>(at), n, static_cast<uint8_t>(pick(256)));
+        else b.erase(b.begin() + static_cast<long>(at), b.begin() + static_cast<long>(std::min(b.size(), at + n)));
+        break;
+      }
+      case 4:
+      case 5: {  // tensor data: random bytes, all ones (f16 NaN scales), zeros
+        if (b.size() <= hdr) break;
+        const uint8_t v = static_cast<uint8_t>(pick(3) == 0 ? 0xff : pick(3) == 0 ? 0 : pick(256));
+        for (int i = 1 + static_cast<int>(pick(16)); i > 0; --i) b[hdr + pick(b.size() - hdr)] = v;
+        break;
+      }
+      default: b.resize(pick(b.size()));  // cut short
+    }
+  }
+}
+
+bool is_error(ep_moe_status_t s) {
+  return s == EP_MOE_ERR_FORMAT || s == EP_MOE_ERR_IO || s == EP_MOE_ERR_NOT_FOUND || s == EP_MOE_ERR_UNSUPPORTED ||
+         s == EP_MOE_ERR_INVALID_ARGUMENT || s == EP_MOE_ERR_OUT_OF_MEMORY;
+}
+
+// What became of one mutated file.
+enum Outcome {
+  kOpenFailed,
+  kNoLayer,
+  kConfigFailed,
+  kTooLarge,
+  kCreateFailed,
+  kLoadFailed,
+  kForwardFailed,
+  kRan,
+  kOutcomes
+};
+const char* const kOutcomeNames[] = {"open refused",   "no MoE layer", "config refused",  "too large to create",
+                                     "create refused", "load refused", "forward refused", "loaded and ran"};
+
+// A failed step: an error status from the documented set, with a message.
+void check_error(ep_moe_status_t s, const std::string& message) {
+  INFO("status " << s << ": " << message);
+  CHECK(is_error(s));
+  CHECK(!message.empty());
+}
+
+Outcome run_file(const std::string& path, std::mt19937& rng) {
+  ep_moe_checkpoint_t* ck = nullptr;
+  ep_moe_status_t s = ep_moe_checkpoint_open(&ck, path.c_str(), nullptr);
+  if (s != EP_MOE_OK) {
+    check_error(s, ep_moe_last_error());
+    CHECK(ck == nullptr);
+    return kOpenFailed;
+  }
+  struct Closer {
+    ep_moe_checkpoint_t* c;
+    ~Closer() { ep_moe_checkpoint_close(c); }
+  } closer{ck};
+  int32_t layers[8];
+  size_t count = 0;
+  REQUIRE(ep_moe_checkpoint_moe_layers(layers, 8, &count, ck) == EP_MOE_OK);
+  if (count == 0) return kNoLayer;
+  ep_moe_layer_config_t lc;
+  ep_moe_layer_config_init(&lc);
+  s = ep_moe_checkpoint_layer_config(&lc, ck, layers[0]);
+  if (s != EP_MOE_OK) {
+    check_error(s, ep_moe_checkpoint_last_error(ck));
+    return kConfigFailed;
+  }
+  // A header may claim any size the tensors agree with; the layer below
+  // must stay within this test's memory.
+  const int64_t elems = int64_t{lc.hidden_size} * (lc.intermediate_size + lc.shared_intermediate_size) *
+                        std::max<int64_t>(1, lc.num_experts);
+  if (elems > (int64_t{4} << 20) || lc.num_experts > 1024) return kTooLarge;
+  lc.max_tokens = 4;
+  lc.num_threads = 1;
+  lc.act_dtype = EP_MOE_DTYPE_F32;
+  ep_moe_expert_map_config_t mc;
+  ep_moe_expert_map_config_init(&mc);
+  mc.ep_size = 1;
+  mc.ep_rank = 0;
+  mc.global_num_experts = lc.num_experts;
+  ep_moe_expert_map_t* map = nullptr;
+  ep_moe_layer_t* layer = nullptr;
+  s = ep_moe_expert_map_create(&map, &mc);
+  if (s == EP_MOE_OK) s = ep_moe_layer_create(&layer, &lc, map, nullptr, nullptr);
+  ep_moe_expert_map_destroy(map);
+  if (s != EP_MOE_OK) {
+    check_error(s, ep_moe_last_error());
+    return kCreateFailed;
+  }
+  Outcome out = kLoadFailed;
+  s = ep_moe_layer_load(layer, ck, layers[0]);
+  if (s != EP_MOE_OK) {
+    check_error(s, ep_moe_layer_last_error(layer));
+  } else {
+    // A layer that loaded runs: 3 tokens, routed by its own router.
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(3 * lc.hidden_size)), y(x.size());
+    for (auto& v : x) v = n(rng);
+    ep_moe_forward_args_t a;
+    ep_moe_forward_args_init(&a);
+    a.num_tokens = 3;
+    a.hidden = x.data();
+    a.out = y.data();
+    // It may refuse its input: router logits made NaN or infinite by the
+    // router's mutated values, or no router at all (a mutated name) and no
+    // logits given.
+    s = ep_moe_layer_forward(layer, &a);
+    if (s != EP_MOE_OK) check_error(s, ep_moe_layer_last_error(layer));
+    out = s == EP_MOE_OK ? kRan : kForwardFailed;
+  }
+  ep_moe_layer_destroy(layer);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("randomly mutated block-format GGUF checkpoints: every step returns a status", "[checkpoint][corrupt]") {
+  struct File {
+    int H, I, E, K;
+    const char *gate_up, *down;
+  };
+  // Every block format a layer keeps, each file a mix.
+  const File files[] = {{256, 256, 4, 2, "Q4_K", "Q6_K"},
+                        {256, 256, 4, 2, "IQ4_XS", "Q5_K"},
+                        {64, 32, 4, 2, "MXFP4", "Q8_0"},
+                        {64, 64, 3, 2, "Q4_0", "Q4_0"}};
+  // Mutants per file; EP_MOE_MUTANTS runs more (a longer search by hand).
+  const char* env = std::getenv("EP_MOE_MUTANTS");
+  const int mutants = env && std::atoi(env) > 0 ? std::atoi(env) : 150;
+  const std::string dir = writers::temp_dir("mutate");
+  std::mt19937 rng(20261207);
+  for (const File& f : files) {
+    const GgufFile gf = quant_moe(f.H, f.I, f.E, f.K, f.gate_up, f.down, rng);
+    const std::vector<uint8_t>& good = gf.bytes;
+    const std::string path = dir + "/" + f.gate_up + "_" + f.down + ".gguf";
+    SECTION(std::string(f.gate_up) + " gate/up, " + f.down + " down") {
+      writers::write_file(path, good);
+      REQUIRE(run_file(path, rng) == kRan);  // the unmutated file loads and runs
+      int outcomes[kOutcomes] = {};
+      for (int i = 0; i < mutants; ++i) {
+        std::vector<uint8_t> b = good;
+        mutate(b, gf.header, rng);
+        writers::write_file(path, b);
+        INFO("mutant " << i << " of " << path);
+        ++outcomes[run_file(path, rng)];
+      }
+      std::string summary;
+      for (int o = 0; o < kOutcomes; ++o)
+        if (outcomes[o])
+          summary += std::string(summary.empty() ? "" : ", ") + kOutcomeNames[o] + " " + std::to_string(outcomes[o]);
+      WARN(f.gate_up << "/" << f.down << ": " << summary);
+      // The mutations reach past the header: some files still load.
+      CHECK(outcomes[kRan] > 0);
+      CHECK(outcomes[kOpenFailed] > 0);
+    }
+  }
+}
+
+TEST_CASE("a stacked expert tensor holding fewer experts than the layer is refused at load, naming it",
+          "[checkpoint][corrupt]") {
+  // The mutations above found it: such a file passed every check up to the
+  // read of the missing expert's rows, refused there as an internal error.
+  std::mt19937 rng(7);
+  // A Q4_K/Q6_K file whose ffn_up_exps holds only the first expert.
+  writers::Model m;
+  m.spec.H = m.spec.I = 256;
+  m.spec.E = 4;
+  m.spec.K = 2;
+  m.layer = 1;
+  const BlockFormat& q4k = format("Q4_K");
+  std::vector<float> emb(37 * 256, 0.5f), router(4 * 256, 0.01f);
+  std::vector<writers::Tensor> ts;
+  ts.push_back({"token_embd.weight", "F32", {37, 256}, writers::encode(emb, "F32")});
+  ts.push_back({"blk.1.ffn_gate_inp.weight", "F32", {4, 256}, writers::encode(router, "F32")});
+  ts.push_back({"blk.1.ffn_gate_exps.weight", "Q4_K", {4, 256, 256}, random_blocks(q4k, 4 * 256, 256, rng)});
+  ts.push_back({"blk.1.ffn_up_exps.weight", "Q4_K", {1, 256, 256}, random_blocks(q4k, 256, 256, rng)});
+  ts.push_back({"blk.1.ffn_down_exps.weight", "Q6_K", {4, 256, 256}, random_blocks(format("Q6_K"), 4 * 256, 256, rng)});
+  const std::string path = writers::temp_dir("fewer") + "/fewer.gguf";
+  writers::write_file(path, writers::gguf_bytes(ts, writers::gguf_meta(m)));
+  ep_moe_checkpoint_t* ck = nullptr;
+  REQUIRE(ep_moe_checkpoint_open(&ck, path.c_str(), nullptr) == EP_MOE_OK);
+  ep_moe_layer_config_t lc;
+  ep_moe_layer_config_init(&lc);
+  REQUIRE(ep_moe_checkpoint_layer_config(&lc, ck, 1) == EP_MOE_OK);
+  lc.max_tokens = 4;
+  ep_moe_expert_map_config_t mc;
+  ep_moe_expert_map_config_init(&mc);
+  mc.global_num_experts = 4;
+  ep_moe_expert_map_t* map = nullptr;
+  REQUIRE(ep_moe_expert_map_create(&map, &mc) == EP_MOE_OK);
+  ep_moe_layer_t* layer = nullptr;
+  REQUIRE(ep_moe_layer_create(&layer, &lc, map, nullptr, nullptr) == EP_MOE_OK);
+  CHECK(ep_moe_layer_load(layer, ck, 1) == EP_MOE_ERR_FORMAT);
+  const std::string msg = ep_moe_layer_last_error(layer);
+  INFO(msg);
+  CHECK(msg.find(path) != std::string::npos);
+  CHECK(msg.find("'blk.1.ffn_up_exps.weight' should be [4, 256, 256], it is [1, 256, 256]") != std::string::npos);
+  ep_moe_layer_destroy(layer);
+  ep_moe_expert_map_destroy(map);
+  ep_moe_checkpoint_close(ck);
+}
