@@ -242,6 +242,19 @@ Outcome run_file(const std::string& path, std::mt19937& rng) {
   return out;
 }
 
+// One to three digits in [from, to) of b replaced by others: a safetensors
+// header or a config.json stays well-formed JSON, with other shapes,
+// offsets and sizes.
+void mutate_digits(std::vector<uint8_t>& b, size_t from, size_t to, std::mt19937& rng) {
+  std::vector<size_t> digits;
+  for (size_t i = from; i < std::min(to, b.size()); ++i)
+    if (b[i] >= '0' && b[i] <= '9') digits.push_back(i);
+  if (digits.empty()) return;
+  std::uniform_int_distribution<size_t> any(0, digits.size() - 1);
+  std::uniform_int_distribution<int> digit(0, 9);
+  for (int c = 1 + digit(rng) % 3; c > 0; --c) b[digits[any(rng)]] = static_cast<uint8_t>('0' + digit(rng));
+}
+
 }  // namespace
 
 TEST_CASE("randomly mutated block-format GGUF checkpoints: every step returns a status", "[checkpoint][corrupt]") {
@@ -328,4 +341,65 @@ TEST_CASE("a stacked expert tensor holding fewer experts than the layer is refus
   ep_moe_layer_destroy(layer);
   ep_moe_expert_map_destroy(map);
   ep_moe_checkpoint_close(ck);
+}
+
+TEST_CASE("safetensors checkpoints with mutated numbers: every step returns a status", "[checkpoint][corrupt]") {
+  struct Case {
+    writers::Scheme scheme;
+    const char* dtype;
+    int Is;  // shared expert
+  };
+  const Case cases[] = {{writers::Scheme::Qwen, "BF16", 32},
+                        {writers::Scheme::Stacked, "F16", 0},
+                        {writers::Scheme::Fused, "BF16", 0},
+                        {writers::Scheme::FusedTransposed, "F32", 0},
+                        {writers::Scheme::DeepSeek, "BF16", 32}};
+  const char* env = std::getenv("EP_MOE_MUTANTS");
+  const int mutants = env && std::atoi(env) > 0 ? std::atoi(env) : 100;
+  std::mt19937 rng(20261208);
+  for (const Case& c : cases) {
+    SECTION("scheme " + std::to_string(static_cast<int>(c.scheme)) + " " + c.dtype) {
+      writers::Model m;
+      m.spec.H = 64;
+      m.spec.I = 32;
+      m.spec.E = 8;
+      m.spec.K = 2;
+      m.spec.Is = c.Is;
+      if (c.scheme == writers::Scheme::DeepSeek) {
+        m.spec.sigmoid = true;
+        m.spec.groups = 4;
+        m.spec.topk_group = 2;
+        m.spec.use_bias = true;
+      }
+      m.dtype = c.dtype;
+      m.layer = 1;
+      m.w = ref::random_weights(m.spec, ref::F32, rng);
+      const std::vector<uint8_t> good = writers::safetensors_bytes(writers::moe_tensors(m, c.scheme, rng));
+      const std::string config = writers::hf_config(m, c.scheme);
+      const std::vector<uint8_t> good_config(config.begin(), config.end());
+      uint64_t header = 0;
+      std::memcpy(&header, good.data(), 8);
+      const std::string dir = writers::temp_dir("mutate_st");
+      const std::string path = dir + "/model.safetensors";
+      writers::write_file(dir + "/config.json", good_config);
+      writers::write_file(path, good);
+      REQUIRE(run_file(path, rng) == kRan);
+      int outcomes[kOutcomes] = {};
+      for (int i = 0; i < mutants; ++i) {
+        std::vector<uint8_t> b = good, cfg = good_config;
+        if (i % 3 == 0) mutate_digits(cfg, 0, cfg.size(), rng);
+        else mutate_digits(b, 8, 8 + static_cast<size_t>(header), rng);
+        writers::write_file(dir + "/config.json", cfg);
+        writers::write_file(path, b);
+        INFO("mutant " << i << " of " << path);
+        ++outcomes[run_file(path, rng)];
+      }
+      std::string summary;
+      for (int o = 0; o < kOutcomes; ++o)
+        if (outcomes[o])
+          summary += std::string(summary.empty() ? "" : ", ") + kOutcomeNames[o] + " " + std::to_string(outcomes[o]);
+      WARN("scheme " << static_cast<int>(c.scheme) << " " << c.dtype << ": " << summary);
+      CHECK(outcomes[kRan] > 0);
+    }
+  }
 }
