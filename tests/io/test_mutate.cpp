@@ -3,9 +3,10 @@
 // every mutated file goes through open, layer config, layer create, load and
 // a forward, and each step must return a status (an error with a message) —
 // never crash, hang, or touch memory it does not own (the sanitizer builds
-// run this test too). test_corrupt.cpp has the targeted faults and their
-// exact messages; this one reaches the combinations nobody listed, from the
-// header through to the kernels.
+// run this test too). Safetensors checkpoints get the same, with digits
+// changed in their JSON header and config.json. test_corrupt.cpp has the
+// targeted faults and their exact messages; this one reaches the
+// combinations nobody listed, from the header through to the kernels.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
