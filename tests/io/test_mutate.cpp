@@ -59,36 +59,52 @@ std::vector<uint8_t> random_blocks(const BlockFormat& f, int64_t rows, int64_t k
   return b;
 }
 
-// A qwen3moe GGUF with one MoE layer (layer 1): experts [E, I, H] in
-// `gate_up`, down [E, H, I] in `down`, the router in F32; and where its
-// header (metadata, tensor infos, padding) ends.
-struct GgufFile {
-  std::vector<uint8_t> bytes;
-  size_t header = 0;
-};
-GgufFile quant_moe(int H, int I, int E, int K, const std::string& gate_up, const std::string& down, std::mt19937& rng) {
+// A qwen3moe MoE layer (layer 1) in GGUF tensors: experts [E, I, H] in
+// `gate_up`, down [E, H, I] in `down`, the router and an embedding in F32;
+// and its metadata.
+struct QuantMoe {
   writers::Model m;
-  m.spec.H = H;
-  m.spec.I = I;
-  m.spec.E = E;
-  m.spec.K = K;
-  m.layer = 1;
+  std::vector<writers::Tensor> tensors;
+};
+QuantMoe quant_tensors(int H, int I, int E, int K, const std::string& gate_up, const std::string& down,
+                       std::mt19937& rng) {
+  QuantMoe q;
+  q.m.spec.H = H;
+  q.m.spec.I = I;
+  q.m.spec.E = E;
+  q.m.spec.K = K;
+  q.m.layer = 1;
   std::normal_distribution<float> n(0.0f, 1.0f);
   std::vector<float> emb(static_cast<size_t>(37 * H)), router(static_cast<size_t>(E * H));
   for (auto& x : emb) x = n(rng);
   for (auto& x : router) x = n(rng) / std::sqrt(static_cast<float>(H));
-  std::vector<writers::Tensor> ts;
+  auto& ts = q.tensors;
   ts.push_back({"token_embd.weight", "F32", {37, H}, writers::encode(emb, "F32")});
   ts.push_back({"blk.1.ffn_gate_inp.weight", "F32", {E, H}, writers::encode(router, "F32")});
   const BlockFormat &gu = format(gate_up), &dn = format(down);
   ts.push_back({"blk.1.ffn_gate_exps.weight", gate_up, {E, I, H}, random_blocks(gu, int64_t{E} * I, H, rng)});
   ts.push_back({"blk.1.ffn_up_exps.weight", gate_up, {E, I, H}, random_blocks(gu, int64_t{E} * I, H, rng)});
   ts.push_back({"blk.1.ffn_down_exps.weight", down, {E, H, I}, random_blocks(dn, int64_t{E} * H, I, rng)});
-  GgufFile f{writers::gguf_bytes(ts, writers::gguf_meta(m)), 0};
+  return q;
+}
+
+// A GGUF file's bytes and where its header (metadata, tensor infos,
+// padding) ends.
+struct GgufFile {
+  std::vector<uint8_t> bytes;
+  size_t header = 0;
+};
+GgufFile gguf_file(const std::vector<writers::Tensor>& ts, const std::vector<writers::Kv>& kv) {
+  GgufFile f{writers::gguf_bytes(ts, kv), 0};
   size_t data = 0;
   for (const auto& t : ts) data += (t.data.size() + 31) / 32 * 32;  // gguf_bytes' default alignment
   f.header = f.bytes.size() - data;
   return f;
+}
+
+GgufFile quant_moe(int H, int I, int E, int K, const std::string& gate_up, const std::string& down, std::mt19937& rng) {
+  const QuantMoe q = quant_tensors(H, I, E, K, gate_up, down, rng);
+  return gguf_file(q.tensors, writers::gguf_meta(q.m));
 }
 
 // One to three random changes: bits flipped or a word replaced in the header
@@ -403,4 +419,51 @@ TEST_CASE("safetensors checkpoints with mutated numbers: every step returns a st
       CHECK(outcomes[kRan] > 0);
     }
   }
+}
+
+TEST_CASE("split GGUF checkpoints with one split mutated: every step returns a status", "[checkpoint][corrupt]") {
+  // Three splits as llama.cpp's gguf-split names and keys them: the metadata
+  // and the router in the first, the gate experts in the second, up and
+  // down in the third.
+  std::mt19937 rng(20261209);
+  const QuantMoe q = quant_tensors(256, 256, 4, 2, "Q4_K", "Q6_K", rng);
+  const auto& ts = q.tensors;
+  const std::vector<std::vector<writers::Tensor>> parts = {{ts[0], ts[1]}, {ts[2]}, {ts[3], ts[4]}};
+  std::vector<GgufFile> good;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    std::vector<writers::Kv> kv = p == 0 ? writers::gguf_meta(q.m) : std::vector<writers::Kv>{};
+    const uint64_t keys[3][2] = {{4, p}, {4, parts.size()}, {5, ts.size()}};
+    const char* names[3] = {"split.no", "split.count", "split.tensors.count"};
+    for (int k = 0; k < 3; ++k) {
+      writers::Kv x;
+      x.key = names[k];
+      x.type = static_cast<uint32_t>(keys[k][0]);
+      x.u = keys[k][1];
+      kv.push_back(x);
+    }
+    good.push_back(gguf_file(parts[p], kv));
+  }
+  const std::string dir = writers::temp_dir("mutate_split");
+  const auto path_of = [&](size_t p) { return dir + "/moe-0000" + std::to_string(p + 1) + "-of-00003.gguf"; };
+  for (size_t p = 0; p < good.size(); ++p) writers::write_file(path_of(p), good[p].bytes);
+  REQUIRE(run_file(path_of(0), rng) == kRan);
+  const char* env = std::getenv("EP_MOE_MUTANTS");
+  const int mutants = env && std::atoi(env) > 0 ? std::atoi(env) : 150;
+  int outcomes[kOutcomes] = {};
+  for (int i = 0; i < mutants; ++i) {
+    const size_t p = static_cast<size_t>(i) % good.size();
+    std::vector<uint8_t> b = good[p].bytes;
+    mutate(b, good[p].header, rng);
+    writers::write_file(path_of(p), b);
+    INFO("mutant " << i << " of " << path_of(p));
+    ++outcomes[run_file(path_of(i % 2 ? p : 0), rng)];  // opened from the mutated split or the first
+    writers::write_file(path_of(p), good[p].bytes);
+  }
+  std::string summary;
+  for (int o = 0; o < kOutcomes; ++o)
+    if (outcomes[o])
+      summary += std::string(summary.empty() ? "" : ", ") + kOutcomeNames[o] + " " + std::to_string(outcomes[o]);
+  WARN("3 splits: " << summary);
+  CHECK(outcomes[kRan] > 0);
+  CHECK(outcomes[kOpenFailed] > 0);
 }
