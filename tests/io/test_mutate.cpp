@@ -189,6 +189,20 @@ void check_error(ep_moe_status_t s, const std::string& message) {
   CHECK(!message.empty());
 }
 
+// "open refused 113, config refused 5, ..., loaded and ran 29".
+std::string summary_of(const int (&outcomes)[kOutcomes]) {
+  std::string s;
+  for (int o = 0; o < kOutcomes; ++o)
+    if (outcomes[o]) s += std::string(s.empty() ? "" : ", ") + kOutcomeNames[o] + " " + std::to_string(outcomes[o]);
+  return s;
+}
+
+// Mutants a file: EP_MOE_MUTANTS (a longer search by hand), else `fallback`.
+int mutants_per_file(int fallback) {
+  const char* env = std::getenv("EP_MOE_MUTANTS");
+  return env && std::atoi(env) > 0 ? std::atoi(env) : fallback;
+}
+
 Outcome run_file(const std::string& path, std::mt19937& rng) {
   ep_moe_checkpoint_t* ck = nullptr;
   ep_moe_status_t s = ep_moe_checkpoint_open(&ck, path.c_str(), nullptr);
@@ -284,9 +298,7 @@ TEST_CASE("randomly mutated block-format GGUF checkpoints: every step returns a 
                         {256, 256, 4, 2, "IQ4_XS", "Q5_K"},
                         {64, 32, 4, 2, "MXFP4", "Q8_0"},
                         {64, 64, 3, 2, "Q4_0", "Q4_0"}};
-  // Mutants per file; EP_MOE_MUTANTS runs more (a longer search by hand).
-  const char* env = std::getenv("EP_MOE_MUTANTS");
-  const int mutants = env && std::atoi(env) > 0 ? std::atoi(env) : 150;
+  const int mutants = mutants_per_file(150);
   const std::string dir = writers::temp_dir("mutate");
   std::mt19937 rng(20261207);
   for (const File& f : files) {
@@ -304,10 +316,7 @@ TEST_CASE("randomly mutated block-format GGUF checkpoints: every step returns a 
         INFO("mutant " << i << " of " << path);
         ++outcomes[run_file(path, rng)];
       }
-      std::string summary;
-      for (int o = 0; o < kOutcomes; ++o)
-        if (outcomes[o])
-          summary += std::string(summary.empty() ? "" : ", ") + kOutcomeNames[o] + " " + std::to_string(outcomes[o]);
+      const std::string summary = summary_of(outcomes);
       WARN(f.gate_up << "/" << f.down << ": " << summary);
       // The mutations reach past the header: some files still load.
       CHECK(outcomes[kRan] > 0);
@@ -371,8 +380,7 @@ TEST_CASE("safetensors checkpoints with mutated numbers: every step returns a st
                         {writers::Scheme::Fused, "BF16", 0},
                         {writers::Scheme::FusedTransposed, "F32", 0},
                         {writers::Scheme::DeepSeek, "BF16", 32}};
-  const char* env = std::getenv("EP_MOE_MUTANTS");
-  const int mutants = env && std::atoi(env) > 0 ? std::atoi(env) : 100;
+  const int mutants = mutants_per_file(100);
   std::mt19937 rng(20261208);
   for (const Case& c : cases) {
     SECTION("scheme " + std::to_string(static_cast<int>(c.scheme)) + " " + c.dtype) {
@@ -411,10 +419,7 @@ TEST_CASE("safetensors checkpoints with mutated numbers: every step returns a st
         INFO("mutant " << i << " of " << path);
         ++outcomes[run_file(path, rng)];
       }
-      std::string summary;
-      for (int o = 0; o < kOutcomes; ++o)
-        if (outcomes[o])
-          summary += std::string(summary.empty() ? "" : ", ") + kOutcomeNames[o] + " " + std::to_string(outcomes[o]);
+      const std::string summary = summary_of(outcomes);
       WARN("scheme " << static_cast<int>(c.scheme) << " " << c.dtype << ": " << summary);
       CHECK(outcomes[kRan] > 0);
     }
@@ -447,8 +452,7 @@ TEST_CASE("split GGUF checkpoints with one split mutated: every step returns a s
   const auto path_of = [&](size_t p) { return dir + "/moe-0000" + std::to_string(p + 1) + "-of-00003.gguf"; };
   for (size_t p = 0; p < good.size(); ++p) writers::write_file(path_of(p), good[p].bytes);
   REQUIRE(run_file(path_of(0), rng) == kRan);
-  const char* env = std::getenv("EP_MOE_MUTANTS");
-  const int mutants = env && std::atoi(env) > 0 ? std::atoi(env) : 150;
+  const int mutants = mutants_per_file(150);
   int outcomes[kOutcomes] = {};
   for (int i = 0; i < mutants; ++i) {
     const size_t p = static_cast<size_t>(i) % good.size();
@@ -459,10 +463,7 @@ TEST_CASE("split GGUF checkpoints with one split mutated: every step returns a s
     ++outcomes[run_file(path_of(i % 2 ? p : 0), rng)];  // opened from the mutated split or the first
     writers::write_file(path_of(p), good[p].bytes);
   }
-  std::string summary;
-  for (int o = 0; o < kOutcomes; ++o)
-    if (outcomes[o])
-      summary += std::string(summary.empty() ? "" : ", ") + kOutcomeNames[o] + " " + std::to_string(outcomes[o]);
+  const std::string summary = summary_of(outcomes);
   WARN("3 splits: " << summary);
   CHECK(outcomes[kRan] > 0);
   CHECK(outcomes[kOpenFailed] > 0);
