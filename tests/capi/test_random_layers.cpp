@@ -15,12 +15,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "../common/reference_quant.hpp"
 #include "ep_moe/ep_moe.h"
 
 namespace {
@@ -33,79 +33,23 @@ T pick(Rng& g, const T (&v)[N]) {
   return v[static_cast<size_t>(pick(g, 0, static_cast<int>(N) - 1))];
 }
 
-// Elements per block and bytes per block of a block format (1, element size
-// for the float types).
-void block_of(ep_moe_dtype_t t, int* elems, int* bytes) {
-  switch (t) {
-    case EP_MOE_DTYPE_Q8_0: *elems = 32, *bytes = 34; return;
-    case EP_MOE_DTYPE_Q4_0: *elems = 32, *bytes = 18; return;
-    case EP_MOE_DTYPE_MXFP4: *elems = 32, *bytes = 17; return;
-    case EP_MOE_DTYPE_Q4_K: *elems = 256, *bytes = 144; return;
-    case EP_MOE_DTYPE_Q5_K: *elems = 256, *bytes = 176; return;
-    case EP_MOE_DTYPE_Q6_K: *elems = 256, *bytes = 210; return;
-    case EP_MOE_DTYPE_IQ4_XS: *elems = 256, *bytes = 136; return;
-    case EP_MOE_DTYPE_F32: *elems = 1, *bytes = 4; return;
-    default: *elems = 1, *bytes = 2; return;  // bf16, f16
-  }
-}
+// The test-side dtype code (ref::F32, BF16, F16) of a float dtype.
+int ref_dt(int32_t t) { return t == EP_MOE_DTYPE_F32 ? ref::F32 : t == EP_MOE_DTYPE_BF16 ? ref::BF16 : ref::F16; }
 
-uint16_t f16_of(float f) {  // small normal values only
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const int e = static_cast<int>((u >> 23) & 0xff) - 127 + 15;
-  if (e <= 0) return static_cast<uint16_t>((u >> 16) & 0x8000);
-  return static_cast<uint16_t>(((u >> 16) & 0x8000) | (e << 10) | ((u >> 13) & 0x3ff));
-}
+bool is_block_format(ep_moe_dtype_t t) { return t >= EP_MOE_DTYPE_Q8_0 && t <= EP_MOE_DTYPE_MXFP4; }
 
-// A [rows, cols] weight in dtype t with values of about 1/sqrt(cols): block
-// formats as random bytes with small scales (any bytes are valid blocks).
+// A [rows, cols] weight in dtype t with values of about 1/sqrt(cols)
+// (block formats: random valid blocks of that magnitude).
 std::vector<uint8_t> weight(ep_moe_dtype_t t, int64_t rows, int64_t cols, Rng& g) {
-  int elems = 1, bytes = 4;
-  block_of(t, &elems, &bytes);
-  const size_t n = static_cast<size_t>(rows * (cols / elems) * bytes);
-  std::vector<uint8_t> b(n);
-  std::normal_distribution<float> nd(0.0f, 1.0f / std::sqrt(static_cast<float>(cols)));
-  if (t == EP_MOE_DTYPE_F32 || t == EP_MOE_DTYPE_BF16 || t == EP_MOE_DTYPE_F16) {
-    for (size_t i = 0; i < n / static_cast<size_t>(bytes); ++i) {
-      const float v = nd(g);
-      uint32_t u;
-      std::memcpy(&u, &v, 4);
-      if (t == EP_MOE_DTYPE_F32) std::memcpy(&b[4 * i], &v, 4);
-      else {
-        const uint16_t h = t == EP_MOE_DTYPE_BF16 ? static_cast<uint16_t>(u >> 16) : f16_of(v);
-        std::memcpy(&b[2 * i], &h, 2);
-      }
-    }
-    return b;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(cols));
+  if (is_block_format(t)) {
+    std::vector<float> values;
+    return refq::random_blocks(t, static_cast<int>(rows), static_cast<int>(cols), scale, g, &values);
   }
-  for (auto& x : b) x = static_cast<uint8_t>(pick(g, 0, 255));
-  // Random quants under small scales, so that outputs stay well inside
-  // f16's range: the block scale d about 1/(32 sqrt(cols)), the K formats'
-  // and IQ4_XS's sub-block scales 1 (MXFP4: an e8m0 exponent of 2^-9).
-  const uint16_t d = f16_of(1.0f / (32.0f * std::sqrt(static_cast<float>(cols))));
-  for (size_t at = 0; at < n; at += static_cast<size_t>(bytes)) {
-    uint8_t* blk = &b[at];
-    switch (t) {
-      case EP_MOE_DTYPE_MXFP4: blk[0] = 118; break;
-      case EP_MOE_DTYPE_Q6_K:
-        std::memset(blk + 192, 1, 16);  // int8 scales
-        std::memcpy(blk + 208, &d, 2);
-        break;
-      case EP_MOE_DTYPE_Q4_K:
-      case EP_MOE_DTYPE_Q5_K:
-        std::memcpy(blk, &d, 2);
-        std::memcpy(blk + 2, &d, 2);  // dmin
-        std::memset(blk + 4, 1, 12);  // 6-bit scales and mins of 1 (and their high bits 0)
-        break;
-      case EP_MOE_DTYPE_IQ4_XS:
-        std::memcpy(blk, &d, 2);
-        blk[2] = blk[3] = 0xAA;         // scales_h: 2 for each sub-block ...
-        std::memset(blk + 4, 0x11, 4);  // ... scales_l: 1, so 33 - 32 = 1
-        break;
-      default: std::memcpy(blk, &d, 2);  // Q8_0, Q4_0
-    }
-  }
-  return b;
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(rows * cols));
+  for (auto& x : v) x = ref::round_to(nd(g), ref_dt(t));
+  return ref::encode(v, ref_dt(t));
 }
 
 bool documented_error(ep_moe_status_t s) { return s == EP_MOE_ERR_INVALID_ARGUMENT || s == EP_MOE_ERR_UNSUPPORTED; }
@@ -124,10 +68,10 @@ Drawn draw(Rng& g) {
                                 EP_MOE_DTYPE_Q4_0,   EP_MOE_DTYPE_Q4_K, EP_MOE_DTYPE_Q5_K, EP_MOE_DTYPE_Q6_K,
                                 EP_MOE_DTYPE_IQ4_XS, EP_MOE_DTYPE_MXFP4};
   const ep_moe_dtype_t w = pick(g, wts);
-  int elems = 1, bytes = 4;
-  block_of(w, &elems, &bytes);
+  int64_t elems = 1;
+  REQUIRE(ep_moe_dtype_block(&elems, nullptr, w) == EP_MOE_OK);  // 1 for f32, bf16, f16
   // Sizes in whole blocks, now and then not (a refusal to check).
-  const int unit = std::max(elems, 32);
+  const int unit = static_cast<int>(std::max<int64_t>(elems, 32));
   const bool odd = pick(g, 0, 19) == 0;
   c.hidden_size = unit * pick(g, 1, elems >= 256 ? 2 : 8) + (odd ? 16 : 0);
   c.intermediate_size = unit * pick(g, 1, elems >= 256 ? 2 : 4);
@@ -244,24 +188,16 @@ std::string run_rank(const Drawn& d, int rank, ep_moe_comm_t* comm, uint32_t see
   // before any collective). Under DP attention the second rank has half as
   // many (a zero-token rank at 1); all-gather ranks have the same tokens.
   const int counts[] = {1, 0, c.max_tokens, c.max_tokens + 1};
-  const size_t es = c.act_dtype == EP_MOE_DTYPE_F32 ? 4 : 2;
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (int j = 0; j < 4; ++j) {
     if (!err.empty()) break;
     const int32_t tc[2] = {counts[j], j == 3 ? counts[j] : counts[j] / 2};
     const int T = dp ? tc[rank] : counts[j];
     g.seed(seed + 7919u * static_cast<uint32_t>(j + 1) + (dp ? static_cast<uint32_t>(rank) : 0u));
-    std::vector<uint8_t> x(static_cast<size_t>(T) * H * es), y(x.size());
-    for (size_t i = 0; i < x.size() / es; ++i) {
-      const float v = nd(g);
-      if (es == 4) std::memcpy(&x[4 * i], &v, 4);
-      else {
-        uint32_t u;
-        std::memcpy(&u, &v, 4);
-        const uint16_t h = c.act_dtype == EP_MOE_DTYPE_BF16 ? static_cast<uint16_t>(u >> 16) : f16_of(v);
-        std::memcpy(&x[2 * i], &h, 2);
-      }
-    }
+    std::vector<float> xf(static_cast<size_t>(T) * H);
+    for (auto& v : xf) v = ref::round_to(nd(g), ref_dt(c.act_dtype));
+    const std::vector<uint8_t> x = ref::encode(xf, ref_dt(c.act_dtype));
+    std::vector<uint8_t> y(x.size());
     std::vector<float> logits(static_cast<size_t>(T) * E);
     for (auto& v : logits) v = nd(g);
     ep_moe_forward_args_t a;
@@ -280,19 +216,10 @@ std::string run_rank(const Drawn& d, int rank, ep_moe_comm_t* comm, uint32_t see
       err = std::string("forward of ") + std::to_string(T) + ": " + ep_moe_layer_last_error(layer);
       break;
     }
-    for (size_t i = 0; i < y.size() / es && err.empty(); ++i) {
-      float v = 0;
-      if (es == 4) std::memcpy(&v, &y[4 * i], 4);
-      else {
-        uint16_t h;
-        std::memcpy(&h, &y[2 * i], 2);
-        const uint32_t u = c.act_dtype == EP_MOE_DTYPE_BF16 ? static_cast<uint32_t>(h) << 16
-                           : (h & 0x7c00u) == 0x7c00u       ? 0x7f800000u
-                                                            : 0u;  // f16: only inf/NaN matter here
-        std::memcpy(&v, &u, 4);
-      }
-      if (!std::isfinite(v)) err = "forward of " + std::to_string(T) + ": output " + std::to_string(i) + " not finite";
-    }
+    const std::vector<float> out = ref::decode(y.data(), xf.size(), ref_dt(c.act_dtype));
+    for (size_t i = 0; i < out.size() && err.empty(); ++i)
+      if (!std::isfinite(out[i]))
+        err = "forward of " + std::to_string(T) + ": output " + std::to_string(i) + " not finite";
   }
   if (!err.empty() && comm) ep_moe_comm_abort(comm);
   ep_moe_layer_destroy(layer);

@@ -17,46 +17,32 @@
 #include <vector>
 
 #include "ep_moe/ep_moe.h"
+#include "../common/reference_quant.hpp"
 #include "writers.hpp"
 
 namespace {
 
+// A block format's GGUF type name (the writer's) and its test-side type.
 struct BlockFormat {
   const char* name;
-  int elems, bytes;
-  // Where its f16 scales sit in a block (-1: none), and MXFP4's e8m0 byte.
-  int d_at, dmin_at, e8m0_at;
+  refq::Type type;
 };
 
-const BlockFormat kFormats[] = {
-    {"Q8_0", 32, 34, 0, -1, -1},     {"Q4_0", 32, 18, 0, -1, -1},  {"MXFP4", 32, 17, -1, -1, 0},
-    {"Q4_K", 256, 144, 0, 2, -1},    {"Q5_K", 256, 176, 0, 2, -1}, {"Q6_K", 256, 210, 208, -1, -1},
-    {"IQ4_XS", 256, 136, 0, -1, -1},
-};
+const BlockFormat kFormats[] = {{"Q8_0", refq::Q8_0},    {"Q4_0", refq::Q4_0}, {"MXFP4", refq::MXFP4},
+                                {"Q4_K", refq::Q4_K},    {"Q5_K", refq::Q5_K}, {"Q6_K", refq::Q6_K},
+                                {"IQ4_XS", refq::IQ4_XS}};
 
-const BlockFormat& format(const std::string& name) {
+// `rows` rows of k elements in the format named `name`: random valid blocks
+// of values about 1/sqrt(k), so that the unmutated file computes finite
+// outputs.
+std::vector<uint8_t> random_blocks(const std::string& name, int64_t rows, int64_t k, std::mt19937& rng) {
   for (const auto& f : kFormats)
-    if (name == f.name) return f;
+    if (name == f.name) {
+      std::vector<float> values;
+      return refq::random_blocks(f.type, static_cast<int>(rows), static_cast<int>(k),
+                                 1.0f / std::sqrt(static_cast<float>(k)), rng, &values);
+    }
   throw std::runtime_error("no block format " + name);
-}
-
-// `rows` rows of k elements in format f: random bytes, the scales small
-// finite values, so that the unmutated file computes finite outputs.
-std::vector<uint8_t> random_blocks(const BlockFormat& f, int64_t rows, int64_t k, std::mt19937& rng) {
-  std::vector<uint8_t> b(static_cast<size_t>(rows * (k / f.elems) * f.bytes));
-  std::uniform_int_distribution<int> byte(0, 255);
-  for (auto& x : b) x = static_cast<uint8_t>(byte(rng));
-  for (size_t at = 0; at < b.size(); at += static_cast<size_t>(f.bytes)) {
-    const auto put_f16 = [&](int off) {
-      if (off < 0) return;
-      const uint16_t h = static_cast<uint16_t>(0x1c00 + byte(rng));  // about 2^-8
-      std::memcpy(&b[at + static_cast<size_t>(off)], &h, 2);
-    };
-    put_f16(f.d_at);
-    put_f16(f.dmin_at);
-    if (f.e8m0_at >= 0) b[at + static_cast<size_t>(f.e8m0_at)] = static_cast<uint8_t>(118 + byte(rng) % 8);
-  }
-  return b;
 }
 
 // A qwen3moe MoE layer (layer 1) in GGUF tensors: experts [E, I, H] in
@@ -81,10 +67,9 @@ QuantMoe quant_tensors(int H, int I, int E, int K, const std::string& gate_up, c
   auto& ts = q.tensors;
   ts.push_back({"token_embd.weight", "F32", {37, H}, writers::encode(emb, "F32")});
   ts.push_back({"blk.1.ffn_gate_inp.weight", "F32", {E, H}, writers::encode(router, "F32")});
-  const BlockFormat &gu = format(gate_up), &dn = format(down);
-  ts.push_back({"blk.1.ffn_gate_exps.weight", gate_up, {E, I, H}, random_blocks(gu, int64_t{E} * I, H, rng)});
-  ts.push_back({"blk.1.ffn_up_exps.weight", gate_up, {E, I, H}, random_blocks(gu, int64_t{E} * I, H, rng)});
-  ts.push_back({"blk.1.ffn_down_exps.weight", down, {E, H, I}, random_blocks(dn, int64_t{E} * H, I, rng)});
+  ts.push_back({"blk.1.ffn_gate_exps.weight", gate_up, {E, I, H}, random_blocks(gate_up, int64_t{E} * I, H, rng)});
+  ts.push_back({"blk.1.ffn_up_exps.weight", gate_up, {E, I, H}, random_blocks(gate_up, int64_t{E} * I, H, rng)});
+  ts.push_back({"blk.1.ffn_down_exps.weight", down, {E, H, I}, random_blocks(down, int64_t{E} * H, I, rng)});
   return q;
 }
 
@@ -327,25 +312,17 @@ TEST_CASE("randomly mutated block-format GGUF checkpoints: every step returns a 
 
 TEST_CASE("a stacked expert tensor holding fewer experts than the layer is refused at load, naming it",
           "[checkpoint][corrupt]") {
-  // The mutations above found it: such a file passed every check up to the
-  // read of the missing expert's rows, refused there as an internal error.
+  // Such a file passes open and layer config; its load must refuse it as
+  // malformed, naming the tensor, before reading where the missing experts
+  // would be. A Q4_K/Q6_K layer of 4 experts whose ffn_up_exps holds one:
   std::mt19937 rng(7);
-  // A Q4_K/Q6_K file whose ffn_up_exps holds only the first expert.
-  writers::Model m;
-  m.spec.H = m.spec.I = 256;
-  m.spec.E = 4;
-  m.spec.K = 2;
-  m.layer = 1;
-  const BlockFormat& q4k = format("Q4_K");
-  std::vector<float> emb(37 * 256, 0.5f), router(4 * 256, 0.01f);
-  std::vector<writers::Tensor> ts;
-  ts.push_back({"token_embd.weight", "F32", {37, 256}, writers::encode(emb, "F32")});
-  ts.push_back({"blk.1.ffn_gate_inp.weight", "F32", {4, 256}, writers::encode(router, "F32")});
-  ts.push_back({"blk.1.ffn_gate_exps.weight", "Q4_K", {4, 256, 256}, random_blocks(q4k, 4 * 256, 256, rng)});
-  ts.push_back({"blk.1.ffn_up_exps.weight", "Q4_K", {1, 256, 256}, random_blocks(q4k, 256, 256, rng)});
-  ts.push_back({"blk.1.ffn_down_exps.weight", "Q6_K", {4, 256, 256}, random_blocks(format("Q6_K"), 4 * 256, 256, rng)});
+  QuantMoe q = quant_tensors(256, 256, 4, 2, "Q4_K", "Q6_K", rng);
+  writers::Tensor& up = q.tensors[3];
+  REQUIRE(up.name == "blk.1.ffn_up_exps.weight");
+  up.shape[0] = 1;
+  up.data.resize(up.data.size() / 4);
   const std::string path = writers::temp_dir("fewer") + "/fewer.gguf";
-  writers::write_file(path, writers::gguf_bytes(ts, writers::gguf_meta(m)));
+  writers::write_file(path, writers::gguf_bytes(q.tensors, writers::gguf_meta(q.m)));
   ep_moe_checkpoint_t* ck = nullptr;
   REQUIRE(ep_moe_checkpoint_open(&ck, path.c_str(), nullptr) == EP_MOE_OK);
   ep_moe_layer_config_t lc;
