@@ -24,11 +24,17 @@
 #include "ep_moe/ep_moe.h"
 #include "machine_peaks.hpp"
 #include "cli.hpp"
+#include "feed.hpp"
 #include "presets.hpp"
 #include "report.hpp"
 
 namespace {
 
+using bench_feed::alternate;
+using bench_feed::Batches;
+using bench_feed::Feed;
+using bench_feed::forward_batch;
+using bench_feed::make_batches;
 using bench_report::DispatchRow;
 using bench_report::DtypeRatio;
 using bench_report::JsonMachine;
@@ -110,60 +116,6 @@ double bytes_per_weight(ep_moe_dtype_t d) {
   return static_cast<double>(bytes) / static_cast<double>(elems);
 }
 
-// Several different batches of T tokens, cycled, so that decode rows touch
-// different experts each call and the cache cannot keep the same weights hot.
-struct Batches {
-  std::vector<std::vector<uint8_t>> hidden;
-  std::vector<std::vector<float>> logits;
-};
-Batches make_batches(const presets::Model& m, int T, ep_moe_dtype_t dt) {
-  constexpr int kSets = 16;
-  Batches b;
-  for (int k = 0; k < kSets; ++k) {
-    std::vector<float> hid(static_cast<size_t>(T) * m.hidden), lg(static_cast<size_t>(T) * m.experts);
-    presets::fill(hid, hid.size(), 11 + static_cast<uint64_t>(k), static_cast<uint64_t>(T), 1.0f);
-    presets::fill(lg, lg.size(), 1000 + static_cast<uint64_t>(k), static_cast<uint64_t>(T), 3.0f);
-    b.hidden.push_back(presets::encode(hid, dt));
-    b.logits.push_back(std::move(lg));
-  }
-  return b;
-}
-
-// A token count's batches with an output buffer and the forward's
-// arguments for them (a.hidden and a.router_logits set per forward).
-struct Feed {
-  Batches batches;
-  std::vector<uint8_t> out;
-  ep_moe_forward_args_t a;
-  Feed(const presets::Model& m, int T, ep_moe_dtype_t dt)
-      : batches(make_batches(m, T, dt)), out(batches.hidden[0].size()) {
-    ep_moe_forward_args_init(&a);
-    a.num_tokens = T;
-    a.out = out.data();
-  }
-  Feed(const Feed&) = delete;  // a.out points into out
-  Feed& operator=(const Feed&) = delete;
-};
-
-// One forward of batch it % sets into `a` (a.out set by the caller); its
-// wall seconds and the layer's expert nanoseconds. False: the forward
-// failed (the layer's error printed).
-bool forward_batch(ep_moe_layer_t* layer, ep_moe_forward_args_t& a, const Batches& b, int it, double* wall_s,
-                   int64_t* expert_ns, int64_t* local_pairs = nullptr) {
-  const size_t i = static_cast<size_t>(it) % b.hidden.size();
-  a.hidden = b.hidden[i].data();
-  a.router_logits = b.logits[i].data();
-  const auto t0 = Clock::now();
-  if (ep_moe_layer_forward(layer, &a) != EP_MOE_OK) {
-    std::fprintf(stderr, "forward: %s\n", ep_moe_layer_last_error(layer));
-    return false;
-  }
-  *wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  ep_moe_layer_get_attr(expert_ns, layer, EP_MOE_LAYER_ATTR_LAST_EXPERT_NS);
-  if (local_pairs) ep_moe_layer_get_attr(local_pairs, layer, EP_MOE_LAYER_ATTR_LAST_LOCAL_PAIRS);
-  return true;
-}
-
 // The skip-strategy row of preset at T tokens in dtype (label), or null.
 const Row* skip_row(const std::vector<Row>& rows, const std::string& preset, int T, const std::string& dtype) {
   for (const Row& r : rows)
@@ -181,57 +133,6 @@ void per_byte(const std::vector<Row>& rows, DtypeRatio* q) {
   q->stream = q->expert * q->bytes;
 }
 
-// Rounds (o.ratio_rounds) of a block of forwards of layers[0] and of
-// layers[1] in turn, at least o.min_time / 4 each, who goes first
-// alternating; each layer cycles its feed's batches from where it left off
-// (the two may share one feed). Per round, the ratio of layers[num]'s mean
-// expert (and forward) time to the other's: the same moments for both, so
-// the machine's drift cancels. A round in which the other layer had no
-// local pair (a large EP at a few tokens) has no ratio and is left out.
-// False: a forward failed.
-bool alternate(const Options& o, ep_moe_layer_t* const (&layers)[2], Feed* const (&feeds)[2], int num,
-               bench_report::Alternated* q) {
-  const int den = 1 - num;
-  int it[2] = {0, 0};
-  double wall = 0;
-  int64_t ens = 0;
-  for (int s = 0; s < 2; ++s)  // warm-up
-    if (!forward_batch(layers[s], feeds[s]->a, feeds[s]->batches, it[s]++, &wall, &ens)) return false;
-  const double block_s = o.min_time / 4;
-  std::vector<double> er, fr;
-  for (int round = 0; round < o.ratio_rounds; ++round) {
-    double mean_e[2] = {0, 0}, mean_f[2] = {0, 0};
-    int64_t pairs[2] = {0, 0};
-    for (int ph = 0; ph < 2; ++ph) {
-      const int s = (ph + round) % 2;
-      double e_sum = 0, f_sum = 0;
-      int n = 0;
-      const auto start = Clock::now();
-      do {
-        int64_t np = 0;
-        if (!forward_batch(layers[s], feeds[s]->a, feeds[s]->batches, it[s]++, &wall, &ens, &np)) return false;
-        e_sum += static_cast<double>(ens);
-        f_sum += wall;
-        pairs[s] += np;
-        ++n;
-      } while (std::chrono::duration<double>(Clock::now() - start).count() < block_s);
-      mean_e[s] = e_sum / n;
-      mean_f[s] = f_sum / n;
-    }
-    if (pairs[den] == 0 || mean_e[den] <= 0 || mean_f[den] <= 0) continue;
-    er.push_back(mean_e[num] / mean_e[den]);
-    fr.push_back(mean_f[num] / mean_f[den]);
-  }
-  q->rounds = static_cast<int>(er.size());
-  if (!er.empty()) {
-    q->expert = median_of(er);
-    q->expert_min = *std::min_element(er.begin(), er.end());
-    q->expert_max = *std::max_element(er.begin(), er.end());
-    q->forward = median_of(fr);
-  }
-  return true;
-}
-
 // The baseline layer (dtype base_i) against another dtype's, alternated at
 // T tokens: the ratios of the baseline's times to the other's. False: a
 // forward failed.
@@ -245,7 +146,7 @@ bool alternate_dtypes(const Options& o, const presets::Model& m, const std::stri
   Feed fb(m, T, o.act_of(o.dtypes[base_i])), fo(m, T, o.act_of(o.dtypes[other_i]));
   ep_moe_layer_t* const layers[2] = {base, other};
   Feed* const feeds[2] = {&fb, &fo};
-  return alternate(o, layers, feeds, 0, q);
+  return alternate(o.min_time / 4, o.ratio_rounds, layers, feeds, 0, q);
 }
 // What a row's %peak is against: the f32 FMA peak, the bf16 pair-dot one
 // (bf16 weights and activations on the bf16 pair-dot tiles), or the int8
@@ -737,7 +638,7 @@ bool strategy_ratios(const Options& o, const presets::Model& m, const std::strin
     if (o.ratio_rounds > 0) {
       Feed feed(m, T, o.act_of(o.dtypes[di]));
       Feed* const feeds[2] = {&feed, &feed};
-      if (!alternate(o, by, feeds, 1, &q)) return false;
+      if (!alternate(o.min_time / 4, o.ratio_rounds, by, feeds, 1, &q)) return false;
     }
     res->ratios.push_back(q);
   }
