@@ -77,32 +77,17 @@ struct Step {
   std::vector<std::vector<double>> expect;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  long steps = 2000;
-  unsigned seed = std::random_device{}();
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--steps") == 0) steps = std::atol(argv[i + 1]);
-    else if (std::strcmp(argv[i], "--seed") == 0) seed = static_cast<unsigned>(std::atol(argv[i + 1]));
-  }
-  std::printf("soak_forward: %ld steps on %d ranks, seed %u\n", steps, kRanks, seed);
-  std::mt19937 rng(seed);
-  ref::Spec spec;
-  spec.H = 16;
-  spec.I = 8;
-  spec.E = 9;
-  spec.K = 2;
-  spec.Is = 8;
-  const ref::Weights w = ref::random_weights(spec, ref::F32, rng);
-  const int fds0 = open_fds();
-
-  std::vector<ep_moe_comm_t*> comms(kRanks, nullptr);
+// The layer of `spec` on each of kRanks ranks (3 redundant replicas, so
+// the map places some experts twice), every weight given as f32. False,
+// with the reason printed, on any failure.
+bool make_layers(const ref::Spec& spec, const ref::Weights& w, std::vector<ep_moe_comm_t*>& comms,
+                 std::vector<ep_moe_layer_t*>& layers) {
+  comms.assign(kRanks, nullptr);
+  layers.assign(kRanks, nullptr);
   if (ep_moe_comm_create_local(comms.data(), kRanks, nullptr) != EP_MOE_OK) {
     std::fprintf(stderr, "comm: %s\n", ep_moe_last_error());
-    return 1;
+    return false;
   }
-  std::vector<ep_moe_layer_t*> layers(kRanks, nullptr);
   ep_moe_layer_config_t lc;
   ep_moe_layer_config_init(&lc);
   lc.hidden_size = spec.H;
@@ -125,119 +110,174 @@ int main(int argc, char** argv) {
         ep_moe_layer_create(&layers[static_cast<size_t>(r)], &lc, map, comms[static_cast<size_t>(r)],
                             comms[static_cast<size_t>(r)]) != EP_MOE_OK) {
       std::fprintf(stderr, "create: %s\n", ep_moe_last_error());
-      return 1;
+      return false;
     }
     ep_moe_expert_map_destroy(map);
     ep_moe_layer_t* l = layers[static_cast<size_t>(r)];
+    auto set = [&](ep_moe_weight_t kind, int e, const std::vector<float>& v, int rows, int cols) {
+      return ep_moe_layer_set_weight(nullptr, l, kind, e, v.data(), EP_MOE_DTYPE_F32, rows, cols) == EP_MOE_OK;
+    };
     bool ok = true;
     for (int e = 0; e < spec.E; ++e) {
-      ok =
-          ok && ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_EXPERT_GATE, e, w.gate[static_cast<size_t>(e)].data(),
-                                        EP_MOE_DTYPE_F32, spec.I, spec.H) == EP_MOE_OK;
-      ok = ok && ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_EXPERT_UP, e, w.up[static_cast<size_t>(e)].data(),
-                                         EP_MOE_DTYPE_F32, spec.I, spec.H) == EP_MOE_OK;
-      ok =
-          ok && ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_EXPERT_DOWN, e, w.down[static_cast<size_t>(e)].data(),
-                                        EP_MOE_DTYPE_F32, spec.H, spec.I) == EP_MOE_OK;
+      const auto i = static_cast<size_t>(e);
+      ok = ok && set(EP_MOE_WEIGHT_EXPERT_GATE, e, w.gate[i], spec.I, spec.H) &&
+           set(EP_MOE_WEIGHT_EXPERT_UP, e, w.up[i], spec.I, spec.H) &&
+           set(EP_MOE_WEIGHT_EXPERT_DOWN, e, w.down[i], spec.H, spec.I);
     }
-    ok = ok && ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_SHARED_GATE, -1, w.s_gate.data(), EP_MOE_DTYPE_F32,
-                                       spec.Is, spec.H) == EP_MOE_OK;
-    ok = ok && ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_SHARED_UP, -1, w.s_up.data(), EP_MOE_DTYPE_F32,
-                                       spec.Is, spec.H) == EP_MOE_OK;
-    ok = ok && ep_moe_layer_set_weight(nullptr, l, EP_MOE_WEIGHT_SHARED_DOWN, -1, w.s_down.data(), EP_MOE_DTYPE_F32,
-                                       spec.H, spec.Is) == EP_MOE_OK;
+    ok = ok && set(EP_MOE_WEIGHT_SHARED_GATE, -1, w.s_gate, spec.Is, spec.H) &&
+         set(EP_MOE_WEIGHT_SHARED_UP, -1, w.s_up, spec.Is, spec.H) &&
+         set(EP_MOE_WEIGHT_SHARED_DOWN, -1, w.s_down, spec.H, spec.Is);
     if (!ok) {
       std::fprintf(stderr, "weights: %s\n", ep_moe_layer_last_error(l));
-      return 1;
+      return false;
+    }
+  }
+  return true;
+}
+
+// The next step's inputs: per rank 0..4 tokens (a quarter of the ranks
+// with none, and now and then none on any rank), random rows and routes,
+// and the double-precision reference of each token.
+void draw_step(std::mt19937& rng, const ref::Spec& spec, const ref::Weights& w, Step& cur) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> ud(0.05f, 1.0f);
+  cur.counts.assign(kRanks, 0);
+  cur.hidden.assign(kRanks, {});
+  cur.ids.assign(kRanks, {});
+  cur.weights.assign(kRanks, {});
+  cur.expect.assign(kRanks, {});
+  const bool all_zero = rng() % 50 == 0;
+  for (int r = 0; r < kRanks; ++r) {
+    const int T = all_zero || rng() % 4 == 0 ? 0 : static_cast<int>(1 + rng() % 4);
+    cur.counts[static_cast<size_t>(r)] = T;
+    auto& h = cur.hidden[static_cast<size_t>(r)];
+    h.resize(static_cast<size_t>(T) * spec.H);
+    for (auto& x : h) x = nd(rng);
+    auto& e = cur.expect[static_cast<size_t>(r)];
+    e.resize(static_cast<size_t>(T) * spec.H);
+    for (int t = 0; t < T; ++t) {
+      std::vector<int> perm(static_cast<size_t>(spec.E));
+      for (int i = 0; i < spec.E; ++i) perm[static_cast<size_t>(i)] = i;
+      std::shuffle(perm.begin(), perm.end(), rng);
+      std::vector<int> ids(perm.begin(), perm.begin() + spec.K);
+      std::vector<double> wts;
+      for (int k = 0; k < spec.K; ++k) {
+        const float v = ud(rng);
+        cur.ids[static_cast<size_t>(r)].push_back(ids[static_cast<size_t>(k)]);
+        cur.weights[static_cast<size_t>(r)].push_back(v);
+        wts.push_back(v);
+      }
+      ref::moe_token(spec, w, h.data() + static_cast<size_t>(t) * spec.H, ids, wts,
+                     e.data() + static_cast<size_t>(t) * spec.H);
+    }
+  }
+}
+
+// One persistent thread a rank: on each step (between the two barriers)
+// it runs the current step's forward and keeps its first error and its
+// largest relative error against the reference.
+class Ranks {
+ public:
+  Ranks(const std::vector<ep_moe_layer_t*>& layers, int H) : layers_(layers), H_(H) {
+    for (int r = 0; r < kRanks; ++r) threads_.emplace_back([this, r] { loop(r); });
+  }
+  // Runs `cur` on every rank and waits for all of them.
+  void step(const Step& cur) {
+    cur_ = &cur;
+    start_.wait();
+    done_.wait();
+  }
+  void stop() {
+    stop_ = true;
+    start_.wait();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+  const std::string& error(int r) const { return errors_[static_cast<size_t>(r)]; }
+  double worst(int r) const { return worst_[static_cast<size_t>(r)]; }
+
+ private:
+  void loop(int r) {
+    std::vector<float> out;
+    ep_moe_layer_t* layer = layers_[static_cast<size_t>(r)];
+    auto& error = errors_[static_cast<size_t>(r)];
+    for (;;) {
+      start_.wait();
+      if (stop_) return;
+      const Step& cur = *cur_;
+      const int T = cur.counts[static_cast<size_t>(r)];
+      out.assign(static_cast<size_t>(T) * H_ + 1, -7.0f);
+      ep_moe_forward_args_t a;
+      ep_moe_forward_args_init(&a);
+      a.num_tokens = T;
+      a.hidden = cur.hidden[static_cast<size_t>(r)].data();
+      a.topk_ids = cur.ids[static_cast<size_t>(r)].data();
+      a.topk_weights = cur.weights[static_cast<size_t>(r)].data();
+      a.out = out.data();
+      a.dp_token_counts = cur.counts.data();
+      if (ep_moe_layer_forward(layer, &a) != EP_MOE_OK) {
+        if (error.empty()) error = ep_moe_layer_last_error(layer);
+      } else {
+        const auto& exp = cur.expect[static_cast<size_t>(r)];
+        double err = 0, scale = 1e-6;
+        for (size_t i = 0; i < exp.size(); ++i) {
+          err = std::max(err, std::fabs(out[i] - exp[i]));
+          scale = std::max(scale, std::fabs(exp[i]));
+        }
+        if (out.back() != -7.0f) error = "wrote past the output";
+        worst_[static_cast<size_t>(r)] = std::max(worst_[static_cast<size_t>(r)], err / scale);
+      }
+      done_.wait();
     }
   }
 
-  // Persistent rank threads, one barrier before and one after each step.
-  Step cur;
-  Barrier start(kRanks + 1), done(kRanks + 1);
-  bool stop = false;
-  std::vector<std::string> errors(kRanks);
-  std::vector<double> worst(kRanks, 0.0);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      std::vector<float> out;
-      for (;;) {
-        start.wait();
-        if (stop) return;
-        const int T = cur.counts[static_cast<size_t>(r)];
-        out.assign(static_cast<size_t>(T) * spec.H + 1, -7.0f);
-        ep_moe_forward_args_t a;
-        ep_moe_forward_args_init(&a);
-        a.num_tokens = T;
-        a.hidden = cur.hidden[static_cast<size_t>(r)].data();
-        a.topk_ids = cur.ids[static_cast<size_t>(r)].data();
-        a.topk_weights = cur.weights[static_cast<size_t>(r)].data();
-        a.out = out.data();
-        a.dp_token_counts = cur.counts.data();
-        if (ep_moe_layer_forward(layers[static_cast<size_t>(r)], &a) != EP_MOE_OK) {
-          if (errors[static_cast<size_t>(r)].empty())
-            errors[static_cast<size_t>(r)] = ep_moe_layer_last_error(layers[static_cast<size_t>(r)]);
-        } else {
-          const auto& exp = cur.expect[static_cast<size_t>(r)];
-          double err = 0, scale = 1e-6;
-          for (size_t i = 0; i < exp.size(); ++i) {
-            err = std::max(err, std::fabs(out[i] - exp[i]));
-            scale = std::max(scale, std::fabs(exp[i]));
-          }
-          if (out.back() != -7.0f) errors[static_cast<size_t>(r)] = "wrote past the output";
-          worst[static_cast<size_t>(r)] = std::max(worst[static_cast<size_t>(r)], err / scale);
-        }
-        done.wait();
-      }
-    });
-  }
+  const std::vector<ep_moe_layer_t*>& layers_;
+  const int H_;
+  const Step* cur_ = nullptr;
+  bool stop_ = false;
+  Barrier start_{kRanks + 1}, done_{kRanks + 1};
+  std::vector<std::string> errors_ = std::vector<std::string>(kRanks);
+  std::vector<double> worst_ = std::vector<double>(kRanks, 0.0);
+  std::vector<std::thread> threads_;
+};
 
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::uniform_real_distribution<float> ud(0.05f, 1.0f);
+}  // namespace
+
+int main(int argc, char** argv) {
+  long steps = 2000;
+  unsigned seed = std::random_device{}();
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--steps") == 0) steps = std::atol(argv[i + 1]);
+    else if (std::strcmp(argv[i], "--seed") == 0) seed = static_cast<unsigned>(std::atol(argv[i + 1]));
+  }
+  std::printf("soak_forward: %ld steps on %d ranks, seed %u\n", steps, kRanks, seed);
+  std::mt19937 rng(seed);
+  ref::Spec spec;
+  spec.H = 16;
+  spec.I = 8;
+  spec.E = 9;
+  spec.K = 2;
+  spec.Is = 8;
+  const ref::Weights w = ref::random_weights(spec, ref::F32, rng);
+  const int fds0 = open_fds();
+
+  std::vector<ep_moe_comm_t*> comms;
+  std::vector<ep_moe_layer_t*> layers;
+  if (!make_layers(spec, w, comms, layers)) return 1;
+
+  Ranks ranks(layers, spec.H);
+  Step cur;
   long rss_warm = -1;
   const long warm = std::min<long>(steps / 2, 1000);
   const auto t0 = std::chrono::steady_clock::now();
   for (long s = 0; s < steps; ++s) {
-    cur.counts.assign(kRanks, 0);
-    cur.hidden.assign(kRanks, {});
-    cur.ids.assign(kRanks, {});
-    cur.weights.assign(kRanks, {});
-    cur.expect.assign(kRanks, {});
-    const bool all_zero = rng() % 50 == 0;
-    for (int r = 0; r < kRanks; ++r) {
-      const int T = all_zero || rng() % 4 == 0 ? 0 : static_cast<int>(1 + rng() % 4);
-      cur.counts[static_cast<size_t>(r)] = T;
-      auto& h = cur.hidden[static_cast<size_t>(r)];
-      h.resize(static_cast<size_t>(T) * spec.H);
-      for (auto& x : h) x = nd(rng);
-      auto& e = cur.expect[static_cast<size_t>(r)];
-      e.resize(static_cast<size_t>(T) * spec.H);
-      for (int t = 0; t < T; ++t) {
-        std::vector<int> perm(static_cast<size_t>(spec.E));
-        for (int i = 0; i < spec.E; ++i) perm[static_cast<size_t>(i)] = i;
-        std::shuffle(perm.begin(), perm.end(), rng);
-        std::vector<int> ids(perm.begin(), perm.begin() + spec.K);
-        std::vector<double> wts;
-        for (int k = 0; k < spec.K; ++k) {
-          const float v = ud(rng);
-          cur.ids[static_cast<size_t>(r)].push_back(ids[static_cast<size_t>(k)]);
-          cur.weights[static_cast<size_t>(r)].push_back(v);
-          wts.push_back(v);
-        }
-        ref::moe_token(spec, w, h.data() + static_cast<size_t>(t) * spec.H, ids, wts,
-                       e.data() + static_cast<size_t>(t) * spec.H);
-      }
-    }
-    start.wait();
-    done.wait();
+    draw_step(rng, spec, w, cur);
+    ranks.step(cur);
     if (s + 1 == warm) rss_warm = rss_kib();
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const long rss_end = rss_kib();
-  stop = true;
-  start.wait();
-  for (auto& t : threads) t.join();
+  ranks.stop();
   for (auto* l : layers) ep_moe_layer_destroy(l);
   for (auto* c : comms) ep_moe_comm_destroy(c);
   const int fds1 = open_fds();
@@ -245,9 +285,9 @@ int main(int argc, char** argv) {
   int failures = 0;
   double worst_all = 0;
   for (int r = 0; r < kRanks; ++r) {
-    worst_all = std::max(worst_all, worst[static_cast<size_t>(r)]);
-    if (!errors[static_cast<size_t>(r)].empty()) {
-      std::fprintf(stderr, "rank %d: %s\n", r, errors[static_cast<size_t>(r)].c_str());
+    worst_all = std::max(worst_all, ranks.worst(r));
+    if (!ranks.error(r).empty()) {
+      std::fprintf(stderr, "rank %d: %s\n", r, ranks.error(r).c_str());
       ++failures;
     }
   }
