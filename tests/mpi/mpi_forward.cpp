@@ -100,30 +100,39 @@ struct Case {
   bool replace = false;  // then rebalance on the step's load, re-place live, and check again
 };
 
-void run_case(ep_moe_comm_t* c, const Case& k, uint32_t seed, int idx) {
-  std::mt19937 rng(seed);  // the same on every rank: same weights and inputs
+// Every replica's tokens (the same on every rank: drawn from the case's
+// seed): the hidden rows, the router's logits or the given top-k, and the
+// double-precision reference's outputs.
+struct Inputs {
+  std::vector<int32_t> counts;  // tokens per replica, zeros too
+  std::vector<std::vector<float>> hid, lg, tw;
+  std::vector<std::vector<int32_t>> ti;
+  std::vector<std::vector<double>> expect_out;
+};
+
+Inputs draw_inputs(const Case& k, const ref::Weights& w, std::mt19937& rng, int idx) {
   const ref::Spec& s = k.spec;
-  const ref::Weights w = ref::random_weights(s, k.wdt, rng);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::uniform_real_distribution<float> ud(0.05f, 1.0f);
-  const int replicas = k.dp;
-  std::vector<int32_t> counts(static_cast<size_t>(replicas));
-  for (int d = 0; d < replicas; ++d)
-    counts[static_cast<size_t>(d)] = static_cast<int32_t>((d * 5 + idx * 3) % 7);  // zeros too
-  if (replicas == 1) counts[0] = 3 + idx % 4;
-  std::vector<std::vector<float>> hid(static_cast<size_t>(replicas)), lg(static_cast<size_t>(replicas)),
-      tw(static_cast<size_t>(replicas));
-  std::vector<std::vector<int32_t>> ti(static_cast<size_t>(replicas));
-  std::vector<std::vector<double>> expect_out(static_cast<size_t>(replicas));
-  for (int d = 0; d < replicas; ++d) {
-    const int T = counts[static_cast<size_t>(d)];
-    auto& h = hid[static_cast<size_t>(d)];
+  const auto replicas = static_cast<size_t>(k.dp);
+  Inputs in;
+  in.counts.resize(replicas);
+  for (size_t d = 0; d < replicas; ++d) in.counts[d] = static_cast<int32_t>((d * 5 + idx * 3) % 7);  // zeros too
+  if (replicas == 1) in.counts[0] = 3 + idx % 4;
+  in.hid.resize(replicas);
+  in.lg.resize(replicas);
+  in.tw.resize(replicas);
+  in.ti.resize(replicas);
+  in.expect_out.resize(replicas);
+  for (size_t d = 0; d < replicas; ++d) {
+    const int T = in.counts[d];
+    auto& h = in.hid[d];
     h.resize(static_cast<size_t>(T * s.H));
     for (auto& v : h) v = ref::round_to(nd(rng), k.adt);
-    lg[static_cast<size_t>(d)].resize(static_cast<size_t>(T * s.E));
-    ti[static_cast<size_t>(d)].resize(static_cast<size_t>(T * s.K));
-    tw[static_cast<size_t>(d)].resize(static_cast<size_t>(T * s.K));
-    expect_out[static_cast<size_t>(d)].resize(static_cast<size_t>(T * s.H));
+    in.lg[d].resize(static_cast<size_t>(T * s.E));
+    in.ti[d].resize(static_cast<size_t>(T * s.K));
+    in.tw[d].resize(static_cast<size_t>(T * s.K));
+    in.expect_out[d].resize(static_cast<size_t>(T * s.H));
     for (int t = 0; t < T; ++t) {
       std::vector<int> ids;
       std::vector<double> wts;
@@ -132,23 +141,29 @@ void run_case(ep_moe_comm_t* c, const Case& k, uint32_t seed, int idx) {
         for (int e = 0; e < s.E; ++e) perm[static_cast<size_t>(e)] = e;
         std::shuffle(perm.begin(), perm.end(), rng);
         for (int j = 0; j < s.K; ++j) {
-          ti[static_cast<size_t>(d)][static_cast<size_t>(t * s.K + j)] = perm[static_cast<size_t>(j)];
+          in.ti[d][static_cast<size_t>(t * s.K + j)] = perm[static_cast<size_t>(j)];
           const float wv = ud(rng);
-          tw[static_cast<size_t>(d)][static_cast<size_t>(t * s.K + j)] = wv;
+          in.tw[d][static_cast<size_t>(t * s.K + j)] = wv;
           ids.push_back(perm[static_cast<size_t>(j)]);
           wts.push_back(wv);
         }
       } else {
-        float* l = lg[static_cast<size_t>(d)].data() + t * s.E;
+        float* l = in.lg[d].data() + t * s.E;
         do {
           for (int e = 0; e < s.E; ++e) l[e] = 2.0f * nd(rng);
         } while (!ref::route(s, l, w, ids, wts));
       }
-      ref::moe_token(s, w, h.data() + t * s.H, ids, wts, expect_out[static_cast<size_t>(d)].data() + t * s.H);
+      ref::moe_token(s, w, h.data() + t * s.H, ids, wts, in.expect_out[d].data() + t * s.H);
     }
   }
-  // This rank's layer.
-  const int replica = replicas > 1 ? g_rank : 0;
+  return in;
+}
+
+// This rank's layer of the case with every expert's weights given (the
+// layer keeps its own); null, with the failure recorded, where it could
+// not be created.
+ep_moe_layer_t* make_layer(ep_moe_comm_t* c, const Case& k, const ref::Weights& w, const std::string& tag) {
+  const ref::Spec& s = k.spec;
   ep_moe_expert_map_config_t mc;
   ep_moe_expert_map_config_init(&mc);
   mc.ep_size = g_size;
@@ -173,13 +188,12 @@ void run_case(ep_moe_comm_t* c, const Case& k, uint32_t seed, int idx) {
   lc.num_threads = 1;
   lc.dispatch_mode = k.dispatch;
   ep_moe_layer_t* layer = nullptr;
-  const std::string tag = "case " + std::to_string(idx);
-  if (ep_moe_layer_create(&layer, &lc, map, c, replicas > 1 ? c : nullptr) != EP_MOE_OK) {
-    expect(false, tag + ": create: " + ep_moe_last_error());
-    ep_moe_expert_map_destroy(map);
-    return;
-  }
+  const ep_moe_status_t st = ep_moe_layer_create(&layer, &lc, map, c, k.dp > 1 ? c : nullptr);
   ep_moe_expert_map_destroy(map);
+  if (st != EP_MOE_OK) {
+    expect(false, tag + ": create: " + ep_moe_last_error());
+    return nullptr;
+  }
   auto put = [&](ep_moe_weight_t which, int e, const std::vector<float>& v, int rows, int cols) {
     const auto b = ref::encode(v, k.wdt);
     expect(ep_moe_layer_set_weight(nullptr, layer, which, e, b.data(), static_cast<ep_moe_dtype_t>(k.wdt), rows,
@@ -196,23 +210,67 @@ void run_case(ep_moe_comm_t* c, const Case& k, uint32_t seed, int idx) {
     put(EP_MOE_WEIGHT_SHARED_UP, -1, w.s_up, s.Is, s.H);
     put(EP_MOE_WEIGHT_SHARED_DOWN, -1, w.s_down, s.H, s.Is);
   }
-  const int T = counts[static_cast<size_t>(replica)];
-  const auto hb = ref::encode(hid[static_cast<size_t>(replica)], k.adt);
+  return layer;
+}
+
+// The load over the group, a placement with g_size redundant slots, and
+// the weights moved over MPI by a live re-placement. True when it was done.
+bool replace_live(ep_moe_layer_t* layer, const Case& k, const std::string& tag) {
+  const int E = k.spec.E;
+  std::vector<int64_t> load(static_cast<size_t>(E));
+  expect(ep_moe_layer_expert_load(load.data(), load.size(), layer, 1, 1) == EP_MOE_OK, tag + ": expert_load");
+  std::vector<double> loadd(load.begin(), load.end());
+  for (auto& v : loadd) v += 1;  // every expert some load
+  ep_moe_rebalance_config_t rc;
+  ep_moe_rebalance_config_init(&rc);
+  rc.num_experts = E;
+  rc.num_slots = (E + g_size + g_size - 1) / g_size * g_size;
+  rc.num_ranks = g_size;
+  std::vector<int32_t> table(static_cast<size_t>(rc.num_slots));
+  expect(ep_moe_rebalance(table.data(), table.size(), nullptr, loadd.data(), loadd.size(), &rc) == EP_MOE_OK,
+         tag + ": rebalance");
+  ep_moe_expert_map_config_t nc;
+  ep_moe_expert_map_config_init(&nc);
+  nc.ep_size = g_size;
+  nc.ep_rank = g_rank;
+  nc.global_num_experts = E;
+  nc.placement = EP_MOE_PLACEMENT_CUSTOM;
+  nc.custom_slots = table.data();
+  nc.num_custom_slots = rc.num_slots;
+  ep_moe_expert_map_t* next = nullptr;
+  expect(ep_moe_expert_map_create(&next, &nc) == EP_MOE_OK, tag + ": custom map");
+  const ep_moe_status_t rs = ep_moe_layer_replace(layer, next, nullptr, nullptr, 0);
+  expect(rs == EP_MOE_OK, tag + ": replace: " + ep_moe_layer_last_error(layer));
+  ep_moe_expert_map_destroy(next);
+  return rs == EP_MOE_OK;
+}
+
+void run_case(ep_moe_comm_t* c, const Case& k, uint32_t seed, int idx) {
+  std::mt19937 rng(seed);  // the same on every rank: same weights and inputs
+  const ref::Spec& s = k.spec;
+  const ref::Weights w = ref::random_weights(s, k.wdt, rng);
+  const Inputs in = draw_inputs(k, w, rng, idx);
+  const std::string tag = "case " + std::to_string(idx);
+  ep_moe_layer_t* layer = make_layer(c, k, w, tag);
+  if (!layer) return;
+  const auto replica = static_cast<size_t>(k.dp > 1 ? g_rank : 0);
+  const int T = in.counts[replica];
+  const auto hb = ref::encode(in.hid[replica], k.adt);
   std::vector<uint8_t> out(static_cast<size_t>(T * s.H) * (k.adt == ref::F32 ? 4 : 2) + 1, 0);
-  std::vector<int32_t> decode(static_cast<size_t>(replicas), k.decode ? 1 : 0);
+  std::vector<int32_t> decode(static_cast<size_t>(k.dp), k.decode ? 1 : 0);
   ep_moe_forward_args_t a;
   ep_moe_forward_args_init(&a);
   a.num_tokens = T;
   a.hidden = hb.data();
   if (k.given_topk) {
-    a.topk_ids = ti[static_cast<size_t>(replica)].data();
-    a.topk_weights = tw[static_cast<size_t>(replica)].data();
+    a.topk_ids = in.ti[replica].data();
+    a.topk_weights = in.tw[replica].data();
   } else {
-    a.router_logits = lg[static_cast<size_t>(replica)].data();
+    a.router_logits = in.lg[replica].data();
   }
   a.out = out.data();
-  if (replicas > 1) {
-    a.dp_token_counts = counts.data();
+  if (k.dp > 1) {
+    a.dp_token_counts = in.counts.data();
     a.dp_is_decode = decode.data();
   }
   auto run = [&](const std::string& when) {
@@ -220,7 +278,7 @@ void run_case(ep_moe_comm_t* c, const Case& k, uint32_t seed, int idx) {
     expect(st == EP_MOE_OK, tag + when + ": forward: " + ep_moe_layer_last_error(layer));
     if (st == EP_MOE_OK) {
       const auto got = ref::decode(out.data(), static_cast<size_t>(T * s.H), k.adt);
-      const auto& want = expect_out[static_cast<size_t>(replica)];
+      const auto& want = in.expect_out[replica];
       double scale = 1e-6, err = 0;
       for (double v : want) scale = std::max(scale, std::fabs(v));
       for (size_t i = 0; i < want.size(); ++i) err = std::max(err, std::fabs(got[i] - want[i]));
@@ -231,36 +289,8 @@ void run_case(ep_moe_comm_t* c, const Case& k, uint32_t seed, int idx) {
     }
   };
   run("");
-  if (k.replace) {
-    // The load over the group, a placement with g_size redundant slots, and
-    // the weights moved over MPI; the same step must give the same answer.
-    std::vector<int64_t> load(static_cast<size_t>(s.E));
-    expect(ep_moe_layer_expert_load(load.data(), load.size(), layer, 1, 1) == EP_MOE_OK, tag + ": expert_load");
-    std::vector<double> loadd(load.begin(), load.end());
-    for (auto& v : loadd) v += 1;  // every expert some load
-    ep_moe_rebalance_config_t rc;
-    ep_moe_rebalance_config_init(&rc);
-    rc.num_experts = s.E;
-    rc.num_slots = (s.E + g_size + g_size - 1) / g_size * g_size;
-    rc.num_ranks = g_size;
-    std::vector<int32_t> table(static_cast<size_t>(rc.num_slots));
-    expect(ep_moe_rebalance(table.data(), table.size(), nullptr, loadd.data(), loadd.size(), &rc) == EP_MOE_OK,
-           tag + ": rebalance");
-    ep_moe_expert_map_config_t nc;
-    ep_moe_expert_map_config_init(&nc);
-    nc.ep_size = g_size;
-    nc.ep_rank = g_rank;
-    nc.global_num_experts = s.E;
-    nc.placement = EP_MOE_PLACEMENT_CUSTOM;
-    nc.custom_slots = table.data();
-    nc.num_custom_slots = rc.num_slots;
-    ep_moe_expert_map_t* next = nullptr;
-    expect(ep_moe_expert_map_create(&next, &nc) == EP_MOE_OK, tag + ": custom map");
-    const ep_moe_status_t rs = ep_moe_layer_replace(layer, next, nullptr, nullptr, 0);
-    expect(rs == EP_MOE_OK, tag + ": replace: " + ep_moe_layer_last_error(layer));
-    ep_moe_expert_map_destroy(next);
-    if (rs == EP_MOE_OK) run(" after replace");
-  }
+  // The same step after a live re-placement must give the same answer.
+  if (k.replace && replace_live(layer, k, tag)) run(" after replace");
   ep_moe_layer_destroy(layer);
 }
 
