@@ -229,17 +229,154 @@ inline std::vector<float> transpose(const std::vector<float>& v, int64_t rows, i
   return t;
 }
 
+// The experts' matrices back to back ([E, rows, cols] of per-expert
+// [rows, cols]), and the stored values of such a stack back into them.
+inline std::vector<float> stack(const std::vector<std::vector<float>>& per_expert) {
+  std::vector<float> all;
+  for (const auto& x : per_expert) all.insert(all.end(), x.begin(), x.end());
+  return all;
+}
+inline void unstack(const std::vector<float>& all, std::vector<std::vector<float>>& per_expert) {
+  auto at = all.begin();
+  for (auto& x : per_expert) {
+    std::copy(at, at + static_cast<long>(x.size()), x.begin());
+    at += static_cast<long>(x.size());
+  }
+}
+
+// Appends tensors, each rounded or quantised to its dtype; the floats it
+// is given take the stored values.
+struct TensorList {
+  std::vector<Tensor> ts;
+  void add(const std::string& name, std::vector<float>& v, std::vector<int64_t> shape, const std::string& dt) {
+    ts.push_back(Tensor{name, dt, std::move(shape), store(v, dt)});
+  }
+};
+
+// llama.cpp's GGUF names: experts stacked [E, I, H] (gate and up fused
+// into [E, 2I, H] for GgufFused: each expert's gate rows, then its up rows).
+inline void gguf_moe(TensorList& out, Model& m, bool fused) {
+  const ref::Spec& s = m.spec;
+  const std::string b = "blk." + std::to_string(m.layer) + ".", dt = m.dtype;
+  out.add(b + "ffn_gate_inp.weight", m.router, {s.E, s.H}, "F32");
+  if (fused) {
+    std::vector<std::vector<float>> gu(static_cast<size_t>(s.E));
+    for (size_t e = 0; e < gu.size(); ++e) {
+      gu[e] = m.w.gate[e];
+      gu[e].insert(gu[e].end(), m.w.up[e].begin(), m.w.up[e].end());
+    }
+    std::vector<float> all = stack(gu);
+    out.add(b + "ffn_gate_up_exps.weight", all, {s.E, 2 * s.I, s.H}, dt);
+    unstack(all, gu);
+    const auto half = static_cast<long>(static_cast<size_t>(s.I) * s.H);
+    for (size_t e = 0; e < gu.size(); ++e) {
+      std::copy(gu[e].begin(), gu[e].begin() + half, m.w.gate[e].begin());
+      std::copy(gu[e].begin() + half, gu[e].end(), m.w.up[e].begin());
+    }
+  } else {
+    std::vector<float> g = stack(m.w.gate), u = stack(m.w.up);
+    out.add(b + "ffn_gate_exps.weight", g, {s.E, s.I, s.H}, dt);
+    out.add(b + "ffn_up_exps.weight", u, {s.E, s.I, s.H}, dt);
+    unstack(g, m.w.gate);
+    unstack(u, m.w.up);
+  }
+  std::vector<float> d = stack(m.w.down);
+  out.add(b + "ffn_down_exps.weight", d, {s.E, s.H, s.I}, dt);
+  unstack(d, m.w.down);
+  if (s.Is > 0) {
+    out.add(b + "ffn_gate_shexp.weight", m.w.s_gate, {s.Is, s.H}, dt);
+    out.add(b + "ffn_up_shexp.weight", m.w.s_up, {s.Is, s.H}, dt);
+    out.add(b + "ffn_down_shexp.weight", m.w.s_down, {s.H, s.Is}, dt);
+    if (s.shared_gate) out.add(b + "ffn_gate_inp_shexp.weight", m.w.s_gate_w, {s.H}, "F32");
+  }
+  if (s.use_bias) out.add(b + "exp_probs_b.bias", m.w.bias, {s.E}, "F32");
+}
+
+// Hugging Face's fused experts: gate_up_proj [E, 2I, H] and down_proj
+// [E, H, I], or transposed ([E, H, 2I], [E, I, H]) as newer models store them.
+inline void hf_fused_experts(TensorList& out, Model& m, const std::string& lp, bool tr) {
+  const ref::Spec& s = m.spec;
+  std::vector<std::vector<float>> gu(static_cast<size_t>(s.E)), d(static_cast<size_t>(s.E));
+  for (size_t e = 0; e < gu.size(); ++e) {
+    gu[e] = m.w.gate[e];
+    gu[e].insert(gu[e].end(), m.w.up[e].begin(), m.w.up[e].end());  // [2I, H]
+    d[e] = m.w.down[e];                                             // [H, I]
+    if (tr) {
+      gu[e] = transpose(gu[e], 2 * s.I, s.H);
+      d[e] = transpose(d[e], s.H, s.I);
+    }
+  }
+  std::vector<float> gua = stack(gu), da = stack(d);
+  out.add(lp + "mlp.experts.gate_up_proj", gua,
+          tr ? std::vector<int64_t>{s.E, s.H, 2 * s.I} : std::vector<int64_t>{s.E, 2 * s.I, s.H}, m.dtype);
+  out.add(lp + "mlp.experts.down_proj", da,
+          tr ? std::vector<int64_t>{s.E, s.I, s.H} : std::vector<int64_t>{s.E, s.H, s.I}, m.dtype);
+  // Stored values back into m.w (the transposition is exact).
+  unstack(gua, gu);
+  unstack(da, d);
+  const auto half = static_cast<long>(static_cast<size_t>(s.I) * s.H);
+  for (size_t e = 0; e < gu.size(); ++e) {
+    if (tr) {
+      gu[e] = transpose(gu[e], s.H, 2 * s.I);
+      d[e] = transpose(d[e], s.I, s.H);
+    }
+    std::copy(gu[e].begin(), gu[e].begin() + half, m.w.gate[e].begin());
+    std::copy(gu[e].begin() + half, gu[e].end(), m.w.up[e].begin());
+    m.w.down[e] = d[e];
+  }
+}
+
+// The safetensors schemes' MoE layer: Mixtral's block_sparse_moe names,
+// or mlp.experts per expert, fused or stacked, with the shared expert
+// (DeepSeek's plural name) and the score bias.
+inline void hf_moe(TensorList& out, Model& m, Scheme scheme, const std::string& lp) {
+  const ref::Spec& s = m.spec;
+  const std::string dt = m.dtype;
+  if (scheme == Scheme::Mixtral) {
+    out.add(lp + "block_sparse_moe.gate.weight", m.router, {s.E, s.H}, dt);
+    for (int e = 0; e < s.E; ++e) {
+      const std::string ep = lp + "block_sparse_moe.experts." + std::to_string(e) + ".";
+      out.add(ep + "w1.weight", m.w.gate[static_cast<size_t>(e)], {s.I, s.H}, dt);
+      out.add(ep + "w3.weight", m.w.up[static_cast<size_t>(e)], {s.I, s.H}, dt);
+      out.add(ep + "w2.weight", m.w.down[static_cast<size_t>(e)], {s.H, s.I}, dt);
+    }
+    return;
+  }
+  out.add(lp + "mlp.gate.weight", m.router, {s.E, s.H}, dt);
+  if (scheme == Scheme::Fused || scheme == Scheme::FusedTransposed) {
+    hf_fused_experts(out, m, lp, scheme == Scheme::FusedTransposed);
+  } else if (scheme == Scheme::Stacked) {  // separate 3-D gate/up/down [E, I, H], [E, H, I]
+    std::vector<float> g = stack(m.w.gate), u = stack(m.w.up), d = stack(m.w.down);
+    out.add(lp + "mlp.experts.gate_proj", g, {s.E, s.I, s.H}, dt);
+    out.add(lp + "mlp.experts.up_proj", u, {s.E, s.I, s.H}, dt);
+    out.add(lp + "mlp.experts.down_proj", d, {s.E, s.H, s.I}, dt);
+    unstack(g, m.w.gate);
+    unstack(u, m.w.up);
+    unstack(d, m.w.down);
+  } else {
+    for (int e = 0; e < s.E; ++e) {
+      const std::string ep = lp + "mlp.experts." + std::to_string(e) + ".";
+      out.add(ep + "gate_proj.weight", m.w.gate[static_cast<size_t>(e)], {s.I, s.H}, dt);
+      out.add(ep + "up_proj.weight", m.w.up[static_cast<size_t>(e)], {s.I, s.H}, dt);
+      out.add(ep + "down_proj.weight", m.w.down[static_cast<size_t>(e)], {s.H, s.I}, dt);
+    }
+  }
+  if (s.Is > 0) {
+    const std::string sp = lp + (scheme == Scheme::DeepSeek ? "mlp.shared_experts." : "mlp.shared_expert.");
+    out.add(sp + "gate_proj.weight", m.w.s_gate, {s.Is, s.H}, dt);
+    out.add(sp + "up_proj.weight", m.w.s_up, {s.Is, s.H}, dt);
+    out.add(sp + "down_proj.weight", m.w.s_down, {s.H, s.Is}, dt);
+    if (s.shared_gate) out.add(lp + "mlp.shared_expert_gate.weight", m.w.s_gate_w, {1, s.H}, "F32");
+  }
+  if (s.use_bias) out.add(lp + "mlp.gate.e_score_correction_bias", m.w.bias, {s.E}, "F32");
+}
+
 // Tensors of one MoE layer (plus a dense layer 0 and an embedding so the
 // checkpoint has non-expert tensors too). `m.w` is updated to the stored values.
 inline std::vector<Tensor> moe_tensors(Model& m, Scheme scheme, std::mt19937& rng) {
   const ref::Spec& s = m.spec;
   std::normal_distribution<float> n(0.0f, 1.0f);
-  std::vector<Tensor> ts;
-  auto add = [&](const std::string& name, std::vector<float>& v, std::vector<int64_t> shape, const std::string& dt) {
-    ts.push_back(Tensor{name, dt, std::move(shape), store(v, dt)});
-  };
-  const std::string L = std::to_string(m.layer);
-  const std::string dt = m.dtype;
+  TensorList out;
   // Unrelated tensors: an embedding and a dense MLP in layer 0.
   std::vector<float> emb(static_cast<size_t>(37 * s.H));
   for (auto& x : emb) x = n(rng);
@@ -247,134 +384,17 @@ inline std::vector<Tensor> moe_tensors(Model& m, Scheme scheme, std::mt19937& rn
   for (auto& x : dense) x = n(rng);
   m.router.resize(static_cast<size_t>(s.E * s.H));
   for (auto& x : m.router) x = n(rng) / std::sqrt(static_cast<float>(s.H));
-
   if (scheme == Scheme::Gguf || scheme == Scheme::GgufFused) {
-    add("token_embd.weight", emb, {37, s.H}, "F32");
-    add("blk.0.ffn_down.weight", dense, {s.H, 24}, "F32");
-    const std::string b = "blk." + L + ".";
-    add(b + "ffn_gate_inp.weight", m.router, {s.E, s.H}, "F32");
-    // Stack experts: [E, I, H] etc.
-    std::vector<float> g, u, d;
-    for (int e = 0; e < s.E; ++e) {
-      g.insert(g.end(), m.w.gate[static_cast<size_t>(e)].begin(), m.w.gate[static_cast<size_t>(e)].end());
-      u.insert(u.end(), m.w.up[static_cast<size_t>(e)].begin(), m.w.up[static_cast<size_t>(e)].end());
-      d.insert(d.end(), m.w.down[static_cast<size_t>(e)].begin(), m.w.down[static_cast<size_t>(e)].end());
-    }
-    const size_t gi = static_cast<size_t>(s.I) * s.H, di = static_cast<size_t>(s.H) * s.I;
-    if (scheme == Scheme::GgufFused) {  // [E, 2I, H]: each expert's gate rows, then its up rows
-      std::vector<float> gu;
-      for (int e = 0; e < s.E; ++e) {
-        gu.insert(gu.end(), g.begin() + static_cast<long>(e * gi), g.begin() + static_cast<long>((e + 1) * gi));
-        gu.insert(gu.end(), u.begin() + static_cast<long>(e * gi), u.begin() + static_cast<long>((e + 1) * gi));
-      }
-      add(b + "ffn_gate_up_exps.weight", gu, {s.E, 2 * s.I, s.H}, dt);
-      for (int e = 0; e < s.E; ++e) {
-        std::copy(gu.begin() + static_cast<long>(2 * e * gi), gu.begin() + static_cast<long>((2 * e + 1) * gi),
-                  g.begin() + static_cast<long>(e * gi));
-        std::copy(gu.begin() + static_cast<long>((2 * e + 1) * gi), gu.begin() + static_cast<long>((2 * e + 2) * gi),
-                  u.begin() + static_cast<long>(e * gi));
-      }
-    } else {
-      add(b + "ffn_gate_exps.weight", g, {s.E, s.I, s.H}, dt);
-      add(b + "ffn_up_exps.weight", u, {s.E, s.I, s.H}, dt);
-    }
-    add(b + "ffn_down_exps.weight", d, {s.E, s.H, s.I}, dt);
-    for (int e = 0; e < s.E; ++e) {  // write back the stored values
-      std::copy(g.begin() + static_cast<long>(e * gi), g.begin() + static_cast<long>((e + 1) * gi),
-                m.w.gate[static_cast<size_t>(e)].begin());
-      std::copy(u.begin() + static_cast<long>(e * gi), u.begin() + static_cast<long>((e + 1) * gi),
-                m.w.up[static_cast<size_t>(e)].begin());
-      std::copy(d.begin() + static_cast<long>(e * di), d.begin() + static_cast<long>((e + 1) * di),
-                m.w.down[static_cast<size_t>(e)].begin());
-    }
-    if (s.Is > 0) {
-      add(b + "ffn_gate_shexp.weight", m.w.s_gate, {s.Is, s.H}, dt);
-      add(b + "ffn_up_shexp.weight", m.w.s_up, {s.Is, s.H}, dt);
-      add(b + "ffn_down_shexp.weight", m.w.s_down, {s.H, s.Is}, dt);
-      if (s.shared_gate) add(b + "ffn_gate_inp_shexp.weight", m.w.s_gate_w, {s.H}, "F32");
-    }
-    if (s.use_bias) add(b + "exp_probs_b.bias", m.w.bias, {s.E}, "F32");
-    return ts;
-  }
-
-  const std::string pre = scheme == Scheme::FusedTransposed ? "model.language_model." : "model.";
-  add(pre + "embed_tokens.weight", emb, {37, s.H}, dt == "Q8_0" ? "F32" : dt);
-  add(pre + "layers.0.mlp.down_proj.weight", dense, {s.H, 24}, dt);
-  const std::string lp = pre + "layers." + L + ".";
-  if (scheme == Scheme::Mixtral) {
-    add(lp + "block_sparse_moe.gate.weight", m.router, {s.E, s.H}, dt);
-    for (int e = 0; e < s.E; ++e) {
-      const std::string ep = lp + "block_sparse_moe.experts." + std::to_string(e) + ".";
-      add(ep + "w1.weight", m.w.gate[static_cast<size_t>(e)], {s.I, s.H}, dt);
-      add(ep + "w3.weight", m.w.up[static_cast<size_t>(e)], {s.I, s.H}, dt);
-      add(ep + "w2.weight", m.w.down[static_cast<size_t>(e)], {s.H, s.I}, dt);
-    }
+    out.add("token_embd.weight", emb, {37, s.H}, "F32");
+    out.add("blk.0.ffn_down.weight", dense, {s.H, 24}, "F32");
+    gguf_moe(out, m, scheme == Scheme::GgufFused);
   } else {
-    add(lp + "mlp.gate.weight", m.router, {s.E, s.H}, dt);
-    if (scheme == Scheme::Fused || scheme == Scheme::FusedTransposed) {
-      const bool tr = scheme == Scheme::FusedTransposed;
-      std::vector<float> gu, d;
-      for (int e = 0; e < s.E; ++e) {
-        std::vector<float> x = m.w.gate[static_cast<size_t>(e)];
-        x.insert(x.end(), m.w.up[static_cast<size_t>(e)].begin(), m.w.up[static_cast<size_t>(e)].end());  // [2I, H]
-        if (tr) x = transpose(x, 2 * s.I, s.H);
-        gu.insert(gu.end(), x.begin(), x.end());
-        std::vector<float> y = m.w.down[static_cast<size_t>(e)];  // [H, I]
-        if (tr) y = transpose(y, s.H, s.I);
-        d.insert(d.end(), y.begin(), y.end());
-      }
-      add(lp + "mlp.experts.gate_up_proj", gu,
-          tr ? std::vector<int64_t>{s.E, s.H, 2 * s.I} : std::vector<int64_t>{s.E, 2 * s.I, s.H}, dt);
-      add(lp + "mlp.experts.down_proj", d,
-          tr ? std::vector<int64_t>{s.E, s.I, s.H} : std::vector<int64_t>{s.E, s.H, s.I}, dt);
-      // Stored values back into m.w (the transposition is exact).
-      const size_t gi = static_cast<size_t>(2 * s.I) * s.H, di = static_cast<size_t>(s.H) * s.I;
-      for (int e = 0; e < s.E; ++e) {
-        std::vector<float> x(gu.begin() + static_cast<long>(e * gi), gu.begin() + static_cast<long>((e + 1) * gi));
-        if (tr) x = transpose(x, s.H, 2 * s.I);
-        std::copy(x.begin(), x.begin() + static_cast<long>(gi / 2), m.w.gate[static_cast<size_t>(e)].begin());
-        std::copy(x.begin() + static_cast<long>(gi / 2), x.end(), m.w.up[static_cast<size_t>(e)].begin());
-        std::vector<float> y(d.begin() + static_cast<long>(e * di), d.begin() + static_cast<long>((e + 1) * di));
-        if (tr) y = transpose(y, s.I, s.H);
-        m.w.down[static_cast<size_t>(e)] = y;
-      }
-    } else if (scheme == Scheme::Stacked) {  // separate 3-D gate/up/down [E, I, H], [E, H, I]
-      std::vector<float> g, u, d;
-      for (int e = 0; e < s.E; ++e) {
-        g.insert(g.end(), m.w.gate[static_cast<size_t>(e)].begin(), m.w.gate[static_cast<size_t>(e)].end());
-        u.insert(u.end(), m.w.up[static_cast<size_t>(e)].begin(), m.w.up[static_cast<size_t>(e)].end());
-        d.insert(d.end(), m.w.down[static_cast<size_t>(e)].begin(), m.w.down[static_cast<size_t>(e)].end());
-      }
-      add(lp + "mlp.experts.gate_proj", g, {s.E, s.I, s.H}, dt);
-      add(lp + "mlp.experts.up_proj", u, {s.E, s.I, s.H}, dt);
-      add(lp + "mlp.experts.down_proj", d, {s.E, s.H, s.I}, dt);
-      const size_t gi = static_cast<size_t>(s.I) * s.H;
-      for (int e = 0; e < s.E; ++e) {
-        std::copy(g.begin() + static_cast<long>(e * gi), g.begin() + static_cast<long>((e + 1) * gi),
-                  m.w.gate[static_cast<size_t>(e)].begin());
-        std::copy(u.begin() + static_cast<long>(e * gi), u.begin() + static_cast<long>((e + 1) * gi),
-                  m.w.up[static_cast<size_t>(e)].begin());
-        std::copy(d.begin() + static_cast<long>(e * gi), d.begin() + static_cast<long>((e + 1) * gi),
-                  m.w.down[static_cast<size_t>(e)].begin());
-      }
-    } else {
-      for (int e = 0; e < s.E; ++e) {
-        const std::string ep = lp + "mlp.experts." + std::to_string(e) + ".";
-        add(ep + "gate_proj.weight", m.w.gate[static_cast<size_t>(e)], {s.I, s.H}, dt);
-        add(ep + "up_proj.weight", m.w.up[static_cast<size_t>(e)], {s.I, s.H}, dt);
-        add(ep + "down_proj.weight", m.w.down[static_cast<size_t>(e)], {s.H, s.I}, dt);
-      }
-    }
-    if (s.Is > 0) {
-      const std::string sp = lp + (scheme == Scheme::DeepSeek ? "mlp.shared_experts." : "mlp.shared_expert.");
-      add(sp + "gate_proj.weight", m.w.s_gate, {s.Is, s.H}, dt);
-      add(sp + "up_proj.weight", m.w.s_up, {s.Is, s.H}, dt);
-      add(sp + "down_proj.weight", m.w.s_down, {s.H, s.Is}, dt);
-      if (s.shared_gate) add(lp + "mlp.shared_expert_gate.weight", m.w.s_gate_w, {1, s.H}, "F32");
-    }
-    if (s.use_bias) add(lp + "mlp.gate.e_score_correction_bias", m.w.bias, {s.E}, "F32");
+    const std::string pre = scheme == Scheme::FusedTransposed ? "model.language_model." : "model.";
+    out.add(pre + "embed_tokens.weight", emb, {37, s.H}, m.dtype == "Q8_0" ? "F32" : m.dtype);
+    out.add(pre + "layers.0.mlp.down_proj.weight", dense, {s.H, 24}, m.dtype);
+    hf_moe(out, m, scheme, pre + "layers." + std::to_string(m.layer) + ".");
   }
-  return ts;
+  return std::move(out.ts);
 }
 
 // config.json for an HF checkpoint of `m`.
