@@ -220,6 +220,73 @@ std::vector<Item> make_items(const Jobs& jobs, const std::vector<cpu::PackedWeig
   return items;
 }
 
+// The kernels alone: every expert's gate/up then down panels with the
+// expert's rows, each thread a contiguous share of the experts' panels
+// (by bytes), through the calls FfnRunner makes (a run of one expert's
+// panels through gemv or gemm_run for experts of 1 .. run_rows rows,
+// where the kernels have them; else gemm per panel), the next panel
+// prefetched as FfnRunner's calls do; no activation, no combine.
+struct TilePass {
+  const cpu::Kernels& kern;
+  const std::vector<Item>& items;
+  const QuantRows& q;
+  ep_moe_dtype_t wdt;
+  bool dot;  // bf16 dot-product tiles on bf16 rows (else widening on f32)
+  int hidden;
+  std::vector<size_t> at;   // at[i]: the bytes of the panels before item i
+  std::vector<size_t> cut;  // thread t's items: [cut[t], cut[t + 1]), equal bytes each
+
+  TilePass(const cpu::Kernels& k, const std::vector<Item>& it, const QuantRows& qr, ep_moe_dtype_t w, bool d, int h,
+           int threads)
+      : kern(k), items(it), q(qr), wdt(w), dot(d), hidden(h), at(it.size() + 1, 0) {
+    for (size_t i = 0; i < items.size(); ++i) at[i + 1] = at[i] + items[i].w->panel_bytes();
+    const double all = bytes();
+    cut.assign(static_cast<size_t>(threads) + 1, items.size());
+    cut[0] = 0;
+    for (size_t i = 0, t = 1; i < items.size() && t < static_cast<size_t>(threads); ++i)
+      if (static_cast<double>(at[i + 1]) >= all * static_cast<double>(t) / threads) cut[t++] = i + 1;
+  }
+  // Every expert's weights, once a pass.
+  double bytes() const { return static_cast<double>(at.back()); }
+  bool quant() const { return dtype_is_quant(wdt); }
+  // Panels a call for an item of m rows: a run where FfnRunner makes one
+  // (Kernels::runs_rows; as many as its c tile holds), else 1.
+  int run_cap(int m) const {
+    return !quant() && kern.runs_rows(m, static_cast<int>(EP_MOE_DTYPE_BF16), dot) ? kMaxRows * 32 / (kern.nr * m) : 1;
+  }
+  // Thread t's share, where panel(i) is item i's panel.
+  template <class Panel>
+  void share(size_t t, Panel panel) const {
+    constexpr int kBf16 = static_cast<int>(EP_MOE_DTYPE_BF16);
+    const int nr = kern.nr;
+    const size_t b = cut[t], e = cut[t + 1];
+    const uint16_t* a16[kMaxRows];
+    const float* a32[kMaxRows];
+    alignas(64) float c[kMaxRows * 32];
+    for (size_t i = b; i < e;) {
+      const Item& it = items[i];
+      // The run: the items that follow with the same weight's next panels.
+      size_t j = i + 1;
+      const auto cap = static_cast<size_t>(run_cap(it.m));
+      while (j < e && j - i < cap && items[j].w == it.w && items[j].p == items[j - 1].p + 1) ++j;
+      const void* next = j < e ? panel(j) : nullptr;
+      const auto np = static_cast<int>(j - i);
+      for (int r = 0; r < it.m; ++r) {
+        a16[r] = it.rows.rows16 + static_cast<size_t>(r) * static_cast<size_t>(it.rows.ld);
+        a32[r] = it.rows.rows32 + static_cast<size_t>(r) * static_cast<size_t>(it.rows.ld);
+      }
+      if (quant())
+        kern.qgemm[quant_index(wdt)](it.m, it.w->k == hidden ? q.x : q.h, it.w->k, panel(i), nr, c, nr, next);
+      else if (cap > 1 && it.m == 1 && dot) kern.gemv_bf16(a16[0], it.w->k, panel(i), np, c, next);
+      else if (cap > 1 && it.m == 1) kern.gemv[kBf16](a32[0], it.w->k, panel(i), np, c, next);
+      else if (cap > 1) kern.gemm_run[kBf16](it.m, a32, it.w->k, panel(i), np, c, np * nr, next);
+      else if (dot) kern.gemm_bf16(it.m, a16, it.w->k, panel(i), c, nr, next);
+      else kern.gemm[kBf16](it.m, a32, it.w->k, panel(i), c, nr, next);
+      i = j;
+    }
+  }
+};
+
 constexpr int kVariants = 5;  // the probe, then the passes
 
 // The alternated blocks: in each, the probe and every pass (run_pass(v),
@@ -280,7 +347,6 @@ int main(int argc, char** argv) {
   // AVX-512 without BF16) the tiles widen the bf16 weights and keep f32
   // rows, as the layer does there.
   const bool dot = !quant && kern.gemm_bf16 != nullptr;
-  const int nr = kern.nr;
 
   std::vector<cpu::PackedWeight> gate_up, down;
   pack_experts(o, kern, &gate_up, &down);
@@ -300,62 +366,15 @@ int main(int argc, char** argv) {
   }
   const int use = pool.size();
 
-  // The kernels alone: every expert's gate/up then down panels with the
-  // expert's rows, each thread a contiguous share of the experts' panels
-  // (by bytes), through the calls FfnRunner makes (a run of one expert's
-  // panels through gemv or gemm_run for experts of 1 .. run_rows rows,
-  // where the kernels have them; else gemm per panel), the next panel
-  // prefetched as FfnRunner's calls do; no activation, no combine.
   std::vector<uint16_t> hrows(static_cast<size_t>(max_rows) * static_cast<size_t>(inter + 32), 0x3f00);
   std::vector<float> hrows32(hrows.size(), 0.5f);
   const std::vector<Item> items =
       make_items(jobs, gate_up, down, {x16.data(), x.data(), hidden}, {hrows.data(), hrows32.data(), inter + 32});
-  // Panels per call for an item of m rows: a run where FfnRunner makes one
-  // (Kernels::runs_rows; as many as its c tile holds), else 1.
-  constexpr int kBf16 = static_cast<int>(EP_MOE_DTYPE_BF16);
-  const auto run_cap = [&](int m) -> int {
-    return !quant && kern.runs_rows(m, kBf16, dot) ? kMaxRows * 32 / (nr * m) : 1;
-  };
-  // at[i]: the bytes of the panels before item i. Share boundaries: equal
-  // bytes per thread.
-  std::vector<size_t> at(items.size() + 1, 0);
-  for (size_t i = 0; i < items.size(); ++i) at[i + 1] = at[i] + items[i].w->panel_bytes();
-  const double bytes = static_cast<double>(at.back());  // every expert's weights, once per pass
-  std::vector<size_t> cut(static_cast<size_t>(use) + 1, items.size());
-  cut[0] = 0;
-  for (size_t i = 0, t = 1; i < items.size() && t < static_cast<size_t>(use); ++i)
-    if (static_cast<double>(at[i + 1]) >= bytes * static_cast<double>(t) / use) cut[t++] = i + 1;
-  // One pass of the tiles over the items [cut[t], cut[t + 1]) of each
-  // thread t, where panel(i) is item i's panel; the next item's panel is
-  // prefetched as FfnRunner's calls do. No activation, no combine.
+  const TilePass tiles(kern, items, q, o.wdt, dot, hidden, use);
+  const auto& at = tiles.at;
+  const double bytes = tiles.bytes();
   auto tile_pass = [&](auto panel) {
-    pool.parallel_for(static_cast<size_t>(use), [&](size_t t, int) {
-      const size_t b = cut[t], e = cut[t + 1];
-      const uint16_t* a16[kMaxRows];
-      const float* a32[kMaxRows];
-      alignas(64) float c[kMaxRows * 32];
-      for (size_t i = b; i < e;) {
-        const Item& it = items[i];
-        // The run: the items that follow with the same weight's next panels.
-        size_t j = i + 1;
-        const auto cap = static_cast<size_t>(run_cap(it.m));
-        while (j < e && j - i < cap && items[j].w == it.w && items[j].p == items[j - 1].p + 1) ++j;
-        const void* next = j < e ? panel(j) : nullptr;
-        const auto np = static_cast<int>(j - i);
-        for (int r = 0; r < it.m; ++r) {
-          a16[r] = it.rows.rows16 + static_cast<size_t>(r) * static_cast<size_t>(it.rows.ld);
-          a32[r] = it.rows.rows32 + static_cast<size_t>(r) * static_cast<size_t>(it.rows.ld);
-        }
-        if (quant)
-          kern.qgemm[quant_index(o.wdt)](it.m, it.w->k == hidden ? q.x : q.h, it.w->k, panel(i), nr, c, nr, next);
-        else if (cap > 1 && it.m == 1 && dot) kern.gemv_bf16(a16[0], it.w->k, panel(i), np, c, next);
-        else if (cap > 1 && it.m == 1) kern.gemv[kBf16](a32[0], it.w->k, panel(i), np, c, next);
-        else if (cap > 1) kern.gemm_run[kBf16](it.m, a32, it.w->k, panel(i), np, c, np * nr, next);
-        else if (dot) kern.gemm_bf16(it.m, a16, it.w->k, panel(i), c, nr, next);
-        else kern.gemm[kBf16](it.m, a32, it.w->k, panel(i), c, nr, next);
-        i = j;
-      }
-    });
+    pool.parallel_for(static_cast<size_t>(use), [&](size_t t, int) { tiles.share(t, panel); });
   };
   // The same items with their panels back to back in one buffer: what the
   // experts' separate buffers (and the boundaries between them) cost.
