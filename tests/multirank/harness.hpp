@@ -361,126 +361,123 @@ inline std::function<void()> make_world(const Case& c, std::vector<ep_moe_comm_t
   return cleanup;
 }
 
-// Runs the case on c.ep in-process ranks; returns per-rank results of the
-// last forward and checks every forward against the reference.
-inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double* worst_err = nullptr) {
-  INFO(c.describe());
-  ref::Spec spec;
-  const ref::Weights w = case_weights(c, &spec, rng);
-  Case cq = c;  // the spec with the activation blocks, for the reference
-  cq.spec = spec;
-  std::vector<Inputs> steps;
-  for (int f = 0; f < c.forwards; ++f) steps.push_back(make_inputs(cq, w, rng));
-
-  std::vector<ep_moe_comm_t*> world;
-  const std::function<void()> cleanup = make_world(c, &world);
-  const int attn_tp = c.ep / c.dp;
-  std::vector<RankResult> results(static_cast<size_t>(c.ep));
-  std::vector<std::vector<std::vector<float>>> outs(static_cast<size_t>(c.forwards),
-                                                    std::vector<std::vector<float>>(static_cast<size_t>(c.ep)));
-  std::vector<std::string> setup_error(static_cast<size_t>(c.ep));
-
-  run_ranks(c.ep, [&](int r) {
-    RankResult& res = results[static_cast<size_t>(r)];
-    ep_moe_comm_t* ep = world[static_cast<size_t>(r)];
-    ep_moe_comm_t* dp = nullptr;
-    if (c.dp > 1) {
-      if (attn_tp == 1 && c.dp_same_handle) {
-        dp = ep;
-      } else if (ep_moe_comm_split(&dp, ep, r % attn_tp, r) != EP_MOE_OK) {
-        setup_error[static_cast<size_t>(r)] = std::string("split: ") + ep_moe_last_error();
-        return;
-      }
-    }
-    ep_moe_expert_map_config_t mc;
-    ep_moe_expert_map_config_init(&mc);
-    mc.ep_size = c.ep;
-    mc.ep_rank = r;
-    mc.global_num_experts = c.spec.E;
-    mc.placement = c.placement;
-    mc.num_expert_group = c.spec.groups;
-    mc.num_redundant_experts = c.redundant;
-    if (c.placement == EP_MOE_PLACEMENT_CUSTOM) {
-      mc.custom_slots = c.custom_slots.data();
-      mc.num_custom_slots = static_cast<int32_t>(c.custom_slots.size());
-    }
-    ep_moe_expert_map_t* map = nullptr;
-    if (ep_moe_expert_map_create(&map, &mc) != EP_MOE_OK) {
-      setup_error[static_cast<size_t>(r)] = std::string("map: ") + ep_moe_last_error();
-      return;
-    }
-    const ep_moe_layer_config_t lc = layer_config(c);
-    ep_moe_layer_t* layer = nullptr;
-    const ep_moe_status_t cs = ep_moe_layer_create(&layer, &lc, map, ep, dp);
-    if (cs != EP_MOE_OK) {
-      setup_error[static_cast<size_t>(r)] = std::string("layer: ") + ep_moe_last_error();
-      ep_moe_expert_map_destroy(map);
-      return;
-    }
-    int32_t n_local = 0;  // distinct experts with a slot here
-    for (int e = 0; e < c.spec.E; ++e) {
-      int32_t is_local = 0;
-      ep_moe_expert_map_is_local(&is_local, map, e);
-      n_local += is_local;
-    }
-    ep_moe_expert_map_destroy(map);  // the layer keeps its own copy
-    const std::string werr = load_weights(layer, c, w, &res.stored);
-    if (!werr.empty()) setup_error[static_cast<size_t>(r)] = "weights: " + werr;
-    if (res.stored != n_local) setup_error[static_cast<size_t>(r)] += " stored != local experts";
-
-    const int replica = c.dp > 1 ? r / attn_tp : 0;
-    const int T = c.tokens[static_cast<size_t>(replica)];
-    const size_t es = c.adt == ref::F32 ? 4 : 2;
-    for (int f = 0; f < c.forwards; ++f) {
-      const Inputs& in = steps[static_cast<size_t>(f)];
-      const auto hid = ref::encode(in.hidden[static_cast<size_t>(replica)], c.adt);
-      std::vector<uint8_t> out(static_cast<size_t>(T) * c.spec.H * es + 1, 0xAB);
-      std::vector<int32_t> counts(c.tokens.begin(), c.tokens.end());
-      std::vector<int32_t> decode(static_cast<size_t>(c.dp), c.all_decode ? 1 : 0);
-      ep_moe_forward_args_t a = forward_args(c, in, replica, hid.data(), out.data());
-      if (c.dp > 1) {
-        a.dp_token_counts = counts.data();
-        a.dp_is_decode = decode.data();
-        a.is_prefill = c.is_prefill;
-        a.is_graph = c.is_graph;
-      }
-      res.status = ep_moe_layer_forward(layer, &a);
-      if (res.status != EP_MOE_OK) {
-        res.error = ep_moe_layer_last_error(layer);
-        break;
-      }
-      outs[static_cast<size_t>(f)][static_cast<size_t>(r)] =
-          ref::decode(out.data(), static_cast<size_t>(T) * c.spec.H, c.adt);
-      if (out.back() != 0xAB) res.error = "forward wrote past the output";
-    }
-    ep_moe_layer_get_attr(&res.local_pairs, layer, EP_MOE_LAYER_ATTR_LAST_LOCAL_PAIRS);
-    ep_moe_layer_get_attr(&res.skipped, layer, EP_MOE_LAYER_ATTR_LAST_SKIPPED_PAIRS);
-    ep_moe_layer_get_attr(&res.tokens, layer, EP_MOE_LAYER_ATTR_LAST_TOKENS);
-    ep_moe_layer_get_attr(&res.gather, layer, EP_MOE_LAYER_ATTR_LAST_GATHER);
-    ep_moe_layer_get_attr(&res.dispatch, layer, EP_MOE_LAYER_ATTR_LAST_DISPATCH);
-    ep_moe_layer_get_attr(&res.permute_ns, layer, EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS);
-    ep_moe_layer_get_attr(&res.permute_bytes, layer, EP_MOE_LAYER_ATTR_LAST_PERMUTE_BYTES);
-    ep_moe_layer_get_attr(&res.cpu_isa, layer, EP_MOE_LAYER_ATTR_CPU_ISA);
-    ep_moe_layer_get_attr(&res.weight_bytes, layer, EP_MOE_LAYER_ATTR_WEIGHT_BYTES);
-    ep_moe_layer_get_attr(&res.engine, layer, EP_MOE_LAYER_ATTR_MATRIX_ENGINE);
-    ep_moe_layer_get_attr(&res.engine_pairs, layer, EP_MOE_LAYER_ATTR_LAST_ENGINE_PAIRS);
-    ep_moe_layer_get_attr(&res.expert_ns, layer, EP_MOE_LAYER_ATTR_LAST_EXPERT_NS);
-    ep_moe_layer_get_attr(&res.combine_ns, layer, EP_MOE_LAYER_ATTR_LAST_COMBINE_NS);
-    ep_moe_layer_get_attr(&res.combine_bytes, layer, EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES);
-    res.own_tokens = T;
-    ep_moe_layer_destroy(layer);
-    if (dp && dp != ep) ep_moe_comm_destroy(dp);
-  });
-  cleanup();
-
-  for (int r = 0; r < c.ep; ++r) {
-    INFO("rank " << r << ": " << setup_error[static_cast<size_t>(r)] << results[static_cast<size_t>(r)].error);
-    REQUIRE(setup_error[static_cast<size_t>(r)].empty());
-    CHECK(results[static_cast<size_t>(r)].error.empty());
-    REQUIRE(results[static_cast<size_t>(r)].status == EP_MOE_OK);
+// Rank r's layer of the case on its EP (and DP) handles, with every
+// weight given; null with *err set where a step failed. *err may also be
+// set beside a layer (weights refused, or a count of stored experts other
+// than the map's local ones).
+inline ep_moe_layer_t* rank_layer(const Case& c, int r, ep_moe_comm_t* ep, ep_moe_comm_t* dp, const ref::Weights& w,
+                                  RankResult* res, std::string* err) {
+  ep_moe_expert_map_config_t mc;
+  ep_moe_expert_map_config_init(&mc);
+  mc.ep_size = c.ep;
+  mc.ep_rank = r;
+  mc.global_num_experts = c.spec.E;
+  mc.placement = c.placement;
+  mc.num_expert_group = c.spec.groups;
+  mc.num_redundant_experts = c.redundant;
+  if (c.placement == EP_MOE_PLACEMENT_CUSTOM) {
+    mc.custom_slots = c.custom_slots.data();
+    mc.num_custom_slots = static_cast<int32_t>(c.custom_slots.size());
   }
-  // Phase attributes of the last forward: present and consistent on every
-  // rank; exact byte counts where the flow is simple (all-gather, no DP).
+  ep_moe_expert_map_t* map = nullptr;
+  if (ep_moe_expert_map_create(&map, &mc) != EP_MOE_OK) {
+    *err = std::string("map: ") + ep_moe_last_error();
+    return nullptr;
+  }
+  const ep_moe_layer_config_t lc = layer_config(c);
+  ep_moe_layer_t* layer = nullptr;
+  if (ep_moe_layer_create(&layer, &lc, map, ep, dp) != EP_MOE_OK) {
+    *err = std::string("layer: ") + ep_moe_last_error();
+    ep_moe_expert_map_destroy(map);
+    return nullptr;
+  }
+  int32_t n_local = 0;  // distinct experts with a slot here
+  for (int e = 0; e < c.spec.E; ++e) {
+    int32_t is_local = 0;
+    ep_moe_expert_map_is_local(&is_local, map, e);
+    n_local += is_local;
+  }
+  ep_moe_expert_map_destroy(map);  // the layer keeps its own copy
+  const std::string werr = load_weights(layer, c, w, &res->stored);
+  if (!werr.empty()) *err = "weights: " + werr;
+  if (res->stored != n_local) *err += " stored != local experts";
+  return layer;
+}
+
+// The layer's attributes after its last forward into *res.
+inline void read_attrs(ep_moe_layer_t* layer, RankResult* res) {
+  const std::pair<int64_t*, ep_moe_layer_attr_t> attrs[] = {
+      {&res->local_pairs, EP_MOE_LAYER_ATTR_LAST_LOCAL_PAIRS},
+      {&res->skipped, EP_MOE_LAYER_ATTR_LAST_SKIPPED_PAIRS},
+      {&res->tokens, EP_MOE_LAYER_ATTR_LAST_TOKENS},
+      {&res->gather, EP_MOE_LAYER_ATTR_LAST_GATHER},
+      {&res->dispatch, EP_MOE_LAYER_ATTR_LAST_DISPATCH},
+      {&res->permute_ns, EP_MOE_LAYER_ATTR_LAST_PERMUTE_NS},
+      {&res->permute_bytes, EP_MOE_LAYER_ATTR_LAST_PERMUTE_BYTES},
+      {&res->cpu_isa, EP_MOE_LAYER_ATTR_CPU_ISA},
+      {&res->weight_bytes, EP_MOE_LAYER_ATTR_WEIGHT_BYTES},
+      {&res->engine, EP_MOE_LAYER_ATTR_MATRIX_ENGINE},
+      {&res->engine_pairs, EP_MOE_LAYER_ATTR_LAST_ENGINE_PAIRS},
+      {&res->expert_ns, EP_MOE_LAYER_ATTR_LAST_EXPERT_NS},
+      {&res->combine_ns, EP_MOE_LAYER_ATTR_LAST_COMBINE_NS},
+      {&res->combine_bytes, EP_MOE_LAYER_ATTR_LAST_COMBINE_BYTES},
+  };
+  for (const auto& [v, a] : attrs) ep_moe_layer_get_attr(v, layer, a);
+}
+
+// Rank r's part of the case: its layer, then each step's forward of its
+// replica's tokens (outputs into outs[f][r]), then its attributes.
+inline void run_rank(const Case& c, int r, ep_moe_comm_t* ep, const ref::Weights& w, const std::vector<Inputs>& steps,
+                     RankResult* res, std::vector<std::vector<std::vector<float>>>* outs, std::string* setup_error) {
+  const int attn_tp = c.ep / c.dp;
+  ep_moe_comm_t* dp = nullptr;
+  if (c.dp > 1) {
+    if (attn_tp == 1 && c.dp_same_handle) {
+      dp = ep;
+    } else if (ep_moe_comm_split(&dp, ep, r % attn_tp, r) != EP_MOE_OK) {
+      *setup_error = std::string("split: ") + ep_moe_last_error();
+      return;
+    }
+  }
+  ep_moe_layer_t* layer = rank_layer(c, r, ep, dp, w, res, setup_error);
+  if (!layer) {
+    if (dp && dp != ep) ep_moe_comm_destroy(dp);
+    return;
+  }
+  const int replica = c.dp > 1 ? r / attn_tp : 0;
+  const int T = c.tokens[static_cast<size_t>(replica)];
+  const size_t es = c.adt == ref::F32 ? 4 : 2;
+  for (int f = 0; f < c.forwards; ++f) {
+    const Inputs& in = steps[static_cast<size_t>(f)];
+    const auto hid = ref::encode(in.hidden[static_cast<size_t>(replica)], c.adt);
+    std::vector<uint8_t> out(static_cast<size_t>(T) * c.spec.H * es + 1, 0xAB);
+    std::vector<int32_t> counts(c.tokens.begin(), c.tokens.end());
+    std::vector<int32_t> decode(static_cast<size_t>(c.dp), c.all_decode ? 1 : 0);
+    ep_moe_forward_args_t a = forward_args(c, in, replica, hid.data(), out.data());
+    if (c.dp > 1) {
+      a.dp_token_counts = counts.data();
+      a.dp_is_decode = decode.data();
+      a.is_prefill = c.is_prefill;
+      a.is_graph = c.is_graph;
+    }
+    res->status = ep_moe_layer_forward(layer, &a);
+    if (res->status != EP_MOE_OK) {
+      res->error = ep_moe_layer_last_error(layer);
+      break;
+    }
+    (*outs)[static_cast<size_t>(f)][static_cast<size_t>(r)] =
+        ref::decode(out.data(), static_cast<size_t>(T) * c.spec.H, c.adt);
+    if (out.back() != 0xAB) res->error = "forward wrote past the output";
+  }
+  read_attrs(layer, res);
+  res->own_tokens = T;
+  ep_moe_layer_destroy(layer);
+  if (dp && dp != ep) ep_moe_comm_destroy(dp);
+}
+
+// Phase attributes of the last forward: present and consistent on every
+// rank; exact byte counts where the flow is simple (all-gather, no DP).
+inline void check_phase_attrs(const Case& c, const std::vector<RankResult>& results) {
   for (int r = 0; r < c.ep && c.forwards > 0; ++r) {
     const RankResult& x = results[static_cast<size_t>(r)];
     if (x.status != EP_MOE_OK) continue;
@@ -509,7 +506,14 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
       CHECK(x.combine_bytes == T * H * es + (es == 4 ? 0 : T * H * 4));
     }
   }
+}
 
+// Every forward's outputs on every rank against the reference of its
+// replica's tokens, within the case's tolerance (each element's slack
+// beyond it); the largest error into *worst_err.
+inline void check_outputs(const Case& c, const std::vector<Inputs>& steps,
+                          const std::vector<std::vector<std::vector<float>>>& outs, double* worst_err) {
+  const int attn_tp = c.ep / c.dp;
   const double tol = c.tol >= 0 ? c.tol : tolerance(c.adt, c.wdt, c.quant());
   for (int f = 0; f < c.forwards; ++f) {
     for (int r = 0; r < c.ep; ++r) {
@@ -528,6 +532,39 @@ inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double
       CHECK(err <= tol);
     }
   }
+}
+
+// Runs the case on c.ep in-process ranks; returns per-rank results of the
+// last forward and checks every forward against the reference.
+inline std::vector<RankResult> run_case(const Case& c, std::mt19937& rng, double* worst_err = nullptr) {
+  INFO(c.describe());
+  ref::Spec spec;
+  const ref::Weights w = case_weights(c, &spec, rng);
+  Case cq = c;  // the spec with the activation blocks, for the reference
+  cq.spec = spec;
+  std::vector<Inputs> steps;
+  for (int f = 0; f < c.forwards; ++f) steps.push_back(make_inputs(cq, w, rng));
+
+  std::vector<ep_moe_comm_t*> world;
+  const std::function<void()> cleanup = make_world(c, &world);
+  std::vector<RankResult> results(static_cast<size_t>(c.ep));
+  std::vector<std::vector<std::vector<float>>> outs(static_cast<size_t>(c.forwards),
+                                                    std::vector<std::vector<float>>(static_cast<size_t>(c.ep)));
+  std::vector<std::string> setup_error(static_cast<size_t>(c.ep));
+  run_ranks(c.ep, [&](int r) {
+    const auto i = static_cast<size_t>(r);
+    run_rank(c, r, world[i], w, steps, &results[i], &outs, &setup_error[i]);
+  });
+  cleanup();
+
+  for (int r = 0; r < c.ep; ++r) {
+    INFO("rank " << r << ": " << setup_error[static_cast<size_t>(r)] << results[static_cast<size_t>(r)].error);
+    REQUIRE(setup_error[static_cast<size_t>(r)].empty());
+    CHECK(results[static_cast<size_t>(r)].error.empty());
+    REQUIRE(results[static_cast<size_t>(r)].status == EP_MOE_OK);
+  }
+  check_phase_attrs(c, results);
+  check_outputs(c, steps, outs, worst_err);
   results.back().out = outs.back().back();
   return results;
 }
