@@ -671,7 +671,12 @@ TEST_CASE("GGUF block-format experts: the error is the int8 activations' as stat
     INFO("type " << t << ": error against the stated int8 activations " << err_q << ", against float activations "
                  << err_f);
     CHECK(err_f > 100 * harness::tolerance(ref::F32, ref::F32, true));
-    CHECK(err_f < 0.05);  // the 8-bit activations' error is about a hundredth here, not a mismatch
+    // The 8-bit activations' error is a hundredth or two here, not a
+    // mismatch (a wrong expert or block is of the order of the output).
+    // The K formats' activation blocks of 256 take their step from the
+    // largest of 256 values, so their error has about twice the tail of
+    // Q8_0's blocks of 32 (docs/quantization.md, Tolerances).
+    CHECK(err_f < (refq::act_block(t) == 256 ? 0.1 : 0.05));
   }
 }
 
