@@ -251,38 +251,51 @@ struct TensorList {
   void add(const std::string& name, std::vector<float>& v, std::vector<int64_t> shape, const std::string& dt) {
     ts.push_back(Tensor{name, dt, std::move(shape), store(v, dt)});
   }
+  // The experts' [rows, cols] matrices as one [E, rows, cols] tensor, or
+  // [E, cols, rows] with each transposed (tr); the stored values back into
+  // them (the transposition is exact).
+  void add_stacked(const std::string& name, std::vector<std::vector<float>>& per_expert, int64_t rows, int64_t cols,
+                   bool tr, const std::string& dt) {
+    if (tr)
+      for (auto& x : per_expert) x = transpose(x, rows, cols);
+    std::vector<float> all = stack(per_expert);
+    const auto E = static_cast<int64_t>(per_expert.size());
+    add(name, all, tr ? std::vector<int64_t>{E, cols, rows} : std::vector<int64_t>{E, rows, cols}, dt);
+    unstack(all, per_expert);
+    if (tr)
+      for (auto& x : per_expert) x = transpose(x, cols, rows);
+  }
+  // Gate and up fused per expert, [2I, H]: each expert's gate rows, then
+  // its up rows (transposed with tr); the stored values back into w.
+  void add_fused_gate_up(const std::string& name, ref::Weights& w, int64_t I, int64_t H, bool tr,
+                         const std::string& dt) {
+    std::vector<std::vector<float>> gu(w.gate.size());
+    for (size_t e = 0; e < gu.size(); ++e) {
+      gu[e] = w.gate[e];
+      gu[e].insert(gu[e].end(), w.up[e].begin(), w.up[e].end());
+    }
+    add_stacked(name, gu, 2 * I, H, tr, dt);
+    const auto half = static_cast<long>(I * H);
+    for (size_t e = 0; e < gu.size(); ++e) {
+      std::copy(gu[e].begin(), gu[e].begin() + half, w.gate[e].begin());
+      std::copy(gu[e].begin() + half, gu[e].end(), w.up[e].begin());
+    }
+  }
 };
 
 // llama.cpp's GGUF names: experts stacked [E, I, H] (gate and up fused
-// into [E, 2I, H] for GgufFused: each expert's gate rows, then its up rows).
+// into [E, 2I, H] for GgufFused).
 inline void gguf_moe(TensorList& out, Model& m, bool fused) {
   const ref::Spec& s = m.spec;
   const std::string b = "blk." + std::to_string(m.layer) + ".", dt = m.dtype;
   out.add(b + "ffn_gate_inp.weight", m.router, {s.E, s.H}, "F32");
   if (fused) {
-    std::vector<std::vector<float>> gu(static_cast<size_t>(s.E));
-    for (size_t e = 0; e < gu.size(); ++e) {
-      gu[e] = m.w.gate[e];
-      gu[e].insert(gu[e].end(), m.w.up[e].begin(), m.w.up[e].end());
-    }
-    std::vector<float> all = stack(gu);
-    out.add(b + "ffn_gate_up_exps.weight", all, {s.E, 2 * s.I, s.H}, dt);
-    unstack(all, gu);
-    const auto half = static_cast<long>(static_cast<size_t>(s.I) * s.H);
-    for (size_t e = 0; e < gu.size(); ++e) {
-      std::copy(gu[e].begin(), gu[e].begin() + half, m.w.gate[e].begin());
-      std::copy(gu[e].begin() + half, gu[e].end(), m.w.up[e].begin());
-    }
+    out.add_fused_gate_up(b + "ffn_gate_up_exps.weight", m.w, s.I, s.H, false, dt);
   } else {
-    std::vector<float> g = stack(m.w.gate), u = stack(m.w.up);
-    out.add(b + "ffn_gate_exps.weight", g, {s.E, s.I, s.H}, dt);
-    out.add(b + "ffn_up_exps.weight", u, {s.E, s.I, s.H}, dt);
-    unstack(g, m.w.gate);
-    unstack(u, m.w.up);
+    out.add_stacked(b + "ffn_gate_exps.weight", m.w.gate, s.I, s.H, false, dt);
+    out.add_stacked(b + "ffn_up_exps.weight", m.w.up, s.I, s.H, false, dt);
   }
-  std::vector<float> d = stack(m.w.down);
-  out.add(b + "ffn_down_exps.weight", d, {s.E, s.H, s.I}, dt);
-  unstack(d, m.w.down);
+  out.add_stacked(b + "ffn_down_exps.weight", m.w.down, s.H, s.I, false, dt);
   if (s.Is > 0) {
     out.add(b + "ffn_gate_shexp.weight", m.w.s_gate, {s.Is, s.H}, dt);
     out.add(b + "ffn_up_shexp.weight", m.w.s_up, {s.Is, s.H}, dt);
@@ -290,40 +303,6 @@ inline void gguf_moe(TensorList& out, Model& m, bool fused) {
     if (s.shared_gate) out.add(b + "ffn_gate_inp_shexp.weight", m.w.s_gate_w, {s.H}, "F32");
   }
   if (s.use_bias) out.add(b + "exp_probs_b.bias", m.w.bias, {s.E}, "F32");
-}
-
-// Hugging Face's fused experts: gate_up_proj [E, 2I, H] and down_proj
-// [E, H, I], or transposed ([E, H, 2I], [E, I, H]) as newer models store them.
-inline void hf_fused_experts(TensorList& out, Model& m, const std::string& lp, bool tr) {
-  const ref::Spec& s = m.spec;
-  std::vector<std::vector<float>> gu(static_cast<size_t>(s.E)), d(static_cast<size_t>(s.E));
-  for (size_t e = 0; e < gu.size(); ++e) {
-    gu[e] = m.w.gate[e];
-    gu[e].insert(gu[e].end(), m.w.up[e].begin(), m.w.up[e].end());  // [2I, H]
-    d[e] = m.w.down[e];                                             // [H, I]
-    if (tr) {
-      gu[e] = transpose(gu[e], 2 * s.I, s.H);
-      d[e] = transpose(d[e], s.H, s.I);
-    }
-  }
-  std::vector<float> gua = stack(gu), da = stack(d);
-  out.add(lp + "mlp.experts.gate_up_proj", gua,
-          tr ? std::vector<int64_t>{s.E, s.H, 2 * s.I} : std::vector<int64_t>{s.E, 2 * s.I, s.H}, m.dtype);
-  out.add(lp + "mlp.experts.down_proj", da,
-          tr ? std::vector<int64_t>{s.E, s.I, s.H} : std::vector<int64_t>{s.E, s.H, s.I}, m.dtype);
-  // Stored values back into m.w (the transposition is exact).
-  unstack(gua, gu);
-  unstack(da, d);
-  const auto half = static_cast<long>(static_cast<size_t>(s.I) * s.H);
-  for (size_t e = 0; e < gu.size(); ++e) {
-    if (tr) {
-      gu[e] = transpose(gu[e], s.H, 2 * s.I);
-      d[e] = transpose(d[e], s.I, s.H);
-    }
-    std::copy(gu[e].begin(), gu[e].begin() + half, m.w.gate[e].begin());
-    std::copy(gu[e].begin() + half, gu[e].end(), m.w.up[e].begin());
-    m.w.down[e] = d[e];
-  }
 }
 
 // The safetensors schemes' MoE layer: Mixtral's block_sparse_moe names,
@@ -344,15 +323,15 @@ inline void hf_moe(TensorList& out, Model& m, Scheme scheme, const std::string& 
   }
   out.add(lp + "mlp.gate.weight", m.router, {s.E, s.H}, dt);
   if (scheme == Scheme::Fused || scheme == Scheme::FusedTransposed) {
-    hf_fused_experts(out, m, lp, scheme == Scheme::FusedTransposed);
+    // gate_up_proj [E, 2I, H] and down_proj [E, H, I], or transposed ([E,
+    // H, 2I], [E, I, H]) as newer models store them.
+    const bool tr = scheme == Scheme::FusedTransposed;
+    out.add_fused_gate_up(lp + "mlp.experts.gate_up_proj", m.w, s.I, s.H, tr, dt);
+    out.add_stacked(lp + "mlp.experts.down_proj", m.w.down, s.H, s.I, tr, dt);
   } else if (scheme == Scheme::Stacked) {  // separate 3-D gate/up/down [E, I, H], [E, H, I]
-    std::vector<float> g = stack(m.w.gate), u = stack(m.w.up), d = stack(m.w.down);
-    out.add(lp + "mlp.experts.gate_proj", g, {s.E, s.I, s.H}, dt);
-    out.add(lp + "mlp.experts.up_proj", u, {s.E, s.I, s.H}, dt);
-    out.add(lp + "mlp.experts.down_proj", d, {s.E, s.H, s.I}, dt);
-    unstack(g, m.w.gate);
-    unstack(u, m.w.up);
-    unstack(d, m.w.down);
+    out.add_stacked(lp + "mlp.experts.gate_proj", m.w.gate, s.I, s.H, false, dt);
+    out.add_stacked(lp + "mlp.experts.up_proj", m.w.up, s.I, s.H, false, dt);
+    out.add_stacked(lp + "mlp.experts.down_proj", m.w.down, s.H, s.I, false, dt);
   } else {
     for (int e = 0; e < s.E; ++e) {
       const std::string ep = lp + "mlp.experts." + std::to_string(e) + ".";
