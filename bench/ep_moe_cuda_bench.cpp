@@ -43,6 +43,27 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
+// The median ms of `n` calls of `run` on stream s (after `warm` untimed).
+template <class Run>
+double median_ms(cudaStream_t s, int n, int warm, Run&& run) {
+  cudaEvent_t e0, e1;
+  CU(cudaEventCreate(&e0));
+  CU(cudaEventCreate(&e1));
+  std::vector<double> t;
+  for (int i = 0; i < n + warm; ++i) {
+    CU(cudaEventRecord(e0, s));
+    if (!run()) break;
+    CU(cudaEventRecord(e1, s));
+    CU(cudaEventSynchronize(e1));
+    float ms = 0;
+    CU(cudaEventElapsedTime(&ms, e0, e1));
+    if (i >= warm) t.push_back(ms);
+  }
+  CU(cudaEventDestroy(e0));
+  CU(cudaEventDestroy(e1));
+  return median(t);
+}
+
 // Random bf16 device buffer (uniform in [-a, a)).
 void* random_bf16(size_t n, float a, uint64_t seed) {
   std::vector<__nv_bfloat16> h(n);
@@ -128,22 +149,13 @@ class Dense {
       g.algo = r.algo;
       gs.push_back(g);
     }
-    cudaEvent_t e0, e1;
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
-    std::vector<double> t;
     const float alpha = 1.0f, beta = 0.0f;
-    for (int i = 0; i < reps + 3; ++i) {
-      CU(cudaEventRecord(e0, s));
+    const double ms = median_ms(s, reps, 3, [&] {
       for (auto& g : gs)
         LT(cublasLtMatmul(lt_, mm_, &alpha, g.w, g.la, g.x, g.lb, &beta, g.y, g.lc, g.y, g.lc, &g.algo, ws_, ws_bytes_,
                           s));
-      CU(cudaEventRecord(e1, s));
-      CU(cudaEventSynchronize(e1));
-      float ms = 0;
-      CU(cudaEventElapsedTime(&ms, e0, e1));
-      if (i >= 3) t.push_back(ms);
-    }
+      return true;
+    });
     for (auto& g : gs) {
       cudaFree(g.x);
       cudaFree(g.w);
@@ -152,9 +164,7 @@ class Dense {
       cublasLtMatrixLayoutDestroy(g.lb);
       cublasLtMatrixLayoutDestroy(g.lc);
     }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    return median(t);
+    return ms;
   }
 
  private:
@@ -241,27 +251,6 @@ ep_moe_layer_t* make_layer(const presets::Model& m, ep_moe_expert_map_t* map, in
     return nullptr;
   }
   return layer;
-}
-
-// The median ms of `n` calls of `run` on stream s (after `warm` untimed).
-template <class Run>
-double median_ms(cudaStream_t s, int n, int warm, Run&& run) {
-  cudaEvent_t e0, e1;
-  CU(cudaEventCreate(&e0));
-  CU(cudaEventCreate(&e1));
-  std::vector<double> t;
-  for (int i = 0; i < n + warm; ++i) {
-    CU(cudaEventRecord(e0, s));
-    if (!run()) break;
-    CU(cudaEventRecord(e1, s));
-    CU(cudaEventSynchronize(e1));
-    float ms = 0;
-    CU(cudaEventElapsedTime(&ms, e0, e1));
-    if (i >= warm) t.push_back(ms);
-  }
-  CU(cudaEventDestroy(e0));
-  CU(cudaEventDestroy(e1));
-  return median(t);
 }
 
 // The forward of `a` captured into a CUDA graph and replayed: median ms,
