@@ -316,14 +316,14 @@ int parse_options(int argc, char** argv, Options* op) {
       .option("--threads", &o.threads, "threads of the rank (default 0: all hardware threads)", 0, 1024)
       .custom("--dtype", "D,D",
               "weight dtypes, rows of each in one run and compared at the end (the first is the baseline): f32, "
-              "bf16 (default), f16, or a GGUF block format (q8_0, q4_0, q4_k, q5_k, q6_k, iq4_xs, mxfp4: float "
-              "weights quantized by ep_moe)",
+              "bf16 (default), f16, or a GGUF block format (q8_0, q4_k, q2_k, iq2_xxs, ...: float weights "
+              "quantized by ep_moe)",
               [&o](const std::string& v, std::string* err) {
                 o.dtypes.clear();
                 for (const auto& d : cli::split(v)) {
                   ep_moe_dtype_t t;
                   if (!presets::parse_dtype(d, &t, true)) {
-                    *err = "unknown dtype " + d;
+                    *err = "unknown dtype " + d + " (" + presets::dtype_list(true) + ")";
                     return false;
                   }
                   o.dtypes.push_back(t);

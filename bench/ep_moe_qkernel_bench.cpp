@@ -263,7 +263,7 @@ int main(int argc, char** argv) {
   cli::Parser args("ep_moe_qkernel_bench [options]",
                    "The block-format kernels alone, per ISA table: in cache, streamed from memory, and a plain read "
                    "of the same bytes in the same moments.");
-  args.custom("--dtype", "D,D", "block formats (default q4_k,q8_0; also q4_0, q5_k, q6_k, iq4_xs, mxfp4)",
+  args.custom("--dtype", "D,D", "block formats (default q4_k,q8_0; any of ep_moe_dtype_name's block formats)",
               [&dtypes](const std::string& v, std::string* err) {
                 dtypes.clear();
                 for (const auto& d : cli::split(v)) {

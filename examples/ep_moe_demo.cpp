@@ -272,10 +272,10 @@ int parse_options(int argc, char** argv, Options* op) {
       .option("--tokens", &o.tokens, "tokens per forward (default 64)", 1, 1 << 20)
       .custom("--dtype", "D",
               "weights and activations: f32, bf16 (default) or f16; or weights in a GGUF block format (q8_0, "
-              "q4_0, q4_k, q5_k, q6_k, iq4_xs, mxfp4) with bf16 activations",
+              "q4_k, q2_k, iq2_xxs, ...: ep_moe_dtype_name's names) with bf16 activations",
               [&o](const std::string& v, std::string* err) {
                 if (!presets::parse_dtype(v, &o.weights, true)) {
-                  *err = "takes f32, bf16, f16, q8_0, q4_0, q4_k, q5_k, q6_k, iq4_xs or mxfp4";
+                  *err = "takes " + presets::dtype_list(true);
                   return false;
                 }
                 o.dtype = o.weights <= EP_MOE_DTYPE_F16 ? o.weights : EP_MOE_DTYPE_BF16;

@@ -140,14 +140,36 @@ inline ep_moe_layer_config_t layer_config(const Model& m, int shared, ep_moe_dty
   return c;
 }
 
-// The dtypes by the names the demo and the benchmarks take.
+// The dtypes by the names the demo and the benchmarks take (the
+// library's own, ep_moe_dtype_name): the float types and every block
+// format.
 inline const std::vector<std::pair<const char*, ep_moe_dtype_t>>& dtype_names() {
-  static const std::vector<std::pair<const char*, ep_moe_dtype_t>> v = {
-      {"f32", EP_MOE_DTYPE_F32},    {"bf16", EP_MOE_DTYPE_BF16}, {"f16", EP_MOE_DTYPE_F16},
-      {"q8_0", EP_MOE_DTYPE_Q8_0},  {"q4_0", EP_MOE_DTYPE_Q4_0}, {"q4_k", EP_MOE_DTYPE_Q4_K},
-      {"q5_k", EP_MOE_DTYPE_Q5_K},  {"q6_k", EP_MOE_DTYPE_Q6_K}, {"iq4_xs", EP_MOE_DTYPE_IQ4_XS},
-      {"mxfp4", EP_MOE_DTYPE_MXFP4}};
+  static const std::vector<std::pair<const char*, ep_moe_dtype_t>> v = [] {
+    std::vector<std::pair<const char*, ep_moe_dtype_t>> out;
+    for (int i = 0; i < 64; ++i) {
+      const auto t = static_cast<ep_moe_dtype_t>(i);
+      const char* name = ep_moe_dtype_name(t);
+      int64_t elems = 1, bytes = 0;
+      if (!name || (i > EP_MOE_DTYPE_F16 && (ep_moe_dtype_block(&elems, &bytes, t) != EP_MOE_OK || elems == 1)))
+        continue;  // not a dtype, or an integer type (collectives only)
+      out.emplace_back(name, t);
+    }
+    return out;
+  }();
   return v;
+}
+
+// "a, b or c": every name dtype_names() has (with block_formats), for
+// messages.
+inline std::string dtype_list(bool block_formats) {
+  std::string s;
+  const auto& v = dtype_names();
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!block_formats && v[i].second > EP_MOE_DTYPE_F16) break;
+    if (!s.empty()) s += ", ";
+    s += v[i].first;
+  }
+  return s;
 }
 
 // A float dtype by name, or (with block_formats) a GGUF block format too.

@@ -51,6 +51,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"strings"
 	"unsafe"
 )
 
@@ -441,42 +442,38 @@ func (cfg LayerConfig) MapConfig(epSize, epRank int32) ExpertMapConfig {
 // DType is an element type.
 type DType int32
 
-// Element types; Q8_0 .. MXFP4 are GGUF's block formats (SetWeightBlocks).
+// Element types; Q8_0 .. IQ1_M are GGUF's block formats (SetWeightBlocks).
 const (
-	F32    DType = C.EP_MOE_DTYPE_F32
-	BF16   DType = C.EP_MOE_DTYPE_BF16
-	F16    DType = C.EP_MOE_DTYPE_F16
-	Q8_0   DType = C.EP_MOE_DTYPE_Q8_0
-	Q4_0   DType = C.EP_MOE_DTYPE_Q4_0
-	Q4_K   DType = C.EP_MOE_DTYPE_Q4_K
-	Q5_K   DType = C.EP_MOE_DTYPE_Q5_K
-	Q6_K   DType = C.EP_MOE_DTYPE_Q6_K
-	IQ4_XS DType = C.EP_MOE_DTYPE_IQ4_XS
-	MXFP4  DType = C.EP_MOE_DTYPE_MXFP4
+	F32     DType = C.EP_MOE_DTYPE_F32
+	BF16    DType = C.EP_MOE_DTYPE_BF16
+	F16     DType = C.EP_MOE_DTYPE_F16
+	Q8_0    DType = C.EP_MOE_DTYPE_Q8_0
+	Q4_0    DType = C.EP_MOE_DTYPE_Q4_0
+	Q4_K    DType = C.EP_MOE_DTYPE_Q4_K
+	Q5_K    DType = C.EP_MOE_DTYPE_Q5_K
+	Q6_K    DType = C.EP_MOE_DTYPE_Q6_K
+	IQ4_XS  DType = C.EP_MOE_DTYPE_IQ4_XS
+	MXFP4   DType = C.EP_MOE_DTYPE_MXFP4
+	Q2_K    DType = C.EP_MOE_DTYPE_Q2_K
+	Q3_K    DType = C.EP_MOE_DTYPE_Q3_K
+	Q4_1    DType = C.EP_MOE_DTYPE_Q4_1
+	Q5_0    DType = C.EP_MOE_DTYPE_Q5_0
+	Q5_1    DType = C.EP_MOE_DTYPE_Q5_1
+	IQ4_NL  DType = C.EP_MOE_DTYPE_IQ4_NL
+	IQ2_XXS DType = C.EP_MOE_DTYPE_IQ2_XXS
+	IQ2_XS  DType = C.EP_MOE_DTYPE_IQ2_XS
+	IQ2_S   DType = C.EP_MOE_DTYPE_IQ2_S
+	IQ3_XXS DType = C.EP_MOE_DTYPE_IQ3_XXS
+	IQ3_S   DType = C.EP_MOE_DTYPE_IQ3_S
+	IQ1_S   DType = C.EP_MOE_DTYPE_IQ1_S
+	IQ1_M   DType = C.EP_MOE_DTYPE_IQ1_M
 )
 
 func (d DType) String() string {
-	switch d {
-	case F32:
-		return "F32"
-	case BF16:
-		return "BF16"
-	case F16:
-		return "F16"
-	case Q8_0:
-		return "Q8_0"
-	case Q4_0:
-		return "Q4_0"
-	case Q4_K:
-		return "Q4_K"
-	case Q5_K:
-		return "Q5_K"
-	case Q6_K:
-		return "Q6_K"
-	case IQ4_XS:
-		return "IQ4_XS"
-	case MXFP4:
-		return "MXFP4"
+	// The library's own name (ep_moe_dtype_name), upper-cased as GGUF
+	// writes the block formats' names.
+	if n := C.ep_moe_dtype_name(C.ep_moe_dtype_t(d)); n != nil {
+		return strings.ToUpper(C.GoString(n))
 	}
 	return fmt.Sprintf("DType(%d)", int32(d))
 }

@@ -210,12 +210,14 @@ EP_MOE_API ep_moe_status_t ep_moe_set_log_callback(ep_moe_log_fn fn, ep_moe_log_
  *  integers.
  *
  *  The block formats are exactly GGUF's (ggml's block_q8_0, block_q4_0,
- *  block_q4_K, block_q5_K, block_q6_K, block_iq4_xs, block_mxfp4): a row of
+ *  block_q4_K, ... of the same names): a row of
  *  `cols` elements is `cols / block_elems` blocks of `block_bytes` each, the
  *  rows one after another (a [rows, cols] matrix is rows x cols / block_elems
  *  blocks). `cols` must be a multiple of the block's elements:
  *  Q8_0, Q4_0, MXFP4 32 elements in 34, 18, 17 bytes; Q4_K, Q5_K, Q6_K and
- *  IQ4_XS 256 elements in 144, 176, 210 and 136 bytes
+ *  IQ4_XS 256 elements in 144, 176, 210 and 136 bytes; Q4_1, Q5_0, Q5_1,
+ *  IQ4_NL 32 in 20, 22, 24, 18; Q2_K, Q3_K, IQ2_XXS, IQ2_XS, IQ2_S,
+ *  IQ3_XXS, IQ3_S, IQ1_S, IQ1_M 256 in 84, 110, 66, 74, 82, 98, 110, 50, 56
  *  (ep_moe_dtype_block()). CPU layers keep routed and shared experts in
  *  these formats and compute on them (the shared expert's down where this
  *  rank's columns of it are whole blocks; docs/quantization.md); the router
@@ -234,6 +236,22 @@ typedef enum ep_moe_dtype {
   EP_MOE_DTYPE_Q6_K = 10,   /**< GGUF Q6_K: 256 6-bit values, 16 int8 scales (weights only). */
   EP_MOE_DTYPE_IQ4_XS = 11, /**< GGUF IQ4_XS: 256 4-bit indices into a non-linear table, 6-bit scales (weights only). */
   EP_MOE_DTYPE_MXFP4 = 12,  /**< GGUF MXFP4 (OCP MX): 32 FP4 E2M1 values, an E8M0 scale (weights only). */
+  EP_MOE_DTYPE_Q2_K = 13,   /**< GGUF Q2_K: 256 2-bit values, 16 4-bit scales and mins (weights only). */
+  EP_MOE_DTYPE_Q3_K = 14,   /**< GGUF Q3_K: 256 3-bit values, 16 6-bit scales (weights only). */
+  EP_MOE_DTYPE_Q4_1 = 15,   /**< GGUF Q4_1: 32 4-bit values, f16 scale and min (weights only). */
+  EP_MOE_DTYPE_Q5_0 = 16,   /**< GGUF Q5_0: 32 5-bit values, offset 16, f16 scale (weights only). */
+  EP_MOE_DTYPE_Q5_1 = 17,   /**< GGUF Q5_1: 32 5-bit values, f16 scale and min (weights only). */
+  EP_MOE_DTYPE_IQ4_NL = 18, /**< GGUF IQ4_NL: 32 4-bit indices into a non-linear table, f16 scale (weights only). */
+  EP_MOE_DTYPE_IQ2_XXS =
+      19, /**< GGUF IQ2_XXS: 256 values as 8-value grid points with signs, 2.06 bits each (weights only). */
+  EP_MOE_DTYPE_IQ2_XS = 20, /**< GGUF IQ2_XS: 256 values on a 512-point grid, 2.31 bits each (weights only). */
+  EP_MOE_DTYPE_IQ2_S = 21,  /**< GGUF IQ2_S: 256 values on a 1024-point grid, 2.56 bits each (weights only). */
+  EP_MOE_DTYPE_IQ3_XXS =
+      22, /**< GGUF IQ3_XXS: 256 values as 4-value grid points with signs, 3.06 bits each (weights only). */
+  EP_MOE_DTYPE_IQ3_S = 23, /**< GGUF IQ3_S: 256 values on a 512-point grid, 3.44 bits each (weights only). */
+  EP_MOE_DTYPE_IQ1_S = 24, /**< GGUF IQ1_S: 256 ternary grid values with a shift, 1.56 bits each (weights only). */
+  EP_MOE_DTYPE_IQ1_M =
+      25, /**< GGUF IQ1_M: 256 ternary grid values, 3-bit scales per 16, 1.75 bits each (weights only). */
   /** \cond RANGE */
   EP_MOE_DTYPE_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
   EP_MOE_DTYPE_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */
@@ -252,6 +270,16 @@ typedef enum ep_moe_dtype {
  * \since 0.4
  */
 EP_MOE_API ep_moe_status_t ep_moe_dtype_block(int64_t* out_elems, int64_t* out_bytes, ep_moe_dtype_t dtype);
+
+/**
+ * \brief The name of a dtype as the demo and the benchmarks take it: "f32",
+ * "bf16", "f16", "i32", "i64", "u8", and for the block formats GGUF's type
+ * name in lower case ("q4_k", "iq2_xxs", ...).
+ * \param[in] dtype Any value.
+ * \return A static string, or NULL for a value that is not a dtype.
+ * \since 0.4
+ */
+EP_MOE_API const char* ep_moe_dtype_name(ep_moe_dtype_t dtype);
 
 /** @} */
 

@@ -81,6 +81,10 @@ ep_moe_status_t ep_moe_dtype_block(int64_t* out_elems, int64_t* out_bytes, ep_mo
   });
 }
 
+const char* ep_moe_dtype_name(ep_moe_dtype_t dtype) {
+  return dtype_valid(dtype) || dtype_is_quant(dtype) ? dtype_name(dtype) : nullptr;
+}
+
 ep_moe_status_t ep_moe_set_log_callback(ep_moe_log_fn fn, ep_moe_log_level_t max_level, void* user_data) {
   return guard(__func__, nullptr, Kind::ExpertMap, [&] {
     EP_MOE_CHECK_ARG(max_level >= EP_MOE_LOG_ERROR && max_level <= EP_MOE_LOG_DEBUG,

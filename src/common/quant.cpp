@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/dtype.hpp"
+#include "common/quant_formats.hpp"
 
 namespace ep_moe {
 
@@ -14,36 +15,6 @@ const int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6,
 float e8m0_half(uint8_t e) {
   const uint32_t bits = e < 2 ? uint32_t{0x00200000} << e : static_cast<uint32_t>(e - 1) << 23;
   return bits_f32(bits);
-}
-
-int quant_block_elems(ep_moe_dtype_t t) {
-  switch (t) {
-    case EP_MOE_DTYPE_Q8_0:
-    case EP_MOE_DTYPE_Q4_0:
-    case EP_MOE_DTYPE_MXFP4: return 32;
-    case EP_MOE_DTYPE_Q4_K:
-    case EP_MOE_DTYPE_Q5_K:
-    case EP_MOE_DTYPE_Q6_K:
-    case EP_MOE_DTYPE_IQ4_XS: return 256;
-    default: return 1;
-  }
-}
-
-int quant_block_bytes(ep_moe_dtype_t t) {
-  switch (t) {
-    case EP_MOE_DTYPE_Q8_0: return 34;
-    case EP_MOE_DTYPE_Q4_0: return 18;
-    case EP_MOE_DTYPE_MXFP4: return 17;
-    case EP_MOE_DTYPE_Q4_K: return 144;
-    case EP_MOE_DTYPE_Q5_K: return 176;
-    case EP_MOE_DTYPE_Q6_K: return 210;
-    case EP_MOE_DTYPE_IQ4_XS: return 136;
-    default: return static_cast<int>(dtype_size(t));
-  }
-}
-
-ActQuant act_quant_of(ep_moe_dtype_t weight) {
-  return quant_block_elems(weight) == 256 ? ActQuant::Q8_K : ActQuant::Q8_0;
 }
 
 void scale_min_k4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
@@ -65,80 +36,73 @@ void wr16(uint8_t* p, uint16_t v) {
 }
 float rdf16(const uint8_t* p) { return f16_to_f32(rd16(p)); }
 
-void dequant_block(ep_moe_dtype_t t, const uint8_t* b, float* y) {
-  switch (t) {
-    case EP_MOE_DTYPE_Q8_0: {
-      const float d = rdf16(b);
-      for (int i = 0; i < 32; ++i) y[i] = d * static_cast<float>(static_cast<int8_t>(b[2 + i]));
-      return;
-    }
-    case EP_MOE_DTYPE_Q4_0: {
-      const float d = rdf16(b);
-      for (int i = 0; i < 16; ++i) {
-        y[i] = d * static_cast<float>((b[2 + i] & 0xF) - 8);
-        y[16 + i] = d * static_cast<float>((b[2 + i] >> 4) - 8);
+void dq_q8_0(const uint8_t* b, float* y) {
+  const float d = rdf16(b);
+  for (int i = 0; i < 32; ++i) y[i] = d * static_cast<float>(static_cast<int8_t>(b[2 + i]));
+}
+
+void dq_q4_0(const uint8_t* b, float* y) {
+  const float d = rdf16(b);
+  for (int i = 0; i < 16; ++i) {
+    y[i] = d * static_cast<float>((b[2 + i] & 0xF) - 8);
+    y[16 + i] = d * static_cast<float>((b[2 + i] >> 4) - 8);
+  }
+}
+
+void dq_mxfp4(const uint8_t* b, float* y) {
+  const float d = e8m0_half(b[0]);
+  for (int i = 0; i < 16; ++i) {
+    y[i] = d * static_cast<float>(kMxfp4Values[b[1 + i] & 0xF]);
+    y[16 + i] = d * static_cast<float>(kMxfp4Values[b[1 + i] >> 4]);
+  }
+}
+
+void dq_q6_k(const uint8_t* b, float* y) {
+  const uint8_t* ql = b;
+  const uint8_t* qh = b + 128;
+  const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = rdf16(b + 208);
+  for (int h = 0; h < 2; ++h)
+    for (int s = 0; s < 4; ++s)
+      for (int i = 0; i < 32; ++i) {
+        const int e = 128 * h + 32 * s + i;
+        const uint8_t l = s < 2 ? (ql[64 * h + 32 * s + i] & 0xF) : (ql[64 * h + 32 * (s - 2) + i] >> 4);
+        const int v = (l | (((qh[32 * h + i] >> (2 * s)) & 3) << 4)) - 32;
+        y[e] = d * static_cast<float>(sc[e / 16]) * static_cast<float>(v);
       }
-      return;
+}
+
+void dq_iq4_xs(const uint8_t* b, float* y) {
+  const float d = rdf16(b);
+  const uint16_t sh = rd16(b + 2);
+  const uint8_t* sl = b + 4;
+  const uint8_t* qs = b + 8;
+  for (int j = 0; j < 8; ++j) {
+    const int ls = ((sl[j / 2] >> (4 * (j % 2))) & 0xF) | (((sh >> (2 * j)) & 3) << 4);
+    const float dl = d * static_cast<float>(ls - 32);
+    for (int i = 0; i < 16; ++i) {
+      y[32 * j + i] = dl * static_cast<float>(kIq4nlValues[qs[16 * j + i] & 0xF]);
+      y[32 * j + 16 + i] = dl * static_cast<float>(kIq4nlValues[qs[16 * j + i] >> 4]);
     }
-    case EP_MOE_DTYPE_MXFP4: {
-      const float d = e8m0_half(b[0]);
-      for (int i = 0; i < 16; ++i) {
-        y[i] = d * static_cast<float>(kMxfp4Values[b[1 + i] & 0xF]);
-        y[16 + i] = d * static_cast<float>(kMxfp4Values[b[1 + i] >> 4]);
-      }
-      return;
+  }
+}
+
+template <bool five>
+void dq_k45(const uint8_t* b, float* y) {
+  const float d = rdf16(b), dmin = rdf16(b + 2);
+  const uint8_t* scales = b + 4;
+  const uint8_t* qh = b + 16;
+  const uint8_t* qs = five ? b + 48 : b + 16;
+  for (int j = 0; j < 8; ++j) {
+    uint8_t sc, m;
+    scale_min_k4(j, scales, &sc, &m);
+    const float dj = d * sc, mj = dmin * m;
+    const uint8_t* q = qs + 32 * (j / 2);
+    for (int i = 0; i < 32; ++i) {
+      int v = (j % 2 == 0) ? (q[i] & 0xF) : (q[i] >> 4);
+      if (five) v |= ((qh[i] >> j) & 1) << 4;
+      y[32 * j + i] = dj * static_cast<float>(v) - mj;
     }
-    case EP_MOE_DTYPE_Q4_K:
-    case EP_MOE_DTYPE_Q5_K: {
-      const bool five = t == EP_MOE_DTYPE_Q5_K;
-      const float d = rdf16(b), dmin = rdf16(b + 2);
-      const uint8_t* scales = b + 4;
-      const uint8_t* qh = b + 16;
-      const uint8_t* qs = five ? b + 48 : b + 16;
-      for (int j = 0; j < 8; ++j) {
-        uint8_t sc, m;
-        scale_min_k4(j, scales, &sc, &m);
-        const float dj = d * sc, mj = dmin * m;
-        const uint8_t* q = qs + 32 * (j / 2);
-        for (int i = 0; i < 32; ++i) {
-          int v = (j % 2 == 0) ? (q[i] & 0xF) : (q[i] >> 4);
-          if (five) v |= ((qh[i] >> j) & 1) << 4;
-          y[32 * j + i] = dj * static_cast<float>(v) - mj;
-        }
-      }
-      return;
-    }
-    case EP_MOE_DTYPE_Q6_K: {
-      const uint8_t* ql = b;
-      const uint8_t* qh = b + 128;
-      const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
-      const float d = rdf16(b + 208);
-      for (int h = 0; h < 2; ++h)
-        for (int s = 0; s < 4; ++s)
-          for (int i = 0; i < 32; ++i) {
-            const int e = 128 * h + 32 * s + i;
-            const uint8_t l = s < 2 ? (ql[64 * h + 32 * s + i] & 0xF) : (ql[64 * h + 32 * (s - 2) + i] >> 4);
-            const int v = (l | (((qh[32 * h + i] >> (2 * s)) & 3) << 4)) - 32;
-            y[e] = d * static_cast<float>(sc[e / 16]) * static_cast<float>(v);
-          }
-      return;
-    }
-    case EP_MOE_DTYPE_IQ4_XS: {
-      const float d = rdf16(b);
-      const uint16_t sh = rd16(b + 2);
-      const uint8_t* sl = b + 4;
-      const uint8_t* qs = b + 8;
-      for (int j = 0; j < 8; ++j) {
-        const int ls = ((sl[j / 2] >> (4 * (j % 2))) & 0xF) | (((sh >> (2 * j)) & 3) << 4);
-        const float dl = d * static_cast<float>(ls - 32);
-        for (int i = 0; i < 16; ++i) {
-          y[32 * j + i] = dl * static_cast<float>(kIq4nlValues[qs[16 * j + i] & 0xF]);
-          y[32 * j + 16 + i] = dl * static_cast<float>(kIq4nlValues[qs[16 * j + i] >> 4]);
-        }
-      }
-      return;
-    }
-    default: return;
   }
 }
 
@@ -304,38 +268,112 @@ void quant_block_iq4_xs(const float* x, uint8_t* b) {
   wr16(b + 2, sh);
 }
 
+void quant_block_q4_k(const float* x, uint8_t* b) { quant_block_k45(x, b, false); }
+void quant_block_q5_k(const float* x, uint8_t* b) { quant_block_k45(x, b, true); }
+
+// The decoded formats' dequantization: sc * v (+ mn), as the traits say.
+template <void (*Decode)(const uint8_t*, DecodedBlock*), int Elems, bool Min>
+void dq_decoded(const uint8_t* b, float* y) {
+  DecodedBlock db;
+  Decode(b, &db);
+  for (int i = 0; i < Elems; ++i) {
+    y[i] = db.sc[i / 16] * static_cast<float>(db.v[i]);
+    if (Min) y[i] += db.mn[i / 16];
+  }
+}
+
+// One entry per block format, by dtype: name, GGUF's name and number,
+// geometry, activation rows, and its functions.
+constexpr ActQuant k0 = ActQuant::Q8_0, kK = ActQuant::Q8_K;
+#define EP_MOE_OWN(dt, n, gn, gt, el, by, aq, dq, q) \
+  QuantTraits { EP_MOE_DTYPE_##dt, n, gn, gt, el, by, aq, dq, q, nullptr, false }
+#define EP_MOE_DECODED(dt, n, gt, el, by, aq, mn)                                                                     \
+  QuantTraits {                                                                                                       \
+    EP_MOE_DTYPE_##dt, #n, #dt, gt, el, by, aq, dq_decoded<qf::decode_##n, el, mn>, qf::quant_##n, qf::decode_##n, mn \
+  }
+const QuantTraits kTraits[] = {
+    EP_MOE_OWN(Q8_0, "q8_0", "Q8_0", 8, 32, 34, k0, dq_q8_0, quant_block_q8_0),
+    EP_MOE_OWN(Q4_0, "q4_0", "Q4_0", 2, 32, 18, k0, dq_q4_0, quant_block_q4_0),
+    EP_MOE_OWN(Q4_K, "q4_k", "Q4_K", 12, 256, 144, kK, dq_k45<false>, quant_block_q4_k),
+    EP_MOE_OWN(Q5_K, "q5_k", "Q5_K", 13, 256, 176, kK, dq_k45<true>, quant_block_q5_k),
+    EP_MOE_OWN(Q6_K, "q6_k", "Q6_K", 14, 256, 210, kK, dq_q6_k, quant_block_q6_k),
+    EP_MOE_OWN(IQ4_XS, "iq4_xs", "IQ4_XS", 23, 256, 136, kK, dq_iq4_xs, quant_block_iq4_xs),
+    EP_MOE_OWN(MXFP4, "mxfp4", "MXFP4", 39, 32, 17, k0, dq_mxfp4, quant_block_mxfp4),
+    EP_MOE_DECODED(Q2_K, q2_k, 10, 256, 84, kK, true),
+    EP_MOE_DECODED(Q3_K, q3_k, 11, 256, 110, kK, false),
+    EP_MOE_DECODED(Q4_1, q4_1, 3, 32, 20, k0, true),
+    EP_MOE_DECODED(Q5_0, q5_0, 6, 32, 22, k0, false),
+    EP_MOE_DECODED(Q5_1, q5_1, 7, 32, 24, k0, true),
+    EP_MOE_DECODED(IQ4_NL, iq4_nl, 20, 32, 18, k0, false),
+    EP_MOE_DECODED(IQ2_XXS, iq2_xxs, 16, 256, 66, kK, false),
+    EP_MOE_DECODED(IQ2_XS, iq2_xs, 17, 256, 74, kK, false),
+    EP_MOE_DECODED(IQ2_S, iq2_s, 22, 256, 82, kK, false),
+    EP_MOE_DECODED(IQ3_XXS, iq3_xxs, 18, 256, 98, kK, false),
+    EP_MOE_DECODED(IQ3_S, iq3_s, 21, 256, 110, kK, false),
+    EP_MOE_DECODED(IQ1_S, iq1_s, 19, 256, 50, kK, false),
+    EP_MOE_DECODED(IQ1_M, iq1_m, 29, 256, 56, kK, false),
+};
+#undef EP_MOE_OWN
+#undef EP_MOE_DECODED
+static_assert(sizeof(kTraits) / sizeof(kTraits[0]) == kQuantTypes, "one traits entry per block format");
+
+// kTraits ordered by quant_index (the entries above are in the order the
+// formats were added, each naming its dtype).
+struct ByIndex {
+  const QuantTraits* at[kQuantTypes] = {};
+  ByIndex() {
+    for (const QuantTraits& t : kTraits) at[quant_index(t.dtype)] = &t;
+  }
+};
+const ByIndex& by_index() {
+  static const ByIndex b;
+  return b;
+}
+
 }  // namespace
 
+const QuantTraits* quant_traits(ep_moe_dtype_t t) {
+  return dtype_is_quant(t) ? by_index().at[quant_index(t)] : nullptr;
+}
+
+int quant_dtype_of_gguf(int type) {
+  for (const QuantTraits& t : kTraits)
+    if (t.gguf_type == type) return t.dtype;
+  return -1;
+}
+
+int quant_block_elems(ep_moe_dtype_t t) {
+  const QuantTraits* q = quant_traits(t);
+  return q ? q->block_elems : 1;
+}
+
+int quant_block_bytes(ep_moe_dtype_t t) {
+  const QuantTraits* q = quant_traits(t);
+  return q ? q->block_bytes : static_cast<int>(dtype_size(t));
+}
+
+ActQuant act_quant_of(ep_moe_dtype_t weight) {
+  const QuantTraits* q = quant_traits(weight);
+  return q ? q->act : ActQuant::Q8_0;
+}
+
 void dequantize_row(ep_moe_dtype_t t, const void* src, float* dst, int64_t n) {
-  const int qk = quant_block_elems(t), bb = quant_block_bytes(t);
+  const QuantTraits& q = *quant_traits(t);
   const auto* p = static_cast<const uint8_t*>(src);
-  for (int64_t i = 0; i < n / qk; ++i) dequant_block(t, p + i * bb, dst + i * qk);
+  for (int64_t i = 0; i < n / q.block_elems; ++i) q.dequant(p + i * q.block_bytes, dst + i * q.block_elems);
 }
 
 float dequantize_at(ep_moe_dtype_t t, const void* row, int64_t i) {
-  const int qk = quant_block_elems(t), bb = quant_block_bytes(t);
+  const QuantTraits& q = *quant_traits(t);
   float y[256];
-  dequant_block(t, static_cast<const uint8_t*>(row) + (i / qk) * bb, y);
-  return y[i % qk];
+  q.dequant(static_cast<const uint8_t*>(row) + (i / q.block_elems) * q.block_bytes, y);
+  return y[i % q.block_elems];
 }
 
 void quantize_row(ep_moe_dtype_t t, const float* src, void* dst, int64_t n) {
-  const int qk = quant_block_elems(t), bb = quant_block_bytes(t);
+  const QuantTraits& q = *quant_traits(t);
   auto* p = static_cast<uint8_t*>(dst);
-  for (int64_t i = 0; i < n / qk; ++i) {
-    const float* x = src + i * qk;
-    uint8_t* b = p + i * bb;
-    switch (t) {
-      case EP_MOE_DTYPE_Q8_0: quant_block_q8_0(x, b); break;
-      case EP_MOE_DTYPE_Q4_0: quant_block_q4_0(x, b); break;
-      case EP_MOE_DTYPE_MXFP4: quant_block_mxfp4(x, b); break;
-      case EP_MOE_DTYPE_Q4_K: quant_block_k45(x, b, false); break;
-      case EP_MOE_DTYPE_Q5_K: quant_block_k45(x, b, true); break;
-      case EP_MOE_DTYPE_Q6_K: quant_block_q6_k(x, b); break;
-      case EP_MOE_DTYPE_IQ4_XS: quant_block_iq4_xs(x, b); break;
-      default: break;
-    }
-  }
+  for (int64_t i = 0; i < n / q.block_elems; ++i) q.quant(src + i * q.block_elems, p + i * q.block_bytes);
 }
 
 void quantize_act_row(const float* x, int64_t k, ActQuant aq, void* out) {

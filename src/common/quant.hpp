@@ -1,6 +1,6 @@
-// GGUF's block formats (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS, MXFP4): their
-// geometry, exact dequantization, ep_moe's own quantizers, and the int8
-// activation rows the CPU kernels take (docs/quantization.md).
+// GGUF's block formats: their geometry, exact dequantization, ep_moe's own
+// quantizers, and the int8 activation rows the CPU kernels take
+// (docs/quantization.md).
 #pragma once
 
 #include <cstddef>
@@ -10,7 +10,52 @@
 
 namespace ep_moe {
 
-inline bool dtype_is_quant(ep_moe_dtype_t t) { return t >= EP_MOE_DTYPE_Q8_0 && t <= EP_MOE_DTYPE_MXFP4; }
+// The block formats are the contiguous ep_moe_dtype_t values
+// EP_MOE_DTYPE_Q8_0 .. kQuantLast; each has one QuantTraits entry
+// (quant.cpp's table, filled by dtype) that every other part reads.
+constexpr ep_moe_dtype_t kQuantFirst = EP_MOE_DTYPE_Q8_0, kQuantLast = EP_MOE_DTYPE_IQ1_M;
+constexpr int kQuantTypes = static_cast<int>(kQuantLast) - static_cast<int>(kQuantFirst) + 1;
+constexpr bool dtype_is_quant(ep_moe_dtype_t t) { return t >= kQuantFirst && t <= kQuantLast; }
+// Index of a block type in per-type tables: 0 .. kQuantTypes - 1.
+constexpr int quant_index(ep_moe_dtype_t t) { return static_cast<int>(t) - static_cast<int>(kQuantFirst); }
+
+// int8 activation rows (below): one f32 scale per 32 (Q8_0-style) or per
+// 256 (Q8_K-style) elements.
+enum class ActQuant : int { Q8_0 = 0, Q8_K = 1 };
+
+// A block as exact small integers: element i is sc[i / 16] * v[i]
+// (+ mn[i / 16] for the formats with offsets), the same f32 value bit for
+// bit as the format's dequantization (every product is exact: an f16 scale
+// times integers of at most 13 bits in all). The formats without their own
+// vector kernels are computed from this form (cpu/qdecoded.hpp).
+struct DecodedBlock {
+  int8_t v[256];
+  float sc[16];
+  float mn[16];
+};
+
+// Everything one block format is, in one place.
+struct QuantTraits {
+  ep_moe_dtype_t dtype;
+  const char* name;       // ep_moe's lower-case name ("q4_k"): dtype_name, bench and demo options
+  const char* gguf_name;  // GGUF's ("Q4_K")
+  int gguf_type;          // GGUF's ggml_type number
+  int block_elems, block_bytes;
+  ActQuant act;  // the activation rows its kernels take
+  // One block into f32, as GGUF defines the format (bit for bit what
+  // gguf.quants gives).
+  void (*dequant)(const uint8_t* b, float* y);
+  // block_elems finite floats into one valid block (quantize_row).
+  void (*quant)(const float* x, uint8_t* b);
+  // The decoded form (null for the formats with kernels of their own).
+  void (*decode)(const uint8_t* b, DecodedBlock* out);
+  bool has_min;  // whether decode's mn is used
+};
+// The entry of a block format (null for any other value).
+const QuantTraits* quant_traits(ep_moe_dtype_t t);
+// The block format GGUF numbers `type` (-1: none ep_moe computes on).
+int quant_dtype_of_gguf(int type);
+
 // Elements and bytes of one block (1 and the element size for float types).
 int quant_block_elems(ep_moe_dtype_t t);
 int quant_block_bytes(ep_moe_dtype_t t);
@@ -18,10 +63,6 @@ int quant_block_bytes(ep_moe_dtype_t t);
 inline size_t quant_row_bytes(ep_moe_dtype_t t, int64_t n) {
   return static_cast<size_t>(n / quant_block_elems(t)) * static_cast<size_t>(quant_block_bytes(t));
 }
-
-// Index of a block type in per-type tables: 0 .. kQuantTypes - 1.
-constexpr int kQuantTypes = 7;
-inline int quant_index(ep_moe_dtype_t t) { return static_cast<int>(t) - static_cast<int>(EP_MOE_DTYPE_Q8_0); }
 
 // n elements (a multiple of the block's) of blocks at src into f32, as
 // GGUF defines each format (bit for bit what gguf.quants gives).
@@ -47,7 +88,6 @@ void quantize_row(ep_moe_dtype_t t, const float* src, void* dst, int64_t n);
 // and s the sum of each 16 q (the formats with offsets or mins use them);
 // elements past k are 0. A block's d = amax / 127 and q = x / d rounded to
 // nearest, ties to even (what cvtps2dq does); d = 0 when amax is 0.
-enum class ActQuant : int { Q8_0 = 0, Q8_K = 1 };
 ActQuant act_quant_of(ep_moe_dtype_t weight);
 inline int64_t act_row_padded(int64_t k) { return (k + 255) / 256 * 256; }
 inline size_t act_row_bytes(int64_t k) {

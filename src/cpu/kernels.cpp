@@ -10,6 +10,7 @@
 #include "common/dtype.hpp"
 #include "cpu/best_ratio.hpp"
 #include "cpu/pack.hpp"
+#include "cpu/qdecoded.hpp"
 
 namespace ep_moe {
 namespace cpu {
@@ -34,11 +35,17 @@ void set_x86_block_kernels(Kernels& t, bool avx512) {
   t.quantize_act = quantize_act_avx2;
   // Every block format on interleaved rows: 8 a group with AVX2's maddubs
   // or AVX-VNNI's vpdpbusd, 16 with AVX512_VNNI.
-  for (int i = 0; i < kQuantTypes; ++i) t.qil[i] = vnni ? kGroupRows : kGroupRows8;
+  // The formats computed through their decoded form keep their rows one
+  // after another (qdecoded.hpp).
+  for (int i = 0; i < kQuantTypes; ++i)
+    t.qil[i] = groups_rows(static_cast<ep_moe_dtype_t>(static_cast<int>(kQuantFirst) + i))
+                   ? (vnni ? kGroupRows : kGroupRows8)
+                   : 0;
   if (!vnni) {
     const bool avx_vnni = has_avx_vnni();
     if (avx_vnni) qgroups_avxvnni(t.qgemm);
     else qgroups_avx2(t.qgemm);
+    qdecoded_avx2(t.qgemm);
     t.qname = avx_vnni ? "avx-vnni, 8 interleaved rows" : "avx2 maddubs, 8 interleaved rows";
     // The AVX2 table's maddubs tiles (panels of 16 rows), where its group
     // kernels are maddubs too: measured only against those. In cache they
@@ -60,6 +67,7 @@ void set_x86_block_kernels(Kernels& t, bool avx512) {
   t.qname = "avx512-vnni, 16 interleaved rows, int8 tiles";
   qtiles_avx512vnni(t.qtile);
   qgroups_avx512vnni(t.qgemm, t.qunpack);
+  qdecoded_avx512vnni(t.qgemm);
   // The interleaved-row kernels hold level with the tiles to ~8 rows
   // (Q6_K, Q5_K), ~12 (IQ4_XS), ~24 (MXFP4, Q4_K) or ~64 (Q8_0, Q4_0).
   t.qtile_rows[quant_index(EP_MOE_DTYPE_Q8_0)] = 64;

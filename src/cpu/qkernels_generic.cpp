@@ -7,6 +7,7 @@
 #include "common/dtype.hpp"
 #include "common/quant.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/qdecoded.hpp"
 
 namespace ep_moe {
 namespace cpu {
@@ -180,6 +181,7 @@ void qkernels_generic(QGemmFn* out) {
   out[quant_index(EP_MOE_DTYPE_Q6_K)] = qgemm<EP_MOE_DTYPE_Q6_K>;
   out[quant_index(EP_MOE_DTYPE_IQ4_XS)] = qgemm<EP_MOE_DTYPE_IQ4_XS>;
   out[quant_index(EP_MOE_DTYPE_MXFP4)] = qgemm<EP_MOE_DTYPE_MXFP4>;
+  qdecoded_generic(out);
 }
 
 }  // namespace cpu

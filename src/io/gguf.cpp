@@ -6,6 +6,7 @@
 #include <set>
 
 #include "common/error.hpp"
+#include "common/quant.hpp"
 
 namespace ep_moe {
 namespace io {
@@ -206,16 +207,11 @@ class Parser {
       ti.type_name = tname;
       ti.block = block;
       ti.block_bytes = bbytes;
+      const int qdt = quant_dtype_of_gguf(static_cast<int>(type));
       ti.elem = type == 0    ? Elem::F32
                 : type == 1  ? Elem::F16
                 : type == 30 ? Elem::BF16
-                : type == 8  ? Elem::Q8_0
-                : type == 2  ? Elem::Q4_0
-                : type == 12 ? Elem::Q4_K
-                : type == 13 ? Elem::Q5_K
-                : type == 14 ? Elem::Q6_K
-                : type == 23 ? Elem::IQ4_XS
-                : type == 39 ? Elem::MXFP4
+                : qdt >= 0   ? static_cast<Elem>(qdt)
                              : Elem::Other;
       if (ne[0] % block != 0)
         bad("tensor '%s': row of %llu elements is not a whole number of %s blocks (%llu)", tn,

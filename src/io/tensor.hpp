@@ -12,26 +12,18 @@ namespace io {
 
 // Element encodings the loader understands (others are listed with their
 // own name and rejected when loaded): the float types, and GGUF's block
-// formats that layers keep as they are (common/quant.hpp).
-enum class Elem : int { F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS, MXFP4, Other };
+// formats that layers keep as they are (common/quant.hpp's traits), each as
+// its ep_moe_dtype_t value.
+enum class Elem : int {
+  Other = -1,
+  F32 = EP_MOE_DTYPE_F32,
+  F16 = EP_MOE_DTYPE_F16,
+  BF16 = EP_MOE_DTYPE_BF16,
+  MXFP4 = EP_MOE_DTYPE_MXFP4,
+};
 
 // The ep_moe_dtype_t of a loadable encoding (Other: -1).
-inline int elem_dtype(Elem e) {
-  switch (e) {
-    case Elem::F32: return EP_MOE_DTYPE_F32;
-    case Elem::F16: return EP_MOE_DTYPE_F16;
-    case Elem::BF16: return EP_MOE_DTYPE_BF16;
-    case Elem::Q8_0: return EP_MOE_DTYPE_Q8_0;
-    case Elem::Q4_0: return EP_MOE_DTYPE_Q4_0;
-    case Elem::Q4_K: return EP_MOE_DTYPE_Q4_K;
-    case Elem::Q5_K: return EP_MOE_DTYPE_Q5_K;
-    case Elem::Q6_K: return EP_MOE_DTYPE_Q6_K;
-    case Elem::IQ4_XS: return EP_MOE_DTYPE_IQ4_XS;
-    case Elem::MXFP4: return EP_MOE_DTYPE_MXFP4;
-    case Elem::Other: break;
-  }
-  return -1;
-}
+inline int elem_dtype(Elem e) { return static_cast<int>(e); }
 
 struct TensorInfo {
   std::string name;

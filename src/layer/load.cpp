@@ -31,8 +31,8 @@ ep_moe_dtype_t dtype_of(const io::TensorInfo& t, const io::Checkpoint& ck) {
   const int dt = io::elem_dtype(t.elem);
   if (dt < 0)
     fail(EP_MOE_ERR_UNSUPPORTED,
-         "%s: tensor '%s' is %s; only F32, F16, BF16 (and in GGUF Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS, MXFP4) can "
-         "be loaded",
+         "%s: tensor '%s' is %s; only F32, F16, BF16 (and in GGUF the block formats of docs/quantization.md) "
+         "can be loaded",
          ck.file(t.file).name().c_str(), t.name.c_str(), t.type_name.c_str());
   return static_cast<ep_moe_dtype_t>(dt);
 }

@@ -204,11 +204,19 @@ ROW(ep_moe_has_feature) {
   CHECK(ep_moe_has_feature(0x80000000u) == 0);  // an unknown bit is not a feature
   CHECK(ep_moe_has_feature(0) == 0);            // documented: 0 for an empty mask
 }
+ROW(ep_moe_dtype_name) {
+  (void)f;
+  CHECK(ep_moe_dtype_name(static_cast<ep_moe_dtype_t>(kBadEnum)) == nullptr);
+  CHECK(ep_moe_dtype_name(static_cast<ep_moe_dtype_t>(EP_MOE_DTYPE_IQ1_M + 1)) == nullptr);
+  CHECK(ep_moe_dtype_name(static_cast<ep_moe_dtype_t>(-1)) == nullptr);
+  CHECK(std::string(ep_moe_dtype_name(EP_MOE_DTYPE_BF16)) == "bf16");
+  CHECK(std::string(ep_moe_dtype_name(EP_MOE_DTYPE_IQ2_XXS)) == "iq2_xxs");
+}
 ROW(ep_moe_dtype_block) {
   (void)f;
   int64_t elems = -7, bytes = -7;
   BAD(ep_moe_dtype_block(&elems, &bytes, static_cast<ep_moe_dtype_t>(kBadEnum)), ARG);
-  BAD(ep_moe_dtype_block(&elems, &bytes, static_cast<ep_moe_dtype_t>(13)), ARG);
+  BAD(ep_moe_dtype_block(&elems, &bytes, static_cast<ep_moe_dtype_t>(EP_MOE_DTYPE_IQ1_M + 1)), ARG);
   CHECK((elems == -7 && bytes == -7));  // untouched on failure
   CHECK(ep_moe_dtype_block(nullptr, nullptr, EP_MOE_DTYPE_Q4_K) == EP_MOE_OK);
   CHECK(ep_moe_dtype_block(&elems, &bytes, EP_MOE_DTYPE_Q4_K) == EP_MOE_OK);

@@ -1,5 +1,6 @@
 // Block formats against the `gguf` Python package (quant_writers.py):
-// ep_moe's dequantization of random valid blocks of every format is
+// ep_moe's dequantization of random valid blocks of every format (each
+// entry of common/quant.hpp's traits) is
 // gguf.quants.dequantize's, bit for bit; its Q8_0, Q4_0 and MXFP4
 // quantizers give gguf.quants.quantize's bytes; and GGUF files that
 // gguf.GGUFWriter wrote with block-format experts load (only the local
@@ -38,14 +39,10 @@ std::vector<T> read_all(const std::string& path) {
   return v;
 }
 
-const char* kNames[] = {"Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "MXFP4"};
-const ep_moe_dtype_t kTypes[] = {EP_MOE_DTYPE_Q8_0, EP_MOE_DTYPE_Q4_0,   EP_MOE_DTYPE_Q4_K, EP_MOE_DTYPE_Q5_K,
-                                 EP_MOE_DTYPE_Q6_K, EP_MOE_DTYPE_IQ4_XS, EP_MOE_DTYPE_MXFP4};
-
 void check_blocks(const std::string& dir) {
-  for (int i = 0; i < 7; ++i) {
-    const std::string n = kNames[i];
-    const ep_moe_dtype_t t = kTypes[i];
+  for (int i = ep_moe::kQuantFirst; i <= ep_moe::kQuantLast; ++i) {
+    const auto t = static_cast<ep_moe_dtype_t>(i);
+    const std::string n = ep_moe::quant_traits(t)->gguf_name;
     const auto blocks = read_all<uint8_t>(dir + "/blocks_" + n + ".bin");
     const auto want = read_all<float>(dir + "/deq_" + n + ".f32");
     const int64_t per_row = 1024;
@@ -161,7 +158,8 @@ void check_model(const std::string& dir, const std::string& name, int E, int H, 
     double scale = 1e-12, err = 0;
     for (size_t k = 0; k < want.size(); ++k) {
       scale = std::max(scale, std::fabs(want[k]));
-      err = std::max(err, std::fabs(double(outs[R][k]) - want[k]) - slack[k]);
+      const double e = std::fabs(double(outs[R][k]) - want[k]) - slack[k];
+      err = std::isnan(e) || std::isnan(err) ? NAN : std::max(err, e);  // a NaN anywhere fails
     }
     err /= scale;
     // harness::tolerance for block formats: f32 accumulation, beyond the

@@ -35,7 +35,17 @@ os.makedirs(out, exist_ok=True)
 
 # ep_moe_dtype_t values and the formats' geometry.
 TYPES = {"Q8_0": (Q.Q8_0, 6), "Q4_0": (Q.Q4_0, 7), "Q4_K": (Q.Q4_K, 8), "Q5_K": (Q.Q5_K, 9),
-         "Q6_K": (Q.Q6_K, 10), "IQ4_XS": (Q.IQ4_XS, 11), "MXFP4": (Q.MXFP4, 12)}
+         "Q6_K": (Q.Q6_K, 10), "IQ4_XS": (Q.IQ4_XS, 11), "MXFP4": (Q.MXFP4, 12),
+         "Q2_K": (Q.Q2_K, 13), "Q3_K": (Q.Q3_K, 14), "Q4_1": (Q.Q4_1, 15), "Q5_0": (Q.Q5_0, 16),
+         "Q5_1": (Q.Q5_1, 17), "IQ4_NL": (Q.IQ4_NL, 18), "IQ2_XXS": (Q.IQ2_XXS, 19), "IQ2_XS": (Q.IQ2_XS, 20),
+         "IQ2_S": (Q.IQ2_S, 21), "IQ3_XXS": (Q.IQ3_XXS, 22), "IQ3_S": (Q.IQ3_S, 23), "IQ1_S": (Q.IQ1_S, 24),
+         "IQ1_M": (Q.IQ1_M, 25)}
+# Where each format keeps its f16 scales (byte offsets) and the scale that
+# makes its values about 1: every other byte of these formats is valid as
+# random bits (grid indices span their grids).
+F16_AT = {"Q4_1": ([0, 2], 1 / 8), "Q5_0": ([0], 1 / 16), "Q5_1": ([0, 2], 1 / 16), "IQ4_NL": ([0], 1 / 64),
+          "Q2_K": ([80, 82], 1 / 24), "Q3_K": ([108], 1 / 128), "IQ2_XXS": ([0], 1 / 86), "IQ2_XS": ([0], 1 / 86),
+          "IQ2_S": ([0], 1 / 86), "IQ3_XXS": ([0], 1 / 250), "IQ3_S": ([0], 1 / 240), "IQ1_S": ([0], 1 / 8)}
 
 
 def f16_bytes(v):
@@ -61,8 +71,18 @@ def random_blocks(name, rows, cols, scale):
     elif name == "Q6_K":
         b[:, 208:210] = f16_bytes(s / (64 * 32))
         b[:, 192:208] = rng.integers(-127, 128, size=(n, 16)).astype(np.int8).view(np.uint8)
-    else:  # IQ4_XS
+    elif name == "IQ4_XS":
         b[:, 0:2] = f16_bytes(s / (16 * 64))
+    elif name == "IQ1_M":  # its f16 scale in the top nibbles of 4 u16 words
+        bits = np.asarray(s / 8, dtype=np.float16).view(np.uint16).astype(np.uint32)
+        words = b[:, 48:56].copy().view(np.uint16).astype(np.uint32)
+        for k in range(4):
+            words[:, k] = (words[:, k] & 0x0FFF) | (((bits >> (4 * k)) & 0xF) << 12)
+        b[:, 48:56] = words.astype(np.uint16).view(np.uint8)
+    else:
+        offs, unit = F16_AT[name]
+        for o in offs:
+            b[:, o:o + 2] = f16_bytes(s * unit)
     return b.reshape(rows, cols // qk * bb)
 
 
@@ -105,7 +125,11 @@ for name, (qt, _) in TYPES.items():
 # --- 2. MoE layers with block-format experts ---------------------------------
 E, H, I, K, L, T = 8, 512, 256, 2, 1, 7
 MODELS = [("q8_0", "Q8_0", "Q8_0"), ("q4_0", "Q4_0", "Q4_0"), ("q4_k_m", "Q4_K", "Q6_K"), ("q5_k", "Q5_K", "Q5_K"),
-          ("iq4_xs", "IQ4_XS", "IQ4_XS"), ("mxfp4", "MXFP4", "MXFP4"), ("q4_k_q8_0", "Q4_K", "Q8_0")]
+          ("iq4_xs", "IQ4_XS", "IQ4_XS"), ("mxfp4", "MXFP4", "MXFP4"), ("q4_k_q8_0", "Q4_K", "Q8_0"),
+          # DeepSeek-R1 UD-Q2_K_XL, UD-IQ2_XXS and Qwen3-235B UD-IQ1_S / Q3_K_XL mixes, legacy types
+          ("q2_k", "Q2_K", "Q3_K"), ("ud_iq2_xxs", "IQ2_XXS", "Q3_K"), ("iq2_xs", "IQ2_XS", "IQ2_S"),
+          ("iq1_s", "IQ1_S", "IQ1_M"), ("iq3_xxs", "IQ3_XXS", "IQ3_S"), ("q3_k", "Q3_K", "Q2_K"),
+          ("q4_1", "Q4_1", "Q5_0"), ("q5_1", "Q5_1", "IQ4_NL")]
 lines = []
 for name, gu_t, down_t in MODELS:
     router = (rng.standard_normal((E, H)) * H ** -0.5).astype(np.float32)

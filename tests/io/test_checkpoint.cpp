@@ -455,12 +455,12 @@ TEST_CASE("split GGUF: opened from any split, every split read; missing, renamed
 
 TEST_CASE("block-quantized experts the loader cannot read: true sizes, refused at layer config and load",
           "[checkpoint][gguf][quantized]") {
-  // Q4_1 (20 bytes a block of 32; not one of the formats layers keep): 4
-  // experts of [I=32, H=64] gate/up and [64, 32] down.
-  const int64_t E = 4, I = 32, H = 64;
-  const size_t expert_bytes = static_cast<size_t>(I * H / 32 * 20);
+  // TQ2_0 (66 bytes a block of 256; not one of the formats layers keep): 4
+  // experts of [I=256, H=256] gate/up and [256, 256] down.
+  const int64_t E = 4, I = 256, H = 256;
+  const size_t expert_bytes = static_cast<size_t>(I * H / 256 * 66);
   auto q = [&](const std::string& n, std::vector<int64_t> shape) {
-    return writers::Tensor{"blk.1." + n, "Q4_1", shape, std::vector<uint8_t>(E * expert_bytes, 0x11)};
+    return writers::Tensor{"blk.1." + n, "TQ2_0", shape, std::vector<uint8_t>(E * expert_bytes, 0x11)};
   };
   writers::Model m;
   m.spec.H = H;
@@ -479,13 +479,13 @@ TEST_CASE("block-quantized experts the loader cannot read: true sizes, refused a
   ep_moe_tensor_info_t info;
   ep_moe_tensor_info_init(&info);
   REQUIRE(ep_moe_checkpoint_tensor_info(&info, ck.c, 1, EP_MOE_WEIGHT_EXPERT_DOWN, 2) == EP_MOE_OK);
-  CHECK(std::string(info.dtype) == "Q4_1");
+  CHECK(std::string(info.dtype) == "TQ2_0");
   CHECK(info.bytes == static_cast<int64_t>(expert_bytes));  // one expert's, not the tensor's
   CHECK(info.tensor_bytes == static_cast<int64_t>(E * expert_bytes));
   ep_moe_layer_config_t lc;
   ep_moe_layer_config_init(&lc);
   CHECK(ep_moe_checkpoint_layer_config(&lc, ck.c, 1) == EP_MOE_ERR_UNSUPPORTED);
-  CHECK(std::string(ep_moe_checkpoint_last_error(ck.c)).find("'blk.1.ffn_gate_exps.weight' is Q4_1") !=
+  CHECK(std::string(ep_moe_checkpoint_last_error(ck.c)).find("'blk.1.ffn_gate_exps.weight' is TQ2_0") !=
         std::string::npos);
   CHECK(lc.hidden_size == 0);
   // Filled by hand, the load still refuses it by name.
@@ -501,7 +501,7 @@ TEST_CASE("block-quantized experts the loader cannot read: true sizes, refused a
   ep_moe_layer_t* layer = nullptr;
   REQUIRE(ep_moe_layer_create(&layer, &lc, map, nullptr, nullptr) == EP_MOE_OK);
   CHECK(ep_moe_layer_load(layer, ck.c, 1) == EP_MOE_ERR_UNSUPPORTED);
-  CHECK(std::string(ep_moe_layer_last_error(layer)).find("Q4_1") != std::string::npos);
+  CHECK(std::string(ep_moe_layer_last_error(layer)).find("TQ2_0") != std::string::npos);
   ep_moe_layer_destroy(layer);
   ep_moe_expert_map_destroy(map);
 }

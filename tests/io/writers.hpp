@@ -111,7 +111,7 @@ inline uint32_t ggml_type(const std::string& dtype) {
   if (dtype == "F32") return 0;
   if (dtype == "F16") return 1;
   if (dtype == "Q4_0") return 2;
-  if (dtype == "Q4_1") return 3;  // written as raw blocks (20 bytes for 32 elements): never loaded
+  if (dtype == "Q4_1") return 3;
   if (dtype == "Q8_0") return 8;
   if (dtype == "Q4_K") return 12;
   if (dtype == "Q5_K") return 13;
@@ -119,6 +119,7 @@ inline uint32_t ggml_type(const std::string& dtype) {
   if (dtype == "IQ4_XS") return 23;
   if (dtype == "BF16") return 30;
   if (dtype == "MXFP4") return 39;
+  if (dtype == "TQ2_0") return 35;  // written as raw blocks (66 bytes for 256 elements): never loaded
   return 0xffffffffu;
 }
 

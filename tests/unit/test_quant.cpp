@@ -24,8 +24,13 @@ using namespace ep_moe;
 
 namespace {
 
-const ep_moe_dtype_t kTypes[] = {EP_MOE_DTYPE_Q8_0, EP_MOE_DTYPE_Q4_0,   EP_MOE_DTYPE_Q4_K, EP_MOE_DTYPE_Q5_K,
-                                 EP_MOE_DTYPE_Q6_K, EP_MOE_DTYPE_IQ4_XS, EP_MOE_DTYPE_MXFP4};
+// Every block format, in dtype order.
+std::vector<ep_moe_dtype_t> all_types() {
+  std::vector<ep_moe_dtype_t> v;
+  for (int i = kQuantFirst; i <= kQuantLast; ++i) v.push_back(static_cast<ep_moe_dtype_t>(i));
+  return v;
+}
+const std::vector<ep_moe_dtype_t> kTypes = all_types();
 
 std::vector<float> normal(size_t n, std::mt19937& rng, float sd = 1.0f) {
   std::normal_distribution<float> nd(0.0f, sd);
@@ -46,17 +51,28 @@ using ep_moe_test::isas_here;
 }  // namespace
 
 TEST_CASE("block formats: sizes as GGUF defines them", "[unit][quant]") {
-  const int elems[] = {32, 32, 256, 256, 256, 256, 32};
-  const int bytes[] = {34, 18, 144, 176, 210, 136, 17};
+  // ggml's block sizes (ggml-common.h's block_* structs), written out here
+  // independently of the traits table they check.
+  const int elems[] = {32, 32, 256, 256, 256, 256, 32, 256, 256, 32, 32, 32, 32, 256, 256, 256, 256, 256, 256, 256};
+  const int bytes[] = {34, 18, 144, 176, 210, 136, 17, 84, 110, 20, 22, 24, 18, 66, 74, 82, 98, 110, 50, 56};
+  const int gguf[] = {8, 2, 12, 13, 14, 23, 39, 10, 11, 3, 6, 7, 20, 16, 17, 22, 18, 21, 19, 29};
+  REQUIRE(kTypes.size() == sizeof elems / sizeof elems[0]);
   for (int i = 0; i < kQuantTypes; ++i) {
-    CHECK(quant_index(kTypes[i]) == i);
-    CHECK(quant_block_elems(kTypes[i]) == elems[i]);
-    CHECK(quant_block_bytes(kTypes[i]) == bytes[i]);
-    CHECK(quant_row_bytes(kTypes[i], 512) == static_cast<size_t>(512 / elems[i] * bytes[i]));
+    const ep_moe_dtype_t t = kTypes[static_cast<size_t>(i)];
+    CAPTURE(dtype_name(t));
+    CHECK(quant_index(t) == i);
+    CHECK(quant_traits(t)->dtype == t);
+    CHECK(quant_block_elems(t) == elems[i]);
+    CHECK(quant_block_bytes(t) == bytes[i]);
+    CHECK(quant_row_bytes(t, 512) == static_cast<size_t>(512 / elems[i] * bytes[i]));
+    CHECK(quant_dtype_of_gguf(gguf[i]) == t);
+    CHECK(act_quant_of(t) == (elems[i] == 256 ? ActQuant::Q8_K : ActQuant::Q8_0));
   }
   CHECK_FALSE(dtype_is_quant(EP_MOE_DTYPE_BF16));
   CHECK_FALSE(dtype_is_quant(EP_MOE_DTYPE_U8));
-  CHECK_FALSE(dtype_is_quant(static_cast<ep_moe_dtype_t>(13)));
+  CHECK_FALSE(dtype_is_quant(static_cast<ep_moe_dtype_t>(kQuantLast + 1)));
+  CHECK(quant_traits(EP_MOE_DTYPE_F32) == nullptr);
+  CHECK(quant_dtype_of_gguf(15) == -1);  // Q8_K: GGUF's activation format, not a weight format here
 }
 
 TEST_CASE("quantize -> dequantize stays within each format's step", "[unit][quant]") {
@@ -73,22 +89,40 @@ TEST_CASE("quantize -> dequantize stays within each format's step", "[unit][quan
     dequantize_row(t, q.data(), y.data(), n);
     // Each element within a fraction of its block's largest magnitude:
     // 8-bit 1/127, 6-bit about 1/31, 5-bit 1/15, 4-bit and FP4 about 1/7
-    // (a half step, plus the scales' own rounding).
-    const double frac = t == EP_MOE_DTYPE_Q8_0    ? 0.01
-                        : t == EP_MOE_DTYPE_Q6_K  ? 0.04
-                        : t == EP_MOE_DTYPE_Q5_K  ? 0.06
-                        : t == EP_MOE_DTYPE_MXFP4 ? 0.26
-                                                  : 0.14;
+    // (a half step, plus the scales' own rounding); 3-bit Q3_K about 1/4 and
+    // 2-bit Q2_K 1/3 (a half step of a range up to twice the largest
+    // magnitude). The grid formats round 8 (4) values at once onto a sparse
+    // grid, so one element can land far off: for them the bound on each
+    // element is loose (IQ1 above 1, as a ternary point may flip an element
+    // to gain on the other seven) and the block's RMS error is bounded too.
+    struct Bound {
+      double each, rms;
+    };
+    const bool grid = t >= EP_MOE_DTYPE_IQ2_XXS && t != EP_MOE_DTYPE_IQ4_NL;
+    const Bound bound = t == EP_MOE_DTYPE_Q8_0                                                       ? Bound{0.01, 1}
+                        : t == EP_MOE_DTYPE_Q6_K                                                     ? Bound{0.04, 1}
+                        : t == EP_MOE_DTYPE_Q5_K || t == EP_MOE_DTYPE_Q5_0 || t == EP_MOE_DTYPE_Q5_1 ? Bound{0.07, 1}
+                        : t == EP_MOE_DTYPE_MXFP4                                                    ? Bound{0.26, 1}
+                        : t == EP_MOE_DTYPE_Q3_K                                                     ? Bound{0.3, 1}
+                        : t == EP_MOE_DTYPE_Q2_K                                                     ? Bound{0.4, 1}
+                        : t == EP_MOE_DTYPE_IQ1_S || t == EP_MOE_DTYPE_IQ1_M                         ? Bound{1.6, 0.3}
+                        : grid                                                                       ? Bound{1.1, 0.2}
+                                                                                                     : Bound{0.14, 1};
+    const double frac = bound.each;
     const int qk = quant_block_elems(t);
     for (int64_t b = 0; b < n / qk; ++b) {
       double amax = 0;
       for (int i = 0; i < qk; ++i) amax = std::max(amax, std::fabs(double(x[static_cast<size_t>(b * qk + i)])));
+      double sq = 0;
       for (int i = 0; i < qk; ++i) {
         const auto at = static_cast<size_t>(b * qk + i);
         INFO("element " << at);
-        CHECK(std::fabs(double(y[at]) - double(x[at])) <= frac * amax + 1e-7);
+        const double e = std::fabs(double(y[at]) - double(x[at]));
+        sq += e * e;
+        CHECK(e <= frac * amax + 1e-7);
         CHECK(dequantize_at(t, q.data(), static_cast<int64_t>(at)) == y[at]);
       }
+      CHECK(std::sqrt(sq / qk) <= bound.rms * amax + 1e-7);
     }
     for (int i = 256; i < 512; ++i) CHECK(y[static_cast<size_t>(i)] == 0.0f);
   }
@@ -245,7 +279,27 @@ std::vector<uint8_t> extreme_block(ep_moe_dtype_t t, int variant) {
       std::memset(b.data() + 4, variant ? 0 : 0xFF, 4);       // l 63 (31 after the offset) or 0 (-32)
       std::memset(b.data() + 8, variant ? 0xFF : 0x00, 128);  // 113 or -127
       break;
-    default: break;
+    default: {
+      // The decoded formats: every bit set (variant 0: Q5_0 15, Q2_K 3
+      // with scale and min 15, Q3_K 3 with scale 31, IQ4_NL 113, the grids'
+      // last entries with every sign negative) or none (Q5_0 -16, Q3_K -4
+      // with scale -32, IQ4_NL -127, the grids' first entries), with the
+      // f16 scales 1.
+      std::memset(b.data(), variant ? 0x00 : 0xFF, b.size());
+      if (t == EP_MOE_DTYPE_IQ1_M) {  // its f16 scale in the top nibbles of 4 u16 words
+        for (int w = 0; w < 4; ++w) {
+          uint16_t v;
+          std::memcpy(&v, b.data() + 48 + 2 * w, 2);
+          put16(48 + 2 * static_cast<size_t>(w),
+                static_cast<uint16_t>((v & 0x0FFF) | (((one >> (4 * w)) & 0xF) << 12)));
+        }
+        break;
+      }
+      const size_t at = t == EP_MOE_DTYPE_Q2_K ? 80 : t == EP_MOE_DTYPE_Q3_K ? 108 : 0;
+      put16(at, one);
+      if (t == EP_MOE_DTYPE_Q2_K || t == EP_MOE_DTYPE_Q4_1 || t == EP_MOE_DTYPE_Q5_1) put16(at + 2, one);  // dmin, m
+      break;
+    }
   }
   return b;
 }
@@ -328,6 +382,7 @@ TEST_CASE("int8 tiles on unpacked panels match a double product of the dequantiz
   for (cpu::Isa isa : isas_here()) {
     const cpu::Kernels& kern = cpu::kernels_for(isa);
     for (ep_moe_dtype_t t : kTypes) {
+      if (!cpu::groups_rows(t)) continue;  // the decoded formats decode a row once for every row of the call
       if (!kern.qtile[quant_index(t)]) {
         WARN("skipped: " << cpu::isa_name(isa) << " (" << kern.qname << ") has no int8 tiles for " << dtype_name(t));
         continue;
@@ -375,6 +430,7 @@ TEST_CASE("the 8-row interleaved kernels of every multiply-add, on 16- and 32-ro
     pol.set(fns);
     for (int nr : {16, 32})
       for (ep_moe_dtype_t t : kTypes) {
+        if (!cpu::groups_rows(t)) continue;  // the decoded formats have no group kernels
         CAPTURE(pol.name, nr, dtype_name(t));
         for (int k : {32, 256, 2048})
           if (k % quant_block_elems(t) == 0)

@@ -61,6 +61,19 @@ pub const EP_MOE_DTYPE_Q5_K: ep_moe_dtype_t = 9;
 pub const EP_MOE_DTYPE_Q6_K: ep_moe_dtype_t = 10;
 pub const EP_MOE_DTYPE_IQ4_XS: ep_moe_dtype_t = 11;
 pub const EP_MOE_DTYPE_MXFP4: ep_moe_dtype_t = 12;
+pub const EP_MOE_DTYPE_Q2_K: ep_moe_dtype_t = 13;
+pub const EP_MOE_DTYPE_Q3_K: ep_moe_dtype_t = 14;
+pub const EP_MOE_DTYPE_Q4_1: ep_moe_dtype_t = 15;
+pub const EP_MOE_DTYPE_Q5_0: ep_moe_dtype_t = 16;
+pub const EP_MOE_DTYPE_Q5_1: ep_moe_dtype_t = 17;
+pub const EP_MOE_DTYPE_IQ4_NL: ep_moe_dtype_t = 18;
+pub const EP_MOE_DTYPE_IQ2_XXS: ep_moe_dtype_t = 19;
+pub const EP_MOE_DTYPE_IQ2_XS: ep_moe_dtype_t = 20;
+pub const EP_MOE_DTYPE_IQ2_S: ep_moe_dtype_t = 21;
+pub const EP_MOE_DTYPE_IQ3_XXS: ep_moe_dtype_t = 22;
+pub const EP_MOE_DTYPE_IQ3_S: ep_moe_dtype_t = 23;
+pub const EP_MOE_DTYPE_IQ1_S: ep_moe_dtype_t = 24;
+pub const EP_MOE_DTYPE_IQ1_M: ep_moe_dtype_t = 25;
 pub const EP_MOE_DTYPE_ENUM_MIN_: ep_moe_dtype_t = -2147483648;
 pub const EP_MOE_DTYPE_ENUM_MAX_: ep_moe_dtype_t = 2147483647;
 
@@ -367,6 +380,7 @@ extern "C" {
     pub fn ep_moe_has_feature(features: u32) -> c_int;
     pub fn ep_moe_set_log_callback(fn_: ep_moe_log_fn, max_level: ep_moe_log_level_t, user_data: *mut c_void) -> ep_moe_status_t;
     pub fn ep_moe_dtype_block(out_elems: *mut i64, out_bytes: *mut i64, dtype: ep_moe_dtype_t) -> ep_moe_status_t;
+    pub fn ep_moe_dtype_name(dtype: ep_moe_dtype_t) -> *const c_char;
     pub fn ep_moe_expert_map_config_init(out: *mut ep_moe_expert_map_config_t) -> ep_moe_status_t;
     pub fn ep_moe_expert_map_create(out: *mut *mut ep_moe_expert_map_t, config: *const ep_moe_expert_map_config_t) -> ep_moe_status_t;
     pub fn ep_moe_expert_map_destroy(map: *mut ep_moe_expert_map_t);

@@ -143,6 +143,19 @@ pub enum BlockFormat {
     Q6K,
     Iq4Xs,
     Mxfp4,
+    Q2K,
+    Q3K,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Iq4Nl,
+    Iq2Xxs,
+    Iq2Xs,
+    Iq2S,
+    Iq3Xxs,
+    Iq3S,
+    Iq1S,
+    Iq1M,
 }
 
 impl BlockFormat {
@@ -156,6 +169,19 @@ impl BlockFormat {
             BlockFormat::Q6K => sys::EP_MOE_DTYPE_Q6_K,
             BlockFormat::Iq4Xs => sys::EP_MOE_DTYPE_IQ4_XS,
             BlockFormat::Mxfp4 => sys::EP_MOE_DTYPE_MXFP4,
+            BlockFormat::Q2K => sys::EP_MOE_DTYPE_Q2_K,
+            BlockFormat::Q3K => sys::EP_MOE_DTYPE_Q3_K,
+            BlockFormat::Q4_1 => sys::EP_MOE_DTYPE_Q4_1,
+            BlockFormat::Q5_0 => sys::EP_MOE_DTYPE_Q5_0,
+            BlockFormat::Q5_1 => sys::EP_MOE_DTYPE_Q5_1,
+            BlockFormat::Iq4Nl => sys::EP_MOE_DTYPE_IQ4_NL,
+            BlockFormat::Iq2Xxs => sys::EP_MOE_DTYPE_IQ2_XXS,
+            BlockFormat::Iq2Xs => sys::EP_MOE_DTYPE_IQ2_XS,
+            BlockFormat::Iq2S => sys::EP_MOE_DTYPE_IQ2_S,
+            BlockFormat::Iq3Xxs => sys::EP_MOE_DTYPE_IQ3_XXS,
+            BlockFormat::Iq3S => sys::EP_MOE_DTYPE_IQ3_S,
+            BlockFormat::Iq1S => sys::EP_MOE_DTYPE_IQ1_S,
+            BlockFormat::Iq1M => sys::EP_MOE_DTYPE_IQ1_M,
         }
     }
     /// (elements, bytes) of one block (`ep_moe_dtype_block`).

@@ -340,6 +340,9 @@ fn f16_conversions_round_to_nearest_even() {
 fn block_format_weights_are_kept_or_refused_with_the_message() {
     assert_eq!(BlockFormat::Q4K.block(), (256, 144));
     assert_eq!(BlockFormat::Q8_0.block(), (32, 34));
+    assert_eq!(BlockFormat::Iq2Xxs.block(), (256, 66));
+    assert_eq!(BlockFormat::Q3K.block(), (256, 110));
+    assert_eq!(BlockFormat::Q4_1.block(), (32, 20));
     let map = ExpertMap::new(&ExpertMapConfig::new(1, 0, 2)).unwrap();
     let mut c = LayerConfig::default();
     c.hidden_size = 64;

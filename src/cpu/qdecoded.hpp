@@ -1,0 +1,71 @@
+// Kernels of the block formats computed through their decoded form
+// (common/quant.hpp's DecodedBlock: Q2_K, Q3_K, Q4_1, Q5_0, Q5_1, IQ4_NL and
+// the IQ1/IQ2/IQ3 grid formats): each weight row of a panel (rows one after
+// another, il 0) is decoded once into int8 values and per-16 scales, then
+// dotted with every activation row of the call (kernels.hpp's QGemmFn), so
+// prefill decodes a row once for all its tokens. Per 16 elements the dot
+// product of the int8 values is exact; the row is
+//   sum_g d_a(g) (sc_g dot_g + mn_g asum_g),
+// d_a the activation row's scale of those elements and asum_g the sum of
+// its 16 int8 values. Each ISA file supplies the dot of one decoded row
+// with one activation row; this header holds the rest.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include "common/quant.hpp"
+#include "cpu/kernels.hpp"
+
+namespace ep_moe {
+namespace cpu {
+
+// One weight row of k elements decoded: v[k], scx[k / 4] (the scale of
+// each 4 elements: sc_g four times, the lanes of the vector kernels),
+// mn[k / 16] (the formats with offsets; else zeros).
+struct DecodedRow {
+  const int8_t* v;
+  const float* scx;
+  const float* mn;
+};
+// Decodes a row of blocks of format q into the calling thread's buffer
+// (valid until its next call). Built for baseline x86-64 (qdecoded.cpp):
+// the ISA files share no inline code that could be emitted with their
+// instructions.
+DecodedRow decode_row(const QuantTraits& q, const uint8_t* row, int k);
+
+// RowDot: float(const DecodedRow&, const void* act_row, int k, bool has_min).
+template <int I, class RowDot>
+void qgemm_decoded(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc,
+                   const void* /*next*/) {
+  const auto t = static_cast<ep_moe_dtype_t>(static_cast<int>(kQuantFirst) + I);
+  const QuantTraits& q = *quant_traits(t);
+  const size_t rb = static_cast<size_t>(k / q.block_elems) * static_cast<size_t>(q.block_bytes);
+  for (int j = 0; j < nr; ++j) {
+    const DecodedRow row = decode_row(q, static_cast<const uint8_t*>(panel) + static_cast<size_t>(j) * rb, k);
+    for (int i = 0; i < m; ++i) c[i * ldc + j] = RowDot::dot(row, a[i], k, q.has_min);
+  }
+}
+
+template <class RowDot, int... I>
+void set_decoded(QGemmFn* out, std::integer_sequence<int, I...>) {
+  ((out[I] = quant_traits(static_cast<ep_moe_dtype_t>(static_cast<int>(kQuantFirst) + I))->decode
+                 ? qgemm_decoded<I, RowDot>
+                 : out[I]),
+   ...);
+}
+// Sets the entries of every decoded format in a table by quant_index.
+template <class RowDot>
+void set_decoded(QGemmFn* out) {
+  set_decoded<RowDot>(out, std::make_integer_sequence<int, kQuantTypes>{});
+}
+
+// The portable table's entries (qdecoded.cpp; the reference of the vector
+// ones).
+void qdecoded_generic(QGemmFn* gemm);
+// The x86 tables' row dots (qdecoded_avx2.cpp, qdecoded_avx512vnni.cpp).
+void qdecoded_avx2(QGemmFn* gemm);
+void qdecoded_avx512vnni(QGemmFn* gemm);
+
+}  // namespace cpu
+}  // namespace ep_moe
