@@ -7,7 +7,7 @@
 namespace ep_moe {
 namespace cpu {
 
-DecodedRow decode_row(const QuantTraits& q, const uint8_t* row, int k) {
+DecodedRow decode_row(const QuantTraits& q, const uint8_t* row, int k, RowDecodeFn fast) {
   thread_local std::vector<int8_t> v;
   thread_local std::vector<float> scx, mn;
   const auto ku = static_cast<size_t>(k);
@@ -15,6 +15,10 @@ DecodedRow decode_row(const QuantTraits& q, const uint8_t* row, int k) {
     v.resize(ku);
     scx.resize(ku / 4);
     mn.resize(ku / 16);
+  }
+  if (fast) {
+    fast(row, k, v.data(), scx.data(), mn.data());
+    return DecodedRow{v.data(), scx.data(), mn.data()};
   }
   DecodedBlock db;
   const int e = q.block_elems, groups = e / 16;
@@ -33,6 +37,7 @@ DecodedRow decode_row(const QuantTraits& q, const uint8_t* row, int k) {
 
 namespace {
 struct RowDotGeneric {
+  static RowDecodeFn decoder(ep_moe_dtype_t) { return nullptr; }
   static float dot(const DecodedRow& w, const void* arow, int k, bool has_min) {
     const int8_t* q = act_q(arow);
     const float* d = act_d(arow, k);

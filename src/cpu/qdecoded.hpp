@@ -28,21 +28,30 @@ struct DecodedRow {
   const float* scx;
   const float* mn;
 };
+// A vector decoder of one format: a row of k elements into v[k],
+// scx[k / 4] and (the formats with offsets) mn[k / 16], the same values as
+// the traits' decode gives.
+using RowDecodeFn = void (*)(const uint8_t* row, int k, int8_t* v, float* scx, float* mn);
 // Decodes a row of blocks of format q into the calling thread's buffer
-// (valid until its next call). Built for baseline x86-64 (qdecoded.cpp):
-// the ISA files share no inline code that could be emitted with their
-// instructions.
-DecodedRow decode_row(const QuantTraits& q, const uint8_t* row, int k);
+// (valid until its next call), through `fast` where given, else the
+// traits' decode. Built for baseline x86-64 (qdecoded.cpp): the ISA files
+// share no inline code that could be emitted with their instructions.
+DecodedRow decode_row(const QuantTraits& q, const uint8_t* row, int k, RowDecodeFn fast);
+// The AVX2 decoders (qdecode_avx2.cpp; every decoded format, null for
+// the rest), which the x86 tables take.
+RowDecodeFn row_decoder_avx2(ep_moe_dtype_t t);
 
-// RowDot: float(const DecodedRow&, const void* act_row, int k, bool has_min).
+// RowDot: static float dot(const DecodedRow&, const void* act_row, int k,
+// bool has_min), and static RowDecodeFn decoder(ep_moe_dtype_t).
 template <int I, class RowDot>
 void qgemm_decoded(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc,
                    const void* /*next*/) {
   const auto t = static_cast<ep_moe_dtype_t>(static_cast<int>(kQuantFirst) + I);
   const QuantTraits& q = *quant_traits(t);
+  static const RowDecodeFn fast = RowDot::decoder(t);
   const size_t rb = static_cast<size_t>(k / q.block_elems) * static_cast<size_t>(q.block_bytes);
   for (int j = 0; j < nr; ++j) {
-    const DecodedRow row = decode_row(q, static_cast<const uint8_t*>(panel) + static_cast<size_t>(j) * rb, k);
+    const DecodedRow row = decode_row(q, static_cast<const uint8_t*>(panel) + static_cast<size_t>(j) * rb, k, fast);
     for (int i = 0; i < m; ++i) c[i * ldc + j] = RowDot::dot(row, a[i], k, q.has_min);
   }
 }

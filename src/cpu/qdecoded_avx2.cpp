@@ -19,6 +19,7 @@ inline float hsum(__m256 v) {
 }
 
 struct RowDotAvx2 {
+  static RowDecodeFn decoder(ep_moe_dtype_t t) { return row_decoder_avx2(t); }
   static float dot(const DecodedRow& w, const void* arow, int k, bool has_min) {
     const int8_t* q = act_q(arow);
     const float* d = act_d(arow, k);

@@ -23,6 +23,7 @@ inline float hsum(__m512 v) {
 }
 
 struct RowDotAvx512Vnni {
+  static RowDecodeFn decoder(ep_moe_dtype_t t) { return row_decoder_avx2(t); }
   static float dot(const DecodedRow& w, const void* arow, int k, bool has_min) {
     const int8_t* q = act_q(arow);
     const float* d = act_d(arow, k);

@@ -18,6 +18,7 @@
 #include "cpu/isa.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/pack.hpp"
+#include "cpu/qdecoded.hpp"
 #include "isas_here.hpp"
 
 using namespace ep_moe;
@@ -235,6 +236,23 @@ TEST_CASE("block-format kernels match a double product of the dequantized values
 }
 
 namespace {
+// The f16 scale (and min or dmin) of a block of a decoded format set to
+// d and m, its other bytes kept: every bit pattern of those is valid.
+void set_scales(ep_moe_dtype_t t, uint8_t* b, uint16_t d, uint16_t m) {
+  const auto put16 = [b](size_t at, uint16_t v) { std::memcpy(b + at, &v, 2); };
+  if (t == EP_MOE_DTYPE_IQ1_M) {  // its f16 scale in the top nibbles of 4 u16 words
+    for (int w = 0; w < 4; ++w) {
+      uint16_t v;
+      std::memcpy(&v, b + 48 + 2 * w, 2);
+      put16(48 + 2 * static_cast<size_t>(w), static_cast<uint16_t>((v & 0x0FFF) | (((d >> (4 * w)) & 0xF) << 12)));
+    }
+    return;
+  }
+  const size_t at = t == EP_MOE_DTYPE_Q2_K ? 80 : t == EP_MOE_DTYPE_Q3_K ? 108 : 0;
+  put16(at, d);
+  if (t == EP_MOE_DTYPE_Q2_K || t == EP_MOE_DTYPE_Q4_1 || t == EP_MOE_DTYPE_Q5_1) put16(at + 2, m);  // dmin, m
+}
+
 // One block of format t whose values all sit at the format's largest
 // magnitude (variant 0) or its other end (variant 1), with unit scales:
 // the blocks that drive the kernels' integer sums to their bounds
@@ -286,18 +304,7 @@ std::vector<uint8_t> extreme_block(ep_moe_dtype_t t, int variant) {
       // with scale -32, IQ4_NL -127, the grids' first entries), with the
       // f16 scales 1.
       std::memset(b.data(), variant ? 0x00 : 0xFF, b.size());
-      if (t == EP_MOE_DTYPE_IQ1_M) {  // its f16 scale in the top nibbles of 4 u16 words
-        for (int w = 0; w < 4; ++w) {
-          uint16_t v;
-          std::memcpy(&v, b.data() + 48 + 2 * w, 2);
-          put16(48 + 2 * static_cast<size_t>(w),
-                static_cast<uint16_t>((v & 0x0FFF) | (((one >> (4 * w)) & 0xF) << 12)));
-        }
-        break;
-      }
-      const size_t at = t == EP_MOE_DTYPE_Q2_K ? 80 : t == EP_MOE_DTYPE_Q3_K ? 108 : 0;
-      put16(at, one);
-      if (t == EP_MOE_DTYPE_Q2_K || t == EP_MOE_DTYPE_Q4_1 || t == EP_MOE_DTYPE_Q5_1) put16(at + 2, one);  // dmin, m
+      set_scales(t, b.data(), one, one);
       break;
     }
   }
@@ -483,3 +490,45 @@ TEST_CASE("block-format packing: rows copied as they are, quantized from floats,
     CHECK_THROWS(cpu::pack(bad, Source{gq.data(), t, k}, inter, k, 32, t, 12));
   }
 }
+
+#if defined(__x86_64__)
+TEST_CASE("the AVX2 row decoders give the portable decode's values, every decoded format", "[unit][quant][kernels]") {
+  if (cpu::detect_isa() < cpu::Isa::Avx2) {
+    WARN("skipped: no AVX2 (or EP_MOE_CPU_ISA below it)");
+    return;
+  }
+  std::mt19937 rng(Catch::rngSeed() + 18);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> mag(-3.0f, 3.0f);
+  for (ep_moe_dtype_t t : kTypes) {
+    const QuantTraits& q = *quant_traits(t);
+    if (!q.decode) continue;
+    const cpu::RowDecodeFn fast = cpu::row_decoder_avx2(t);
+    REQUIRE(fast != nullptr);
+    CAPTURE(dtype_name(t));
+    for (int k : {256, 768, 2048}) {
+      const int blocks = k / q.block_elems;
+      std::vector<uint8_t> row(static_cast<size_t>(blocks * q.block_bytes));
+      for (auto& x : row) x = static_cast<uint8_t>(byte(rng));
+      for (int b = 0; b < blocks; ++b)  // finite scales of either sign and many magnitudes
+        set_scales(t, row.data() + b * q.block_bytes, f32_to_f16(std::ldexp(mag(rng), -(byte(rng) % 12))),
+                   f32_to_f16(mag(rng)));
+      std::vector<int8_t> v(static_cast<size_t>(k));
+      std::vector<float> scx(static_cast<size_t>(k / 4)), mn(static_cast<size_t>(k / 16), 0.0f);
+      fast(row.data(), k, v.data(), scx.data(), mn.data());
+      int wrong = 0;
+      for (int b = 0; b < blocks; ++b) {
+        DecodedBlock db;
+        q.decode(row.data() + b * q.block_bytes, &db);
+        for (int i = 0; i < q.block_elems; ++i) {
+          const int at = b * q.block_elems + i;
+          wrong += v[static_cast<size_t>(at)] != db.v[i];
+          wrong += std::memcmp(&scx[static_cast<size_t>(at / 4)], &db.sc[i / 16], 4) != 0;
+          if (q.has_min) wrong += std::memcmp(&mn[static_cast<size_t>(at / 16)], &db.mn[i / 16], 4) != 0;
+        }
+      }
+      CHECK(wrong == 0);
+    }
+  }
+}
+#endif
