@@ -35,20 +35,8 @@ inline uint32_t rd32(const uint8_t* p) {
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline void store32(void* p, __m256i v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
 
-// scx[4 g .. 4 g + 3] = sc[g] for the n groups (n a multiple of 8).
-inline void expand_scales(const float* sc, int n, float* scx) {
-  for (int g = 0; g < n; g += 8) {
-    const __m256 s = _mm256_loadu_ps(sc + g);
-    for (int q = 0; q < 4; ++q) {
-      const __m256i idx = _mm256_setr_epi32(2 * q, 2 * q, 2 * q, 2 * q, 2 * q + 1, 2 * q + 1, 2 * q + 1, 2 * q + 1);
-      _mm256_storeu_ps(scx + 4 * g + 8 * q, _mm256_permutevar8x32_ps(s, idx));
-    }
-  }
-}
-// The same scale for 8 groups of 4 (32 values).
-inline void fill_scales32(float s, float* scx) {
-  _mm256_storeu_ps(scx, _mm256_set1_ps(s));
-}
+// The same scale for the 2 groups of 16 of 32 values.
+inline void fill_scales32(float s, float* sc) { sc[0] = sc[1] = s; }
 
 // 2-bit fields of Q2_K and Q3_K: element 128 h + 32 s + i is bits 2 s of
 // qs[32 h + i].
@@ -57,8 +45,8 @@ inline __m256i crumbs(__m256i x) {
   return _mm256_and_si256(_mm256_srli_epi16(x, 2 * S), _mm256_set1_epi8(3));
 }
 
-void dec_q2_k(const uint8_t* b, int k, int8_t* v, float* scx, float* mn) {
-  for (int blk = 0; blk < k / 256; ++blk, b += 84, v += 256, scx += 64, mn += 16) {
+void dec_q2_k(const uint8_t* b, int k, int8_t* v, float* sc, float* mn) {
+  for (int blk = 0; blk < k / 256; ++blk, b += 84, v += 256, sc += 16, mn += 16) {
     for (int h = 0; h < 2; ++h) {
       const __m256i x = load32(b + 16 + 32 * h);
       store32(v + 128 * h, crumbs<0>(x));
@@ -67,20 +55,18 @@ void dec_q2_k(const uint8_t* b, int k, int8_t* v, float* scx, float* mn) {
       store32(v + 128 * h + 96, crumbs<3>(x));
     }
     const __m256 d = _mm256_set1_ps(f16at(b + 80)), dmin = _mm256_set1_ps(-f16at(b + 82));
-    float sc[16];
     for (int g = 0; g < 16; g += 8) {
       const __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + g)));
       // d * (s & 15) and -(dmin * (s >> 4)): the products as GGUF computes them.
       _mm256_storeu_ps(sc + g, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(s, _mm256_set1_epi32(15)))));
       _mm256_storeu_ps(mn + g, _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(s, 4))));
     }
-    expand_scales(sc, 16, scx);
   }
 }
 
-void dec_q3_k(const uint8_t* b, int k, int8_t* v, float* scx, float* /*mn*/) {
+void dec_q3_k(const uint8_t* b, int k, int8_t* v, float* sc, float* /*mn*/) {
   const __m256i four = _mm256_set1_epi8(4), zero = _mm256_setzero_si256();
-  for (int blk = 0; blk < k / 256; ++blk, b += 110, v += 256, scx += 64) {
+  for (int blk = 0; blk < k / 256; ++blk, b += 110, v += 256, sc += 16) {
     const __m256i hm = load32(b);
     for (int h = 0; h < 2; ++h) {
       const __m256i x = load32(b + 32 + 32 * h);
@@ -93,13 +79,11 @@ void dec_q3_k(const uint8_t* b, int k, int8_t* v, float* scx, float* /*mn*/) {
     }
     const uint8_t* s = b + 96;
     const float d = f16at(b + 108);
-    float sc[16];
     for (int j = 0; j < 16; ++j) {
       const int low = j < 8 ? s[j] & 0xF : s[j - 8] >> 4;
       const int high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
       sc[j] = d * static_cast<float>((low | (high << 4)) - 32);
     }
-    expand_scales(sc, 16, scx);
   }
 }
 
@@ -120,17 +104,17 @@ inline __m256i fifth_bits(uint32_t qh) {
 }
 
 template <int Kind>  // 0 Q4_1, 1 Q5_0, 2 Q5_1, 3 IQ4_NL
-void dec_32(const uint8_t* b, int k, int8_t* v, float* scx, float* mn) {
+void dec_32(const uint8_t* b, int k, int8_t* v, float* sc, float* mn) {
   constexpr int bytes = Kind == 0 ? 20 : Kind == 1 ? 22 : Kind == 2 ? 24 : 18;
   constexpr int qs = Kind == 0 ? 4 : Kind == 1 ? 6 : Kind == 2 ? 8 : 2;
   const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
-  for (int blk = 0; blk < k / 32; ++blk, b += bytes, v += 32, scx += 8, mn += 2) {
+  for (int blk = 0; blk < k / 32; ++blk, b += bytes, v += 32, sc += 2, mn += 2) {
     __m256i x = nibbles32(b + qs);
     if (Kind == 1 || Kind == 2) x = _mm256_or_si256(x, fifth_bits(rd32(b + (Kind == 1 ? 2 : 4))));
     if (Kind == 1) x = _mm256_sub_epi8(x, _mm256_set1_epi8(16));
     if (Kind == 3) x = _mm256_shuffle_epi8(_mm256_set_m128i(table, table), x);
     store32(v, x);
-    fill_scales32(f16at(b), scx);
+    fill_scales32(f16at(b), sc);
     if (Kind == 0 || Kind == 2) mn[0] = mn[1] = f16at(b + 2);
   }
 }
@@ -146,30 +130,28 @@ inline __m256i signed_grid(uint64_t g0, uint64_t g1, uint64_t g2, uint64_t g3, u
   return _mm256_sub_epi8(_mm256_xor_si256(g, m), m);
 }
 
-void dec_iq2_xxs(const uint8_t* b, int k, int8_t* v, float* scx, float* /*mn*/) {
+void dec_iq2_xxs(const uint8_t* b, int k, int8_t* v, float* sc, float* /*mn*/) {
   const auto& G = grids::expanded();
-  for (int blk = 0; blk < k / 256; ++blk, b += 66, v += 256, scx += 64) {
+  for (int blk = 0; blk < k / 256; ++blk, b += 66, v += 256, sc += 16) {
     const float d = f16at(b);
     for (int ib = 0; ib < 8; ++ib) {
       const uint32_t a0 = rd32(b + 2 + 8 * ib), a1 = rd32(b + 6 + 8 * ib);
       store32(v + 32 * ib, signed_grid(G.iq2xxs[a0 & 0xFF], G.iq2xxs[(a0 >> 8) & 0xFF], G.iq2xxs[(a0 >> 16) & 0xFF],
                                        G.iq2xxs[a0 >> 24], G.sign_mask[a1 & 127], G.sign_mask[(a1 >> 7) & 127],
                                        G.sign_mask[(a1 >> 14) & 127], G.sign_mask[(a1 >> 21) & 127]));
-      fill_scales32(d * (0.5f + static_cast<float>(a1 >> 28)) * 0.25f, scx + 8 * ib);
+      fill_scales32(d * (0.5f + static_cast<float>(a1 >> 28)) * 0.25f, sc + 2 * ib);
     }
   }
 }
 
-// IQ2_XS and IQ2_S: scales of 4 bits per 16 values at `sc`.
-inline void iq2_scales16(float d, const uint8_t* sc, float* scx) {
-  float s[16];
-  for (int j = 0; j < 16; ++j) s[j] = d * (0.5f + static_cast<float>((sc[j / 2] >> (4 * (j % 2))) & 0xF)) * 0.25f;
-  expand_scales(s, 16, scx);
+// IQ2_XS and IQ2_S: scales of 4 bits per 16 values at `ls`.
+inline void iq2_scales16(float d, const uint8_t* ls, float* sc) {
+  for (int j = 0; j < 16; ++j) sc[j] = d * (0.5f + static_cast<float>((ls[j / 2] >> (4 * (j % 2))) & 0xF)) * 0.25f;
 }
 
-void dec_iq2_xs(const uint8_t* b, int k, int8_t* v, float* scx, float* /*mn*/) {
+void dec_iq2_xs(const uint8_t* b, int k, int8_t* v, float* sc, float* /*mn*/) {
   const auto& G = grids::expanded();
-  for (int blk = 0; blk < k / 256; ++blk, b += 74, v += 256, scx += 64) {
+  for (int blk = 0; blk < k / 256; ++blk, b += 74, v += 256, sc += 16) {
     for (int l = 0; l < 32; l += 4) {
       const uint16_t q0 = rd16(b + 2 + 2 * l), q1 = rd16(b + 4 + 2 * l), q2 = rd16(b + 6 + 2 * l),
                      q3 = rd16(b + 8 + 2 * l);
@@ -177,13 +159,13 @@ void dec_iq2_xs(const uint8_t* b, int k, int8_t* v, float* scx, float* /*mn*/) {
                                      G.sign_mask[q0 >> 9], G.sign_mask[q1 >> 9], G.sign_mask[q2 >> 9],
                                      G.sign_mask[q3 >> 9]));
     }
-    iq2_scales16(f16at(b), b + 66, scx);
+    iq2_scales16(f16at(b), b + 66, sc);
   }
 }
 
-void dec_iq2_s(const uint8_t* b, int k, int8_t* v, float* scx, float* /*mn*/) {
+void dec_iq2_s(const uint8_t* b, int k, int8_t* v, float* sc, float* /*mn*/) {
   const auto& G = grids::expanded();
-  for (int blk = 0; blk < k / 256; ++blk, b += 82, v += 256, scx += 64) {
+  for (int blk = 0; blk < k / 256; ++blk, b += 82, v += 256, sc += 16) {
     const uint8_t* qs = b + 2;
     const uint8_t* signs = b + 34;
     const uint8_t* qh = b + 66;
@@ -195,15 +177,15 @@ void dec_iq2_s(const uint8_t* b, int k, int8_t* v, float* scx, float* /*mn*/) {
                           G.bit_mask[signs[l]], G.bit_mask[signs[l + 1]], G.bit_mask[signs[l + 2]],
                           G.bit_mask[signs[l + 3]]));
     }
-    iq2_scales16(f16at(b), b + 74, scx);
+    iq2_scales16(f16at(b), b + 74, sc);
   }
 }
 
 inline uint64_t pair(uint32_t lo, uint32_t hi) { return lo | static_cast<uint64_t>(hi) << 32; }
 
-void dec_iq3_xxs(const uint8_t* b, int k, int8_t* v, float* scx, float* /*mn*/) {
+void dec_iq3_xxs(const uint8_t* b, int k, int8_t* v, float* sc, float* /*mn*/) {
   const auto& G = grids::expanded();
-  for (int blk = 0; blk < k / 256; ++blk, b += 98, v += 256, scx += 64) {
+  for (int blk = 0; blk < k / 256; ++blk, b += 98, v += 256, sc += 16) {
     const float d = f16at(b);
     const uint8_t* qs = b + 2;
     for (int ib = 0; ib < 8; ++ib) {
@@ -213,14 +195,14 @@ void dec_iq3_xxs(const uint8_t* b, int k, int8_t* v, float* scx, float* /*mn*/) 
                                        pair(G.iq3xxs[q[4]], G.iq3xxs[q[5]]), pair(G.iq3xxs[q[6]], G.iq3xxs[q[7]]),
                                        G.sign_mask[aux & 127], G.sign_mask[(aux >> 7) & 127],
                                        G.sign_mask[(aux >> 14) & 127], G.sign_mask[(aux >> 21) & 127]));
-      fill_scales32(d * (0.5f + static_cast<float>(aux >> 28)) * 0.5f, scx + 8 * ib);
+      fill_scales32(d * (0.5f + static_cast<float>(aux >> 28)) * 0.5f, sc + 2 * ib);
     }
   }
 }
 
-void dec_iq3_s(const uint8_t* b, int k, int8_t* v, float* scx, float* /*mn*/) {
+void dec_iq3_s(const uint8_t* b, int k, int8_t* v, float* sc, float* /*mn*/) {
   const auto& G = grids::expanded();
-  for (int blk = 0; blk < k / 256; ++blk, b += 110, v += 256, scx += 64) {
+  for (int blk = 0; blk < k / 256; ++blk, b += 110, v += 256, sc += 16) {
     const float d = f16at(b);
     const uint8_t* qs = b + 2;
     const uint8_t* qh = b + 66;
@@ -232,7 +214,7 @@ void dec_iq3_s(const uint8_t* b, int k, int8_t* v, float* scx, float* /*mn*/) {
       const uint8_t* s = signs + 4 * ib;
       store32(v + 32 * ib, signed_grid(pair(e(0), e(1)), pair(e(2), e(3)), pair(e(4), e(5)), pair(e(6), e(7)),
                                        G.bit_mask[s[0]], G.bit_mask[s[1]], G.bit_mask[s[2]], G.bit_mask[s[3]]));
-      fill_scales32(d * static_cast<float>(1 + 2 * ((b[106 + ib / 2] >> (4 * (ib % 2))) & 0xF)), scx + 8 * ib);
+      fill_scales32(d * static_cast<float>(1 + 2 * ((b[106 + ib / 2] >> (4 * (ib % 2))) & 0xF)), sc + 2 * ib);
     }
   }
 }
@@ -247,9 +229,9 @@ inline __m256i ternary(uint64_t g0, uint64_t g1, uint64_t g2, uint64_t g3, __m25
   return _mm256_add_epi8(g8, delta);
 }
 
-void dec_iq1_s(const uint8_t* b, int k, int8_t* v, float* scx, float* /*mn*/) {
+void dec_iq1_s(const uint8_t* b, int k, int8_t* v, float* sc, float* /*mn*/) {
   const auto& G = grids::expanded();
-  for (int blk = 0; blk < k / 256; ++blk, b += 50, v += 256, scx += 64) {
+  for (int blk = 0; blk < k / 256; ++blk, b += 50, v += 256, sc += 16) {
     const float d = f16at(b);
     const uint8_t* qs = b + 2;
     for (int ib = 0; ib < 8; ++ib) {
@@ -258,21 +240,21 @@ void dec_iq1_s(const uint8_t* b, int k, int8_t* v, float* scx, float* /*mn*/) {
       const __m256i delta = _mm256_set1_epi8(h & 0x8000 ? -1 : 1);
       store32(v + 32 * ib, ternary(G.iq1s[q[0] | ((h & 7) << 8)], G.iq1s[q[1] | ((h >> 3 & 7) << 8)],
                                    G.iq1s[q[2] | ((h >> 6 & 7) << 8)], G.iq1s[q[3] | ((h >> 9 & 7) << 8)], delta));
-      fill_scales32(d * static_cast<float>(2 * ((h >> 12) & 7) + 1) * 0.125f, scx + 8 * ib);
+      fill_scales32(d * static_cast<float>(2 * ((h >> 12) & 7) + 1) * 0.125f, sc + 2 * ib);
     }
   }
 }
 
-void dec_iq1_m(const uint8_t* b, int k, int8_t* v, float* scx, float* /*mn*/) {
+void dec_iq1_m(const uint8_t* b, int k, int8_t* v, float* sc, float* /*mn*/) {
   const auto& G = grids::expanded();
   const auto dl = [](int h) { return static_cast<long long>(h & 8 ? 0xFFFFFFFFFFFFFFFFull : 0x0101010101010101ull); };
-  for (int blk = 0; blk < k / 256; ++blk, b += 56, v += 256, scx += 64) {
+  for (int blk = 0; blk < k / 256; ++blk, b += 56, v += 256, sc += 16) {
     const uint8_t* qs = b;
     const uint8_t* qh = b + 32;
-    uint16_t sc[4];
-    std::memcpy(sc, b + 48, 8);
+    uint16_t w[4];
+    std::memcpy(w, b + 48, 8);
     const auto bits =
-        static_cast<uint16_t>((sc[0] >> 12) | ((sc[1] >> 8) & 0xF0) | ((sc[2] >> 4) & 0xF00) | (sc[3] & 0xF000));
+        static_cast<uint16_t>((w[0] >> 12) | ((w[1] >> 8) & 0xF0) | ((w[2] >> 4) & 0xF00) | (w[3] & 0xF000));
     const float d = _cvtsh_ss(bits);
     for (int ib = 0; ib < 8; ++ib) {
       const int h0 = qh[2 * ib], h1 = qh[2 * ib + 1];
@@ -281,9 +263,7 @@ void dec_iq1_m(const uint8_t* b, int k, int8_t* v, float* scx, float* /*mn*/) {
       store32(v + 32 * ib, ternary(G.iq1s[q[0] | ((h0 & 7) << 8)], G.iq1s[q[1] | ((h0 >> 4 & 7) << 8)],
                                    G.iq1s[q[2] | ((h1 & 7) << 8)], G.iq1s[q[3] | ((h1 >> 4 & 7) << 8)], delta));
     }
-    float s[16];
-    for (int j = 0; j < 16; ++j) s[j] = d * static_cast<float>(2 * ((sc[j / 4] >> (3 * (j % 4))) & 7) + 1) * 0.125f;
-    expand_scales(s, 16, scx);
+    for (int j = 0; j < 16; ++j) sc[j] = d * static_cast<float>(2 * ((w[j / 4] >> (3 * (j % 4))) & 7) + 1) * 0.125f;
   }
 }
 

@@ -7,32 +7,34 @@
 namespace ep_moe {
 namespace cpu {
 
-DecodedRow decode_row(const QuantTraits& q, const uint8_t* row, int k, RowDecodeFn fast) {
-  thread_local std::vector<int8_t> v;
-  thread_local std::vector<float> scx, mn;
+DecodedRow decode_row(const QuantTraits& q, const uint8_t* row, int k, RowDecodeFn fast, int slot) {
+  struct Buffers {
+    std::vector<int8_t> v;
+    std::vector<float> sc, mn;
+  };
+  thread_local Buffers buf[4];
+  std::vector<int8_t>& v = buf[slot].v;
+  std::vector<float>& sc = buf[slot].sc;
+  std::vector<float>& mn = buf[slot].mn;
   const auto ku = static_cast<size_t>(k);
   if (v.size() < ku) {
     v.resize(ku);
-    scx.resize(ku / 4);
+    sc.resize(ku / 16);
     mn.resize(ku / 16);
   }
   if (fast) {
-    fast(row, k, v.data(), scx.data(), mn.data());
-    return DecodedRow{v.data(), scx.data(), mn.data()};
+    fast(row, k, v.data(), sc.data(), mn.data());
+    return DecodedRow{v.data(), sc.data(), mn.data()};
   }
   DecodedBlock db;
   const int e = q.block_elems, groups = e / 16;
   for (int b = 0; b < k / e; ++b) {
     q.decode(row + static_cast<size_t>(b) * static_cast<size_t>(q.block_bytes), &db);
     std::memcpy(v.data() + b * e, db.v, static_cast<size_t>(e));
-    for (int g = 0; g < groups; ++g) {
-      const auto at = static_cast<size_t>(b * groups + g);
-      float* s = scx.data() + 4 * at;
-      s[0] = s[1] = s[2] = s[3] = db.sc[g];
-      mn[at] = q.has_min ? db.mn[g] : 0.0f;
-    }
+    std::memcpy(sc.data() + b * groups, db.sc, static_cast<size_t>(groups) * 4);
+    if (q.has_min) std::memcpy(mn.data() + b * groups, db.mn, static_cast<size_t>(groups) * 4);
   }
-  return DecodedRow{v.data(), scx.data(), mn.data()};
+  return DecodedRow{v.data(), sc.data(), mn.data()};
 }
 
 namespace {
@@ -46,11 +48,14 @@ struct RowDotGeneric {
     for (int g = 0; g < k / 16; ++g) {
       int sum = 0;
       for (int i = 0; i < 16; ++i) sum += w.v[16 * g + i] * q[16 * g + i];
-      float part = w.scx[4 * g] * static_cast<float>(sum);
+      float part = w.sc[g] * static_cast<float>(sum);
       if (has_min) part += w.mn[g] * static_cast<float>(s[g]);
       acc += d[g / 2] * part;
     }
     return acc;
+  }
+  static void dot4(const DecodedRow* w, const void* arow, int k, bool has_min, float* out) {
+    for (int r = 0; r < 4; ++r) out[r] = dot(w[r], arow, k, has_min);
   }
 };
 }  // namespace

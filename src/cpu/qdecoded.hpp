@@ -20,29 +20,34 @@
 namespace ep_moe {
 namespace cpu {
 
-// One weight row of k elements decoded: v[k], scx[k / 4] (the scale of
-// each 4 elements: sc_g four times, the lanes of the vector kernels),
-// mn[k / 16] (the formats with offsets; else zeros).
+// One weight row of k elements decoded: v[k], sc[k / 16] (the scale of
+// each 16 elements), mn[k / 16] (the formats with offsets; else unused).
 struct DecodedRow {
   const int8_t* v;
-  const float* scx;
+  const float* sc;
   const float* mn;
 };
 // A vector decoder of one format: a row of k elements into v[k],
-// scx[k / 4] and (the formats with offsets) mn[k / 16], the same values as
-// the traits' decode gives.
-using RowDecodeFn = void (*)(const uint8_t* row, int k, int8_t* v, float* scx, float* mn);
+// sc[k / 16] and (the formats with offsets) mn[k / 16], the same values
+// as the traits' decode gives.
+using RowDecodeFn = void (*)(const uint8_t* row, int k, int8_t* v, float* sc, float* mn);
 // Decodes a row of blocks of format q into the calling thread's buffer
 // (valid until its next call), through `fast` where given, else the
 // traits' decode. Built for baseline x86-64 (qdecoded.cpp): the ISA files
 // share no inline code that could be emitted with their instructions.
-DecodedRow decode_row(const QuantTraits& q, const uint8_t* row, int k, RowDecodeFn fast);
+// Four buffers a thread (slot 0 .. 3), so that four rows can be decoded
+// and then read together.
+DecodedRow decode_row(const QuantTraits& q, const uint8_t* row, int k, RowDecodeFn fast, int slot = 0);
 // The AVX2 decoders (qdecode_avx2.cpp; every decoded format, null for
 // the rest), which the x86 tables take.
 RowDecodeFn row_decoder_avx2(ep_moe_dtype_t t);
 
 // RowDot: static float dot(const DecodedRow&, const void* act_row, int k,
-// bool has_min), and static RowDecodeFn decoder(ep_moe_dtype_t).
+// bool has_min); static void dot4(const DecodedRow* w, const void*
+// act_row, int k, bool has_min, float* out), the dots of four rows with
+// one activation row (which it reads once); and static RowDecodeFn
+// decoder(ep_moe_dtype_t). Four weight rows at a time are decoded, then
+// each activation row of the call is dotted with all four.
 template <int I, class RowDot>
 void qgemm_decoded(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc,
                    const void* /*next*/) {
@@ -50,8 +55,15 @@ void qgemm_decoded(int m, const void* const* a, int k, const void* panel, int nr
   const QuantTraits& q = *quant_traits(t);
   static const RowDecodeFn fast = RowDot::decoder(t);
   const size_t rb = static_cast<size_t>(k / q.block_elems) * static_cast<size_t>(q.block_bytes);
-  for (int j = 0; j < nr; ++j) {
-    const DecodedRow row = decode_row(q, static_cast<const uint8_t*>(panel) + static_cast<size_t>(j) * rb, k, fast);
+  const auto* w = static_cast<const uint8_t*>(panel);
+  int j = 0;
+  for (; j + 4 <= nr; j += 4) {
+    DecodedRow rows[4];
+    for (int r = 0; r < 4; ++r) rows[r] = decode_row(q, w + static_cast<size_t>(j + r) * rb, k, fast, r);
+    for (int i = 0; i < m; ++i) RowDot::dot4(rows, a[i], k, q.has_min, c + i * ldc + j);
+  }
+  for (; j < nr; ++j) {
+    const DecodedRow row = decode_row(q, w + static_cast<size_t>(j) * rb, k, fast);
     for (int i = 0; i < m; ++i) c[i * ldc + j] = RowDot::dot(row, a[i], k, q.has_min);
   }
 }

@@ -18,53 +18,64 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// sum_g d_a(g) (sc_g dot_g + mn_g asum_g) over groups [g0, g1), portably.
+inline float tail(const DecodedRow& w, const int8_t* q, const float* d, const int16_t* s, int g0, int g1,
+                  bool has_min) {
+  float acc = 0;
+  for (int g = g0; g < g1; ++g) {
+    int sum = 0;
+    for (int i = 0; i < 16; ++i) sum += w.v[16 * g + i] * q[16 * g + i];
+    float part = w.sc[g] * static_cast<float>(sum);
+    if (has_min) part += w.mn[g] * static_cast<float>(s[g]);
+    acc += d[g / 2] * part;
+  }
+  return acc;
+}
+
+// 32 values' dot: 8 int32 lanes of 4 products each (lanes 0-3 the first
+// 16 values, 4-7 the second).
+inline __m256i dot32(const int8_t* v, const int8_t* q) {
+  const __m256i vv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v));
+  const __m256i qq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(vv, vv), _mm256_sign_epi8(qq, vv)),
+                           _mm256_set1_epi16(1));
+}
+
 struct RowDotAvx2 {
   static RowDecodeFn decoder(ep_moe_dtype_t t) { return row_decoder_avx2(t); }
   static float dot(const DecodedRow& w, const void* arow, int k, bool has_min) {
     const int8_t* q = act_q(arow);
     const float* d = act_d(arow, k);
-    const int8_t* v = w.v;
-    const float* scx = w.scx;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const int16_t* s = act_s(arow, k);
+    // Per 128 values (8 groups): the groups' sc d_a, then each 32 values'
+    // lanes scaled by their two groups'.
+    const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), m = _mm256_setzero_ps();
     int b = 0;
-    for (; b + 2 <= k / 32; b += 2) {
-      for (int u = 0; u < 2; ++u) {
-        const __m256i vv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32 * (b + u)));
-        const __m256i qq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * (b + u)));
-        const __m256i p =
-            _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(vv, vv), _mm256_sign_epi8(qq, vv)), ones);
-        const __m256 sc = _mm256_mul_ps(_mm256_loadu_ps(scx + 8 * (b + u)), _mm256_broadcast_ss(d + b + u));
-        if (u == 0) acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc0);
-        else acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc1);
-      }
-    }
-    for (; b < k / 32; ++b) {
-      const __m256i vv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32 * b));
-      const __m256i qq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * b));
-      const __m256i p =
-          _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(vv, vv), _mm256_sign_epi8(qq, vv)), ones);
-      const __m256 sc = _mm256_mul_ps(_mm256_loadu_ps(scx + 8 * b), _mm256_broadcast_ss(d + b));
-      acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc0);
-    }
-    float acc = hsum(_mm256_add_ps(acc0, acc1));
-    if (has_min) {
-      // sum_g mn_g d_a(g) asum_g, 8 groups (128 elements) at a time.
-      const int16_t* s = act_s(arow, k);
-      const float* mn = w.mn;
-      const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-      __m256 m = _mm256_setzero_ps();
-      int g = 0;
-      for (; g + 8 <= k / 16; g += 8) {
+    for (; b + 128 <= k; b += 128) {
+      const __m256 da = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(d + b / 32)), dup);
+      const __m256 ls = _mm256_mul_ps(_mm256_loadu_ps(w.sc + b / 16), da);
+      const __m256 l0 = _mm256_permutevar8x32_ps(ls, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+      const __m256 l1 = _mm256_permutevar8x32_ps(ls, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3));
+      const __m256 l2 = _mm256_permutevar8x32_ps(ls, _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5));
+      const __m256 l3 = _mm256_permutevar8x32_ps(ls, _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7));
+      acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(w.v + b, q + b)), l0, acc0);
+      acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(w.v + b + 32, q + b + 32)), l1, acc1);
+      acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(w.v + b + 64, q + b + 64)), l2, acc0);
+      acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(w.v + b + 96, q + b + 96)), l3, acc1);
+      if (has_min) {
+        // sum_g mn_g d_a(g) asum_g over the 8 groups.
         const __m256 sf =
-            _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + g))));
-        const __m256 dd = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(d + g / 2)), dup);
-        m = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(mn + g), sf), dd, m);
+            _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + b / 16))));
+        m = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(w.mn + b / 16), sf), da, m);
       }
-      acc += hsum(m);
-      for (; g < k / 16; ++g) acc += d[g / 2] * (mn[g] * static_cast<float>(s[g]));
     }
-    return acc;
+    return hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), m)) + tail(w, q, d, s, b / 16, k / 16, has_min);
+  }
+  // maddubs carries each weight's sign into the activations, so four rows
+  // share only the activation rows' loads, which stay in L1: four dots.
+  static void dot4(const DecodedRow* w, const void* arow, int k, bool has_min, float* out) {
+    for (int r = 0; r < 4; ++r) out[r] = dot(w[r], arow, k, has_min);
   }
 };
 

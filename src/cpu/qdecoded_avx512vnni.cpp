@@ -22,55 +22,97 @@ inline float hsum(__m512 v) {
   return _mm_cvtss_f32(s);
 }
 
+// sum_g d_a(g) (sc_g dot_g + mn_g asum_g) over groups [g0, g1), portably.
+inline float tail(const DecodedRow& w, const int8_t* q, const float* d, const int16_t* s, int g0, int g1,
+                  bool has_min) {
+  float acc = 0;
+  for (int g = g0; g < g1; ++g) {
+    int sum = 0;
+    for (int i = 0; i < 16; ++i) sum += w.v[16 * g + i] * q[16 * g + i];
+    float part = w.sc[g] * static_cast<float>(sum);
+    if (has_min) part += w.mn[g] * static_cast<float>(s[g]);
+    acc += d[g / 2] * part;
+  }
+  return acc;
+}
+
+// 64 values' dot: 16 int32 lanes of 4 products each (lanes 4 j .. 4 j + 3
+// group j of the 4), exact: vpdpbusd of v + 128 as u8, less 128 sum(q).
+inline __m512i dot64(const int8_t* v, const int8_t* q) {
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i qq = _mm512_loadu_si512(q);
+  return _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(_mm512_loadu_si512(v), bias), qq),
+                          _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, qq));
+}
+
 struct RowDotAvx512Vnni {
   static RowDecodeFn decoder(ep_moe_dtype_t t) { return row_decoder_avx2(t); }
   static float dot(const DecodedRow& w, const void* arow, int k, bool has_min) {
     const int8_t* q = act_q(arow);
     const float* d = act_d(arow, k);
-    const int8_t* v = w.v;
-    const float* scx = w.scx;
-    const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
-    // d_a of each lane: elements 32 h .. 32 h + 31 are lanes 8 h .. 8 h + 7.
-    const __m512i half = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    const int16_t* s = act_s(arow, k);
+    // Per 256 values (16 groups): the groups' sc d_a, then each 64 values'
+    // lanes scaled by their four groups'.
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i four = _mm512_set1_epi32(4);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), m = _mm512_setzero_ps();
     int b = 0;
-    const auto step = [&](int at, __m512& acc) {
-      const __m512i vv = _mm512_xor_si512(_mm512_loadu_si512(v + at), bias);
-      const __m512i qq = _mm512_loadu_si512(q + at);
-      const __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), vv, qq),
-                                         _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, qq));
-      const __m512 da = _mm512_permutexvar_ps(
-          half, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(d + at / 32)))));
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(_mm512_loadu_ps(scx + at / 4), da), acc);
-    };
-    for (; b + 128 <= k; b += 128) {
-      step(b, acc0);
-      step(b + 64, acc1);
-    }
-    for (; b + 64 <= k; b += 64) step(b, acc0);
-    float acc = hsum(_mm512_add_ps(acc0, acc1));
-    // A last 32 (k an odd multiple of 32: the 32-element formats).
-    for (; b < k; b += 16) {
-      int sum = 0;
-      for (int i = 0; i < 16; ++i) sum += v[b + i] * q[b + i];
-      acc += d[b / 32] * (scx[b / 4] * static_cast<float>(sum));
-    }
-    if (has_min) {
-      const int16_t* s = act_s(arow, k);
-      const float* mn = w.mn;
-      const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-      __m512 m = _mm512_setzero_ps();
-      int g = 0;
-      for (; g + 16 <= k / 16; g += 16) {
-        const __m512 sf =
-            _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + g))));
-        const __m512 dd = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(d + g / 2)));
-        m = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(mn + g), sf), dd, m);
+    for (; b + 256 <= k; b += 256) {
+      const __m512 da = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(d + b / 32)));
+      const __m512 ls = _mm512_mul_ps(_mm512_loadu_ps(w.sc + b / 16), da);
+      __m512i idx = quad;
+      for (int c = 0; c < 4; c += 2) {
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot64(w.v + b + 64 * c, q + b + 64 * c)),
+                               _mm512_permutexvar_ps(idx, ls), acc0);
+        idx = _mm512_add_epi32(idx, four);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot64(w.v + b + 64 * c + 64, q + b + 64 * c + 64)),
+                               _mm512_permutexvar_ps(idx, ls), acc1);
+        idx = _mm512_add_epi32(idx, four);
       }
-      acc += hsum(m);
-      for (; g < k / 16; ++g) acc += d[g / 2] * (mn[g] * static_cast<float>(s[g]));
+      if (has_min) {
+        const __m512 sf =
+            _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + b / 16))));
+        m = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(w.mn + b / 16), sf), da, m);
+      }
     }
-    return acc;
+    return hsum(_mm512_add_ps(_mm512_add_ps(acc0, acc1), m)) + tail(w, q, d, s, b / 16, k / 16, has_min);
+  }
+  // Four rows against one activation row: its loads and its 128 sum(q)
+  // correction shared.
+  static void dot4(const DecodedRow* w, const void* arow, int k, bool has_min, float* out) {
+    const int8_t* q = act_q(arow);
+    const float* d = act_d(arow, k);
+    const int16_t* s = act_s(arow, k);
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i four = _mm512_set1_epi32(4);
+    const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    int b = 0;
+    for (; b + 256 <= k; b += 256) {
+      const __m512 da = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(d + b / 32)));
+      __m512 ls[4];
+      for (int r = 0; r < 4; ++r) ls[r] = _mm512_mul_ps(_mm512_loadu_ps(w[r].sc + b / 16), da);
+      __m512i idx = quad;
+      for (int c = 0; c < 4; ++c, idx = _mm512_add_epi32(idx, four)) {
+        const int at = b + 64 * c;
+        const __m512i qq = _mm512_loadu_si512(q + at);
+        const __m512i corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, qq);
+        for (int r = 0; r < 4; ++r) {
+          const __m512i vv = _mm512_xor_si512(_mm512_loadu_si512(w[r].v + at), bias);
+          const __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), vv, qq), corr);
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(idx, ls[r]), acc[r]);
+        }
+      }
+      if (has_min) {
+        const __m512 sd = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + b / 16)))),
+            da);
+        for (int r = 0; r < 4; ++r) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w[r].mn + b / 16), sd, acc[r]);
+      }
+    }
+    for (int r = 0; r < 4; ++r) out[r] = hsum(acc[r]) + tail(w[r], q, d, s, b / 16, k / 16, has_min);
   }
 };
 

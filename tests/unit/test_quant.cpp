@@ -514,8 +514,8 @@ TEST_CASE("the AVX2 row decoders give the portable decode's values, every decode
         set_scales(t, row.data() + b * q.block_bytes, f32_to_f16(std::ldexp(mag(rng), -(byte(rng) % 12))),
                    f32_to_f16(mag(rng)));
       std::vector<int8_t> v(static_cast<size_t>(k));
-      std::vector<float> scx(static_cast<size_t>(k / 4)), mn(static_cast<size_t>(k / 16), 0.0f);
-      fast(row.data(), k, v.data(), scx.data(), mn.data());
+      std::vector<float> sc(static_cast<size_t>(k / 16)), mn(static_cast<size_t>(k / 16), 0.0f);
+      fast(row.data(), k, v.data(), sc.data(), mn.data());
       int wrong = 0;
       for (int b = 0; b < blocks; ++b) {
         DecodedBlock db;
@@ -523,7 +523,7 @@ TEST_CASE("the AVX2 row decoders give the portable decode's values, every decode
         for (int i = 0; i < q.block_elems; ++i) {
           const int at = b * q.block_elems + i;
           wrong += v[static_cast<size_t>(at)] != db.v[i];
-          wrong += std::memcmp(&scx[static_cast<size_t>(at / 4)], &db.sc[i / 16], 4) != 0;
+          wrong += std::memcmp(&sc[static_cast<size_t>(at / 16)], &db.sc[i / 16], 4) != 0;
           if (q.has_min) wrong += std::memcmp(&mn[static_cast<size_t>(at / 16)], &db.mn[i / 16], 4) != 0;
         }
       }
