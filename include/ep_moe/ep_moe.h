@@ -281,6 +281,42 @@ EP_MOE_API ep_moe_status_t ep_moe_dtype_block(int64_t* out_elems, int64_t* out_b
  */
 EP_MOE_API const char* ep_moe_dtype_name(ep_moe_dtype_t dtype);
 
+/**
+ * \brief Quantizes a [rows, cols] f32 matrix into a block format, row by
+ * row (ep_moe's own quantizers: one scale per sub-block from its range,
+ * values rounded to the nearest level or grid point; docs/quantization.md).
+ * For weights a caller holds in floats and wants kept in blocks of
+ * another format than the layer's weight_dtype (a down projection in
+ * Q3_K beside gate/up in IQ2_XXS, as GGUF "dynamic" quants lay out).
+ * \param[out] out   rows x cols / block_elems blocks (ep_moe_dtype_block()).
+ * \param[in]  dtype A block format (EP_MOE_DTYPE_Q8_0 ...).
+ * \param[in]  in    rows x cols finite floats, row-major.
+ * \param[in]  rows  >= 0.
+ * \param[in]  cols  >= 0, a multiple of the format's block elements.
+ * \return ::EP_MOE_OK, or ::EP_MOE_ERR_INVALID_ARGUMENT (a dtype that is
+ *         not a block format, NULL pointers with elements to convert, a
+ *         shape that is not whole blocks, a non-finite input, named by
+ *         its row and column); `out` is untouched on failure.
+ * \since 0.4
+ */
+EP_MOE_API ep_moe_status_t ep_moe_quantize(void* out, ep_moe_dtype_t dtype, const float* in, int64_t rows,
+                                           int64_t cols);
+
+/**
+ * \brief Dequantizes a [rows, cols] matrix of blocks into f32, exactly as
+ * GGUF defines each format (bit for bit gguf.quants.dequantize's values).
+ * \param[out] out   rows x cols floats.
+ * \param[in]  in    rows x cols / block_elems blocks of dtype.
+ * \param[in]  dtype A block format.
+ * \param[in]  rows  >= 0.
+ * \param[in]  cols  >= 0, a multiple of the format's block elements.
+ * \return ::EP_MOE_OK, or ::EP_MOE_ERR_INVALID_ARGUMENT as for
+ *         ep_moe_quantize().
+ * \since 0.4
+ */
+EP_MOE_API ep_moe_status_t ep_moe_dequantize(float* out, const void* in, ep_moe_dtype_t dtype, int64_t rows,
+                                             int64_t cols);
+
 /** @} */
 
 /** \defgroup ep_moe_map Expert map manager

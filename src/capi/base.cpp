@@ -1,4 +1,6 @@
 // C API: versions, statuses, features, logging, thread-local errors.
+#include <cmath>
+
 #include "backend/modules.hpp"
 #include "cpu/matrix_engine.hpp"
 #include "capi/handle.hpp"
@@ -83,6 +85,41 @@ ep_moe_status_t ep_moe_dtype_block(int64_t* out_elems, int64_t* out_bytes, ep_mo
 
 const char* ep_moe_dtype_name(ep_moe_dtype_t dtype) {
   return dtype_valid(dtype) || dtype_is_quant(dtype) ? dtype_name(dtype) : nullptr;
+}
+
+namespace {
+// The checks ep_moe_quantize and ep_moe_dequantize share.
+void check_blocks_call(ep_moe_dtype_t dtype, const void* out, const void* in, int64_t rows, int64_t cols) {
+  EP_MOE_CHECK_ARG(dtype_is_quant(dtype), "dtype %d is not a block format", static_cast<int>(dtype));
+  EP_MOE_CHECK_ARG(rows >= 0 && cols >= 0, "rows %lld and cols %lld must be >= 0", static_cast<long long>(rows),
+                   static_cast<long long>(cols));
+  const int qk = quant_block_elems(dtype);
+  EP_MOE_CHECK_ARG(cols % qk == 0, "%s rows are whole blocks of %d elements; cols %lld is not", dtype_name(dtype), qk,
+                   static_cast<long long>(cols));
+  EP_MOE_CHECK_ARG(rows == 0 || cols == 0 || (out != nullptr && in != nullptr), "out or in is NULL");
+}
+}  // namespace
+
+ep_moe_status_t ep_moe_quantize(void* out, ep_moe_dtype_t dtype, const float* in, int64_t rows, int64_t cols) {
+  return guard(__func__, nullptr, Kind::ExpertMap, [&] {
+    check_blocks_call(dtype, out, in, rows, cols);
+    const auto n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
+    for (size_t i = 0; i < n; ++i)
+      EP_MOE_CHECK_ARG(std::isfinite(in[i]), "in[%lld][%lld] is not finite", static_cast<long long>(i / cols),
+                       static_cast<long long>(i % cols));
+    const size_t rb = quant_row_bytes(dtype, cols);
+    for (int64_t r = 0; r < rows; ++r)
+      quantize_row(dtype, in + r * cols, static_cast<char*>(out) + static_cast<size_t>(r) * rb, cols);
+  });
+}
+
+ep_moe_status_t ep_moe_dequantize(float* out, const void* in, ep_moe_dtype_t dtype, int64_t rows, int64_t cols) {
+  return guard(__func__, nullptr, Kind::ExpertMap, [&] {
+    check_blocks_call(dtype, out, in, rows, cols);
+    const size_t rb = quant_row_bytes(dtype, cols);
+    for (int64_t r = 0; r < rows; ++r)
+      dequantize_row(dtype, static_cast<const char*>(in) + static_cast<size_t>(r) * rb, out + r * cols, cols);
+  });
 }
 
 ep_moe_status_t ep_moe_set_log_callback(ep_moe_log_fn fn, ep_moe_log_level_t max_level, void* user_data) {

@@ -96,9 +96,9 @@ inline __m256i nibbles32(const uint8_t* qs) {
 }
 // 16 where bit i of qh is set, for the 32 values.
 inline __m256i fifth_bits(uint32_t qh) {
-  const __m256i rep = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
-                                          _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2,
-                                                           2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i rep = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(qh)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
   const __m256i bit = _mm256_set1_epi64x(0x8040201008040201ll);
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(rep, bit), bit), _mm256_set1_epi8(16));
 }
@@ -155,9 +155,9 @@ void dec_iq2_xs(const uint8_t* b, int k, int8_t* v, float* sc, float* /*mn*/) {
     for (int l = 0; l < 32; l += 4) {
       const uint16_t q0 = rd16(b + 2 + 2 * l), q1 = rd16(b + 4 + 2 * l), q2 = rd16(b + 6 + 2 * l),
                      q3 = rd16(b + 8 + 2 * l);
-      store32(v + 8 * l, signed_grid(G.iq2xs[q0 & 511], G.iq2xs[q1 & 511], G.iq2xs[q2 & 511], G.iq2xs[q3 & 511],
-                                     G.sign_mask[q0 >> 9], G.sign_mask[q1 >> 9], G.sign_mask[q2 >> 9],
-                                     G.sign_mask[q3 >> 9]));
+      store32(v + 8 * l,
+              signed_grid(G.iq2xs[q0 & 511], G.iq2xs[q1 & 511], G.iq2xs[q2 & 511], G.iq2xs[q3 & 511],
+                          G.sign_mask[q0 >> 9], G.sign_mask[q1 >> 9], G.sign_mask[q2 >> 9], G.sign_mask[q3 >> 9]));
     }
     iq2_scales16(f16at(b), b + 66, sc);
   }
@@ -171,11 +171,10 @@ void dec_iq2_s(const uint8_t* b, int k, int8_t* v, float* sc, float* /*mn*/) {
     const uint8_t* qh = b + 66;
     for (int l = 0; l < 32; l += 4) {
       const int h = qh[l / 4];
-      store32(v + 8 * l,
-              signed_grid(G.iq2s[qs[l] | ((h & 3) << 8)], G.iq2s[qs[l + 1] | ((h >> 2 & 3) << 8)],
-                          G.iq2s[qs[l + 2] | ((h >> 4 & 3) << 8)], G.iq2s[qs[l + 3] | ((h >> 6) << 8)],
-                          G.bit_mask[signs[l]], G.bit_mask[signs[l + 1]], G.bit_mask[signs[l + 2]],
-                          G.bit_mask[signs[l + 3]]));
+      store32(v + 8 * l, signed_grid(G.iq2s[qs[l] | ((h & 3) << 8)], G.iq2s[qs[l + 1] | ((h >> 2 & 3) << 8)],
+                                     G.iq2s[qs[l + 2] | ((h >> 4 & 3) << 8)], G.iq2s[qs[l + 3] | ((h >> 6) << 8)],
+                                     G.bit_mask[signs[l]], G.bit_mask[signs[l + 1]], G.bit_mask[signs[l + 2]],
+                                     G.bit_mask[signs[l + 3]]));
     }
     iq2_scales16(f16at(b), b + 74, sc);
   }

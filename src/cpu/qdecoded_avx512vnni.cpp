@@ -41,8 +41,9 @@ inline float tail(const DecodedRow& w, const int8_t* q, const float* d, const in
 inline __m512i dot64(const int8_t* v, const int8_t* q) {
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
   const __m512i qq = _mm512_loadu_si512(q);
-  return _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(_mm512_loadu_si512(v), bias), qq),
-                          _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, qq));
+  return _mm512_sub_epi32(
+      _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(_mm512_loadu_si512(v), bias), qq),
+      _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, qq));
 }
 
 struct RowDotAvx512Vnni {

@@ -6,6 +6,7 @@
 // and fails when one of them has no row in the table.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -211,6 +212,41 @@ ROW(ep_moe_dtype_name) {
   CHECK(ep_moe_dtype_name(static_cast<ep_moe_dtype_t>(-1)) == nullptr);
   CHECK(std::string(ep_moe_dtype_name(EP_MOE_DTYPE_BF16)) == "bf16");
   CHECK(std::string(ep_moe_dtype_name(EP_MOE_DTYPE_IQ2_XXS)) == "iq2_xxs");
+}
+ROW(ep_moe_quantize) {
+  (void)f;
+  std::vector<float> x(64, 0.5f);
+  std::vector<uint8_t> out(2 * 34, 0xAB);
+  const std::vector<uint8_t> before = out;
+  BAD(ep_moe_quantize(out.data(), EP_MOE_DTYPE_BF16, x.data(), 2, 32), ARG);  // not a block format
+  BAD(ep_moe_quantize(out.data(), static_cast<ep_moe_dtype_t>(kBadEnum), x.data(), 2, 32), ARG);
+  BAD(ep_moe_quantize(out.data(), EP_MOE_DTYPE_Q8_0, x.data(), 2, 31), ARG);  // not whole blocks
+  BAD(ep_moe_quantize(out.data(), EP_MOE_DTYPE_Q8_0, x.data(), -1, 32), ARG);
+  BAD(ep_moe_quantize(nullptr, EP_MOE_DTYPE_Q8_0, x.data(), 2, 32), ARG);
+  BAD(ep_moe_quantize(out.data(), EP_MOE_DTYPE_Q8_0, nullptr, 2, 32), ARG);
+  x[40] = NAN;
+  BAD(ep_moe_quantize(out.data(), EP_MOE_DTYPE_Q8_0, x.data(), 2, 32), ARG);
+  CHECK(std::string(ep_moe_last_error()).find("in[1][8]") != std::string::npos);
+  CHECK(out == before);  // untouched on failure
+  x[40] = 0.25f;
+  CHECK(ep_moe_quantize(nullptr, EP_MOE_DTYPE_Q8_0, nullptr, 0, 32) == EP_MOE_OK);
+  CHECK(ep_moe_quantize(out.data(), EP_MOE_DTYPE_Q8_0, x.data(), 2, 32) == EP_MOE_OK);
+  std::vector<float> back(64);
+  CHECK(ep_moe_dequantize(back.data(), out.data(), EP_MOE_DTYPE_Q8_0, 2, 32) == EP_MOE_OK);
+  CHECK(std::fabs(back[40] - 0.25f) < 0.005f);  // within a Q8_0 step (0.5 / 127)
+}
+ROW(ep_moe_dequantize) {
+  (void)f;
+  std::vector<uint8_t> in(34, 0);
+  std::vector<float> out(32, -7.0f);
+  BAD(ep_moe_dequantize(out.data(), in.data(), EP_MOE_DTYPE_F32, 1, 32), ARG);
+  BAD(ep_moe_dequantize(out.data(), in.data(), EP_MOE_DTYPE_Q8_0, 1, 16), ARG);
+  BAD(ep_moe_dequantize(out.data(), in.data(), EP_MOE_DTYPE_Q8_0, 1, -32), ARG);
+  BAD(ep_moe_dequantize(nullptr, in.data(), EP_MOE_DTYPE_Q8_0, 1, 32), ARG);
+  BAD(ep_moe_dequantize(out.data(), nullptr, EP_MOE_DTYPE_Q8_0, 1, 32), ARG);
+  CHECK(out[0] == -7.0f);  // untouched on failure
+  CHECK(ep_moe_dequantize(out.data(), in.data(), EP_MOE_DTYPE_Q8_0, 1, 32) == EP_MOE_OK);
+  CHECK(out[0] == 0.0f);
 }
 ROW(ep_moe_dtype_block) {
   (void)f;

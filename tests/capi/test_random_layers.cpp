@@ -36,7 +36,7 @@ T pick(Rng& g, const T (&v)[N]) {
 // The test-side dtype code (ref::F32, BF16, F16) of a float dtype.
 int ref_dt(int32_t t) { return t == EP_MOE_DTYPE_F32 ? ref::F32 : t == EP_MOE_DTYPE_BF16 ? ref::BF16 : ref::F16; }
 
-bool is_block_format(ep_moe_dtype_t t) { return t >= EP_MOE_DTYPE_Q8_0 && t <= EP_MOE_DTYPE_MXFP4; }
+bool is_block_format(ep_moe_dtype_t t) { return t >= EP_MOE_DTYPE_Q8_0 && t <= EP_MOE_DTYPE_IQ1_M; }
 
 // A [rows, cols] weight in dtype t with values of about 1/sqrt(cols)
 // (block formats: random valid blocks of that magnitude).
@@ -64,9 +64,12 @@ Drawn draw(Rng& g) {
   Drawn d;
   ep_moe_layer_config_t& c = d.lc;
   ep_moe_layer_config_init(&c);
-  const ep_moe_dtype_t wts[] = {EP_MOE_DTYPE_F32,    EP_MOE_DTYPE_BF16, EP_MOE_DTYPE_F16,  EP_MOE_DTYPE_Q8_0,
-                                EP_MOE_DTYPE_Q4_0,   EP_MOE_DTYPE_Q4_K, EP_MOE_DTYPE_Q5_K, EP_MOE_DTYPE_Q6_K,
-                                EP_MOE_DTYPE_IQ4_XS, EP_MOE_DTYPE_MXFP4};
+  const ep_moe_dtype_t wts[] = {EP_MOE_DTYPE_F32,     EP_MOE_DTYPE_BF16,   EP_MOE_DTYPE_F16,   EP_MOE_DTYPE_Q8_0,
+                                EP_MOE_DTYPE_Q4_0,    EP_MOE_DTYPE_Q4_K,   EP_MOE_DTYPE_Q5_K,  EP_MOE_DTYPE_Q6_K,
+                                EP_MOE_DTYPE_IQ4_XS,  EP_MOE_DTYPE_MXFP4,  EP_MOE_DTYPE_Q2_K,  EP_MOE_DTYPE_Q3_K,
+                                EP_MOE_DTYPE_Q4_1,    EP_MOE_DTYPE_Q5_0,   EP_MOE_DTYPE_Q5_1,  EP_MOE_DTYPE_IQ4_NL,
+                                EP_MOE_DTYPE_IQ2_XXS, EP_MOE_DTYPE_IQ2_XS, EP_MOE_DTYPE_IQ2_S, EP_MOE_DTYPE_IQ3_XXS,
+                                EP_MOE_DTYPE_IQ3_S,   EP_MOE_DTYPE_IQ1_S,  EP_MOE_DTYPE_IQ1_M};
   const ep_moe_dtype_t w = pick(g, wts);
   int64_t elems = 1;
   REQUIRE(ep_moe_dtype_block(&elems, nullptr, w) == EP_MOE_OK);  // 1 for f32, bf16, f16
@@ -109,8 +112,11 @@ Drawn draw(Rng& g) {
   c.skip_mode = c.dispatch_mode == EP_MOE_DISPATCH_ALLGATHER ? pick(g, 0, 1) : EP_MOE_SKIP_TOKENS;
   d.down_dtype = w;
   if (elems > 1 && pick(g, 0, 2) == 0) {  // another block format for down, of the same block size
-    const ep_moe_dtype_t k256[] = {EP_MOE_DTYPE_Q4_K, EP_MOE_DTYPE_Q5_K, EP_MOE_DTYPE_Q6_K, EP_MOE_DTYPE_IQ4_XS};
-    const ep_moe_dtype_t k32[] = {EP_MOE_DTYPE_Q8_0, EP_MOE_DTYPE_Q4_0, EP_MOE_DTYPE_MXFP4};
+    const ep_moe_dtype_t k256[] = {EP_MOE_DTYPE_Q4_K,    EP_MOE_DTYPE_Q5_K, EP_MOE_DTYPE_Q6_K,    EP_MOE_DTYPE_IQ4_XS,
+                                   EP_MOE_DTYPE_Q2_K,    EP_MOE_DTYPE_Q3_K, EP_MOE_DTYPE_IQ2_XXS, EP_MOE_DTYPE_IQ2_S,
+                                   EP_MOE_DTYPE_IQ3_XXS, EP_MOE_DTYPE_IQ1_M};
+    const ep_moe_dtype_t k32[] = {EP_MOE_DTYPE_Q8_0, EP_MOE_DTYPE_Q4_0, EP_MOE_DTYPE_MXFP4,
+                                  EP_MOE_DTYPE_Q5_0, EP_MOE_DTYPE_Q5_1, EP_MOE_DTYPE_IQ4_NL};
     d.down_dtype = elems == 256 ? pick(g, k256) : pick(g, k32);
   }
   return d;

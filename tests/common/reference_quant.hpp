@@ -1,7 +1,11 @@
 // Test-side GGUF block formats, written from the format definitions and
 // sharing no code with the library: random valid blocks of a given
 // magnitude, their dequantization in double, and the int8 activation
-// quantization the kernels state (ep_moe.h, docs/quantization.md).
+// quantization the kernels state (ep_moe.h, docs/quantization.md). The
+// grid formats (IQ2_*, IQ3_*, IQ1_*) are the exception: their values come
+// from the public ep_moe_dequantize, which io.quant_against_gguf holds to
+// gguf.quants.dequantize bit for bit (their grids are tables of hundreds
+// of entries that a second copy here would only duplicate).
 #pragma once
 
 #include <cmath>
@@ -10,14 +14,39 @@
 #include <random>
 #include <vector>
 
+#include "ep_moe/ep_moe.h"
 #include "reference_moe.hpp"
 
 namespace refq {
 
 // Public ep_moe_dtype_t values of the block formats.
-enum Type { Q8_0 = 6, Q4_0 = 7, Q4_K = 8, Q5_K = 9, Q6_K = 10, IQ4_XS = 11, MXFP4 = 12 };
+enum Type {
+  Q8_0 = 6,
+  Q4_0 = 7,
+  Q4_K = 8,
+  Q5_K = 9,
+  Q6_K = 10,
+  IQ4_XS = 11,
+  MXFP4 = 12,
+  Q2_K = 13,
+  Q3_K = 14,
+  Q4_1 = 15,
+  Q5_0 = 16,
+  Q5_1 = 17,
+  IQ4_NL = 18,
+  IQ2_XXS = 19,
+  IQ2_XS = 20,
+  IQ2_S = 21,
+  IQ3_XXS = 22,
+  IQ3_S = 23,
+  IQ1_S = 24,
+  IQ1_M = 25
+};
 
-inline int block_elems(int t) { return (t == Q8_0 || t == Q4_0 || t == MXFP4) ? 32 : 256; }
+inline bool is_grid(int t) { return t >= IQ2_XXS && t <= IQ1_M; }
+inline int block_elems(int t) {
+  return (t == Q8_0 || t == Q4_0 || t == MXFP4 || t == Q4_1 || t == Q5_0 || t == Q5_1 || t == IQ4_NL) ? 32 : 256;
+}
 inline int block_bytes(int t) {
   switch (t) {
     case Q8_0: return 34;
@@ -26,7 +55,20 @@ inline int block_bytes(int t) {
     case Q4_K: return 144;
     case Q5_K: return 176;
     case Q6_K: return 210;
-    default: return 136;  // IQ4_XS
+    case IQ4_XS: return 136;
+    case Q2_K: return 84;
+    case Q3_K: return 110;
+    case Q4_1: return 20;
+    case Q5_0: return 22;
+    case Q5_1: return 24;
+    case IQ4_NL: return 18;
+    case IQ2_XXS: return 66;
+    case IQ2_XS: return 74;
+    case IQ2_S: return 82;
+    case IQ3_XXS: return 98;
+    case IQ3_S: return 110;
+    case IQ1_S: return 50;
+    default: return 56;  // IQ1_M
   }
 }
 // The block size of the activations the kernels quantize for weights of t.
@@ -91,6 +133,44 @@ inline void dequant_block(int t, const uint8_t* b, double* y) {
         y[e] = h16(b + 208) * static_cast<int8_t>(b[192 + e / 16]) * q;
       }
       return;
+    case Q4_1:
+    case Q5_0:
+    case Q5_1:
+    case IQ4_NL: {
+      // d (f16), [m (f16)], [32 fifth bits], 16 bytes of nibbles: element i
+      // < 16 the low nibble of byte i, else the high one of byte i - 16.
+      const int qs = t == Q4_1 ? 4 : t == Q5_0 ? 6 : t == Q5_1 ? 8 : 2;
+      const uint32_t qh =
+          t == Q5_0 || t == Q5_1
+              ? static_cast<uint32_t>(b[qs - 4] | (b[qs - 3] << 8) | (b[qs - 2] << 16) | (b[qs - 1] << 24))
+              : 0;
+      for (int i = 0; i < 32; ++i) {
+        const int nib = i < 16 ? lo(b[qs + i]) : hi(b[qs + i - 16]);
+        const int q = nib + 16 * static_cast<int>((qh >> i) & 1);
+        y[i] = t == Q4_1 || t == Q5_1 ? h16(b) * q + h16(b + 2) : t == Q5_0 ? h16(b) * (q - 16) : h16(b) * kIq4nl[nib];
+      }
+      return;
+    }
+    case Q2_K:
+      // scales[16] (low nibble scale, high nibble min), qs[64], d, dmin:
+      // element 128 h + 32 s + i is bits 2 s of qs[32 h + i].
+      for (int e = 0; e < 256; ++e) {
+        const int q = (b[16 + 32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3;
+        y[e] = h16(b + 80) * lo(b[e / 16]) * q - h16(b + 82) * hi(b[e / 16]);
+      }
+      return;
+    case Q3_K:
+      // hmask[32], qs[64] (as Q2_K's), 12 bytes of 6-bit scales (offset
+      // 32), d: a clear bit e / 32 of hmask[e % 32] subtracts 4.
+      for (int e = 0; e < 256; ++e) {
+        const int q =
+            ((b[32 + 32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3) - 4 * !((b[e % 32] >> (e / 32)) & 1);
+        const int j = e / 16;
+        const int sc =
+            ((j < 8 ? lo(b[96 + j]) : hi(b[96 + j - 8])) | (((b[104 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
+        y[e] = h16(b + 108) * sc * q;
+      }
+      return;
     default: {  // IQ4_XS
       const int sh = b[2] | (b[3] << 8);
       for (int j = 0; j < 8; ++j) {
@@ -130,8 +210,38 @@ inline std::vector<uint8_t> random_blocks(int t, int rows, int cols, float scale
         put16(b + 208, s / (64 * 32));
         for (int g = 0; g < 16; ++g) b[192 + g] = static_cast<uint8_t>(static_cast<int8_t>(byte(rng) % 255 - 127));
         break;
-      default: put16(b, s / (16 * 64)); break;  // IQ4_XS
+      case IQ4_XS: put16(b, s / (16 * 64)); break;
+      case Q4_1:
+      case Q5_1:
+        put16(b, s / (t == Q4_1 ? 8 : 16));
+        put16(b + 2, -s);
+        break;
+      case Q5_0: put16(b, s / 16); break;
+      case IQ4_NL: put16(b, s / 64); break;
+      case Q2_K:
+        put16(b + 80, s / 24);
+        put16(b + 82, s / 16);
+        break;
+      case Q3_K: put16(b + 108, s / 128); break;
+      case IQ2_XXS:
+      case IQ2_XS:
+      case IQ2_S: put16(b, s / 86); break;
+      case IQ3_XXS: put16(b, s / 250); break;
+      case IQ3_S: put16(b, s / 240); break;
+      case IQ1_S: put16(b, s / 8); break;
+      default: {  // IQ1_M: its f16 scale in the top nibbles of 4 u16 words
+        const uint16_t h = ref::to_f16(s / 8);
+        for (int w = 0; w < 4; ++w)
+          b[49 + 2 * w] = static_cast<uint8_t>((b[49 + 2 * w] & 0x0F) | ((h >> (4 * w)) & 0xF) << 4);
+        break;
+      }
     }
+  }
+  if (is_grid(t)) {
+    values->resize(static_cast<size_t>(rows) * cols);
+    if (ep_moe_dequantize(values->data(), out.data(), static_cast<ep_moe_dtype_t>(t), rows, cols) != EP_MOE_OK)
+      values->clear();
+    return out;
   }
   values->resize(static_cast<size_t>(rows) * cols);
   std::vector<double> y(static_cast<size_t>(qk));

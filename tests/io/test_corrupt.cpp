@@ -220,6 +220,10 @@ TEST_CASE("corrupt GGUF files are rejected with FORMAT naming the file and tenso
                EP_MOE_ERR_FORMAT, "'x.weight': row of 128 elements is not a whole number of IQ4_XS blocks"});
   f.push_back({"partial MXFP4 block", G(0x46554747u, 3, 1, 0).tensor("m.weight", {48, 2}, 39, 0).pad().data(256).b,
                EP_MOE_ERR_FORMAT, "'m.weight': row of 48 elements is not a whole number of MXFP4 blocks"});
+  f.push_back({"partial IQ2_XXS block", G(0x46554747u, 3, 1, 0).tensor("q.weight", {128, 2}, 16, 0).pad().data(512).b,
+               EP_MOE_ERR_FORMAT, "'q.weight': row of 128 elements is not a whole number of IQ2_XXS blocks"});
+  f.push_back({"partial Q5_1 block", G(0x46554747u, 3, 1, 0).tensor("q.weight", {48, 2}, 7, 0).pad().data(256).b,
+               EP_MOE_ERR_FORMAT, "'q.weight': row of 48 elements is not a whole number of Q5_1 blocks"});
   f.push_back({"truncated Q6_K data", G(0x46554747u, 3, 1, 0).tensor("q6.weight", {256, 8}, 14, 0).pad().data(1000).b,
                EP_MOE_ERR_FORMAT, "'q6.weight': data"});
   f.push_back({"truncated Q5_K data", G(0x46554747u, 3, 1, 0).tensor("q5.weight", {512, 4}, 13, 0).pad().data(700).b,

@@ -28,9 +28,12 @@ struct BlockFormat {
   refq::Type type;
 };
 
-const BlockFormat kFormats[] = {{"Q8_0", refq::Q8_0},    {"Q4_0", refq::Q4_0}, {"MXFP4", refq::MXFP4},
-                                {"Q4_K", refq::Q4_K},    {"Q5_K", refq::Q5_K}, {"Q6_K", refq::Q6_K},
-                                {"IQ4_XS", refq::IQ4_XS}};
+const BlockFormat kFormats[] = {
+    {"Q8_0", refq::Q8_0},       {"Q4_0", refq::Q4_0},       {"MXFP4", refq::MXFP4},   {"Q4_K", refq::Q4_K},
+    {"Q5_K", refq::Q5_K},       {"Q6_K", refq::Q6_K},       {"IQ4_XS", refq::IQ4_XS}, {"Q2_K", refq::Q2_K},
+    {"Q3_K", refq::Q3_K},       {"Q4_1", refq::Q4_1},       {"Q5_0", refq::Q5_0},     {"Q5_1", refq::Q5_1},
+    {"IQ4_NL", refq::IQ4_NL},   {"IQ2_XXS", refq::IQ2_XXS}, {"IQ2_XS", refq::IQ2_XS}, {"IQ2_S", refq::IQ2_S},
+    {"IQ3_XXS", refq::IQ3_XXS}, {"IQ3_S", refq::IQ3_S},     {"IQ1_S", refq::IQ1_S},   {"IQ1_M", refq::IQ1_M}};
 
 // `rows` rows of k elements in the format named `name`: random valid blocks
 // of values about 1/sqrt(k), so that the unmutated file computes finite
@@ -279,10 +282,11 @@ TEST_CASE("randomly mutated block-format GGUF checkpoints: every step returns a 
     const char *gate_up, *down;
   };
   // Every block format a layer keeps, each file a mix.
-  const File files[] = {{256, 256, 4, 2, "Q4_K", "Q6_K"},
-                        {256, 256, 4, 2, "IQ4_XS", "Q5_K"},
-                        {64, 32, 4, 2, "MXFP4", "Q8_0"},
-                        {64, 64, 3, 2, "Q4_0", "Q4_0"}};
+  const File files[] = {
+      {256, 256, 4, 2, "Q4_K", "Q6_K"},    {256, 256, 4, 2, "IQ4_XS", "Q5_K"},  {64, 32, 4, 2, "MXFP4", "Q8_0"},
+      {64, 64, 3, 2, "Q4_0", "Q4_0"},      {256, 256, 4, 2, "IQ2_XXS", "Q3_K"}, {256, 256, 4, 2, "IQ1_S", "IQ1_M"},
+      {256, 256, 3, 2, "Q2_K", "IQ3_XXS"}, {256, 256, 3, 2, "IQ2_XS", "IQ3_S"}, {256, 256, 3, 2, "IQ2_S", "Q2_K"},
+      {64, 32, 4, 2, "Q4_1", "Q5_0"},      {64, 64, 3, 2, "Q5_1", "IQ4_NL"}};
   const int mutants = mutants_per_file(150);
   const std::string dir = writers::temp_dir("mutate");
   std::mt19937 rng(20261207);

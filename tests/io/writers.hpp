@@ -119,6 +119,18 @@ inline uint32_t ggml_type(const std::string& dtype) {
   if (dtype == "IQ4_XS") return 23;
   if (dtype == "BF16") return 30;
   if (dtype == "MXFP4") return 39;
+  if (dtype == "Q5_0") return 6;
+  if (dtype == "Q5_1") return 7;
+  if (dtype == "Q2_K") return 10;
+  if (dtype == "Q3_K") return 11;
+  if (dtype == "IQ2_XXS") return 16;
+  if (dtype == "IQ2_XS") return 17;
+  if (dtype == "IQ3_XXS") return 18;
+  if (dtype == "IQ1_S") return 19;
+  if (dtype == "IQ4_NL") return 20;
+  if (dtype == "IQ3_S") return 21;
+  if (dtype == "IQ2_S") return 22;
+  if (dtype == "IQ1_M") return 29;
   if (dtype == "TQ2_0") return 35;  // written as raw blocks (66 bytes for 256 elements): never loaded
   return 0xffffffffu;
 }

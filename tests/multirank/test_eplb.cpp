@@ -384,9 +384,13 @@ TEST_CASE("replace: expert biases travel with their experts (GPT-OSS)", "[eplb][
 TEST_CASE("replace: experts in GGUF block formats travel as their blocks, in every dispatch mode",
           "[eplb][replace][quant]") {
   // Q4_K gate/up with Q6_K down (Q4_K_M-like), on a bf16 layer (the blocks
-  // are kept as given), and Q8_0 throughout on a Q8_0 layer with a Q8_0
-  // shared expert beside.
-  for (int variant = 0; variant < 2; ++variant)
+  // are kept as given), Q8_0 throughout on a Q8_0 layer with a Q8_0
+  // shared expert beside, IQ2_XXS with Q3_K down (DeepSeek UD-IQ2_XXS-like)
+  // on a bf16 layer, and Q2_K with Q3_K down on a Q2_K layer.
+  const int gu[] = {refq::Q4_K, refq::Q8_0, refq::IQ2_XXS, refq::Q2_K};
+  const int dn[] = {refq::Q6_K, refq::Q8_0, refq::Q3_K, refq::Q3_K};
+  const int lw[] = {-1, refq::Q8_0, -1, refq::Q2_K};
+  for (int variant = 0; variant < 4; ++variant)
     for (int dispatch : {EP_MOE_DISPATCH_ALLGATHER, EP_MOE_DISPATCH_ALLTOALL}) {
       INFO("variant " << variant << " dispatch " << dispatch);
       World W;
@@ -394,10 +398,10 @@ TEST_CASE("replace: experts in GGUF block formats travel as their blocks, in eve
       W.c.spec.I = 256;
       W.c.spec.E = 12;
       W.c.spec.K = 3;
-      W.c.wdt = variant == 0 ? ref::BF16 : ref::F32;
-      W.c.qgu = variant == 0 ? refq::Q4_K : refq::Q8_0;
-      W.c.qdown = variant == 0 ? refq::Q6_K : refq::Q8_0;
-      W.c.layer_wdt = variant == 0 ? -1 : refq::Q8_0;
+      W.c.wdt = variant % 2 == 0 ? ref::BF16 : ref::F32;
+      W.c.qgu = gu[variant];
+      W.c.qdown = dn[variant];
+      W.c.layer_wdt = lw[variant];
       W.c.spec.Is = variant == 1 && dispatch == EP_MOE_DISPATCH_ALLTOALL ? 64 : 0;
       W.c.qsgu = W.c.qsdown = W.c.spec.Is > 0 ? refq::Q8_0 : 0;
       W.c.dispatch = dispatch;
@@ -408,8 +412,8 @@ TEST_CASE("replace: experts in GGUF block formats travel as their blocks, in eve
       create(W, 3);
       const Step s = draw(W, 3);
       const auto before = forward(W, s);
-      const int64_t blocks = 2 * 256 * (W.c.qgu == refq::Q4_K ? 144 : 8 * 34) +
-                             256 * (W.c.qdown == refq::Q6_K ? 210 : 8 * 34);  // one expert's, H = I = 256
+      const auto row = [](int t) { return 256 / refq::block_elems(t) * refq::block_bytes(t); };
+      const int64_t blocks = 2 * 256 * row(W.c.qgu) + 256 * row(W.c.qdown);  // one expert's, H = I = 256
       // Every expert moves one rank on (rank r: experts 4r + 4 .. 4r + 7 mod
       // 12). Each keeps its rows, so each takes the same kernel on the same
       // blocks: the same bits in the same order of sums.

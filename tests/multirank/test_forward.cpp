@@ -651,7 +651,9 @@ TEST_CASE("GGUF block-format experts: the error is the int8 activations' as stat
   // rounding (an h element on a rounding boundary allowed its one step):
   // without the stated activation quantization, or with another one, the
   // first would be off by as much as the second.
-  const int types[] = {refq::Q8_0, refq::Q4_0, refq::Q4_K, refq::Q5_K, refq::Q6_K, refq::IQ4_XS, refq::MXFP4};
+  const int types[] = {refq::Q8_0,   refq::Q4_0,  refq::Q4_K,    refq::Q5_K,  refq::Q6_K,  refq::IQ4_XS, refq::MXFP4,
+                       refq::Q2_K,   refq::Q3_K,  refq::Q4_1,    refq::Q5_0,  refq::Q5_1,  refq::IQ4_NL, refq::IQ2_XXS,
+                       refq::IQ2_XS, refq::IQ2_S, refq::IQ3_XXS, refq::IQ3_S, refq::IQ1_S, refq::IQ1_M};
   for (int t : types) {
     double err_q = 0, err_f = 0;
     for (bool float_acts : {false, true}) {
@@ -717,4 +719,103 @@ TEST_CASE("GGUF block formats against the unquantized layer: each format's own e
   CHECK(err[0] < err[1]);
   CHECK(err[1] < err[2]);
   CHECK(err[2] < err[3]);
+}
+
+TEST_CASE("GGUF low-bit experts (Q2_K ... IQ1_M): every type, every ISA path, mixes as dynamic quants lay them out",
+          "[forward][quant]") {
+  // The formats computed through their decoded form (random valid blocks;
+  // tests/common/reference_quant.hpp), each as gate/up with a down of
+  // another type the way "dynamic" GGUF quants mix them (DeepSeek-R1
+  // UD-Q2_K_XL: Q2_K/Q3_K; UD-IQ2_XXS: IQ2_XXS/Q3_K; Qwen3-235B UD-IQ1_S:
+  // IQ1_S/IQ1_M/IQ2_XS), against the reference with the activations
+  // quantized as stated: decode and prefill rows, EP 1-4, DP with a
+  // zero-token rank, all-to-all, replicas with weight-0 skip, a
+  // block-format weight_dtype, bf16 activations.
+  const int gate_up[] = {refq::Q2_K,   refq::Q3_K,    refq::Q4_1,   refq::Q5_0,  refq::Q5_1,
+                         refq::IQ4_NL, refq::IQ2_XXS, refq::IQ2_XS, refq::IQ2_S, refq::IQ3_XXS,
+                         refq::IQ3_S,  refq::IQ1_S,   refq::IQ1_M};
+  const int down[] = {refq::Q3_K,  refq::Q2_K,   refq::Q5_0,  refq::Q4_1,    refq::IQ4_NL, refq::Q5_1, refq::Q3_K,
+                      refq::IQ2_S, refq::IQ2_XS, refq::IQ3_S, refq::IQ3_XXS, refq::IQ1_M,  refq::IQ1_S};
+  for (int isa_i = 0; isa_i < 4; ++isa_i) {
+    const char* isa = harness::kIsaNames[isa_i];
+    setenv("EP_MOE_CPU_ISA", isa, 1);
+    for (int v = 0; v < 13; ++v) {
+      INFO("isa " << isa << " gate/up " << gate_up[v] << " down " << down[v]);
+      Case c;
+      c.qgu = gate_up[v];
+      c.qdown = down[v];
+      c.spec.H = 256 + 256 * (v % 2);
+      c.spec.I = 256;
+      c.spec.E = 10;
+      c.spec.K = 3;
+      c.ep = 1 + v % 4;
+      c.wdt = v % 3 == 1 ? ref::BF16 : ref::F32;
+      c.layer_wdt = v == 5 ? refq::IQ2_XXS : -1;  // a block-format weight_dtype: blocks of other types still kept
+      c.adt = v == 4 ? ref::BF16 : ref::F32;
+      c.fused_gate_up = v % 2 == 1;
+      c.max_tokens = 16;
+      c.tokens = {v % 5 == 0 ? 1 : 9};
+      if (v % 5 == 3) {  // DP attention over 4 EP ranks, uneven, a zero-token rank
+        c.ep = 4;
+        c.dp = 4;
+        c.tokens = {0, 5, 16, 3};
+      }
+      if (v == 6) {  // all-to-all, every rank its own replica
+        c.dp = c.ep;
+        c.dispatch = EP_MOE_DISPATCH_ALLTOALL;
+        c.tokens = std::vector<int>(static_cast<size_t>(c.ep), 3);
+        c.tokens[0] = 0;
+      }
+      if (v == 7) {  // redundant replicas; weight-0 skip computes foreign pairs with weight 0
+        c.redundant = 3;
+        c.skip_mode = EP_MOE_SKIP_WEIGHT_ZERO;
+      }
+      if (v % 4 == 1) {  // prefill rows: one thread, more rows than one kernel call
+        c.spec.E = 2;
+        c.spec.K = 2;
+        c.threads = 1;
+        c.max_tokens = 100;
+        c.tokens = {100};
+      }
+      double worst = 0;
+      if (harness::isa_skipped(harness::run_case(c, rng(), &worst), isa_i)) break;
+    }
+  }
+  unsetenv("EP_MOE_CPU_ISA");
+}
+
+TEST_CASE("GGUF low-bit formats against the unquantized layer: each format's own error", "[forward][quant]") {
+  // As above for the formats computed through their decoded form: float
+  // weights quantized by ep_moe's quantizers (one scale per sub-block,
+  // nearest level or grid point: no search for the best scales, so the
+  // grid formats' error is above llama.cpp's), each within its bound
+  // (docs/quantization.md: 1.5x the largest of 101 seeds), and the formats
+  // of more bits per weight no worse than those of fewer in each family.
+  const int types[] = {refq::Q5_1,    refq::Q5_0,  refq::Q4_1,   refq::IQ4_NL,  refq::Q3_K,  refq::Q2_K, refq::IQ3_S,
+                       refq::IQ3_XXS, refq::IQ2_S, refq::IQ2_XS, refq::IQ2_XXS, refq::IQ1_M, refq::IQ1_S};
+  const double bound[] = {0.135, 0.15, 0.27, 0.31, 0.54, 1.51, 0.65, 0.86, 1.26, 1.46, 1.3, 2.0, 2.66};
+  double err[13] = {};
+  for (int i = 0; i < 13; ++i) {
+    std::mt19937 g(test_seed() + 78);  // the same weights and inputs for every format
+    Case c;
+    c.layer_wdt = types[i];
+    c.spec.H = 512;
+    c.spec.I = 256;
+    c.spec.E = 8;
+    c.spec.K = 2;
+    c.ep = 2;
+    c.tokens = {12};
+    c.tol = bound[i];
+    harness::run_case(c, g, &err[i]);
+    WARN("format " << types[i] << " against the unquantized layer: max error " << err[i]);
+  }
+  // Orders that held in all of 101 seeds: 5 bits below 4 (Q5_1, Q5_0 <
+  // Q4_1), Q3_K below Q2_K, the 3-bit grids' best below the 2-bit grids'
+  // worst (IQ3_S, IQ3_XXS < IQ2_XXS), IQ2_XXS below IQ1_S.
+  CHECK(err[0] < err[2]);
+  CHECK(err[1] < err[2]);
+  CHECK(err[4] < err[5]);
+  CHECK(err[6] < err[10]);
+  CHECK(err[7] < err[10]);
+  CHECK(err[10] < err[12]);
 }

@@ -381,6 +381,8 @@ extern "C" {
     pub fn ep_moe_set_log_callback(fn_: ep_moe_log_fn, max_level: ep_moe_log_level_t, user_data: *mut c_void) -> ep_moe_status_t;
     pub fn ep_moe_dtype_block(out_elems: *mut i64, out_bytes: *mut i64, dtype: ep_moe_dtype_t) -> ep_moe_status_t;
     pub fn ep_moe_dtype_name(dtype: ep_moe_dtype_t) -> *const c_char;
+    pub fn ep_moe_quantize(out: *mut c_void, dtype: ep_moe_dtype_t, in_: *const f32, rows: i64, cols: i64) -> ep_moe_status_t;
+    pub fn ep_moe_dequantize(out: *mut f32, in_: *const c_void, dtype: ep_moe_dtype_t, rows: i64, cols: i64) -> ep_moe_status_t;
     pub fn ep_moe_expert_map_config_init(out: *mut ep_moe_expert_map_config_t) -> ep_moe_status_t;
     pub fn ep_moe_expert_map_create(out: *mut *mut ep_moe_expert_map_t, config: *const ep_moe_expert_map_config_t) -> ep_moe_status_t;
     pub fn ep_moe_expert_map_destroy(map: *mut ep_moe_expert_map_t);
