@@ -7,16 +7,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
 
-# The reference Python writers (numpy, safetensors, gguf from PyPI) in a venv
+# The reference Python writers (numpy, safetensors, gguf, ml_dtypes from PyPI) in a venv
 # under build/; where they cannot be installed their tests report "skipped".
 venv=build/pyref-venv
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import numpy, safetensors, gguf" 2>/dev/null; then
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import numpy, safetensors, gguf, ml_dtypes" 2>/dev/null; then
   mkdir -p build
   if python3 -m venv "$venv" >/dev/null 2>&1 &&
-     "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy safetensors gguf >/dev/null 2>&1; then
+     "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy safetensors gguf ml_dtypes >/dev/null 2>&1; then
     :
   else
-    echo "note: numpy/safetensors/gguf could not be installed; the reference-writer tests will be skipped" >&2
+    echo "note: numpy/safetensors/gguf/ml_dtypes could not be installed; the reference-writer tests will be skipped" >&2
   fi
 fi
 python_arg=()

@@ -442,7 +442,7 @@ func (cfg LayerConfig) MapConfig(epSize, epRank int32) ExpertMapConfig {
 // DType is an element type.
 type DType int32
 
-// Element types; Q8_0 .. IQ1_M are GGUF's block formats (SetWeightBlocks).
+// Element types; Q8_0 .. FP8_E4M3 are block formats (SetWeightBlocks).
 const (
 	F32     DType = C.EP_MOE_DTYPE_F32
 	BF16    DType = C.EP_MOE_DTYPE_BF16
@@ -467,6 +467,9 @@ const (
 	IQ3_S   DType = C.EP_MOE_DTYPE_IQ3_S
 	IQ1_S   DType = C.EP_MOE_DTYPE_IQ1_S
 	IQ1_M   DType = C.EP_MOE_DTYPE_IQ1_M
+	// FP8_E4M3 is ep_moe's block-scaled FP8 (an f32 scale and 128 E4M3
+	// codes a block; C.ep_moe_fp8_pack builds it from weight_scale_inv).
+	FP8_E4M3 DType = C.EP_MOE_DTYPE_FP8_E4M3
 )
 
 func (d DType) String() string {

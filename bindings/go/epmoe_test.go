@@ -532,6 +532,9 @@ func TestBlockFormatWeights(t *testing.T) {
 	if e, b, err := Q4_K.Block(); err != nil || e != 256 || b != 144 {
 		t.Fatalf("Q4_K block: %d %d %v", e, b, err)
 	}
+	if e, b, err := FP8_E4M3.Block(); err != nil || e != 128 || b != 132 || FP8_E4M3.String() != "FP8" {
+		t.Fatalf("FP8_E4M3 block: %d %d %v %s", e, b, err, FP8_E4M3.String())
+	}
 	if _, _, err := DType(1000).Block(); err == nil {
 		t.Fatal("DType(1000) has no block")
 	}

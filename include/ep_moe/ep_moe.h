@@ -217,8 +217,8 @@ EP_MOE_API ep_moe_status_t ep_moe_set_log_callback(ep_moe_log_fn fn, ep_moe_log_
  *  Q8_0, Q4_0, MXFP4 32 elements in 34, 18, 17 bytes; Q4_K, Q5_K, Q6_K and
  *  IQ4_XS 256 elements in 144, 176, 210 and 136 bytes; Q4_1, Q5_0, Q5_1,
  *  IQ4_NL 32 in 20, 22, 24, 18; Q2_K, Q3_K, IQ2_XXS, IQ2_XS, IQ2_S,
- *  IQ3_XXS, IQ3_S, IQ1_S, IQ1_M 256 in 84, 110, 66, 74, 82, 98, 110, 50, 56
- *  (ep_moe_dtype_block()). CPU layers keep routed and shared experts in
+ *  IQ3_XXS, IQ3_S, IQ1_S, IQ1_M 256 in 84, 110, 66, 74, 82, 98, 110, 50, 56;
+ *  FP8_E4M3 (ep_moe's block-scaled FP8) 128 in 132 (ep_moe_dtype_block()). CPU layers keep routed and shared experts in
  *  these formats and compute on them (the shared expert's down where this
  *  rank's columns of it are whole blocks; docs/quantization.md); the router
  *  is dequantized at store, as is every weight of a CUDA layer. */
@@ -241,17 +241,22 @@ typedef enum ep_moe_dtype {
   EP_MOE_DTYPE_Q4_1 = 15,   /**< GGUF Q4_1: 32 4-bit values, f16 scale and min (weights only). */
   EP_MOE_DTYPE_Q5_0 = 16,   /**< GGUF Q5_0: 32 5-bit values, offset 16, f16 scale (weights only). */
   EP_MOE_DTYPE_Q5_1 = 17,   /**< GGUF Q5_1: 32 5-bit values, f16 scale and min (weights only). */
-  EP_MOE_DTYPE_IQ4_NL = 18, /**< GGUF IQ4_NL: 32 4-bit indices into a non-linear table, f16 scale (weights only). */
-  EP_MOE_DTYPE_IQ2_XXS =
-      19, /**< GGUF IQ2_XXS: 256 values as 8-value grid points with signs, 2.06 bits each (weights only). */
-  EP_MOE_DTYPE_IQ2_XS = 20, /**< GGUF IQ2_XS: 256 values on a 512-point grid, 2.31 bits each (weights only). */
-  EP_MOE_DTYPE_IQ2_S = 21,  /**< GGUF IQ2_S: 256 values on a 1024-point grid, 2.56 bits each (weights only). */
-  EP_MOE_DTYPE_IQ3_XXS =
-      22, /**< GGUF IQ3_XXS: 256 values as 4-value grid points with signs, 3.06 bits each (weights only). */
-  EP_MOE_DTYPE_IQ3_S = 23, /**< GGUF IQ3_S: 256 values on a 512-point grid, 3.44 bits each (weights only). */
-  EP_MOE_DTYPE_IQ1_S = 24, /**< GGUF IQ1_S: 256 ternary grid values with a shift, 1.56 bits each (weights only). */
-  EP_MOE_DTYPE_IQ1_M =
-      25, /**< GGUF IQ1_M: 256 ternary grid values, 3-bit scales per 16, 1.75 bits each (weights only). */
+  EP_MOE_DTYPE_IQ4_NL = 18, /**< GGUF IQ4_NL: 32 4-bit indices into a non-linear table (weights only). */
+  EP_MOE_DTYPE_IQ2_XXS = 19, /**< GGUF IQ2_XXS: 8-value grid points and signs, 2.06 bits a value (weights only). */
+  EP_MOE_DTYPE_IQ2_XS = 20,  /**< GGUF IQ2_XS: a 512-point grid and signs, 2.31 bits a value (weights only). */
+  EP_MOE_DTYPE_IQ2_S = 21,   /**< GGUF IQ2_S: a 1024-point grid and signs, 2.56 bits a value (weights only). */
+  EP_MOE_DTYPE_IQ3_XXS = 22, /**< GGUF IQ3_XXS: 4-value grid points and signs, 3.06 bits a value (weights only). */
+  EP_MOE_DTYPE_IQ3_S = 23,   /**< GGUF IQ3_S: a 512-point grid and signs, 3.44 bits a value (weights only). */
+  EP_MOE_DTYPE_IQ1_S = 24,   /**< GGUF IQ1_S: a ternary grid with a shift, 1.56 bits a value (weights only). */
+  EP_MOE_DTYPE_IQ1_M = 25,   /**< GGUF IQ1_M: a ternary grid, scales per 16, 1.75 bits a value (weights only). */
+  /** FP8 E4M3 (OCP E4M3FN: no infinities, S.1111.111 is NaN) with one f32
+   *  scale per 128 elements of a row, the block-scaled FP8 of the
+   *  DeepSeek-V3, Kimi-K2 and Qwen3 -FP8 releases: a block is the f32 scale
+   *  (little endian) then 128 E4M3 codes, 132 bytes; an element is the
+   *  scale times its code's value. ep_moe_fp8_pack() builds these rows from
+   *  a checkpoint's [rows, cols] codes and [ceil(rows/128), cols/128]
+   *  weight_scale_inv (weights only). */
+  EP_MOE_DTYPE_FP8_E4M3 = 26,
   /** \cond RANGE */
   EP_MOE_DTYPE_ENUM_MIN_ = -0x7fffffff - 1, /* range markers: every int32 value is a valid */
   EP_MOE_DTYPE_ENUM_MAX_ = 0x7fffffff       /* object of this type, so bad values are rejected, not UB */
@@ -316,6 +321,26 @@ EP_MOE_API ep_moe_status_t ep_moe_quantize(void* out, ep_moe_dtype_t dtype, cons
  */
 EP_MOE_API ep_moe_status_t ep_moe_dequantize(float* out, const void* in, ep_moe_dtype_t dtype, int64_t rows,
                                              int64_t cols);
+
+/**
+ * \brief Packs block-scaled FP8 weights as the DeepSeek-V3 release stores
+ * them (`weight` F8_E4M3 [rows, cols], `weight_scale_inv` F32
+ * [ceil(rows / 128), cols / 128], element (r, c) = code(r, c) x
+ * scale_inv[r / 128][c / 128]) into ::EP_MOE_DTYPE_FP8_E4M3 rows, which
+ * ep_moe_layer_set_weight() keeps as they are (1 byte a weight).
+ * \param[out] out       rows x cols / 128 blocks of 132 bytes.
+ * \param[in]  weight    rows x cols E4M3FN codes, row-major.
+ * \param[in]  scale_inv ceil(rows / 128) x cols / 128 finite floats.
+ * \param[in]  rows      >= 0 (a last partial block of rows is allowed).
+ * \param[in]  cols      >= 0, a multiple of 128.
+ * \return ::EP_MOE_OK, or ::EP_MOE_ERR_INVALID_ARGUMENT (columns that are
+ *         not whole blocks, NULL pointers with elements to pack, a
+ *         non-finite scale or an E4M3 NaN code, named by its row and
+ *         column); `out` is untouched on failure.
+ * \since 0.4
+ */
+EP_MOE_API ep_moe_status_t ep_moe_fp8_pack(void* out, const uint8_t* weight, const float* scale_inv, int64_t rows,
+                                           int64_t cols);
 
 /** @} */
 

@@ -1,5 +1,6 @@
 // C API: versions, statuses, features, logging, thread-local errors.
 #include <cmath>
+#include <cstring>
 
 #include "backend/modules.hpp"
 #include "cpu/matrix_engine.hpp"
@@ -119,6 +120,34 @@ ep_moe_status_t ep_moe_dequantize(float* out, const void* in, ep_moe_dtype_t dty
     const size_t rb = quant_row_bytes(dtype, cols);
     for (int64_t r = 0; r < rows; ++r)
       dequantize_row(dtype, static_cast<const char*>(in) + static_cast<size_t>(r) * rb, out + r * cols, cols);
+  });
+}
+
+ep_moe_status_t ep_moe_fp8_pack(void* out, const uint8_t* weight, const float* scale_inv, int64_t rows, int64_t cols) {
+  return guard(__func__, nullptr, Kind::ExpertMap, [&] {
+    EP_MOE_CHECK_ARG(rows >= 0 && cols >= 0, "rows %lld and cols %lld must be >= 0", static_cast<long long>(rows),
+                     static_cast<long long>(cols));
+    EP_MOE_CHECK_ARG(cols % 128 == 0, "cols %lld is not a multiple of 128 (whole blocks of columns)",
+                     static_cast<long long>(cols));
+    EP_MOE_CHECK_ARG(rows == 0 || cols == 0 || (out != nullptr && weight != nullptr && scale_inv != nullptr),
+                     "out, weight or scale_inv is NULL");
+    const int64_t nb = cols / 128;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t b = 0; b < nb; ++b) {
+        const float s = scale_inv[(r / 128) * nb + b];
+        EP_MOE_CHECK_ARG(std::isfinite(s), "scale_inv[%lld][%lld] is %g", static_cast<long long>(r / 128),
+                         static_cast<long long>(b), static_cast<double>(s));
+        for (int64_t i = 0; i < 128; ++i)
+          EP_MOE_CHECK_ARG(!e4m3_nan(weight[r * cols + 128 * b + i]), "weight[%lld][%lld] is an E4M3 NaN code (0x%02x)",
+                           static_cast<long long>(r), static_cast<long long>(128 * b + i),
+                           weight[r * cols + 128 * b + i]);
+      }
+    auto* o = static_cast<uint8_t*>(out);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t b = 0; b < nb; ++b, o += 132) {
+        std::memcpy(o, &scale_inv[(r / 128) * nb + b], 4);
+        std::memcpy(o + 4, weight + r * cols + 128 * b, 128);
+      }
   });
 }
 

@@ -109,8 +109,9 @@ ep_moe_status_t ep_moe_checkpoint_layer_config(ep_moe_layer_config_t* config, co
     const io::LayerShape s = ck.layer_shape(layer);
     if (!s.unloadable.empty())
       fail(EP_MOE_ERR_UNSUPPORTED,
-           "layer %d: expert tensor '%s' is %s, which this version of ep_moe cannot load (F32, F16, BF16; in GGUF "
-           "also the block formats of docs/quantization.md): no layer configuration is derived for what "
+           "layer %d: expert tensor '%s' is %s, which this version of ep_moe cannot load (F32, F16, BF16, F8_E4M3 with "
+           "its weight_scale_inv; in GGUF also the block formats of docs/quantization.md): no layer configuration is "
+           "derived for what "
            "ep_moe_layer_load would refuse",
            layer, s.unloadable.c_str(), s.unloadable_type.c_str());
     const io::Semantics m = ck.layer_semantics(layer, s);

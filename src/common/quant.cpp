@@ -286,10 +286,11 @@ void dq_decoded(const uint8_t* b, float* y) {
 // geometry, activation rows, and its functions.
 constexpr ActQuant k0 = ActQuant::Q8_0, kK = ActQuant::Q8_K;
 #define EP_MOE_OWN(dt, n, gn, gt, el, by, aq, dq, q) \
-  QuantTraits { EP_MOE_DTYPE_##dt, n, gn, gt, el, by, aq, dq, q, nullptr, false }
-#define EP_MOE_DECODED(dt, n, gt, el, by, aq, mn)                                                                     \
-  QuantTraits {                                                                                                       \
-    EP_MOE_DTYPE_##dt, #n, #dt, gt, el, by, aq, dq_decoded<qf::decode_##n, el, mn>, qf::quant_##n, qf::decode_##n, mn \
+  QuantTraits { EP_MOE_DTYPE_##dt, n, gn, gt, el, by, aq, dq, q, nullptr, false, true }
+#define EP_MOE_DECODED(dt, n, gt, el, by, aq, mn)                                                                      \
+  QuantTraits {                                                                                                        \
+    EP_MOE_DTYPE_##dt, #n, #dt, gt, el, by, aq, dq_decoded<qf::decode_##n, el, mn>, qf::quant_##n, qf::decode_##n, mn, \
+        false                                                                                                          \
   }
 const QuantTraits kTraits[] = {
     EP_MOE_OWN(Q8_0, "q8_0", "Q8_0", 8, 32, 34, k0, dq_q8_0, quant_block_q8_0),
@@ -312,6 +313,9 @@ const QuantTraits kTraits[] = {
     EP_MOE_DECODED(IQ3_S, iq3_s, 21, 256, 110, kK, false),
     EP_MOE_DECODED(IQ1_S, iq1_s, 19, 256, 50, kK, false),
     EP_MOE_DECODED(IQ1_M, iq1_m, 29, 256, 56, kK, false),
+    // Not a GGUF type: safetensors' F8_E4M3 with its weight_scale_inv.
+    QuantTraits{EP_MOE_DTYPE_FP8_E4M3, "fp8", "FP8_E4M3", -1, 128, 132, k0, qf::dequant_fp8, qf::quant_fp8, nullptr,
+                false, false},
 };
 #undef EP_MOE_OWN
 #undef EP_MOE_DECODED
@@ -338,7 +342,7 @@ const QuantTraits* quant_traits(ep_moe_dtype_t t) {
 
 int quant_dtype_of_gguf(int type) {
   for (const QuantTraits& t : kTraits)
-    if (t.gguf_type == type) return t.dtype;
+    if (t.gguf_type >= 0 && t.gguf_type == type) return t.dtype;
   return -1;
 }
 

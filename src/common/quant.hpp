@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "ep_moe/ep_moe.h"
 
@@ -13,7 +14,7 @@ namespace ep_moe {
 // The block formats are the contiguous ep_moe_dtype_t values
 // EP_MOE_DTYPE_Q8_0 .. kQuantLast; each has one QuantTraits entry
 // (quant.cpp's table, filled by dtype) that every other part reads.
-constexpr ep_moe_dtype_t kQuantFirst = EP_MOE_DTYPE_Q8_0, kQuantLast = EP_MOE_DTYPE_IQ1_M;
+constexpr ep_moe_dtype_t kQuantFirst = EP_MOE_DTYPE_Q8_0, kQuantLast = EP_MOE_DTYPE_FP8_E4M3;
 constexpr int kQuantTypes = static_cast<int>(kQuantLast) - static_cast<int>(kQuantFirst) + 1;
 constexpr bool dtype_is_quant(ep_moe_dtype_t t) { return t >= kQuantFirst && t <= kQuantLast; }
 // Index of a block type in per-type tables: 0 .. kQuantTypes - 1.
@@ -50,6 +51,9 @@ struct QuantTraits {
   // The decoded form (null for the formats with kernels of their own).
   void (*decode)(const uint8_t* b, DecodedBlock* out);
   bool has_min;  // whether decode's mn is used
+  // Whether its x86 kernels read rows interleaved in groups (pack.hpp's
+  // kGroupRows); else its panels keep rows one after another.
+  bool grouped;
 };
 // The entry of a block format (null for any other value).
 const QuantTraits* quant_traits(ep_moe_dtype_t t);
@@ -108,6 +112,16 @@ void quantize_act_row(const float* x, int64_t k, ActQuant aq, void* out);
 // Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0 .. 7) from a
 // block's 12 scale bytes.
 void scale_min_k4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m);
+
+// FP8 E4M3FN: the value of each code (NaN for S.1111.111), and the code
+// nearest to a finite float (ties to even, saturated at +-448).
+float e4m3_value(uint8_t code);
+uint8_t e4m3_code(float x);
+inline bool e4m3_nan(uint8_t code) { return (code & 0x7F) == 0x7F; }
+// The first fault of `rows` rows of FP8_E4M3 blocks (cols elements each):
+// a non-finite scale or a NaN code, as "row R, column C: ..."; empty if
+// none.
+std::string fp8_fault(const void* rows_data, int64_t rows, int64_t cols);
 
 // Tables of the non-linear formats.
 extern const int8_t kIq4nlValues[16];  // IQ4_NL / IQ4_XS

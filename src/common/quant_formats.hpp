@@ -28,5 +28,9 @@ EP_MOE_DECODED_FORMAT(iq1_s)
 EP_MOE_DECODED_FORMAT(iq1_m)
 #undef EP_MOE_DECODED_FORMAT
 
+// FP8_E4M3 (quant_fp8.cpp).
+void dequant_fp8(const uint8_t* b, float* y);
+void quant_fp8(const float* x, uint8_t* b);
+
 }  // namespace qf
 }  // namespace ep_moe

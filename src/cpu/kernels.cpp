@@ -33,6 +33,7 @@ const Kernels& kernels_for(Isa isa) {
 void set_x86_block_kernels(Kernels& t, bool avx512) {
   const bool vnni = avx512 && has_avx512_vnni();
   t.quantize_act = quantize_act_avx2;
+  t.qgemm[quant_index(EP_MOE_DTYPE_FP8_E4M3)] = avx512 ? qfp8_avx512() : qfp8_avx2();
   // Every block format on interleaved rows: 8 a group with AVX2's maddubs
   // or AVX-VNNI's vpdpbusd, 16 with AVX512_VNNI.
   // The formats computed through their decoded form keep their rows one

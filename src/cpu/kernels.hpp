@@ -216,6 +216,11 @@ void qtiles_avx512vnni(QTileFn* tile);
 void qtiles_avx2(QTileFn* tile);
 void qunpack_avx2(QUnpackFn* unpack);
 
+// The FP8_E4M3 block kernels (qfp8_avx2.cpp, qfp8_avx512.cpp; rows one
+// after another): the AVX2 table's and the AVX-512 tables'.
+QGemmFn qfp8_avx2();
+QGemmFn qfp8_avx512();
+
 // Per-ISA tables, defined in their own translation units.
 const Kernels& kernels_generic();
 const Kernels& kernels_avx2();

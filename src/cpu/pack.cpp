@@ -28,7 +28,7 @@ void copy_packed(PackedWeight& dst, const PackedWeight& src) {
   if (src.data.size()) std::memcpy(dst.data.data(), src.data.data(), src.data.size());
 }
 
-bool groups_rows(ep_moe_dtype_t t) { return dtype_is_quant(t) && quant_traits(t)->decode == nullptr; }
+bool groups_rows(ep_moe_dtype_t t) { return dtype_is_quant(t) && quant_traits(t)->grouped; }
 
 namespace {
 // Each (group offset, row offset, bytes) piece of row `lane`'s block b in a

@@ -162,6 +162,34 @@ float dot_row<EP_MOE_DTYPE_IQ4_XS>(const uint8_t* w, const void* arow, int k) {
   return acc;
 }
 
+// FP8_E4M3: per block its scale times the sum over its 4 runs of 32 of
+// d_a sum(value a), values from a table of the 256 codes.
+template <>
+float dot_row<EP_MOE_DTYPE_FP8_E4M3>(const uint8_t* w, const void* arow, int k) {
+  static const auto table = [] {
+    struct T {
+      float v[256];
+    } t;
+    for (int c = 0; c < 256; ++c) t.v[c] = e4m3_value(static_cast<uint8_t>(c));
+    return t;
+  }();
+  const int8_t* q = act_q(arow);
+  const float* d = act_d(arow, k);
+  float acc = 0;
+  for (int b = 0; b < k / 128; ++b, w += 132) {
+    float s;
+    std::memcpy(&s, w, 4);
+    float part = 0;
+    for (int c = 0; c < 4; ++c) {
+      float run = 0;
+      for (int i = 0; i < 32; ++i) run += table.v[w[4 + 32 * c + i]] * static_cast<float>(q[128 * b + 32 * c + i]);
+      part += d[4 * b + c] * run;
+    }
+    acc += s * part;
+  }
+  return acc;
+}
+
 template <int T>
 void qgemm(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc, const void* /*next*/) {
   const size_t rb = quant_row_bytes(static_cast<ep_moe_dtype_t>(T), k);
@@ -181,6 +209,7 @@ void qkernels_generic(QGemmFn* out) {
   out[quant_index(EP_MOE_DTYPE_Q6_K)] = qgemm<EP_MOE_DTYPE_Q6_K>;
   out[quant_index(EP_MOE_DTYPE_IQ4_XS)] = qgemm<EP_MOE_DTYPE_IQ4_XS>;
   out[quant_index(EP_MOE_DTYPE_MXFP4)] = qgemm<EP_MOE_DTYPE_MXFP4>;
+  out[quant_index(EP_MOE_DTYPE_FP8_E4M3)] = qgemm<EP_MOE_DTYPE_FP8_E4M3>;
   qdecoded_generic(out);
 }
 

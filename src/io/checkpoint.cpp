@@ -43,6 +43,12 @@ enum Role : int {
   R_MXFP4_GATE_UP_SCALES,
   R_MXFP4_DOWN,
   R_MXFP4_DOWN_SCALES,
+  R_FP8S_GATE,  // block-scaled FP8's weight_scale_inv: per expert, R_FP8S_GATE + (role - R_GATE)
+  R_FP8S_UP,
+  R_FP8S_DOWN,
+  R_FP8S_S_GATE,  // and the shared expert's, R_FP8S_S_GATE + (role - R_S_GATE)
+  R_FP8S_S_UP,
+  R_FP8S_S_DOWN,
   R3_GATE,
   R3_UP,
   R3_DOWN,
@@ -154,6 +160,12 @@ bool parse_hf(const std::string& name, std::string* prefix, Parsed* out) {
       {"mlp.shared_experts.up_proj.weight", Naming::Auto, R_S_UP},
       {"mlp.shared_experts.down_proj.weight", Naming::Auto, R_S_DOWN},
       {"mlp.shared_expert_gate.weight", Naming::Auto, R_S_EXPERT_GATE},
+      {"mlp.shared_expert.gate_proj.weight_scale_inv", Naming::Auto, R_FP8S_S_GATE},
+      {"mlp.shared_expert.up_proj.weight_scale_inv", Naming::Auto, R_FP8S_S_UP},
+      {"mlp.shared_expert.down_proj.weight_scale_inv", Naming::Auto, R_FP8S_S_DOWN},
+      {"mlp.shared_experts.gate_proj.weight_scale_inv", Naming::Auto, R_FP8S_S_GATE},
+      {"mlp.shared_experts.up_proj.weight_scale_inv", Naming::Auto, R_FP8S_S_UP},
+      {"mlp.shared_experts.down_proj.weight_scale_inv", Naming::Auto, R_FP8S_S_DOWN},
       {"mlp.experts.gate_up_proj", Naming::HfFused, R3_GATE_UP},
       {"mlp.experts.gate_up_proj.weight", Naming::HfFused, R3_GATE_UP},
       {"mlp.experts.down_proj", Naming::HfFused, R3_DOWN},
@@ -183,12 +195,13 @@ bool parse_hf(const std::string& name, std::string* prefix, Parsed* out) {
     if (!take_index(rest, p, &e)) continue;
     const std::string tail = rest.substr(p);
     for (int r = 0; r < 3; ++r)
-      if (tail == pe.names[r]) {
-        out->scheme = pe.scheme;
-        out->role = R_GATE + r;
-        out->expert = e;
-        return true;
-      }
+      for (int scale = 0; scale < 2; ++scale)  // the weight, or its FP8 weight_scale_inv
+        if (tail == (scale ? std::string(pe.names[r]) + "_scale_inv" : std::string(pe.names[r]))) {
+          out->scheme = pe.scheme;
+          out->role = (scale ? R_FP8S_GATE : R_GATE) + r;
+          out->expert = e;
+          return true;
+        }
   }
   return false;
 }
@@ -292,6 +305,18 @@ void parse_hf_config(const std::string& text, const std::string& name, std::map<
     }
   };
   collect(root);
+  // Block-scaled FP8 (quantization_config: quant_method "fp8", fmt "e4m3",
+  // weight_block_size [rows, cols]) as quantization_config.<key>[.<i>].
+  const auto qc = root.find("quantization_config");
+  if (qc != root.end() && qc->is_object())
+    for (auto it = qc->begin(); it != qc->end(); ++it) {
+      const std::string key = "quantization_config." + it.key();
+      if (it.value().is_string()) (*strs)[key] = it.value().get<std::string>();
+      if (it.value().is_number()) (*nums)[key] = it.value().get<double>();
+      if (it.value().is_array())
+        for (size_t i = 0; i < it.value().size() && i < 4; ++i)
+          if (it.value()[i].is_number()) (*nums)[key + "." + std::to_string(i)] = it.value()[i].get<double>();
+    }
   const auto tc = root.find("text_config");
   if (tc != root.end() && tc->is_object()) collect(*tc);
 }
@@ -647,9 +672,12 @@ LayerShape Checkpoint::layer_shape(int32_t layer) const {
   s.router_bias = tensor(layer, R_ROUTER_BIAS, -1) != nullptr;
   for (int role : {R3_GATE_UP, R3_GATE, R3_UP, R3_DOWN, R_GATE, R_UP, R_DOWN}) {
     const TensorInfo* t = tensor(layer, role, role >= R3_GATE ? -1 : 0);
-    if (t && t->elem == Elem::Other && s.unloadable.empty()) {
+    // F8_E4M3 codes load with their weight_scale_inv (per-expert tensors).
+    const bool fp8_alone =
+        t && t->elem == Elem::F8_E4M3 && (role >= R3_GATE || !tensor(layer, R_FP8S_GATE + (role - R_GATE), 0));
+    if (t && (t->elem == Elem::Other || fp8_alone) && s.unloadable.empty()) {
       s.unloadable = t->name;
-      s.unloadable_type = t->type_name;
+      s.unloadable_type = fp8_alone ? t->type_name + " without a weight_scale_inv beside it" : t->type_name;
     }
   }
   if (s.router_bias && !s.router)
@@ -692,7 +720,7 @@ Elem Checkpoint::expert_sizes(int32_t layer, int64_t* H, int64_t* I) const {
     matrix_dims(fname, g, &r, &c);
     *I = r;
     *H = c;
-    elem = g->elem;
+    elem = g->elem == Elem::F8_E4M3 ? Elem::FP8 : g->elem;
   } else if (g3) {
     *I = g3->shape[1];
     *H = g3->shape[2];
@@ -715,7 +743,7 @@ Elem Checkpoint::expert_sizes(int32_t layer, int64_t* H, int64_t* I) const {
     matrix_dims(fname, d, &r, &c);
     *H = r;
     *I = c;
-    elem = d->elem;
+    elem = d->elem == Elem::F8_E4M3 ? Elem::FP8 : d->elem;
   } else if (dnb) {  // [E, H, I / 32, 16]
     elem = Elem::MXFP4;
     *H = dnb->shape[1];
@@ -756,6 +784,17 @@ bool Checkpoint::locate(int32_t layer, ep_moe_weight_t which, int32_t expert, Sl
     out->transposed = false;
     return true;
   };
+  // A located F8_E4M3 weight joined with its weight_scale_inv (role
+  // scale_role); any other weight as it is.
+  auto fp8_pair = [&](const TensorInfo* t, int scale_role, int32_t e) {
+    if (t->elem != Elem::F8_E4M3) return true;
+    const TensorInfo* sc = tensor(layer, scale_role, e);
+    if (!sc)
+      fail(EP_MOE_ERR_FORMAT, "%s: F8_E4M3 tensor '%s' has no weight_scale_inv beside it", fname.c_str(),
+           t->name.c_str());
+    attach_fp8_scales(file(sc->file).name(), t, sc, out->rows, out->cols, fp8_block_rows(), out);
+    return true;
+  };
   // Expert e of a 3-D tensor [E, a, b] viewed as [rows, cols].
   auto sub = [&](const TensorInfo* t, int64_t rows, int64_t cols, bool transposed) {
     const int64_t a = transposed ? cols : rows, b = transposed ? rows : cols;
@@ -787,7 +826,8 @@ bool Checkpoint::locate(int32_t layer, ep_moe_weight_t which, int32_t expert, Sl
       const int role = which == EP_MOE_WEIGHT_EXPERT_GATE ? R_GATE : which == EP_MOE_WEIGHT_EXPERT_UP ? R_UP : R_DOWN;
       const int64_t rows = which == EP_MOE_WEIGHT_EXPERT_DOWN ? H : I,
                     cols = which == EP_MOE_WEIGHT_EXPERT_DOWN ? I : H;
-      if (const TensorInfo* t = tensor(layer, role, expert)) return whole(t, rows, cols);
+      if (const TensorInfo* t = tensor(layer, role, expert))
+        return whole(t, rows, cols) && fp8_pair(t, R_FP8S_GATE + (role - R_GATE), expert);
       if (const TensorInfo* t = tensor(layer, role - R_GATE + R3_GATE, -1)) {
         const bool tr = which == EP_MOE_WEIGHT_EXPERT_DOWN && fused_t;
         return sub(t, rows, cols, tr);
@@ -830,13 +870,16 @@ bool Checkpoint::locate(int32_t layer, ep_moe_weight_t which, int32_t expert, Sl
       if (const TensorInfo* t = tensor(layer, R_BIAS, -1)) return whole(t, 1, s.experts);
       return false;
     case EP_MOE_WEIGHT_SHARED_GATE:
-      if (const TensorInfo* t = tensor(layer, R_S_GATE, -1)) return whole(t, s.shared_inter, H);
+      if (const TensorInfo* t = tensor(layer, R_S_GATE, -1))
+        return whole(t, s.shared_inter, H) && fp8_pair(t, R_FP8S_S_GATE + (R_S_GATE - R_S_GATE), -1);
       return false;
     case EP_MOE_WEIGHT_SHARED_UP:
-      if (const TensorInfo* t = tensor(layer, R_S_UP, -1)) return whole(t, s.shared_inter, H);
+      if (const TensorInfo* t = tensor(layer, R_S_UP, -1))
+        return whole(t, s.shared_inter, H) && fp8_pair(t, R_FP8S_S_GATE + (R_S_UP - R_S_GATE), -1);
       return false;
     case EP_MOE_WEIGHT_SHARED_DOWN:
-      if (const TensorInfo* t = tensor(layer, R_S_DOWN, -1)) return whole(t, H, s.shared_inter);
+      if (const TensorInfo* t = tensor(layer, R_S_DOWN, -1))
+        return whole(t, H, s.shared_inter) && fp8_pair(t, R_FP8S_S_GATE + (R_S_DOWN - R_S_GATE), -1);
       return false;
     case EP_MOE_WEIGHT_SHARED_EXPERT_GATE:
       if (const TensorInfo* t = tensor(layer, R_S_EXPERT_GATE, -1)) return whole(t, 1, H);

@@ -48,13 +48,28 @@ struct Slice {
   bool transposed = false;  // stored [cols, rows]
   const TensorInfo* scales = nullptr;
   uint64_t scales_offset = 0;
+  // Block-scaled FP8 (the DeepSeek-V3 release): `tensor` holds F8_E4M3
+  // codes [rows, cols] at `offset`, `scales` its weight_scale_inv
+  // [ceil(rows / fp8_block_rows), cols / 128] (F32, BF16 or F16) from
+  // `scales_offset`; the loader puts them together into FP8_E4M3 blocks.
+  bool fp8 = false;
+  int64_t fp8_block_rows = 128;
 
   // The bytes the weight takes in the checkpoint (blocks and scales).
   uint64_t bytes() const {
     const auto n = static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols);
+    if (fp8)
+      return n + static_cast<uint64_t>((rows + fp8_block_rows - 1) / fp8_block_rows) *
+                     static_cast<uint64_t>(cols / 128) * scales->block_bytes;
     return scales ? n / 32 * 17 : tensor->bytes_of(n);
   }
 };
+
+// Checks a weight_scale_inv tensor `sc` against its F8_E4M3 weight `w`
+// ([rows, cols]; scales [ceil(rows / block_rows), cols / 128] in F32, BF16
+// or F16) and makes `out` the FP8 slice of both (checkpoint_fp8.cpp).
+void attach_fp8_scales(const std::string& fname, const TensorInfo* w, const TensorInfo* sc, int64_t rows, int64_t cols,
+                       int64_t block_rows, Slice* out);
 
 // What a checkpoint's tensors say about one MoE layer: its shapes and which
 // optional weights it has (the routing and activation are in Semantics).
@@ -117,6 +132,11 @@ class Checkpoint {
   int64_t hidden_hint(int32_t layer) const;
   bool fused_transposed(int32_t layer) const;
   Elem expert_sizes(int32_t layer, int64_t* H, int64_t* I) const;
+  // Rows per scale of block-scaled FP8 weights: config.json's
+  // quantization_config.weight_block_size[0] (128 if none); throws
+  // UNSUPPORTED for a quantization_config ep_moe cannot read
+  // (checkpoint_fp8.cpp).
+  int64_t fp8_block_rows() const;
   // A weight's MXFP4 blocks and scales (the roles given), checked against
   // [E, rows, cols / 32, 16] and [E, rows, cols / 32]: its Slice for
   // `expert`; false when the layer has neither tensor.

@@ -20,10 +20,10 @@ struct DtypeDesc {
 };
 // Every dtype the safetensors format defines; the loader accepts three.
 const DtypeDesc kDtypes[] = {
-    {"BOOL", 1, Elem::Other},    {"U8", 1, Elem::Other},  {"I8", 1, Elem::Other},  {"F8_E5M2", 1, Elem::Other},
-    {"F8_E4M3", 1, Elem::Other}, {"I16", 2, Elem::Other}, {"U16", 2, Elem::Other}, {"F16", 2, Elem::F16},
-    {"BF16", 2, Elem::BF16},     {"I32", 4, Elem::Other}, {"U32", 4, Elem::Other}, {"F32", 4, Elem::F32},
-    {"F64", 8, Elem::Other},     {"I64", 8, Elem::Other}, {"U64", 8, Elem::Other},
+    {"BOOL", 1, Elem::Other},      {"U8", 1, Elem::Other},  {"I8", 1, Elem::Other},  {"F8_E5M2", 1, Elem::Other},
+    {"F8_E4M3", 1, Elem::F8_E4M3}, {"I16", 2, Elem::Other}, {"U16", 2, Elem::Other}, {"F16", 2, Elem::F16},
+    {"BF16", 2, Elem::BF16},       {"I32", 4, Elem::Other}, {"U32", 4, Elem::Other}, {"F32", 4, Elem::F32},
+    {"F64", 8, Elem::Other},       {"I64", 8, Elem::Other}, {"U64", 8, Elem::Other},
 };
 
 const DtypeDesc* find_dtype(const std::string& s) {

@@ -20,10 +20,13 @@ enum class Elem : int {
   F16 = EP_MOE_DTYPE_F16,
   BF16 = EP_MOE_DTYPE_BF16,
   MXFP4 = EP_MOE_DTYPE_MXFP4,
+  FP8 = EP_MOE_DTYPE_FP8_E4M3,  // an F8_E4M3 weight with its weight_scale_inv, read as FP8_E4M3 blocks
+  F8_E4M3 = 1000,               // a safetensors F8_E4M3 tensor: raw codes, loadable only with its scales
 };
 
-// The ep_moe_dtype_t of a loadable encoding (Other: -1).
-inline int elem_dtype(Elem e) { return static_cast<int>(e); }
+// The ep_moe_dtype_t of a loadable encoding (-1: none, raw F8_E4M3 codes
+// included, which are read only through their scales).
+inline int elem_dtype(Elem e) { return e == Elem::F8_E4M3 ? -1 : static_cast<int>(e); }
 
 struct TensorInfo {
   std::string name;

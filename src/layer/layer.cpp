@@ -325,6 +325,11 @@ bool Layer::set_weight(ep_moe_weight_t which, int32_t expert, const void* data, 
                      "%s in %s: its rows are whole blocks of %d elements, and %lld columns are not", weight_name(which),
                      dtype_name(dtype), quant_block_elems(dtype), static_cast<long long>(cols));
   }
+  if (dtype == EP_MOE_DTYPE_FP8_E4M3 && data && wants(which, expert) && backend_->pointer_device(data) < 0) {
+    // No NaN reaches the kernels: the scales and codes are checked as stored.
+    const std::string fault = fp8_fault(data, rows, cols);
+    EP_MOE_CHECK_ARG(fault.empty(), "%s: %s", weight_name(which), fault.c_str());
+  }
   const int on = wants(which, expert) ? backend_->pointer_device(data) : -1;
   EP_MOE_CHECK_ARG(on < 0 || on == cfg_.device, "data is memory of CUDA device %d, but the layer is on device %d", on,
                    cfg_.device);

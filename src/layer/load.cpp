@@ -3,6 +3,7 @@
 // this rank's shard of the shared expert.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -31,8 +32,8 @@ ep_moe_dtype_t dtype_of(const io::TensorInfo& t, const io::Checkpoint& ck) {
   const int dt = io::elem_dtype(t.elem);
   if (dt < 0)
     fail(EP_MOE_ERR_UNSUPPORTED,
-         "%s: tensor '%s' is %s; only F32, F16, BF16 (and in GGUF the block formats of docs/quantization.md) "
-         "can be loaded",
+         "%s: tensor '%s' is %s; only F32, F16, BF16, F8_E4M3 with its weight_scale_inv (and in GGUF the "
+         "block formats of docs/quantization.md) can be loaded",
          ck.file(t.file).name().c_str(), t.name.c_str(), t.type_name.c_str());
   return static_cast<ep_moe_dtype_t>(dt);
 }
@@ -74,6 +75,7 @@ class Reader {
 
   // Rows [r0, r0 + nr) and columns [c0, c0 + nc) of a slice.
   Loaded read(const io::Slice& s, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+    if (s.fp8) return read_fp8(s, r0, nr, c0, nc);
     if (s.scales) return read_mxfp4(s, r0, nr, c0, nc);
     const io::TensorInfo& t = *s.tensor;
     const ep_moe_dtype_t dt = dtype_of(t, ck_);
@@ -158,6 +160,64 @@ class Reader {
       const auto code = [&](int i) { return static_cast<uint8_t>(i % 2 ? in[i / 2] >> 4 : in[i / 2] & 0x0F); };
       for (int j = 0; j < 16; ++j) blk[1 + j] = static_cast<uint8_t>(code(j) | code(j + 16) << 4);
     }
+    if (!whole_blocks) {
+      std::vector<uint8_t> narrow(static_cast<size_t>(nr * nc) * sizeof(float));
+      const Source rows{out.buf.data(), out.dtype, out.cols, 0, c0};
+      for (int64_t r = 0; r < nr; ++r) source_row_f32(rows, r, nc, reinterpret_cast<float*>(narrow.data()) + r * nc);
+      out.buf.swap(narrow);
+      out.dtype = EP_MOE_DTYPE_F32;
+      out.cols = nc;
+    }
+    return out;
+  }
+
+  // The same window of an F8_E4M3 weight and its weight_scale_inv
+  // (io::Slice::fp8) as FP8_E4M3 blocks: per 128 columns of a row the
+  // scale of its block of rows, then the 128 codes. Only the window's rows
+  // and the scales of their blocks of rows are read; a window on whole
+  // blocks of columns reads only those, another (a shared expert's shard
+  // not on 128 columns) whole rows, dequantized to the window. A
+  // non-finite scale or an E4M3 NaN code is refused, named.
+  Loaded read_fp8(const io::Slice& s, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+    const io::TensorInfo& t = *s.tensor;
+    const io::TensorInfo& st = *s.scales;
+    const bool whole_blocks = c0 % 128 == 0 && nc % 128 == 0;
+    const int64_t nb = s.cols / 128, b0 = whole_blocks ? c0 / 128 : 0, wb = whole_blocks ? nc / 128 : nb;
+    const int64_t R = s.fp8_block_rows;
+    std::vector<uint8_t> codes(static_cast<size_t>(nr * wb) * 128);
+    for (int64_t r = 0; r < nr; ++r)
+      read_bytes(t, s.offset + static_cast<uint64_t>((r0 + r) * s.cols + 128 * b0), static_cast<size_t>(wb) * 128,
+                 codes.data() + static_cast<size_t>(r * wb) * 128);
+    const int64_t sr0 = r0 / R, srn = nr > 0 ? (r0 + nr - 1) / R - sr0 + 1 : 0;
+    const auto es = static_cast<size_t>(st.block_bytes);
+    std::vector<uint8_t> sraw(static_cast<size_t>(srn * nb) * es);
+    read_bytes(st, s.scales_offset + static_cast<uint64_t>(sr0 * nb) * es, sraw.size(), sraw.data());
+    const ep_moe_dtype_t sdt = st.type_name == "F32"    ? EP_MOE_DTYPE_F32
+                               : st.type_name == "BF16" ? EP_MOE_DTYPE_BF16
+                                                        : EP_MOE_DTYPE_F16;
+    std::vector<float> scales(static_cast<size_t>(srn * nb));
+    source_row_f32(Source{sraw.data(), sdt, srn * nb}, 0, srn * nb, scales.data());
+    Loaded out;
+    out.dtype = EP_MOE_DTYPE_FP8_E4M3;
+    out.cols = wb * 128;
+    out.buf.resize(static_cast<size_t>(nr * wb) * 132);
+    for (int64_t r = 0; r < nr; ++r)
+      for (int64_t b = 0; b < wb; ++b) {
+        const float sc = scales[static_cast<size_t>(((r0 + r) / R - sr0) * nb + b0 + b)];
+        if (!std::isfinite(sc))
+          fail(EP_MOE_ERR_FORMAT, "%s: '%s' [%lld, %lld] is %g: scales must be finite",
+               ck_.file(st.file).name().c_str(), st.name.c_str(), static_cast<long long>((r0 + r) / R),
+               static_cast<long long>(b0 + b), static_cast<double>(sc));
+        const uint8_t* in = codes.data() + static_cast<size_t>(r * wb + b) * 128;
+        for (int i = 0; i < 128; ++i)
+          if (e4m3_nan(in[i]))
+            fail(EP_MOE_ERR_FORMAT, "%s: '%s' [%lld, %lld] is an E4M3 NaN code (0x%02x)",
+                 ck_.file(t.file).name().c_str(), t.name.c_str(), static_cast<long long>(r0 + r),
+                 static_cast<long long>(128 * (b0 + b) + i), in[i]);
+        uint8_t* blk = out.buf.data() + static_cast<size_t>(r * wb + b) * 132;
+        std::memcpy(blk, &sc, 4);
+        std::memcpy(blk + 4, in, 128);
+      }
     if (!whole_blocks) {
       std::vector<uint8_t> narrow(static_cast<size_t>(nr * nc) * sizeof(float));
       const Source rows{out.buf.data(), out.dtype, out.cols, 0, c0};

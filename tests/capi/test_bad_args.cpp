@@ -208,7 +208,7 @@ ROW(ep_moe_has_feature) {
 ROW(ep_moe_dtype_name) {
   (void)f;
   CHECK(ep_moe_dtype_name(static_cast<ep_moe_dtype_t>(kBadEnum)) == nullptr);
-  CHECK(ep_moe_dtype_name(static_cast<ep_moe_dtype_t>(EP_MOE_DTYPE_IQ1_M + 1)) == nullptr);
+  CHECK(ep_moe_dtype_name(static_cast<ep_moe_dtype_t>(EP_MOE_DTYPE_FP8_E4M3 + 1)) == nullptr);
   CHECK(ep_moe_dtype_name(static_cast<ep_moe_dtype_t>(-1)) == nullptr);
   CHECK(std::string(ep_moe_dtype_name(EP_MOE_DTYPE_BF16)) == "bf16");
   CHECK(std::string(ep_moe_dtype_name(EP_MOE_DTYPE_IQ2_XXS)) == "iq2_xxs");
@@ -248,11 +248,35 @@ ROW(ep_moe_dequantize) {
   CHECK(ep_moe_dequantize(out.data(), in.data(), EP_MOE_DTYPE_Q8_0, 1, 32) == EP_MOE_OK);
   CHECK(out[0] == 0.0f);
 }
+ROW(ep_moe_fp8_pack) {
+  (void)f;
+  std::vector<uint8_t> w(2 * 128, 0x38);  // 1.0
+  std::vector<float> s(1, 0.5f);
+  std::vector<uint8_t> out(2 * 132, 0xAB);
+  const std::vector<uint8_t> before = out;
+  BAD(ep_moe_fp8_pack(out.data(), w.data(), s.data(), 2, 64), ARG);  // not whole blocks of columns
+  BAD(ep_moe_fp8_pack(out.data(), w.data(), s.data(), -2, 128), ARG);
+  BAD(ep_moe_fp8_pack(nullptr, w.data(), s.data(), 2, 128), ARG);
+  BAD(ep_moe_fp8_pack(out.data(), nullptr, s.data(), 2, 128), ARG);
+  BAD(ep_moe_fp8_pack(out.data(), w.data(), nullptr, 2, 128), ARG);
+  s[0] = INFINITY;
+  BAD(ep_moe_fp8_pack(out.data(), w.data(), s.data(), 2, 128), ARG);
+  s[0] = 0.5f;
+  w[128 + 5] = 0xFF;  // NaN
+  BAD(ep_moe_fp8_pack(out.data(), w.data(), s.data(), 2, 128), ARG);
+  CHECK(std::string(ep_moe_last_error()).find("weight[1][5]") != std::string::npos);
+  CHECK(out == before);  // untouched on failure
+  w[128 + 5] = 0x38;
+  CHECK(ep_moe_fp8_pack(out.data(), w.data(), s.data(), 2, 128) == EP_MOE_OK);
+  std::vector<float> back(2 * 128);
+  CHECK(ep_moe_dequantize(back.data(), out.data(), EP_MOE_DTYPE_FP8_E4M3, 2, 128) == EP_MOE_OK);
+  CHECK(back[200] == 0.5f);  // 1.0 x 0.5
+}
 ROW(ep_moe_dtype_block) {
   (void)f;
   int64_t elems = -7, bytes = -7;
   BAD(ep_moe_dtype_block(&elems, &bytes, static_cast<ep_moe_dtype_t>(kBadEnum)), ARG);
-  BAD(ep_moe_dtype_block(&elems, &bytes, static_cast<ep_moe_dtype_t>(EP_MOE_DTYPE_IQ1_M + 1)), ARG);
+  BAD(ep_moe_dtype_block(&elems, &bytes, static_cast<ep_moe_dtype_t>(EP_MOE_DTYPE_FP8_E4M3 + 1)), ARG);
   CHECK((elems == -7 && bytes == -7));  // untouched on failure
   CHECK(ep_moe_dtype_block(nullptr, nullptr, EP_MOE_DTYPE_Q4_K) == EP_MOE_OK);
   CHECK(ep_moe_dtype_block(&elems, &bytes, EP_MOE_DTYPE_Q4_K) == EP_MOE_OK);

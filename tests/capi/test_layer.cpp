@@ -315,7 +315,7 @@ TEST_CASE("block-format weights: whole blocks, one type per part, sizes that fit
                   "q8_0") != std::string::npos);
   // Dtypes past the last format are not dtypes.
   CHECK(ep_moe_layer_set_weight(&stored, l, EP_MOE_WEIGHT_EXPERT_UP, 0, q8.data(),
-                                static_cast<ep_moe_dtype_t>(EP_MOE_DTYPE_IQ1_M + 1), 32,
+                                static_cast<ep_moe_dtype_t>(EP_MOE_DTYPE_FP8_E4M3 + 1), 32,
                                 64) == EP_MOE_ERR_INVALID_ARGUMENT);
   ep_moe_layer_destroy(l);
   // A block-format weight_dtype needs sizes its blocks divide.

@@ -42,6 +42,7 @@ std::vector<T> read_all(const std::string& path) {
 void check_blocks(const std::string& dir) {
   for (int i = ep_moe::kQuantFirst; i <= ep_moe::kQuantLast; ++i) {
     const auto t = static_cast<ep_moe_dtype_t>(i);
+    if (ep_moe::quant_traits(t)->gguf_type < 0) continue;  // not a GGUF format (FP8: fp8_writers.py)
     const std::string n = ep_moe::quant_traits(t)->gguf_name;
     const auto blocks = read_all<uint8_t>(dir + "/blocks_" + n + ".bin");
     const auto want = read_all<float>(dir + "/deq_" + n + ".f32");

@@ -54,9 +54,11 @@ using ep_moe_test::isas_here;
 TEST_CASE("block formats: sizes as GGUF defines them", "[unit][quant]") {
   // ggml's block sizes (ggml-common.h's block_* structs), written out here
   // independently of the traits table they check.
-  const int elems[] = {32, 32, 256, 256, 256, 256, 32, 256, 256, 32, 32, 32, 32, 256, 256, 256, 256, 256, 256, 256};
-  const int bytes[] = {34, 18, 144, 176, 210, 136, 17, 84, 110, 20, 22, 24, 18, 66, 74, 82, 98, 110, 50, 56};
-  const int gguf[] = {8, 2, 12, 13, 14, 23, 39, 10, 11, 3, 6, 7, 20, 16, 17, 22, 18, 21, 19, 29};
+  // FP8_E4M3 last: ep_moe's own block of an f32 scale and 128 codes.
+  const int elems[] = {32, 32, 256, 256, 256, 256, 32,  256, 256, 32, 32,
+                       32, 32, 256, 256, 256, 256, 256, 256, 256, 128};
+  const int bytes[] = {34, 18, 144, 176, 210, 136, 17, 84, 110, 20, 22, 24, 18, 66, 74, 82, 98, 110, 50, 56, 132};
+  const int gguf[] = {8, 2, 12, 13, 14, 23, 39, 10, 11, 3, 6, 7, 20, 16, 17, 22, 18, 21, 19, 29, -1};
   REQUIRE(kTypes.size() == sizeof elems / sizeof elems[0]);
   for (int i = 0; i < kQuantTypes; ++i) {
     const ep_moe_dtype_t t = kTypes[static_cast<size_t>(i)];
@@ -66,7 +68,7 @@ TEST_CASE("block formats: sizes as GGUF defines them", "[unit][quant]") {
     CHECK(quant_block_elems(t) == elems[i]);
     CHECK(quant_block_bytes(t) == bytes[i]);
     CHECK(quant_row_bytes(t, 512) == static_cast<size_t>(512 / elems[i] * bytes[i]));
-    CHECK(quant_dtype_of_gguf(gguf[i]) == t);
+    if (gguf[i] >= 0) CHECK(quant_dtype_of_gguf(gguf[i]) == t);
     CHECK(act_quant_of(t) == (elems[i] == 256 ? ActQuant::Q8_K : ActQuant::Q8_0));
   }
   CHECK_FALSE(dtype_is_quant(EP_MOE_DTYPE_BF16));
@@ -74,6 +76,7 @@ TEST_CASE("block formats: sizes as GGUF defines them", "[unit][quant]") {
   CHECK_FALSE(dtype_is_quant(static_cast<ep_moe_dtype_t>(kQuantLast + 1)));
   CHECK(quant_traits(EP_MOE_DTYPE_F32) == nullptr);
   CHECK(quant_dtype_of_gguf(15) == -1);  // Q8_K: GGUF's activation format, not a weight format here
+  CHECK(quant_dtype_of_gguf(-1) == -1);
 }
 
 TEST_CASE("quantize -> dequantize stays within each format's step", "[unit][quant]") {
@@ -100,8 +103,9 @@ TEST_CASE("quantize -> dequantize stays within each format's step", "[unit][quan
       double each, rms;
     };
     const bool grid = t >= EP_MOE_DTYPE_IQ2_XXS && t != EP_MOE_DTYPE_IQ4_NL;
-    const Bound bound = t == EP_MOE_DTYPE_Q8_0                                                       ? Bound{0.01, 1}
-                        : t == EP_MOE_DTYPE_Q6_K                                                     ? Bound{0.04, 1}
+    const Bound bound = t == EP_MOE_DTYPE_Q8_0       ? Bound{0.01, 1}
+                        : t == EP_MOE_DTYPE_Q6_K     ? Bound{0.04, 1}
+                        : t == EP_MOE_DTYPE_FP8_E4M3 ? Bound{0.07, 1}  // 3 mantissa bits: half a step is 1/16
                         : t == EP_MOE_DTYPE_Q5_K || t == EP_MOE_DTYPE_Q5_0 || t == EP_MOE_DTYPE_Q5_1 ? Bound{0.07, 1}
                         : t == EP_MOE_DTYPE_MXFP4                                                    ? Bound{0.26, 1}
                         : t == EP_MOE_DTYPE_Q3_K                                                     ? Bound{0.3, 1}
@@ -297,6 +301,12 @@ std::vector<uint8_t> extreme_block(ep_moe_dtype_t t, int variant) {
       std::memset(b.data() + 4, variant ? 0 : 0xFF, 4);       // l 63 (31 after the offset) or 0 (-32)
       std::memset(b.data() + 8, variant ? 0xFF : 0x00, 128);  // 113 or -127
       break;
+    case EP_MOE_DTYPE_FP8_E4M3: {
+      const float one_f = 1.0f;
+      std::memcpy(b.data(), &one_f, 4);
+      std::memset(b.data() + 4, variant ? 0xFE : 0x7E, 128);  // -448 or 448: the largest magnitudes
+      break;
+    }
     default: {
       // The decoded formats: every bit set (variant 0: Q5_0 15, Q2_K 3
       // with scale and min 15, Q3_K 3 with scale 31, IQ4_NL 113, the grids'
@@ -532,3 +542,27 @@ TEST_CASE("the AVX2 row decoders give the portable decode's values, every decode
   }
 }
 #endif
+
+TEST_CASE("FP8 E4M3FN: every code's value, and the nearest code of a float", "[unit][quant]") {
+  CHECK(e4m3_value(0x38) == 1.0f);
+  CHECK(e4m3_value(0x7E) == 448.0f);
+  CHECK(e4m3_value(0xFE) == -448.0f);
+  CHECK(e4m3_value(0x01) == std::ldexp(1.0f, -9));  // the smallest subnormal
+  CHECK(e4m3_value(0x08) == std::ldexp(1.0f, -6));  // the smallest normal
+  CHECK(std::isnan(e4m3_value(0x7F)));
+  CHECK(std::isnan(e4m3_value(0xFF)));
+  for (int c = 0; c < 256; ++c) {
+    const auto code = static_cast<uint8_t>(c);
+    if (e4m3_nan(code)) continue;
+    CAPTURE(c);
+    CHECK(e4m3_code(e4m3_value(code)) == code);  // every value round-trips (-0 keeps its sign)
+  }
+  // Halfway between 1 and 1.125: ties to even (1.0, mantissa 0); between
+  // 1.125 and 1.25: to 1.25 (mantissa 2); past 448: saturated.
+  CHECK(e4m3_code(1.0625f) == 0x38);
+  CHECK(e4m3_code(1.1875f) == 0x3A);
+  CHECK(e4m3_code(1000.0f) == 0x7E);
+  CHECK(e4m3_code(-1000.0f) == 0xFE);
+  CHECK(e4m3_code(std::ldexp(1.0f, -11)) == 0x00);  // a quarter of the smallest subnormal
+  CHECK(e4m3_code(std::ldexp(3.0f, -10)) == 0x02);  // 1.5 subnormal steps: ties to even
+}

@@ -74,6 +74,7 @@ pub const EP_MOE_DTYPE_IQ3_XXS: ep_moe_dtype_t = 22;
 pub const EP_MOE_DTYPE_IQ3_S: ep_moe_dtype_t = 23;
 pub const EP_MOE_DTYPE_IQ1_S: ep_moe_dtype_t = 24;
 pub const EP_MOE_DTYPE_IQ1_M: ep_moe_dtype_t = 25;
+pub const EP_MOE_DTYPE_FP8_E4M3: ep_moe_dtype_t = 26;
 pub const EP_MOE_DTYPE_ENUM_MIN_: ep_moe_dtype_t = -2147483648;
 pub const EP_MOE_DTYPE_ENUM_MAX_: ep_moe_dtype_t = 2147483647;
 
@@ -383,6 +384,7 @@ extern "C" {
     pub fn ep_moe_dtype_name(dtype: ep_moe_dtype_t) -> *const c_char;
     pub fn ep_moe_quantize(out: *mut c_void, dtype: ep_moe_dtype_t, in_: *const f32, rows: i64, cols: i64) -> ep_moe_status_t;
     pub fn ep_moe_dequantize(out: *mut f32, in_: *const c_void, dtype: ep_moe_dtype_t, rows: i64, cols: i64) -> ep_moe_status_t;
+    pub fn ep_moe_fp8_pack(out: *mut c_void, weight: *const u8, scale_inv: *const f32, rows: i64, cols: i64) -> ep_moe_status_t;
     pub fn ep_moe_expert_map_config_init(out: *mut ep_moe_expert_map_config_t) -> ep_moe_status_t;
     pub fn ep_moe_expert_map_create(out: *mut *mut ep_moe_expert_map_t, config: *const ep_moe_expert_map_config_t) -> ep_moe_status_t;
     pub fn ep_moe_expert_map_destroy(map: *mut ep_moe_expert_map_t);

@@ -156,6 +156,9 @@ pub enum BlockFormat {
     Iq3S,
     Iq1S,
     Iq1M,
+    /// ep_moe's block-scaled FP8 (an f32 scale and 128 E4M3 codes a block;
+    /// `sys::ep_moe_fp8_pack` builds it from a checkpoint's weight_scale_inv).
+    Fp8E4m3,
 }
 
 impl BlockFormat {
@@ -182,6 +185,7 @@ impl BlockFormat {
             BlockFormat::Iq3S => sys::EP_MOE_DTYPE_IQ3_S,
             BlockFormat::Iq1S => sys::EP_MOE_DTYPE_IQ1_S,
             BlockFormat::Iq1M => sys::EP_MOE_DTYPE_IQ1_M,
+            BlockFormat::Fp8E4m3 => sys::EP_MOE_DTYPE_FP8_E4M3,
         }
     }
     /// (elements, bytes) of one block (`ep_moe_dtype_block`).

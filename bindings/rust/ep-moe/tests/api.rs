@@ -343,6 +343,7 @@ fn block_format_weights_are_kept_or_refused_with_the_message() {
     assert_eq!(BlockFormat::Iq2Xxs.block(), (256, 66));
     assert_eq!(BlockFormat::Q3K.block(), (256, 110));
     assert_eq!(BlockFormat::Q4_1.block(), (32, 20));
+    assert_eq!(BlockFormat::Fp8E4m3.block(), (128, 132));
     let map = ExpertMap::new(&ExpertMapConfig::new(1, 0, 2)).unwrap();
     let mut c = LayerConfig::default();
     c.hidden_size = 64;
