@@ -54,6 +54,9 @@ struct Options {
   // Weight dtypes, one set of rows each (compared in the same run), and the
   // activations' (-1: the weights' for float types, bf16 for block formats).
   std::vector<ep_moe_dtype_t> dtypes = {EP_MOE_DTYPE_BF16};
+  // Per entry of dtypes: the routed experts' down in another block format
+  // ("iq2_xxs+q3_k"), or -1.
+  std::vector<int> downs = {-1};
   // --engine: the matrix engine setting of each variant (EP_MOE_MATRIX_ENGINE
   // at its layers' creation; "": the environment's), the variants being
   // every dtype under every setting, dtype by dtype (one each without
@@ -67,7 +70,9 @@ struct Options {
     return static_cast<int>(w);
   }
   std::string label(size_t i) const {
-    const std::string d = presets::dtype_name(dtypes[i]);
+    std::string d = presets::dtype_name(dtypes[i]);
+    if (i < downs.size() && downs[i] >= 0)
+      d += std::string("+") + presets::dtype_name(static_cast<ep_moe_dtype_t>(downs[i]));
     return i < engines.size() && !engines[i].empty() ? d + "/" + engines[i] : d;
   }
   int act = -1;
@@ -316,17 +321,20 @@ int parse_options(int argc, char** argv, Options* op) {
       .option("--threads", &o.threads, "threads of the rank (default 0: all hardware threads)", 0, 1024)
       .custom("--dtype", "D,D",
               "weight dtypes, rows of each in one run and compared at the end (the first is the baseline): f32, "
-              "bf16 (default), f16, or a GGUF block format (q8_0, q4_k, q2_k, iq2_xxs, ...: float weights "
-              "quantized by ep_moe)",
+              "bf16 (default), f16, a block format (q8_0, q4_k, q2_k, iq2_xxs, ..., fp8: float weights "
+              "quantized by ep_moe), or two: gate/up+down (iq2_xxs+q3_k: DeepSeek-R1 UD-IQ2_XXS's layout)",
               [&o](const std::string& v, std::string* err) {
                 o.dtypes.clear();
+                o.downs.clear();
                 for (const auto& d : cli::split(v)) {
                   ep_moe_dtype_t t;
-                  if (!presets::parse_dtype(d, &t, true)) {
+                  int down = -1;
+                  if (!presets::parse_layout(d, &t, &down)) {
                     *err = "unknown dtype " + d + " (" + presets::dtype_list(true) + ")";
                     return false;
                   }
                   o.dtypes.push_back(t);
+                  o.downs.push_back(down);
                 }
                 return !o.dtypes.empty();
               })
@@ -383,12 +391,15 @@ int parse_options(int argc, char** argv, Options* op) {
   const int rc = args.parse(argc, argv);
   if (rc == cli::Parser::kRun && !o.engine_list.empty()) {  // every dtype under every engine setting
     std::vector<ep_moe_dtype_t> dts;
-    for (ep_moe_dtype_t d : o.dtypes)
+    std::vector<int> downs;
+    for (size_t i = 0; i < o.dtypes.size(); ++i)
       for (const std::string& e : o.engine_list) {
-        dts.push_back(d);
+        dts.push_back(o.dtypes[i]);
+        downs.push_back(o.downs[i]);
         o.engines.push_back(e);
       }
     o.dtypes = dts;
+    o.downs = downs;
   }
   return rc;
 }
@@ -525,7 +536,7 @@ struct Run {
 // in wdt, or the checkpoint's; its weight dtype into *lw. Null: it failed
 // (printed).
 ep_moe_layer_t* make_layer(const Run& run, const presets::Model& m, int ep, int strategy, ep_moe_dtype_t wdt,
-                           ep_moe_dtype_t act, ep_moe_dtype_t* lw) {
+                           ep_moe_dtype_t act, ep_moe_dtype_t* lw, int down = -1) {
   ep_moe_expert_map_t* map = presets::linear_map(ep, 0, m.experts);
   if (!map) {
     std::fprintf(stderr, "map: %s\n", ep_moe_last_error());
@@ -547,7 +558,7 @@ ep_moe_layer_t* make_layer(const Run& run, const presets::Model& m, int ep, int 
     return nullptr;
   }
   std::string err;
-  if (!run.ckl.ck) err = presets::load_random_weights(layer, map, m, m.shared_intermediate, 1);
+  if (!run.ckl.ck) err = presets::load_random_weights(layer, map, m, m.shared_intermediate, 1, down);
   else if (ep_moe_layer_load(layer, run.ckl.ck, run.ckl.layer) != EP_MOE_OK) err = ep_moe_layer_last_error(layer);
   ep_moe_expert_map_destroy(map);
   if (!err.empty()) {
@@ -695,7 +706,7 @@ int run_preset(const Run& run, const std::string& name, Results* res) {
     for (int strategy : o.strategies) {
       if (strategy == EP_MOE_SKIP_WEIGHT_ZERO && ep == 1) continue;  // nothing is non-local
       ep_moe_dtype_t lw = o.dtypes[di];
-      ep_moe_layer_t* layer = make_layer(run, *m, ep, strategy, o.dtypes[di], o.act_of(o.dtypes[di]), &lw);
+      ep_moe_layer_t* layer = make_layer(run, *m, ep, strategy, o.dtypes[di], o.act_of(o.dtypes[di]), &lw, o.downs[di]);
       if (!layer) return fail();
       ep_moe_layer_t*& kept = by[strategy == EP_MOE_SKIP_TOKENS ? 0 : 1];
       ep_moe_layer_destroy(kept);  // a strategy named twice: its last layer is kept

@@ -37,6 +37,7 @@ struct Options {
   int placement = EP_MOE_PLACEMENT_LINEAR;
   ep_moe_dtype_t dtype = EP_MOE_DTYPE_BF16;    // activations
   ep_moe_dtype_t weights = EP_MOE_DTYPE_BF16;  // weights (a block format: quantized by ep_moe)
+  int down = -1;                               // the routed experts' down in another block format (-1: as the weights)
   bool plan = false;
   bool mpi = false;  // one rank per MPI process (run under mpirun)
   // --checkpoint: the layer's configuration and weights come from it, and
@@ -117,7 +118,7 @@ std::string rank_body(const presets::Model& m, const Options& o, ep_moe_comm_t* 
   ep_moe_layer_t* layer = nullptr;
   if (ep_moe_layer_create(&layer, &lc, map, comm, nullptr) != EP_MOE_OK) err = ep_moe_last_error();
   else if (o.ck && ep_moe_layer_load(layer, o.ck->ck, o.ck->layer) != EP_MOE_OK) err = ep_moe_layer_last_error(layer);
-  else if (!o.ck) err = presets::load_random_weights(layer, map, m, shared, 2026);
+  else if (!o.ck) err = presets::load_random_weights(layer, map, m, shared, 2026, o.down);
   ep_moe_expert_map_destroy(map);
   if (!err.empty()) {
     ep_moe_comm_abort(comm);  // the others must not wait for us
@@ -271,11 +272,12 @@ int parse_options(int argc, char** argv, Options* op) {
       .option("--ep", &o.ep, "in-process expert-parallel ranks (default 4)", 1, 4096)
       .option("--tokens", &o.tokens, "tokens per forward (default 64)", 1, 1 << 20)
       .custom("--dtype", "D",
-              "weights and activations: f32, bf16 (default) or f16; or weights in a GGUF block format (q8_0, "
-              "q4_k, q2_k, iq2_xxs, ...: ep_moe_dtype_name's names) with bf16 activations",
+              "weights and activations: f32, bf16 (default) or f16; or weights in a block format (q8_0, "
+              "q4_k, q2_k, iq2_xxs, ..., fp8: ep_moe_dtype_name's names) with bf16 activations; or two, "
+              "gate/up+down (iq2_xxs+q3_k: DeepSeek-R1 UD-IQ2_XXS's layout)",
               [&o](const std::string& v, std::string* err) {
-                if (!presets::parse_dtype(v, &o.weights, true)) {
-                  *err = "takes " + presets::dtype_list(true);
+                if (!presets::parse_layout(v, &o.weights, &o.down)) {
+                  *err = "takes " + presets::dtype_list(true) + ", or two block formats as gate_up+down";
                   return false;
                 }
                 o.dtype = o.weights <= EP_MOE_DTYPE_F16 ? o.weights : EP_MOE_DTYPE_BF16;
@@ -354,10 +356,12 @@ int main(int argc, char** argv) {
 #endif
   if (!quiet) {
     std::printf("ep_moe %s demo: %s\n", ep_moe_version_string(), m->note);
+    std::string wname = o.ck ? "the checkpoint's" : presets::dtype_name(o.weights);
+    if (!o.ck && o.down >= 0)
+      wname += std::string(" (down ") + presets::dtype_name(static_cast<ep_moe_dtype_t>(o.down)) + ")";
     std::printf("layer: H=%d I=%d E=%d top-%d, shared expert %d, %s weights, %s activations, EP=%d, %d tokens\n\n",
-                m->hidden, m->intermediate, m->experts, m->top_k, shared,
-                o.ck ? "the checkpoint's" : presets::dtype_name(o.weights), presets::dtype_name(o.dtype), o.ep,
-                o.tokens);
+                m->hidden, m->intermediate, m->experts, m->top_k, shared, wname.c_str(), presets::dtype_name(o.dtype),
+                o.ep, o.tokens);
     if (o.plan && !o.mpi) return print_plan(*m, o);
     print_plan(*m, o);
   }

@@ -70,8 +70,13 @@ inline void fill(std::vector<float>& v, size_t n, uint64_t seed, uint64_t stream
 // Gives a layer every tensor it needs from deterministic random weights;
 // experts without a slot on this rank are neither generated nor read.
 // Returns an empty string or the error.
+// `down` (a block format, or -1): the routed experts' down projections
+// quantized to it by ep_moe_quantize and given as its blocks, the layout of
+// GGUF "dynamic" quants (DeepSeek-R1 UD-IQ2_XXS: IQ2_XXS gate/up, Q3_K
+// down); otherwise they are given in f32 like the rest and stored as the
+// layer's weight_dtype.
 inline std::string load_random_weights(ep_moe_layer_t* layer, const ep_moe_expert_map_t* map, const Model& m,
-                                       int shared, uint64_t seed) {
+                                       int shared, uint64_t seed, int down = -1) {
   const int H = m.hidden, I = m.intermediate;
   // Uniform(-a, a) has variance a^2/3: a = sqrt(3/fan_in) keeps outputs O(1).
   const float a_in = std::sqrt(3.0f / static_cast<float>(H)), a_down = std::sqrt(3.0f / static_cast<float>(I));
@@ -80,15 +85,27 @@ inline std::string load_random_weights(ep_moe_layer_t* layer, const ep_moe_exper
     fill(buf, static_cast<size_t>(rows) * static_cast<size_t>(cols), seed, stream, a);
     return ep_moe_layer_set_weight(nullptr, layer, w, e, buf.data(), EP_MOE_DTYPE_F32, rows, cols) == EP_MOE_OK;
   };
+  std::vector<uint8_t> blocks;
+  auto put_down = [&](int e, uint64_t stream) -> bool {
+    if (down < 0) return put(EP_MOE_WEIGHT_EXPERT_DOWN, e, H, I, stream, a_down);
+    const auto dt = static_cast<ep_moe_dtype_t>(down);
+    int64_t elems = 1, bytes = 0;
+    if (ep_moe_dtype_block(&elems, &bytes, dt) != EP_MOE_OK) return false;
+    fill(buf, static_cast<size_t>(H) * static_cast<size_t>(I), seed, stream, a_down);
+    blocks.resize(static_cast<size_t>(H) * static_cast<size_t>(I / elems * bytes));
+    return ep_moe_quantize(blocks.data(), dt, buf.data(), H, I) == EP_MOE_OK &&
+           ep_moe_layer_set_weight(nullptr, layer, EP_MOE_WEIGHT_EXPERT_DOWN, e, blocks.data(), dt, H, I) == EP_MOE_OK;
+  };
   for (int e = 0; e < m.experts; ++e) {
     int32_t local = 0;
     if (ep_moe_expert_map_is_local(&local, map, e) != EP_MOE_OK) return ep_moe_last_error();
     if (!local) continue;
     const uint64_t base = static_cast<uint64_t>(e) * 8;
     if (!put(EP_MOE_WEIGHT_EXPERT_GATE, e, I, H, base + 0, a_in) ||
-        !put(EP_MOE_WEIGHT_EXPERT_UP, e, I, H, base + 1, a_in) ||
-        !put(EP_MOE_WEIGHT_EXPERT_DOWN, e, H, I, base + 2, a_down))
-      return ep_moe_layer_last_error(layer);
+        !put(EP_MOE_WEIGHT_EXPERT_UP, e, I, H, base + 1, a_in) || !put_down(e, base + 2)) {
+      const char* why = ep_moe_layer_last_error(layer);
+      return why && *why ? why : ep_moe_last_error();
+    }
   }
   if (shared > 0) {
     const uint64_t base = 1ull << 40;
@@ -180,6 +197,22 @@ inline bool parse_dtype(const std::string& s, ep_moe_dtype_t* out, bool block_fo
       return true;
     }
   return false;
+}
+
+// "gate_up+down": a block format for gate/up (the layer's weight_dtype)
+// and another for down, as dynamic GGUF quants mix them
+// ("iq2_xxs+q3_k"); or one dtype (down -1).
+inline bool parse_layout(const std::string& s, ep_moe_dtype_t* gate_up, int* down) {
+  const auto plus = s.find('+');
+  if (plus == std::string::npos) {
+    *down = -1;
+    return parse_dtype(s, gate_up, true);
+  }
+  ep_moe_dtype_t d;
+  if (!parse_dtype(s.substr(0, plus), gate_up, true) || !parse_dtype(s.substr(plus + 1), &d, true)) return false;
+  if (*gate_up <= EP_MOE_DTYPE_F16 || d <= EP_MOE_DTYPE_F16) return false;  // mixes of block formats
+  *down = d;
+  return true;
 }
 
 inline const char* dtype_name(ep_moe_dtype_t t) {

@@ -30,6 +30,8 @@ inline void widen16(const uint8_t* codes, __m256* lo, __m256* hi) {
   *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(w, 1));
 }
 
+constexpr int kPrefetchBlocks = 12;  // 1.5 KiB ahead in each row
+
 template <int R>
 void rows_dot(const uint8_t* const* w, const void* arow, int k, float* out) {
   const auto* q = static_cast<const int8_t*>(arow);
@@ -37,6 +39,15 @@ void rows_dot(const uint8_t* const* w, const void* arow, int k, float* out) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int b = 0; b < k / 128; ++b) {
+    // Each row's stream kept kPrefetchBlocks ahead of its reads (the
+    // hardware's prefetchers alone left it at half the in-cache rate).
+    if (b + kPrefetchBlocks < k / 128)
+      for (int r = 0; r < R; ++r) {
+        const char* p = reinterpret_cast<const char*>(w[r] + 132 * (b + kPrefetchBlocks));
+        _mm_prefetch(p, _MM_HINT_T0);
+        _mm_prefetch(p + 64, _MM_HINT_T0);
+        _mm_prefetch(p + 128, _MM_HINT_T0);
+      }
     __m256 blk[R];
     for (int r = 0; r < R; ++r) blk[r] = _mm256_setzero_ps();
     for (int c = 0; c < 8; ++c) {

@@ -36,6 +36,8 @@ inline void widen32(const uint8_t* codes, __m512* lo, __m512* hi) {
   *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(w, 1));
 }
 
+constexpr int kPrefetchBlocks = 12;  // 1.5 KiB ahead in each row
+
 template <int R>
 void rows_dot(const uint8_t* const* w, const void* arow, int k, float* out) {
   const auto* q = static_cast<const int8_t*>(arow);
@@ -43,6 +45,15 @@ void rows_dot(const uint8_t* const* w, const void* arow, int k, float* out) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int b = 0; b < k / 128; ++b) {
+    // Each row's stream kept kPrefetchBlocks ahead of its reads (the
+    // hardware's prefetchers alone left it at half the in-cache rate).
+    if (b + kPrefetchBlocks < k / 128)
+      for (int r = 0; r < R; ++r) {
+        const char* p = reinterpret_cast<const char*>(w[r] + 132 * (b + kPrefetchBlocks));
+        _mm_prefetch(p, _MM_HINT_T0);
+        _mm_prefetch(p + 64, _MM_HINT_T0);
+        _mm_prefetch(p + 128, _MM_HINT_T0);
+      }
     __m512 blk[R];
     for (int r = 0; r < R; ++r) blk[r] = _mm512_setzero_ps();
     for (int c = 0; c < 4; ++c) {
