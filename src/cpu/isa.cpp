@@ -27,6 +27,21 @@ Isa hardware_isa() {
 #endif
   return Isa::Generic;
 }
+
+// EP_MOE_CPU_ISA's level: its text up to the first comma.
+bool env_level_is(const char* env, const char* level) {
+  const size_t n = std::strlen(level);
+  return std::strncmp(env, level, n) == 0 && (env[n] == '\0' || env[n] == ',');
+}
+// Whether EP_MOE_CPU_ISA lists ",-feature" after its level.
+bool env_disables(const char* feature) {
+  const char* env = std::getenv("EP_MOE_CPU_ISA");
+  if (!env) return false;
+  const size_t n = std::strlen(feature);
+  for (const char* p = std::strchr(env, ','); p; p = std::strchr(p + 1, ','))
+    if (p[1] == '-' && std::strncmp(p + 2, feature, n) == 0 && (p[2 + n] == '\0' || p[2 + n] == ',')) return true;
+  return false;
+}
 }  // namespace
 
 Isa detect_isa() {
@@ -34,10 +49,10 @@ Isa detect_isa() {
   const char* env = std::getenv("EP_MOE_CPU_ISA");
   if (env) {
     Isa want = hw;
-    if (std::strcmp(env, "generic") == 0) want = Isa::Generic;
-    else if (std::strcmp(env, "avx2") == 0) want = Isa::Avx2;
-    else if (std::strcmp(env, "avx512") == 0) want = Isa::Avx512;
-    else if (std::strcmp(env, "avx512bf16") == 0 || std::strcmp(env, "amx") == 0) want = Isa::Avx512Bf16;
+    if (env_level_is(env, "generic")) want = Isa::Generic;
+    else if (env_level_is(env, "avx2")) want = Isa::Avx2;
+    else if (env_level_is(env, "avx512")) want = Isa::Avx512;
+    else if (env_level_is(env, "avx512bf16") || env_level_is(env, "amx")) want = Isa::Avx512Bf16;
     if (static_cast<int>(want) < static_cast<int>(hw)) hw = want;
   }
   return hw;
@@ -46,7 +61,7 @@ Isa detect_isa() {
 bool has_avx512_vnni() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  return hardware_isa() >= Isa::Avx512 && __builtin_cpu_supports("avx512vnni");
+  return hardware_isa() >= Isa::Avx512 && __builtin_cpu_supports("avx512vnni") && !env_disables("vnni");
 #else
   return false;
 #endif
@@ -55,7 +70,7 @@ bool has_avx512_vnni() {
 bool has_avx_vnni() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  return hardware_isa() >= Isa::Avx2 && __builtin_cpu_supports("avxvnni");
+  return hardware_isa() >= Isa::Avx2 && __builtin_cpu_supports("avxvnni") && !env_disables("avxvnni");
 #else
   return false;
 #endif
@@ -105,7 +120,7 @@ EnginePolicy matrix_engine_policy() {
   if (eng && std::strcmp(eng, "off") == 0) return EnginePolicy::Off;
   if (eng && std::strcmp(eng, "onednn") == 0) return EnginePolicy::Force;
   const char* isa = std::getenv("EP_MOE_CPU_ISA");
-  if (isa && std::strcmp(isa, "amx") != 0) return EnginePolicy::Off;
+  if (isa && !env_level_is(isa, "amx")) return EnginePolicy::Off;
   return has_amx() ? EnginePolicy::Amx : EnginePolicy::Off;
 }
 

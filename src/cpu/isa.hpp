@@ -12,19 +12,23 @@ enum class Isa : int { Generic = 0, Avx2 = 1, Avx512 = 2, Avx512Bf16 = 3 };
 
 // What this CPU supports, lowered by the environment variable
 // EP_MOE_CPU_ISA=generic|avx2|avx512|avx512bf16 (never raised above the
-// hardware; `amx` names no lower level, see matrix_engine_policy()).
+// hardware; `amx` names no lower level, see matrix_engine_policy()),
+// optionally followed by features to leave out one at a time, so that one
+// machine runs every table it can: ",-vnni" (AVX512_VNNI: the AVX-512
+// tables then take the 8-row block kernels) and ",-avxvnni" (AVX-VNNI),
+// e.g. EP_MOE_CPU_ISA=avx512,-vnni. Read at every call.
 Isa detect_isa();
 const char* isa_name(Isa isa);
 
-// Whether the CPU has AVX512_VNNI (with AVX-512 F/BW/VL): the AVX-512
-// tables' block-format kernels then use it (rows interleaved 16 at a time,
-// and the int8 tiles), else AVX2's (8 at a time). Not lowered by
-// EP_MOE_CPU_ISA, which runs without it by naming avx2.
+// Whether the CPU has AVX512_VNNI (with AVX-512 F/BW/VL) and
+// EP_MOE_CPU_ISA does not leave it out ("-vnni"): the AVX-512 tables'
+// block-format kernels then use it (rows interleaved 16 at a time, and the
+// int8 tiles), else AVX2's (8 at a time).
 bool has_avx512_vnni();
-// Whether the CPU has AVX-VNNI (the VEX vpdpbusd on 256 bits, with AVX2):
-// the 8-row block kernels then use it (qgroups_avxvnni.cpp) where the
-// table has no AVX512_VNNI. Not lowered by EP_MOE_CPU_ISA either (generic
-// runs without it).
+// Whether the CPU has AVX-VNNI (the VEX vpdpbusd on 256 bits, with AVX2)
+// and EP_MOE_CPU_ISA does not leave it out ("-avxvnni"): the 8-row block
+// kernels then use it (qgroups_avxvnni.cpp) where the table has no
+// AVX512_VNNI.
 bool has_avx_vnni();
 
 // How far ahead of its reads a block kernel's decode stream prefetches

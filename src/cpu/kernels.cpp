@@ -124,7 +124,7 @@ const Kernels& layer_kernels() {
   // AVX512_BF16 the pair dot products are twice the FMA rate, on others
   // half of it (docs/benchmarks.md's tables say which), so it is timed.
   const char* named = std::getenv("EP_MOE_CPU_ISA");
-  if (isa == Isa::Avx512Bf16 && (!named || std::strcmp(named, "amx") == 0)) {
+  if (isa == Isa::Avx512Bf16 && (!named || std::strncmp(named, "amx", 3) == 0)) {
     static const bool dot_slower = bf16_dot_time_ratio() > 1.0;  // once per process
     if (dot_slower) return kernels_for(Isa::Avx512);
   }

@@ -376,8 +376,9 @@ void sum_rows_avx2(void* out, ep_moe_dtype_t out_dt, const float* init, const vo
   else row_to_f16(tail, o16 + j, n - j);
 }
 
-const Kernels& kernels_avx2() {
-  static const Kernels k = [] {
+namespace {
+Kernels make_avx2() {
+  return [] {
     Kernels t{Isa::Avx2,
               NR,
               MR,
@@ -397,6 +398,17 @@ const Kernels& kernels_avx2() {
     set_x86_block_kernels(t, false);
     return t;
   }();
+}
+}  // namespace
+
+// With and without AVX-VNNI's block kernels (EP_MOE_CPU_ISA "-avxvnni", or
+// a CPU without it): each built at its first use.
+const Kernels& kernels_avx2() {
+  if (has_avx_vnni()) {
+    static const Kernels k = make_avx2();
+    return k;
+  }
+  static const Kernels k = make_avx2();
   return k;
 }
 

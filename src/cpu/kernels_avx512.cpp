@@ -11,8 +11,9 @@ namespace cpu {
 
 #include "cpu/kernels_avx512.inc"
 
-const Kernels& kernels_avx512() {
-  static const Kernels k = [] {
+namespace {
+Kernels make_avx512() {
+  return [] {
     Kernels t{Isa::Avx512,
               NR,
               MR,
@@ -30,6 +31,17 @@ const Kernels& kernels_avx512() {
     set_x86_block_kernels(t, true);
     return t;
   }();
+}
+}  // namespace
+
+// One table with AVX512_VNNI's block kernels, one without (EP_MOE_CPU_ISA
+// "-vnni", or a CPU without it): each built at its first use.
+const Kernels& kernels_avx512() {
+  if (has_avx512_vnni()) {
+    static const Kernels k = make_avx512();
+    return k;
+  }
+  static const Kernels k = make_avx512();
   return k;
 }
 

@@ -155,8 +155,9 @@ void dot_gemv(const uint16_t* a, int k, const void* panel, int np, float* c, con
 
 }  // namespace
 
-const Kernels& kernels_avx512bf16() {
-  static const Kernels k = [] {
+namespace {
+Kernels make_avx512bf16() {
+  return [] {
     Kernels t{Isa::Avx512Bf16,
               NR,
               MR,
@@ -174,6 +175,16 @@ const Kernels& kernels_avx512bf16() {
     set_x86_block_kernels(t, true);
     return t;
   }();
+}
+}  // namespace
+
+// With and without AVX512_VNNI's block kernels, as kernels_avx512().
+const Kernels& kernels_avx512bf16() {
+  if (has_avx512_vnni()) {
+    static const Kernels k = make_avx512bf16();
+    return k;
+  }
+  static const Kernels k = make_avx512bf16();
   return k;
 }
 

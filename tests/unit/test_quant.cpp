@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -566,3 +567,38 @@ TEST_CASE("FP8 E4M3FN: every code's value, and the nearest code of a float", "[u
   CHECK(e4m3_code(std::ldexp(1.0f, -11)) == 0x00);  // a quarter of the smallest subnormal
   CHECK(e4m3_code(std::ldexp(3.0f, -10)) == 0x02);  // 1.5 subnormal steps: ties to even
 }
+
+#if defined(__x86_64__)
+TEST_CASE("EP_MOE_CPU_ISA leaves features out one at a time: the AVX-512 tables without AVX512_VNNI",
+          "[unit][quant][kernels]") {
+  // On a CPU with AVX512_VNNI, "avx512,-vnni" gives the AVX-512 tables of a
+  // CPU without it (the 8-row maddubs block kernels, no int8 tiles), so one
+  // machine checks both; every format's kernels against the double product.
+  if (!cpu::has_avx512_vnni()) {
+    WARN("skipped: no AVX512_VNNI to leave out");
+    return;
+  }
+  const char* before = std::getenv("EP_MOE_CPU_ISA");
+  const std::string saved = before ? before : "";
+  setenv("EP_MOE_CPU_ISA", "avx512bf16,-vnni", 1);
+  CHECK_FALSE(cpu::has_avx512_vnni());
+  std::mt19937 rng(Catch::rngSeed() + 19);
+  for (cpu::Isa isa : {cpu::Isa::Avx512, cpu::Isa::Avx512Bf16}) {
+    if (cpu::detect_isa() < isa) continue;
+    const cpu::Kernels& kern = cpu::kernels_for(isa);
+    INFO(cpu::isa_name(isa) << ": " << kern.qname);
+    CHECK(kern.il_of(EP_MOE_DTYPE_Q4_K) == cpu::kGroupRows8);
+    CHECK(kern.qtile[quant_index(EP_MOE_DTYPE_Q4_K)] == nullptr);
+    for (ep_moe_dtype_t t : kTypes)
+      for (int k : {256, 2048})
+        if (k % quant_block_elems(t) == 0) {
+          CAPTURE(dtype_name(t), k);
+          check_qgemm(kern.qgemm[quant_index(t)], kern.quantize_act, t, k, kern.nr, kern.il_of(t), rng);
+        }
+  }
+  if (before) setenv("EP_MOE_CPU_ISA", saved.c_str(), 1);
+  else unsetenv("EP_MOE_CPU_ISA");
+  CHECK(cpu::has_avx512_vnni());
+  CHECK(cpu::kernels_for(cpu::Isa::Avx512).il_of(EP_MOE_DTYPE_Q4_K) == cpu::kGroupRows);
+}
+#endif
