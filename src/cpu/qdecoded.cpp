@@ -41,18 +41,7 @@ namespace {
 struct RowDotGeneric {
   static RowDecodeFn decoder(ep_moe_dtype_t) { return nullptr; }
   static float dot(const DecodedRow& w, const void* arow, int k, bool has_min) {
-    const int8_t* q = act_q(arow);
-    const float* d = act_d(arow, k);
-    const int16_t* s = act_s(arow, k);
-    float acc = 0;
-    for (int g = 0; g < k / 16; ++g) {
-      int sum = 0;
-      for (int i = 0; i < 16; ++i) sum += w.v[16 * g + i] * q[16 * g + i];
-      float part = w.sc[g] * static_cast<float>(sum);
-      if (has_min) part += w.mn[g] * static_cast<float>(s[g]);
-      acc += d[g / 2] * part;
-    }
-    return acc;
+    return decoded_tail(w, act_q(arow), act_d(arow, k), act_s(arow, k), 0, k / 16, has_min);
   }
   static void dot4(const DecodedRow* w, const void* arow, int k, bool has_min, float* out) {
     for (int r = 0; r < 4; ++r) out[r] = dot(w[r], arow, k, has_min);

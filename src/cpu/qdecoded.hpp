@@ -81,6 +81,24 @@ void set_decoded(QGemmFn* out) {
   set_decoded<RowDot>(out, std::make_integer_sequence<int, kQuantTypes>{});
 }
 
+namespace {
+// sum_g d_a(g) (sc_g dot_g + mn_g asum_g) over groups [g0, g1) of a decoded
+// row against an activation row, portably: the vector row dots' tail (in
+// each file's own copy, built with its flags).
+inline float decoded_tail(const DecodedRow& w, const int8_t* q, const float* d, const int16_t* s, int g0, int g1,
+                          bool has_min) {
+  float acc = 0;
+  for (int g = g0; g < g1; ++g) {
+    int sum = 0;
+    for (int i = 0; i < 16; ++i) sum += w.v[16 * g + i] * q[16 * g + i];
+    float part = w.sc[g] * static_cast<float>(sum);
+    if (has_min) part += w.mn[g] * static_cast<float>(s[g]);
+    acc += d[g / 2] * part;
+  }
+  return acc;
+}
+}  // namespace
+
 // The portable table's entries (qdecoded.cpp; the reference of the vector
 // ones).
 void qdecoded_generic(QGemmFn* gemm);

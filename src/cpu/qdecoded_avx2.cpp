@@ -18,20 +18,6 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// sum_g d_a(g) (sc_g dot_g + mn_g asum_g) over groups [g0, g1), portably.
-inline float tail(const DecodedRow& w, const int8_t* q, const float* d, const int16_t* s, int g0, int g1,
-                  bool has_min) {
-  float acc = 0;
-  for (int g = g0; g < g1; ++g) {
-    int sum = 0;
-    for (int i = 0; i < 16; ++i) sum += w.v[16 * g + i] * q[16 * g + i];
-    float part = w.sc[g] * static_cast<float>(sum);
-    if (has_min) part += w.mn[g] * static_cast<float>(s[g]);
-    acc += d[g / 2] * part;
-  }
-  return acc;
-}
-
 // 32 values' dot: 8 int32 lanes of 4 products each (lanes 0-3 the first
 // 16 values, 4-7 the second).
 inline __m256i dot32(const int8_t* v, const int8_t* q) {
@@ -70,7 +56,7 @@ struct RowDotAvx2 {
         m = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(w.mn + b / 16), sf), da, m);
       }
     }
-    return hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), m)) + tail(w, q, d, s, b / 16, k / 16, has_min);
+    return hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), m)) + decoded_tail(w, q, d, s, b / 16, k / 16, has_min);
   }
   // maddubs carries each weight's sign into the activations, so four rows
   // share only the activation rows' loads, which stay in L1: four dots.

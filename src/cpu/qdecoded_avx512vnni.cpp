@@ -22,20 +22,6 @@ inline float hsum(__m512 v) {
   return _mm_cvtss_f32(s);
 }
 
-// sum_g d_a(g) (sc_g dot_g + mn_g asum_g) over groups [g0, g1), portably.
-inline float tail(const DecodedRow& w, const int8_t* q, const float* d, const int16_t* s, int g0, int g1,
-                  bool has_min) {
-  float acc = 0;
-  for (int g = g0; g < g1; ++g) {
-    int sum = 0;
-    for (int i = 0; i < 16; ++i) sum += w.v[16 * g + i] * q[16 * g + i];
-    float part = w.sc[g] * static_cast<float>(sum);
-    if (has_min) part += w.mn[g] * static_cast<float>(s[g]);
-    acc += d[g / 2] * part;
-  }
-  return acc;
-}
-
 // 64 values' dot: 16 int32 lanes of 4 products each (lanes 4 j .. 4 j + 3
 // group j of the 4), exact: vpdpbusd of v + 128 as u8, less 128 sum(q).
 inline __m512i dot64(const int8_t* v, const int8_t* q) {
@@ -77,7 +63,7 @@ struct RowDotAvx512Vnni {
         m = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(w.mn + b / 16), sf), da, m);
       }
     }
-    return hsum(_mm512_add_ps(_mm512_add_ps(acc0, acc1), m)) + tail(w, q, d, s, b / 16, k / 16, has_min);
+    return hsum(_mm512_add_ps(_mm512_add_ps(acc0, acc1), m)) + decoded_tail(w, q, d, s, b / 16, k / 16, has_min);
   }
   // Four rows against one activation row: its loads and its 128 sum(q)
   // correction shared.
@@ -113,7 +99,7 @@ struct RowDotAvx512Vnni {
         for (int r = 0; r < 4; ++r) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w[r].mn + b / 16), sd, acc[r]);
       }
     }
-    for (int r = 0; r < 4; ++r) out[r] = hsum(acc[r]) + tail(w[r], q, d, s, b / 16, k / 16, has_min);
+    for (int r = 0; r < 4; ++r) out[r] = hsum(acc[r]) + decoded_tail(w[r], q, d, s, b / 16, k / 16, has_min);
   }
 };
 

@@ -78,24 +78,7 @@ void rows_dot(const uint8_t* const* w, const void* arow, int k, float* out) {
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
 }
 
-void qgemm_fp8(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc, const void* next) {
-  (void)next;
-  const size_t rb = static_cast<size_t>(k / 128) * 132;
-  const auto* p = static_cast<const uint8_t*>(panel);
-  int j = 0;
-  for (; j + 4 <= nr; j += 4) {
-    const uint8_t* w[4] = {p + j * rb, p + (j + 1) * rb, p + (j + 2) * rb, p + (j + 3) * rb};
-    for (int i = 0; i < m; ++i) {
-      float out[4];
-      rows_dot<4>(w, a[i], k, out);
-      for (int r = 0; r < 4; ++r) c[i * ldc + j + r] = out[r];
-    }
-  }
-  for (; j < nr; ++j) {
-    const uint8_t* w[1] = {p + j * rb};
-    for (int i = 0; i < m; ++i) rows_dot<1>(w, a[i], k, c + i * ldc + j);
-  }
-}
+#include "cpu/qfp8_rows.inc"
 
 }  // namespace
 

@@ -19,25 +19,12 @@
 #include <vector>
 
 #include "ep_moe/ep_moe.h"
+#include "ref_files.hpp"
 
 namespace {
 
-int failures = 0;
-void fail(const std::string& what) {
-  std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-  ++failures;
-}
-
-template <class T>
-std::vector<T> read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) return {};
-  const auto n = static_cast<size_t>(in.tellg());
-  std::vector<T> v(n / sizeof(T));
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
-  return v;
-}
+using ref_files::fail;
+using ref_files::read_all;
 
 void check_blocks(const std::string& dir) {
   const int64_t rows = 200, cols = 256;
@@ -187,7 +174,7 @@ int main(int argc, char** argv) {
       fail(name + ": expected " + expect + " '" + word + "', got " + ep_moe_status_string(r.status) + ": " + r.message);
     else std::printf("%s: refused, %s: %s\n", name.c_str(), ep_moe_status_string(r.status), r.message.c_str());
   }
-  if (failures) return 1;
+  if (ref_files::failures()) return 1;
   std::printf("PASS\n");
   return 0;
 }

@@ -28,6 +28,7 @@ import sys
 
 try:
     import numpy as np
+    from act_quant import act_quant
     import ml_dtypes
 except ImportError as e:  # pragma: no cover
     print(f"skipped: the FP8 reference packages are not installed ({e})")
@@ -64,25 +65,6 @@ def write_safetensors(path, tensors):
         f.write(h)
         for _, _, _, data in tensors:
             f.write(data)
-
-
-def act_quant(x, bs=32):
-    """x as the kernels quantize an activation row (as quant_writers.py): per
-    block of bs, f32 amax, q = rint(x * (127 / amax)), values q * (amax / 127);
-    and each element's step where it lies within 1e-3 steps of a boundary."""
-    x = np.asarray(x, dtype=np.float32)
-    y = np.zeros(x.shape, dtype=np.float64)
-    near = np.zeros(x.shape, dtype=np.float64)
-    for b0 in range(0, x.size, bs):
-        blk = x[b0:b0 + bs]
-        amax = np.float32(np.max(np.abs(blk)))
-        if amax == 0:
-            continue
-        v = blk * (np.float32(127.0) / amax)
-        step = np.float64(amax / np.float32(127.0))
-        y[b0:b0 + bs] = np.rint(v).astype(np.float64) * step
-        near[b0:b0 + bs] = np.where(np.abs(np.abs(v - np.floor(v)) - 0.5) < 1e-3, step, 0.0)
-    return y, near
 
 
 # --- 1. codes and scales, dequantized -----------------------------------------
@@ -146,14 +128,14 @@ def model(name, E, H, I, K, L, T, block_rows=128, fault=None):
             continue
         ids = order[:K]
         wts = p[ids] / p[ids].sum()
-        xq = act_quant(x)[0]
+        xq = act_quant(x, 32)[0]
         y, slack = np.zeros(H), np.zeros(H)
         for e, wt in zip(ids, wts):
             g, u, dn = weights[e]
             a = g @ xq
             b = u @ xq
             h = a / (1 + np.exp(-a)) * b
-            hq, near = act_quant(h)
+            hq, near = act_quant(h, 32)
             y += wt * (dn @ hq)
             slack += wt * (np.abs(dn) @ near)
         xs.append(x)
