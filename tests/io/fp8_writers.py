@@ -78,19 +78,21 @@ full = np.repeat(np.repeat(scales, 128, axis=0)[:rows], 128, axis=1)
 
 
 # --- 2. MoE layers with FP8 experts -------------------------------------------
-def model(name, E, H, I, K, L, T, block_rows=128, fault=None):
+def model(name, E, H, I, K, L, T, block_rows=128, fault=None, Is=0):
     d = f"{out}/{name}"
     os.makedirs(d, exist_ok=True)
     router = (rng.standard_normal((E, H)) * H ** -0.5).astype(np.float32)
     tensors = [(f"model.layers.{L}.mlp.gate.weight", "F32", (E, H), router.tobytes())]
-    weights = []  # per expert: gate, up, down values (float64)
-    for e in range(E):
+    weights = []  # per expert: gate, up, down values (float64); the shared expert last
+    for e in range(E + (1 if Is else 0)):
         vals = []
-        for proj, r, c in (("gate_proj", I, H), ("up_proj", I, H), ("down_proj", H, I)):
+        shared = e == E
+        for proj, r, c in (("gate_proj", Is if shared else I, H), ("up_proj", Is if shared else I, H),
+                           ("down_proj", H, Is if shared else I)):
             w = random_codes(r, c, 1.0)
             s = (np.exp(rng.uniform(-1, 1, size=((r + block_rows - 1) // block_rows, c // 128))) / 4 *
                  c ** -0.5).astype(np.float32)
-            base = f"model.layers.{L}.mlp.experts.{e}.{proj}."
+            base = f"model.layers.{L}.mlp.shared_expert.{proj}." if shared else f"model.layers.{L}.mlp.experts.{e}.{proj}."
             if fault == "nan_code" and e == 1 and proj == "up_proj":
                 w[3, 7] = 0x7F
             if fault == "nan_scale" and e == 2 and proj == "down_proj":
@@ -108,13 +110,19 @@ def model(name, E, H, I, K, L, T, block_rows=128, fault=None):
                              128, axis=1) if fault != "bad_scale_shape" else None
             vals.append(None if full is None else value(w) * full.astype(np.float64))
         weights.append(vals)
+    sgate = (rng.standard_normal((1, H)) * H ** -0.5).astype(np.float32)
+    if Is:  # Qwen2-MoE's shared expert under a sigmoid gate (kept in F32)
+        tensors.append((f"model.layers.{L}.mlp.shared_expert_gate.weight", "F32", (1, H), sgate.tobytes()))
     write_safetensors(f"{d}/model.safetensors", tensors)
     qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
           "weight_block_size": [block_rows, 64 if fault == "block_cols" else 128]}
+    cfg = {"model_type": "qwen2_moe" if Is else "qwen3_moe", "hidden_size": H, "moe_intermediate_size": I,
+           "num_experts": E, "num_experts_per_tok": K, "norm_topk_prob": True, "num_hidden_layers": L + 1,
+           "hidden_act": "silu", "quantization_config": qc}
+    if Is:
+        cfg["shared_expert_intermediate_size"] = Is
     with open(f"{d}/config.json", "w") as f:
-        json.dump({"model_type": "qwen3_moe", "hidden_size": H, "moe_intermediate_size": I, "num_experts": E,
-                   "num_experts_per_tok": K, "norm_topk_prob": True, "num_hidden_layers": L + 1,
-                   "hidden_act": "silu", "quantization_config": qc}, f)
+        json.dump(cfg, f)
     if fault:
         return
     xs, ys, slacks = [], [], []
@@ -138,6 +146,14 @@ def model(name, E, H, I, K, L, T, block_rows=128, fault=None):
             hq, near = act_quant(h, 32)
             y += wt * (dn @ hq)
             slack += wt * (np.abs(dn) @ near)
+        if Is:  # its input and its h quantized as the routed experts' (its shards fall on blocks of 32)
+            g, u, dn = weights[E]
+            a = g @ xq
+            b = u @ xq
+            hq, near = act_quant(a / (1 + np.exp(-a)) * b, 32)
+            gate = 1 / (1 + np.exp(-(sgate[0].astype(np.float64) @ x.astype(np.float64))))
+            y += gate * (dn @ hq)
+            slack += gate * (np.abs(dn) @ near)
         xs.append(x)
         ys.append(y)
         slacks.append(slack)
@@ -147,16 +163,18 @@ def model(name, E, H, I, K, L, T, block_rows=128, fault=None):
 
 
 lines = []
-for name, E, H, I, K, block_rows, fault, expect in (
-        ("fp8", 8, 256, 256, 2, 128, None, "ok"),
-        ("fp8_rows64", 6, 256, 128, 2, 64, None, "ok"),    # weight_block_size [64, 128]
-        ("fp8_nan_code", 4, 128, 128, 2, 128, "nan_code", "FORMAT NaN"),
-        ("fp8_nan_scale", 4, 128, 128, 2, 128, "nan_scale", "FORMAT finite"),
-        ("fp8_inf_scale", 4, 128, 128, 2, 128, "inf_scale", "FORMAT finite"),
-        ("fp8_bad_scale_shape", 4, 128, 128, 2, 128, "bad_scale_shape", "FORMAT weight_scale_inv"),
-        ("fp8_no_scale", 4, 128, 128, 2, 128, "no_scale", "UNSUPPORTED weight_scale_inv"),
-        ("fp8_block_cols", 4, 128, 128, 2, 128, "block_cols", "UNSUPPORTED weight_block_size")):
-    model(name, E, H, I, K, 1, 5, block_rows, fault)
+for name, E, H, I, K, block_rows, fault, expect, Is in (
+        ("fp8", 8, 256, 256, 2, 128, None, "ok", 0),
+        # an FP8 shared expert: whole blocks of it at EP 1 and 2 (shards of 128)
+        ("fp8_shared", 8, 256, 256, 2, 128, None, "ok12", 256),
+        ("fp8_rows64", 6, 256, 128, 2, 64, None, "ok", 0),  # weight_block_size [64, 128]
+        ("fp8_nan_code", 4, 128, 128, 2, 128, "nan_code", "FORMAT NaN", 0),
+        ("fp8_nan_scale", 4, 128, 128, 2, 128, "nan_scale", "FORMAT finite", 0),
+        ("fp8_inf_scale", 4, 128, 128, 2, 128, "inf_scale", "FORMAT finite", 0),
+        ("fp8_bad_scale_shape", 4, 128, 128, 2, 128, "bad_scale_shape", "FORMAT weight_scale_inv", 0),
+        ("fp8_no_scale", 4, 128, 128, 2, 128, "no_scale", "UNSUPPORTED weight_scale_inv", 0),
+        ("fp8_block_cols", 4, 128, 128, 2, 128, "block_cols", "UNSUPPORTED weight_block_size", 0)):
+    model(name, E, H, I, K, 1, 5, block_rows, fault, Is)
     lines.append(f"{name} {E} {H} {I} {K} 1 5 {expect}")
 with open(f"{out}/models.txt", "w") as f:
     f.write("\n".join(lines) + "\n")
