@@ -286,41 +286,6 @@ const char* naming_name(Naming n) {
   return "?";
 }
 
-void parse_hf_config(const std::string& text, const std::string& name, std::map<std::string, double>* nums,
-                     std::map<std::string, std::string>* strs) {
-  nlohmann::json root;
-  const JsonRelease release{root};
-  try {
-    root = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail(EP_MOE_ERR_FORMAT, "%s: not valid JSON: %s", name.c_str(), e.what());
-  }
-  if (!root.is_object()) fail(EP_MOE_ERR_FORMAT, "%s: not a JSON object", name.c_str());
-  // Multimodal models keep the language model's settings in text_config.
-  auto collect = [&](const nlohmann::json& obj) {
-    for (auto it = obj.begin(); it != obj.end(); ++it) {
-      if (it.value().is_number()) (*nums)[it.key()] = it.value().get<double>();
-      else if (it.value().is_boolean()) (*nums)[it.key()] = it.value().get<bool>() ? 1.0 : 0.0;
-      else if (it.value().is_string()) (*strs)[it.key()] = it.value().get<std::string>();
-    }
-  };
-  collect(root);
-  // Block-scaled FP8 (quantization_config: quant_method "fp8", fmt "e4m3",
-  // weight_block_size [rows, cols]) as quantization_config.<key>[.<i>].
-  const auto qc = root.find("quantization_config");
-  if (qc != root.end() && qc->is_object())
-    for (auto it = qc->begin(); it != qc->end(); ++it) {
-      const std::string key = "quantization_config." + it.key();
-      if (it.value().is_string()) (*strs)[key] = it.value().get<std::string>();
-      if (it.value().is_number()) (*nums)[key] = it.value().get<double>();
-      if (it.value().is_array())
-        for (size_t i = 0; i < it.value().size() && i < 4; ++i)
-          if (it.value()[i].is_number()) (*nums)[key + "." + std::to_string(i)] = it.value()[i].get<double>();
-    }
-  const auto tc = root.find("text_config");
-  if (tc != root.end() && tc->is_object()) collect(*tc);
-}
-
 std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& path, Naming naming, const std::string& prefix) {
   std::unique_ptr<Checkpoint> ck(new Checkpoint());
   std::string file = path, index;

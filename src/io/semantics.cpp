@@ -1,9 +1,14 @@
 #include "io/semantics.hpp"
 
+#include <map>
 #include <string>
 #include <vector>
 
 #include "common/error.hpp"
+#include "io/checkpoint.hpp"
+#include "io/json_release.hpp"
+
+#include <nlohmann/json.hpp>
 
 namespace ep_moe {
 namespace io {
@@ -268,6 +273,41 @@ Semantics gguf_semantics(const GgufFile& g, const std::string& arch, bool has_sc
   s.needs_score_bias = a->grouping == Grouping::NoAux;
   check_bias(s, has_score_bias, where);
   return s;
+}
+
+void parse_hf_config(const std::string& text, const std::string& name, std::map<std::string, double>* nums,
+                     std::map<std::string, std::string>* strs) {
+  nlohmann::json root;
+  const JsonRelease release{root};
+  try {
+    root = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(EP_MOE_ERR_FORMAT, "%s: not valid JSON: %s", name.c_str(), e.what());
+  }
+  if (!root.is_object()) fail(EP_MOE_ERR_FORMAT, "%s: not a JSON object", name.c_str());
+  // Multimodal models keep the language model's settings in text_config.
+  auto collect = [&](const nlohmann::json& obj) {
+    for (auto it = obj.begin(); it != obj.end(); ++it) {
+      if (it.value().is_number()) (*nums)[it.key()] = it.value().get<double>();
+      else if (it.value().is_boolean()) (*nums)[it.key()] = it.value().get<bool>() ? 1.0 : 0.0;
+      else if (it.value().is_string()) (*strs)[it.key()] = it.value().get<std::string>();
+    }
+  };
+  collect(root);
+  // Block-scaled FP8 (quantization_config: quant_method "fp8", fmt "e4m3",
+  // weight_block_size [rows, cols]) as quantization_config.<key>[.<i>].
+  const auto qc = root.find("quantization_config");
+  if (qc != root.end() && qc->is_object())
+    for (auto it = qc->begin(); it != qc->end(); ++it) {
+      const std::string key = "quantization_config." + it.key();
+      if (it.value().is_string()) (*strs)[key] = it.value().get<std::string>();
+      if (it.value().is_number()) (*nums)[key] = it.value().get<double>();
+      if (it.value().is_array())
+        for (size_t i = 0; i < it.value().size() && i < 4; ++i)
+          if (it.value()[i].is_number()) (*nums)[key + "." + std::to_string(i)] = it.value()[i].get<double>();
+    }
+  const auto tc = root.find("text_config");
+  if (tc != root.end() && tc->is_object()) collect(*tc);
 }
 
 }  // namespace io
