@@ -45,8 +45,7 @@ void rows_dot(const uint8_t* const* w, const void* arow, int k, float* out) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int b = 0; b < k / 128; ++b) {
-    // Each row's stream kept kPrefetchBlocks ahead of its reads (the
-    // hardware's prefetchers alone left it at half the in-cache rate).
+    // Each row's stream prefetched kPrefetchBlocks ahead of its reads.
     if (b + kPrefetchBlocks < k / 128)
       for (int r = 0; r < R; ++r) {
         const char* p = reinterpret_cast<const char*>(w[r] + 132 * (b + kPrefetchBlocks));
