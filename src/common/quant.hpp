@@ -75,11 +75,13 @@ void dequantize_row(ep_moe_dtype_t t, const void* src, float* dst, int64_t n);
 float dequantize_at(ep_moe_dtype_t t, const void* row, int64_t i);
 
 // n floats (a multiple of the block's elements; finite) into blocks. Q8_0,
-// Q4_0 and MXFP4 as ggml's reference quantizers; the K formats and IQ4_XS
-// by one round-to-nearest pass per block with scales from its sub-blocks'
-// ranges (valid blocks of the format, without llama.cpp's search for the
-// scales that minimise the error: for weights ep_moe quantizes itself, the
-// benchmark's and the demo's, not for a checkpoint's, which come quantized).
+// Q4_0 and MXFP4 as ggml's reference quantizers; the other GGUF formats by
+// one round-to-nearest pass per block with scales from its sub-blocks'
+// ranges, the grid formats (IQ1-IQ3) onto the nearest grid point; FP8 with
+// one scale per 128 from the largest magnitude (valid blocks of the format,
+// without llama.cpp's search for the scales that minimise the error: for
+// weights ep_moe quantizes itself, the benchmark's and the demo's, not for
+// a checkpoint's, which come quantized).
 void quantize_row(ep_moe_dtype_t t, const float* src, void* dst, int64_t n);
 
 // --- int8 activation rows ------------------------------------------------

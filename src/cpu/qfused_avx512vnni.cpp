@@ -30,13 +30,17 @@ namespace cpu {
 namespace {
 
 constexpr int kMaxRows = 8;
-QGemmFn q2k_many_rows = nullptr;  // the decoded-row kernels, for larger calls
-QGemmFn q3k_many_rows = nullptr;
 
 inline float hsum(__m512 v) {
   v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));
   v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));
   __m128 s = _mm512_castps512_ps128(v);
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
@@ -57,77 +61,55 @@ void permute_q2k(const int8_t* q, int k, int8_t* out) {
     }
 }
 
-// M activation rows (a compile-time count, so that each row's
-// accumulators stay in registers across the blocks).
-template <int M>
-void q2k_rows(const void* const* a, int k, const void* panel, int nr, float* c, int ldc) {
-  constexpr int m = M;
-  thread_local std::vector<int8_t> perm;
-  if (perm.size() < static_cast<size_t>(M) * static_cast<size_t>(k))
-    perm.resize(static_cast<size_t>(M) * static_cast<size_t>(k));
-  for (int i = 0; i < m; ++i) permute_q2k(act_q(a[i]), k, perm.data() + static_cast<size_t>(i) * k);
-  const float* da[M];
-  const int16_t* sa[M];
-  for (int i = 0; i < m; ++i) {
-    da[i] = act_d(a[i], k);
-    sa[i] = act_s(a[i], k);
-  }
-  const __m128i nib = _mm_set1_epi8(0x0F);
-  const __m512i two = _mm512_set1_epi8(3);
-  // 16-bit lanes 0-7 group 2 s, 8-15 2 s + 1, 16-23 8 + 2 s, 24-31 9 + 2 s.
-  __m256i lane_groups[4];
-  for (int s = 0; s < 4; ++s) {
-    alignas(32) uint8_t g[32];
-    for (int l = 0; l < 32; ++l) g[l] = static_cast<uint8_t>((l < 16 ? 2 * s : 8 + 2 * s) + (l / 8) % 2);
-    lane_groups[s] = _mm256_load_si256(reinterpret_cast<const __m256i*>(g));
-  }
-  const size_t rb = static_cast<size_t>(k / 256) * 84;
-  for (int j = 0; j < nr; ++j) {
-    const uint8_t* row = static_cast<const uint8_t*>(panel) + static_cast<size_t>(j) * rb;
-    __m512 acc[M];
-    __m256 macc[M];
-    for (int i = 0; i < m; ++i) {
-      acc[i] = _mm512_setzero_ps();
-      macc[i] = _mm256_setzero_ps();
-    }
-    for (int b = 0; b < k / 256; ++b) {
-      const uint8_t* blk = row + 84 * static_cast<size_t>(b);
-      _mm_prefetch(reinterpret_cast<const char*>(blk) + 1024, _MM_HINT_T0);
-      const __m512i x = _mm512_loadu_si512(blk + 16);
-      const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
-      const __m128i scl = _mm_and_si128(sc, nib);
-      const __m256i scl2 = _mm256_broadcastsi128_si256(scl);  // vpshufb picks within each 128-bit half
-      const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), nib));
-      const __m512i crumb[4] = {_mm512_and_si512(x, two), _mm512_and_si512(_mm512_srli_epi16(x, 2), two),
-                                _mm512_and_si512(_mm512_srli_epi16(x, 4), two),
-                                _mm512_and_si512(_mm512_srli_epi16(x, 6), two)};
-      // Each group's scale in the 16-bit lanes of its 8 pairs of products.
-      __m512i lsc[4];
-      for (int s = 0; s < 4; ++s) lsc[s] = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(scl2, lane_groups[s]));
-      const float d = f16at(blk + 80), dmin = f16at(blk + 82);
-      for (int i = 0; i < m; ++i) {
-        const int8_t* q = perm.data() + static_cast<size_t>(i) * k + 256 * b;
-        __m512i isum = _mm512_setzero_si512();
-        // maddubs: pairs of products (at most 2 x 3 x 127), then pairs of
-        // those times the group's scale (vpmaddwd): int32 lanes of 4 values.
-        for (int s = 0; s < 4; ++s)
-          isum = _mm512_add_epi32(
-              isum, _mm512_madd_epi16(_mm512_maddubs_epi16(crumb[s], _mm512_loadu_si512(q + 64 * s)), lsc[s]));
-        const float dai = da[i][8 * b];
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d * dai), acc[i]);
-        const __m256i mm =
-            _mm256_madd_epi16(mins, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sa[i] + 16 * b)));
-        macc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mm), _mm256_set1_ps(dmin * dai), macc[i]);
-      }
-    }
-    for (int i = 0; i < m; ++i) {
-      __m128 ms = _mm_add_ps(_mm256_castps256_ps128(macc[i]), _mm256_extractf128_ps(macc[i], 1));
-      ms = _mm_add_ps(ms, _mm_movehl_ps(ms, ms));
-      ms = _mm_add_ss(ms, _mm_movehdup_ps(ms));
-      c[i * ldc + j] = hsum(acc[i]) - _mm_cvtss_f32(ms);
+// One block unpacked for the driver below: u[s] the values of vector s as
+// u8, lsc[s] each group's scale in the 16-bit lanes of its 8 pairs of
+// products, `mins` 16 int16 coefficients of the groups' activation sums,
+// and the block's float factors: the row is
+//   sum_blocks d_a (scale (sum_s madd(maddubs(u[s], q[s]), lsc[s])) - mscale (mins . asum)).
+struct Unpacked {
+  __m512i u[4], lsc[4];
+  __m256i mins;
+  float scale, mscale;
+};
+
+// 16-bit lanes 0-7 group 2 s, 8-15 2 s + 1, 16-23 8 + 2 s, 24-31 9 + 2 s.
+struct LaneGroups {
+  __m256i idx[4];
+  LaneGroups() {
+    for (int s = 0; s < 4; ++s) {
+      alignas(32) uint8_t g[32];
+      for (int l = 0; l < 32; ++l) g[l] = static_cast<uint8_t>((l < 16 ? 2 * s : 8 + 2 * s) + (l / 8) % 2);
+      idx[s] = _mm256_load_si256(reinterpret_cast<const __m256i*>(g));
     }
   }
-}
+  // 16 byte scales (signed or not) into the lanes of each vector s.
+  template <bool Signed>
+  void spread(__m128i sc, __m512i* lsc) const {
+    const __m256i sc2 = _mm256_broadcastsi128_si256(sc);  // vpshufb picks within each 128-bit half
+    for (int s = 0; s < 4; ++s) {
+      const __m256i b = _mm256_shuffle_epi8(sc2, idx[s]);
+      lsc[s] = Signed ? _mm512_cvtepi8_epi16(b) : _mm512_cvtepu8_epi16(b);
+    }
+  }
+};
+
+// Q2_K (84 bytes: scales[16], qs[64], d, dmin): values 0..3 (at most
+// 2 x 3 x 127 a maddubs pair), 4-bit scales, 4-bit mins times dmin.
+struct Q2K {
+  static constexpr ep_moe_dtype_t kType = EP_MOE_DTYPE_Q2_K;
+  static constexpr size_t kBytes = 84;
+  static void unpack(const uint8_t* blk, const LaneGroups& lg, Unpacked* o) {
+    const __m128i nib = _mm_set1_epi8(0x0F);
+    const __m512i two = _mm512_set1_epi8(3);
+    const __m512i x = _mm512_loadu_si512(blk + 16);
+    for (int s = 0; s < 4; ++s) o->u[s] = _mm512_and_si512(_mm512_srli_epi16(x, 2 * s), two);
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
+    lg.spread<false>(_mm_and_si128(sc, nib), o->lsc);
+    o->mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), nib));
+    o->scale = f16at(blk + 80);
+    o->mscale = f16at(blk + 82);
+  }
+};
 
 // Q3_K's 16 6-bit scales (less 32) as signed bytes, group j in byte j.
 inline __m128i q3k_scales(const uint8_t* sc) {
@@ -142,8 +124,33 @@ inline __m128i q3k_scales(const uint8_t* sc) {
   return _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(high, 4)), _mm_set1_epi8(32));
 }
 
-template <int M>
-void q3k_rows(const void* const* a, int k, const void* panel, int nr, float* c, int ldc) {
+// Q3_K (110 bytes: hmask[32], qs[64], scales[12], d): its values + 4 (0..7,
+// the high bit set where hmask's bit is), the 4 taken off through the
+// scales against the groups' activation sums; 6-bit signed scales.
+struct Q3K {
+  static constexpr ep_moe_dtype_t kType = EP_MOE_DTYPE_Q3_K;
+  static constexpr size_t kBytes = 110;
+  static void unpack(const uint8_t* blk, const LaneGroups& lg, Unpacked* o) {
+    const __m512i two = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1);
+    const __m512i x = _mm512_loadu_si512(blk + 32);
+    // hmask bit s of byte i for elements 32 s + i, bit 4 + s for 128 + 32 s + i.
+    const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
+    const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(hm), _mm256_srli_epi16(hm, 4), 1);
+    for (int s = 0; s < 4; ++s)
+      o->u[s] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(x, 2 * s), two),
+                                _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, s), one), 2));
+    const __m128i sc8 = q3k_scales(blk + 96);
+    lg.spread<true>(sc8, o->lsc);
+    o->mins = _mm256_cvtepi8_epi16(sc8);
+    o->scale = f16at(blk + 108);
+    o->mscale = 4.0f * o->scale;
+  }
+};
+
+// M activation rows (a compile-time count, so that each row's
+// accumulators stay in registers across the blocks).
+template <class F, int M>
+void rows(const void* const* a, int k, const void* panel, int nr, float* c, int ldc) {
   thread_local std::vector<int8_t> perm;
   if (perm.size() < static_cast<size_t>(M) * static_cast<size_t>(k))
     perm.resize(static_cast<size_t>(M) * static_cast<size_t>(k));
@@ -154,14 +161,8 @@ void q3k_rows(const void* const* a, int k, const void* panel, int nr, float* c, 
     da[i] = act_d(a[i], k);
     sa[i] = act_s(a[i], k);
   }
-  const __m512i two = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1);
-  __m256i lane_groups[4];
-  for (int s = 0; s < 4; ++s) {
-    alignas(32) uint8_t g[32];
-    for (int l = 0; l < 32; ++l) g[l] = static_cast<uint8_t>((l < 16 ? 2 * s : 8 + 2 * s) + (l / 8) % 2);
-    lane_groups[s] = _mm256_load_si256(reinterpret_cast<const __m256i*>(g));
-  }
-  const size_t rb = static_cast<size_t>(k / 256) * 110;
+  static const LaneGroups lg;
+  const size_t rb = static_cast<size_t>(k / 256) * F::kBytes;
   for (int j = 0; j < nr; ++j) {
     const uint8_t* row = static_cast<const uint8_t*>(panel) + static_cast<size_t>(j) * rb;
     __m512 acc[M];
@@ -171,77 +172,59 @@ void q3k_rows(const void* const* a, int k, const void* panel, int nr, float* c, 
       macc[i] = _mm256_setzero_ps();
     }
     for (int b = 0; b < k / 256; ++b) {
-      const uint8_t* blk = row + 110 * static_cast<size_t>(b);
+      const uint8_t* blk = row + F::kBytes * static_cast<size_t>(b);
       _mm_prefetch(reinterpret_cast<const char*>(blk) + 1024, _MM_HINT_T0);
-      const __m512i x = _mm512_loadu_si512(blk + 32);
-      // hmask bit s of byte i for elements 32 s + i, bit 4 + s for 128 + 32 s + i.
-      const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
-      const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(hm), _mm256_srli_epi16(hm, 4), 1);
-      __m512i u[4];
-      for (int s = 0; s < 4; ++s)
-        u[s] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(x, 2 * s), two),
-                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, s), one), 2));
-      const __m128i sc8 = q3k_scales(blk + 96);
-      const __m256i sc2 = _mm256_broadcastsi128_si256(sc8);
-      __m512i lsc[4];
-      for (int s = 0; s < 4; ++s) lsc[s] = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(sc2, lane_groups[s]));
-      const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-      const float d = f16at(blk + 108);
+      Unpacked w;
+      F::unpack(blk, lg, &w);
       for (int i = 0; i < M; ++i) {
         const int8_t* q = perm.data() + static_cast<size_t>(i) * k + 256 * b;
         __m512i isum = _mm512_setzero_si512();
+        // maddubs: pairs of products, then pairs of those times the
+        // group's scale (vpmaddwd): int32 lanes of 4 values of one group.
         for (int s = 0; s < 4; ++s)
           isum = _mm512_add_epi32(
-              isum, _mm512_madd_epi16(_mm512_maddubs_epi16(u[s], _mm512_loadu_si512(q + 64 * s)), lsc[s]));
-        const float dd = d * da[i][8 * b];
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dd), acc[i]);
+              isum, _mm512_madd_epi16(_mm512_maddubs_epi16(w.u[s], _mm512_loadu_si512(q + 64 * s)), w.lsc[s]));
+        const float dai = da[i][8 * b];
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(w.scale * dai), acc[i]);
         const __m256i mm =
-            _mm256_madd_epi16(sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sa[i] + 16 * b)));
-        macc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mm), _mm256_set1_ps(4.0f * dd), macc[i]);
+            _mm256_madd_epi16(w.mins, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sa[i] + 16 * b)));
+        macc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mm), _mm256_set1_ps(w.mscale * dai), macc[i]);
       }
     }
-    for (int i = 0; i < M; ++i) {
-      __m128 ms = _mm_add_ps(_mm256_castps256_ps128(macc[i]), _mm256_extractf128_ps(macc[i], 1));
-      ms = _mm_add_ps(ms, _mm_movehl_ps(ms, ms));
-      ms = _mm_add_ss(ms, _mm_movehdup_ps(ms));
-      c[i * ldc + j] = hsum(acc[i]) - _mm_cvtss_f32(ms);
-    }
+    for (int i = 0; i < M; ++i) c[i * ldc + j] = hsum(acc[i]) - hsum(macc[i]);
   }
 }
 
-void qgemm_q3k(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc, const void* next) {
-  switch (m) {
-    case 1: return q3k_rows<1>(a, k, panel, nr, c, ldc);
-    case 2: return q3k_rows<2>(a, k, panel, nr, c, ldc);
-    case 3: return q3k_rows<3>(a, k, panel, nr, c, ldc);
-    case 4: return q3k_rows<4>(a, k, panel, nr, c, ldc);
-    default: break;
-  }
-  if (m > kMaxRows) return q3k_many_rows(m, a, k, panel, nr, c, ldc, next);
-  for (int r0 = 0; r0 < m; r0 += 4) qgemm_q3k(std::min(4, m - r0), a + r0, k, panel, nr, c + r0 * ldc, ldc, next);
-}
+// The decoded-row kernel each format's entry replaces, for larger calls.
+template <class F>
+QGemmFn many_rows = nullptr;
 
-void qgemm_q2k(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc, const void* next) {
+template <class F>
+void qgemm(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc, const void* next) {
   switch (m) {
-    case 1: return q2k_rows<1>(a, k, panel, nr, c, ldc);
-    case 2: return q2k_rows<2>(a, k, panel, nr, c, ldc);
-    case 3: return q2k_rows<3>(a, k, panel, nr, c, ldc);
-    case 4: return q2k_rows<4>(a, k, panel, nr, c, ldc);
+    case 1: return rows<F, 1>(a, k, panel, nr, c, ldc);
+    case 2: return rows<F, 2>(a, k, panel, nr, c, ldc);
+    case 3: return rows<F, 3>(a, k, panel, nr, c, ldc);
+    case 4: return rows<F, 4>(a, k, panel, nr, c, ldc);
     default: break;
   }
-  if (m > kMaxRows) return q2k_many_rows(m, a, k, panel, nr, c, ldc, next);
+  if (m > kMaxRows) return many_rows<F>(m, a, k, panel, nr, c, ldc, next);
   for (int r0 = 0; r0 < m; r0 += 4)  // 5 .. 8 rows: 4, then the rest
-    qgemm_q2k(std::min(4, m - r0), a + r0, k, panel, nr, c + r0 * ldc, ldc, next);
+    qgemm<F>(std::min(4, m - r0), a + r0, k, panel, nr, c + r0 * ldc, ldc, next);
+}
+
+template <class F>
+void install(QGemmFn* gemm) {
+  const int i = quant_index(F::kType);
+  if (gemm[i] != qgemm<F>) many_rows<F> = gemm[i];
+  gemm[i] = qgemm<F>;
 }
 
 }  // namespace
 
 void qfused_avx512vnni(QGemmFn* gemm) {
-  const int q2k = quant_index(EP_MOE_DTYPE_Q2_K), q3k = quant_index(EP_MOE_DTYPE_Q3_K);
-  if (gemm[q2k] != qgemm_q2k) q2k_many_rows = gemm[q2k];
-  if (gemm[q3k] != qgemm_q3k) q3k_many_rows = gemm[q3k];
-  gemm[q2k] = qgemm_q2k;
-  gemm[q3k] = qgemm_q3k;
+  install<Q2K>(gemm);
+  install<Q3K>(gemm);
 }
 
 }  // namespace cpu
