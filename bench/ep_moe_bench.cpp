@@ -596,6 +596,8 @@ RowContext row_context(const Run& run, const presets::Model* m, const std::strin
                            : maddubs ? PeakKind::Int8Maddubs
                                      : PeakKind::Fma;
   const double shared_size = bytes_per_weight(lw) >= 2.0 || shard % block == 0 ? bytes_per_weight(lw) : 4.0;
+  // The routed experts' down in its own format where the layout names one.
+  const ep_moe_dtype_t down_of = o.downs[di] >= 0 ? static_cast<ep_moe_dtype_t>(o.downs[di]) : lw;
   return RowContext{o,
                     m,
                     name,
@@ -608,7 +610,7 @@ RowContext row_context(const Run& run, const presets::Model* m, const std::strin
                     run.probe,
                     peak_of,
                     mc.peak(peak_of),
-                    3.0 * m->hidden * m->intermediate * bytes_per_weight(lw),
+                    m->hidden * m->intermediate * (2.0 * bytes_per_weight(lw) + bytes_per_weight(down_of)),
                     3.0 * m->hidden * static_cast<double>(shard) * shared_size,
                     shard,
                     o.label(di)};
