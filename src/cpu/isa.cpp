@@ -67,6 +67,14 @@ bool has_avx512_vnni() {
 #endif
 }
 
+bool has_avx512_vbmi() {
+#if defined(__x86_64__) || defined(__i386__)
+  return has_avx512_vnni() && __builtin_cpu_supports("avx512vbmi") && !env_disables("vbmi");
+#else
+  return false;
+#endif
+}
+
 bool has_avx_vnni() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();

@@ -15,7 +15,8 @@ enum class Isa : int { Generic = 0, Avx2 = 1, Avx512 = 2, Avx512Bf16 = 3 };
 // hardware; `amx` names no lower level, see matrix_engine_policy()),
 // optionally followed by features to leave out one at a time, so that one
 // machine runs every table it can: ",-vnni" (AVX512_VNNI: the AVX-512
-// tables then take the 8-row block kernels) and ",-avxvnni" (AVX-VNNI),
+// tables then take the 8-row block kernels), ",-vbmi" (AVX512_VBMI) and
+// ",-avxvnni" (AVX-VNNI),
 // e.g. EP_MOE_CPU_ISA=avx512,-vnni. Read at every call.
 Isa detect_isa();
 const char* isa_name(Isa isa);
@@ -25,6 +26,10 @@ const char* isa_name(Isa isa);
 // block-format kernels then use it (rows interleaved 16 at a time, and the
 // int8 tiles), else AVX2's (8 at a time).
 bool has_avx512_vnni();
+// Whether has_avx512_vnni() and the CPU has AVX512_VBMI (byte permutes,
+// vpmultishiftqb) and EP_MOE_CPU_ISA does not leave it out ("-vbmi"): the
+// AVX-512 tables then decode IQ2_XXS in registers (qfused_avx512vbmi.cpp).
+bool has_avx512_vbmi();
 // Whether the CPU has AVX-VNNI (the VEX vpdpbusd on 256 bits, with AVX2)
 // and EP_MOE_CPU_ISA does not leave it out ("-avxvnni"): the 8-row block
 // kernels then use it (qgroups_avxvnni.cpp) where the table has no

@@ -217,9 +217,11 @@ void qtiles_avx2(QTileFn* tile);
 void qunpack_avx2(QUnpackFn* unpack);
 
 // Block kernels that decode in registers for calls of few activation rows
-// (qfused_avx512vnni.cpp: Q2_K), replacing the decoded-row entries that
+// (qfused_avx512vnni.cpp: Q2_K, Q3_K; qfused_avx512vbmi.cpp: IQ2_XXS, where
+// has_avx512_vbmi()), replacing the decoded-row entries that
 // qdecoded_avx512vnni set (which they keep for larger calls).
 void qfused_avx512vnni(QGemmFn* gemm);
+void qfused_avx512vbmi(QGemmFn* gemm);
 // The FP8_E4M3 block kernels (qfp8_avx2.cpp, qfp8_avx512.cpp; rows one
 // after another): the AVX2 table's and the AVX-512 tables'.
 QGemmFn qfp8_avx2();

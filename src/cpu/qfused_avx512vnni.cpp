@@ -29,27 +29,7 @@ namespace cpu {
 
 namespace {
 
-constexpr int kMaxRows = 8;
-
-inline float hsum(__m512 v) {
-  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));
-  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));
-  __m128 s = _mm512_castps512_ps128(v);
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-inline float f16at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
+#include "cpu/qfused_rows.inc"
 
 // Activation row q (k values) in the blocks' order: per 256, for s = 0..3
 // the 32 values at 32 s, then the 32 at 128 + 32 s.
@@ -150,7 +130,7 @@ struct Q3K {
 // M activation rows (a compile-time count, so that each row's
 // accumulators stay in registers across the blocks).
 template <class F, int M>
-void rows(const void* const* a, int k, const void* panel, int nr, float* c, int ldc) {
+void unpacked_rows(const void* const* a, int k, const void* panel, int nr, float* c, int ldc) {
   thread_local std::vector<int8_t> perm;
   if (perm.size() < static_cast<size_t>(M) * static_cast<size_t>(k))
     perm.resize(static_cast<size_t>(M) * static_cast<size_t>(k));
@@ -195,36 +175,21 @@ void rows(const void* const* a, int k, const void* panel, int nr, float* c, int 
   }
 }
 
-// The decoded-row kernel each format's entry replaces, for larger calls.
+// A format of this file as qfused_rows.inc's qgemm takes it.
 template <class F>
-QGemmFn many_rows = nullptr;
-
-template <class F>
-void qgemm(int m, const void* const* a, int k, const void* panel, int nr, float* c, int ldc, const void* next) {
-  switch (m) {
-    case 1: return rows<F, 1>(a, k, panel, nr, c, ldc);
-    case 2: return rows<F, 2>(a, k, panel, nr, c, ldc);
-    case 3: return rows<F, 3>(a, k, panel, nr, c, ldc);
-    case 4: return rows<F, 4>(a, k, panel, nr, c, ldc);
-    default: break;
+struct Unpacking {
+  static constexpr ep_moe_dtype_t kType = F::kType;
+  template <int M>
+  static void rows(const void* const* a, int k, const void* panel, int nr, float* c, int ldc) {
+    unpacked_rows<F, M>(a, k, panel, nr, c, ldc);
   }
-  if (m > kMaxRows) return many_rows<F>(m, a, k, panel, nr, c, ldc, next);
-  for (int r0 = 0; r0 < m; r0 += 4)  // 5 .. 8 rows: 4, then the rest
-    qgemm<F>(std::min(4, m - r0), a + r0, k, panel, nr, c + r0 * ldc, ldc, next);
-}
-
-template <class F>
-void install(QGemmFn* gemm) {
-  const int i = quant_index(F::kType);
-  if (gemm[i] != qgemm<F>) many_rows<F> = gemm[i];
-  gemm[i] = qgemm<F>;
-}
+};
 
 }  // namespace
 
 void qfused_avx512vnni(QGemmFn* gemm) {
-  install<Q2K>(gemm);
-  install<Q3K>(gemm);
+  install<Unpacking<Q2K>>(gemm);
+  install<Unpacking<Q3K>>(gemm);
 }
 
 }  // namespace cpu

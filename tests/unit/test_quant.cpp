@@ -569,6 +569,34 @@ TEST_CASE("FP8 E4M3FN: every code's value, and the nearest code of a float", "[u
 }
 
 #if defined(__x86_64__)
+TEST_CASE("IQ2_XXS decoded in registers (AVX512_VBMI) and through its decoded rows agree with the double product",
+          "[unit][quant][kernels]") {
+  if (!cpu::has_avx512_vbmi()) {
+    WARN("skipped: no AVX512_VBMI");
+    return;
+  }
+  // The AVX-512 VNNI table's entries as a CPU without VBMI has them (the
+  // decoded rows), then with the register decode installed over them.
+  std::vector<cpu::QGemmFn> fns(static_cast<size_t>(kQuantTypes), nullptr);
+  cpu::qdecoded_avx512vnni(fns.data());
+  const int i = quant_index(EP_MOE_DTYPE_IQ2_XXS);
+  const cpu::QGemmFn decoded = fns[static_cast<size_t>(i)];
+  cpu::qfused_avx512vbmi(fns.data());
+  REQUIRE(fns[static_cast<size_t>(i)] != decoded);
+  const cpu::Kernels& kern = cpu::kernels_for(cpu::Isa::Avx512);
+  CHECK(kern.qgemm[i] == fns[static_cast<size_t>(i)]);
+  std::mt19937 rng(Catch::rngSeed() + 23);
+  for (cpu::QGemmFn fn : {decoded, fns[static_cast<size_t>(i)]})
+    for (int k : {256, 2048}) check_qgemm(fn, kern.quantize_act, EP_MOE_DTYPE_IQ2_XXS, k, kern.nr, 0, rng);
+  const char* before = std::getenv("EP_MOE_CPU_ISA");
+  const std::string saved = before ? before : "";
+  setenv("EP_MOE_CPU_ISA", "avx512bf16,-vbmi", 1);
+  CHECK_FALSE(cpu::has_avx512_vbmi());
+  CHECK(cpu::has_avx512_vnni());
+  if (before) setenv("EP_MOE_CPU_ISA", saved.c_str(), 1);
+  else unsetenv("EP_MOE_CPU_ISA");
+}
+
 TEST_CASE("EP_MOE_CPU_ISA leaves features out one at a time: the AVX-512 tables without AVX512_VNNI",
           "[unit][quant][kernels]") {
   // On a CPU with AVX512_VNNI, "avx512,-vnni" gives the AVX-512 tables of a

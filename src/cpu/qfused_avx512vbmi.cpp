@@ -1,0 +1,168 @@
+// IQ2_XXS on rows one after another on the AVX-512 tables of a CPU with
+// AVX512_VNNI and AVX512_VBMI (vpermb, vpermt2b, vpmultishiftqb), the
+// block decoded in registers for calls of up to kMaxRows activation rows
+// (qfused_rows.inc); larger calls keep the decoded-row kernel this
+// replaces, which decodes each row once for all of them.
+//
+// A block (66 bytes: d, then per group of 32 elements 4 grid indices and a
+// u32 of four 7-bit sign codes and a 4-bit scale s) is decoded with no
+// scalar or gathered load of its grid (either bound the kernel at half
+// this speed or less): its 32 indices are looked up at once in the grid's
+// 256 16-bit level codes held in eight vectors (vpermt2w over 64 entries
+// each, blended by the index's two high bits); vpmultishiftqb spreads an
+// entry's 2-bit codes over its 8 bytes and vpermb turns them into the
+// magnitudes 8, 25, 43. The sign codes take their parity bit from a
+// 128-byte table (vpermt2b) and become, spread by vpermb and vptestmb, the
+// masks that negate the activations, so that the magnitudes stay u8 for
+// vpdpbusd. Each dword lane belongs to one group in every vector (Consts
+// says how), so the block's four vpdpbusd add up in one accumulator, which
+// meets the groups' 2 s + 1 once (vpmulld; every sum exact in int32) and
+// then d / 8 d_a in float.
+// GCC 12 warns falsely inside its own AVX-512 intrinsics (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "common/quant_grids.hpp"
+#include "cpu/kernels.hpp"
+
+namespace ep_moe {
+namespace cpu {
+
+namespace {
+
+#include "cpu/qfused_rows.inc"
+
+// Vector v (0..3) of a block holds entry 4 g + v in its u64 g (g = 0..7,
+// the groups of 32): every dword lane of every vector then belongs to one
+// group (lanes 2 g and 2 g + 1 to group g), so that the four vectors' dot
+// products add up in one accumulator and meet the groups' scales once a
+// block. The activations are permuted to that order once a call.
+inline int element_of(int v, int g, int i) { return 32 * g + 8 * v + i; }  // byte 8 g + i of vector v
+
+// The constant vectors of the decode, built once.
+struct Consts {
+  __m512i grid[8];          // the 256 level codes, 32 a vector
+  __m512i magnitude;        // byte i: the magnitude of level code i & 3
+  __m512i parity[2];        // byte c (0..127): c, with bit 7 making its bit count even
+  __m512i index_words;      // 16-bit lane 4 g + v: the index of entry 4 g + v (zero-extended)
+  __m512i sign_fields;      // per u64 of qs: its four 7-bit sign codes into bytes 0-3
+  __m512i sign_spread[4];   // vector v: byte 8 g + i the full sign byte of entry 4 g + v
+  __m512i bit;              // byte i: 1 << i % 8
+  __m512i level_fields[4];  // vector v: bits 16 v + 2 b of each u64 into its byte b
+  Consts() {
+    for (int v = 0; v < 8; ++v) grid[v] = _mm512_loadu_si512(grids::kIq2xxsCodes + 32 * v);
+    alignas(64) uint8_t b[128];
+    static const int kMagnitude[4] = {8, 25, 43, 0};
+    for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(kMagnitude[i & 3]);
+    magnitude = _mm512_load_si512(b);
+    for (int c = 0; c < 128; ++c)
+      b[c] = static_cast<uint8_t>(c | (__builtin_popcount(static_cast<unsigned>(c)) & 1) << 7);
+    parity[0] = _mm512_load_si512(b);
+    parity[1] = _mm512_load_si512(b + 64);
+    // Entry 4 g + v has its grid index in byte 8 g + v of qs, its sign code
+    // in bits 32 + 7 v of u64 g, and the group's scale in bits 60..63.
+    for (int w = 0; w < 32; ++w) {
+      b[2 * w] = static_cast<uint8_t>(8 * (w / 4) + w % 4);
+      b[2 * w + 1] = 0;  // masked to zero
+    }
+    index_words = _mm512_load_si512(b);
+    for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(32 + 7 * (i % 4));
+    sign_fields = _mm512_load_si512(b);
+    for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(1u << (i % 8));
+    bit = _mm512_load_si512(b);
+    for (int v = 0; v < 4; ++v) {
+      for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(8 * (i / 8) + v);
+      sign_spread[v] = _mm512_load_si512(b);
+      for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(16 * v + 2 * (i % 8));
+      level_fields[v] = _mm512_load_si512(b);
+    }
+  }
+};
+
+// Activation row q (k values) in the vectors' order.
+void permute_row(const int8_t* q, int k, int8_t* out) {
+  for (int blk = 0; blk < k; blk += 256)
+    for (int v = 0; v < 4; ++v)
+      for (int g = 0; g < 8; ++g) std::memcpy(out + blk + 64 * v + 8 * g, q + blk + element_of(v, g, 0), 8);
+}
+
+// The level codes of the 32 indices in idx's 16-bit lanes.
+inline __m512i grid_lookup(const Consts& k, __m512i idx) {
+  const __m512i r0 = _mm512_permutex2var_epi16(k.grid[0], idx, k.grid[1]);
+  const __m512i r1 = _mm512_permutex2var_epi16(k.grid[2], idx, k.grid[3]);
+  const __m512i r2 = _mm512_permutex2var_epi16(k.grid[4], idx, k.grid[5]);
+  const __m512i r3 = _mm512_permutex2var_epi16(k.grid[6], idx, k.grid[7]);
+  const __mmask32 b6 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x40));
+  const __mmask32 b7 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x80));
+  return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1), _mm512_mask_blend_epi16(b6, r2, r3));
+}
+
+struct IQ2XXS {
+  static constexpr ep_moe_dtype_t kType = EP_MOE_DTYPE_IQ2_XXS;
+  static constexpr size_t kBytes = 66;
+
+  // M activation rows (a compile-time count, so that each row's
+  // accumulators stay in registers across the blocks).
+  template <int M>
+  static void rows(const void* const* a, int k, const void* panel, int nr, float* c, int ldc) {
+    static const Consts kc;
+    thread_local std::vector<int8_t> perm;
+    if (perm.size() < static_cast<size_t>(M) * static_cast<size_t>(k))
+      perm.resize(static_cast<size_t>(M) * static_cast<size_t>(k));
+    const int8_t* q[M];
+    const float* da[M];
+    for (int i = 0; i < M; ++i) {
+      int8_t* p = perm.data() + static_cast<size_t>(i) * static_cast<size_t>(k);
+      permute_row(act_q(a[i]), k, p);
+      q[i] = p;
+      da[i] = act_d(a[i], k);
+    }
+    const size_t rb = static_cast<size_t>(k / 256) * kBytes;
+    const __m512i zero = _mm512_setzero_si512();
+    for (int j = 0; j < nr; ++j) {
+      const uint8_t* row = static_cast<const uint8_t*>(panel) + static_cast<size_t>(j) * rb;
+      __m512 acc[M];
+      for (int i = 0; i < M; ++i) acc[i] = _mm512_setzero_ps();
+      for (int b = 0; b < k / 256; ++b) {
+        const uint8_t* blk = row + kBytes * static_cast<size_t>(b);
+        _mm_prefetch(reinterpret_cast<const char*>(blk) + 1024, _MM_HINT_T0);
+        const __m512i x = _mm512_loadu_si512(blk + 2);  // qs
+        const __m512i codes = grid_lookup(kc, _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, kc.index_words, x));
+        const __m512i signs =
+            _mm512_permutex2var_epi8(kc.parity[0], _mm512_multishift_epi64_epi8(kc.sign_fields, x), kc.parity[1]);
+        // Dword lanes 2 g and 2 g + 1: group g's 2 s + 1.
+        const __m512i s4 = _mm512_srli_epi64(x, 60);
+        const __m512i odd =
+            _mm512_or_si512(_mm512_or_si512(_mm512_slli_epi64(s4, 1), _mm512_slli_epi64(s4, 33)), _mm512_set1_epi32(1));
+        __m512i isum[M];
+        for (int i = 0; i < M; ++i) isum[i] = _mm512_setzero_si512();
+        for (int v = 0; v < 4; ++v) {
+          const __m512i mag =
+              _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(kc.level_fields[v], codes), kc.magnitude);
+          // Bit i set where byte i of vector v is negative.
+          const __mmask64 negative = _mm512_test_epi8_mask(_mm512_permutexvar_epi8(kc.sign_spread[v], signs), kc.bit);
+          for (int i = 0; i < M; ++i) {
+            const __m512i qv = _mm512_loadu_si512(q[i] + 256 * b + 64 * v);
+            isum[i] = _mm512_dpbusd_epi32(isum[i], mag, _mm512_mask_sub_epi8(qv, negative, zero, qv));
+          }
+        }
+        const float d = 0.125f * f16at(blk);
+        for (int i = 0; i < M; ++i)
+          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(isum[i], odd)),
+                                   _mm512_set1_ps(d * da[i][8 * b]), acc[i]);
+      }
+      for (int i = 0; i < M; ++i) c[i * ldc + j] = hsum(acc[i]);
+    }
+  }
+};
+
+}  // namespace
+
+void qfused_avx512vbmi(QGemmFn* gemm) { install<IQ2XXS>(gemm); }
+
+}  // namespace cpu
+}  // namespace ep_moe
