@@ -36,80 +36,170 @@ namespace {
 
 #include "cpu/qfused_rows.inc"
 
-// Vector v (0..3) of a block holds entry 4 g + v in its u64 g (g = 0..7,
-// the groups of 32): every dword lane of every vector then belongs to one
+// Vector v (0..3) of a block holds elements 32 g + 8 v .. + 7 in its u64 g
+// (g = 0..7, the groups of 32 that share a scale and whose sign code v
+// covers those 8): every dword lane of every vector then belongs to one
 // group (lanes 2 g and 2 g + 1 to group g), so that the four vectors' dot
 // products add up in one accumulator and meet the groups' scales once a
 // block. The activations are permuted to that order once a call.
-inline int element_of(int v, int g, int i) { return 32 * g + 8 * v + i; }  // byte 8 g + i of vector v
+inline int element_of(int v, int g) { return 32 * g + 8 * v; }
 
-// The constant vectors of the decode, built once.
-struct Consts {
-  __m512i grid[8];          // the 256 level codes, 32 a vector
-  __m512i magnitude;        // byte i: the magnitude of level code i & 3
-  __m512i parity[2];        // byte c (0..127): c, with bit 7 making its bit count even
-  __m512i index_words;      // 16-bit lane 4 g + v: the index of entry 4 g + v (zero-extended)
-  __m512i sign_fields;      // per u64 of qs: its four 7-bit sign codes into bytes 0-3
-  __m512i sign_spread[4];   // vector v: byte 8 g + i the full sign byte of entry 4 g + v
-  __m512i bit;              // byte i: 1 << i % 8
-  __m512i level_fields[4];  // vector v: bits 16 v + 2 b of each u64 into its byte b
-  Consts() {
-    for (int v = 0; v < 8; ++v) grid[v] = _mm512_loadu_si512(grids::kIq2xxsCodes + 32 * v);
+// What both formats' decodes share: the grid (256 entries of 16-bit level
+// codes), the sign codes' parity table, the spreading of sign bytes.
+struct Common {
+  __m512i grid[8];         // the 256 level codes, 32 a vector
+  __m512i magnitude;       // byte i: the magnitude of level code i & (levels - 1)
+  __m512i parity[2];       // byte c (0..127): c, with bit 7 making its bit count even
+  __m512i sign_spread[4];  // vector v: byte 8 g + i <- byte 8 g + v (group g's sign byte v)
+  __m512i bit;             // byte i: 1 << i % 8
+  Common(const uint16_t* codes, const int* levels, int nlevels) {
+    for (int v = 0; v < 8; ++v) grid[v] = _mm512_loadu_si512(codes + 32 * v);
     alignas(64) uint8_t b[128];
-    static const int kMagnitude[4] = {8, 25, 43, 0};
-    for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(kMagnitude[i & 3]);
+    for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(levels[i & (nlevels - 1)]);
     magnitude = _mm512_load_si512(b);
     for (int c = 0; c < 128; ++c)
       b[c] = static_cast<uint8_t>(c | (__builtin_popcount(static_cast<unsigned>(c)) & 1) << 7);
     parity[0] = _mm512_load_si512(b);
     parity[1] = _mm512_load_si512(b + 64);
-    // Entry 4 g + v has its grid index in byte 8 g + v of qs, its sign code
-    // in bits 32 + 7 v of u64 g, and the group's scale in bits 60..63.
-    for (int w = 0; w < 32; ++w) {
-      b[2 * w] = static_cast<uint8_t>(8 * (w / 4) + w % 4);
-      b[2 * w + 1] = 0;  // masked to zero
-    }
-    index_words = _mm512_load_si512(b);
-    for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(32 + 7 * (i % 4));
-    sign_fields = _mm512_load_si512(b);
     for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(1u << (i % 8));
     bit = _mm512_load_si512(b);
     for (int v = 0; v < 4; ++v) {
       for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(8 * (i / 8) + v);
       sign_spread[v] = _mm512_load_si512(b);
-      for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(16 * v + 2 * (i % 8));
-      level_fields[v] = _mm512_load_si512(b);
     }
   }
+  // The level codes of the 32 grid indices in idx's 16-bit lanes.
+  __m512i lookup(__m512i idx) const {
+    const __m512i r0 = _mm512_permutex2var_epi16(grid[0], idx, grid[1]);
+    const __m512i r1 = _mm512_permutex2var_epi16(grid[2], idx, grid[3]);
+    const __m512i r2 = _mm512_permutex2var_epi16(grid[4], idx, grid[5]);
+    const __m512i r3 = _mm512_permutex2var_epi16(grid[6], idx, grid[7]);
+    const __mmask32 b6 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x40));
+    const __mmask32 b7 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x80));
+    return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1), _mm512_mask_blend_epi16(b6, r2, r3));
+  }
+  // Sign codes (7 bits, in bytes 8 g + v; bit 7 ignored) into the masks of
+  // the four vectors' negative elements.
+  void negatives(__m512i codes7, __mmask64* neg) const {
+    const __m512i signs = _mm512_permutex2var_epi8(parity[0], codes7, parity[1]);
+    for (int v = 0; v < 4; ++v) neg[v] = _mm512_test_epi8_mask(_mm512_permutexvar_epi8(sign_spread[v], signs), bit);
+  }
 };
+
+// A block as the rows below take it: the magnitudes (u8) of vector v, the
+// masks of its negative elements, the groups' odd scale factors in dword
+// lanes 2 g and 2 g + 1, and the float factor of the block.
+struct Decoded {
+  __m512i mag[4];
+  __mmask64 neg[4];
+  __m512i odd;
+  float scale;
+};
+
+// The groups' 4-bit scales s at bits 60..63 of u64 g of x as 2 s + 1 in
+// dword lanes 2 g and 2 g + 1.
+inline __m512i odd_scales(__m512i x, int shift) {
+  const __m512i s4 = _mm512_and_si512(_mm512_srli_epi64(x, shift), _mm512_set1_epi64(15));
+  return _mm512_or_si512(_mm512_or_si512(_mm512_slli_epi64(s4, 1), _mm512_slli_epi64(s4, 33)), _mm512_set1_epi32(1));
+}
+
+// IQ2_XXS (66 bytes: d, then per group g 8 bytes: 4 grid indices, each 8
+// elements, and a u32 of four 7-bit sign codes and the 4-bit scale): the
+// elements d (2 s + 1) / 8 x sign x magnitude (8, 25, 43).
+struct IQ2XXS {
+  static constexpr ep_moe_dtype_t kType = EP_MOE_DTYPE_IQ2_XXS;
+  static constexpr size_t kBytes = 66;
+  struct Consts : Common {
+    __m512i index_words;      // 16-bit lane 4 g + v: grid index v of group g (zero-extended)
+    __m512i sign_fields;      // per u64 g of qs: its four 7-bit sign codes into bytes 0-3
+    __m512i level_fields[4];  // vector v: the 2-bit codes of word v of each u64 into its bytes
+    Consts() : Common(grids::kIq2xxsCodes, kLevels, 4) {
+      alignas(64) uint8_t b[64];
+      for (int w = 0; w < 32; ++w) {
+        b[2 * w] = static_cast<uint8_t>(8 * (w / 4) + w % 4);
+        b[2 * w + 1] = 0;  // masked to zero
+      }
+      index_words = _mm512_load_si512(b);
+      for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(32 + 7 * (i % 4));
+      sign_fields = _mm512_load_si512(b);
+      for (int v = 0; v < 4; ++v) {
+        for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(16 * v + 2 * (i % 8));
+        level_fields[v] = _mm512_load_si512(b);
+      }
+    }
+  };
+  static constexpr int kLevels[4] = {8, 25, 43, 0};
+  static void decode(const uint8_t* blk, const Consts& k, Decoded* o) {
+    const __m512i x = _mm512_loadu_si512(blk + 2);  // qs
+    const __m512i codes = k.lookup(_mm512_maskz_permutexvar_epi8(0x5555555555555555ull, k.index_words, x));
+    k.negatives(_mm512_multishift_epi64_epi8(k.sign_fields, x), o->neg);
+    o->odd = odd_scales(x, 60);
+    for (int v = 0; v < 4; ++v)
+      o->mag[v] = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(k.level_fields[v], codes), k.magnitude);
+    o->scale = 0.125f * f16at(blk);
+  }
+};
+constexpr int IQ2XXS::kLevels[4];
+
+// IQ3_XXS (98 bytes: d, 64 grid indices of 4 elements each, 8 in a group,
+// then per group a u32 of four 7-bit sign codes and the 4-bit scale): the
+// elements d (2 s + 1) / 4 x sign x magnitude (4, 12, ..., 52, 62).
+struct IQ3XXS {
+  static constexpr ep_moe_dtype_t kType = EP_MOE_DTYPE_IQ3_XXS;
+  static constexpr size_t kBytes = 98;
+  struct Consts : Common {
+    __m512i index_words[2];   // half h, lane 4 g + m: grid index 4 h + m of group g
+    __m512i sign_fields;      // per u64 g (its u32 zero-extended): the sign codes into bytes 0-3
+    __m512i level_fields[4];  // vector v: the 3-bit codes of words 2 (v % 2), + 1 of each u64 into its bytes
+    Consts() : Common(grids::kIq3xxsCodes, kLevels, 8) {
+      alignas(64) uint8_t b[64];
+      for (int h = 0; h < 2; ++h) {
+        for (int w = 0; w < 32; ++w) {
+          b[2 * w] = static_cast<uint8_t>(8 * (w / 4) + 4 * h + w % 4);
+          b[2 * w + 1] = 0;
+        }
+        index_words[h] = _mm512_load_si512(b);
+      }
+      for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(7 * (i % 4));
+      sign_fields = _mm512_load_si512(b);
+      for (int v = 0; v < 4; ++v) {
+        // Bytes 0-3 of vector v's u64: entry 2 (v % 2) of the half, 4-7: the next.
+        for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(32 * (v % 2) + 16 * (i % 8 / 4) + 3 * (i % 4));
+        level_fields[v] = _mm512_load_si512(b);
+      }
+    }
+  };
+  static constexpr int kLevels[8] = {4, 12, 20, 28, 36, 44, 52, 62};
+  static void decode(const uint8_t* blk, const Consts& k, Decoded* o) {
+    const __m512i x = _mm512_loadu_si512(blk + 2);  // the grid indices
+    const __m512i codes[2] = {k.lookup(_mm512_maskz_permutexvar_epi8(0x5555555555555555ull, k.index_words[0], x)),
+                              k.lookup(_mm512_maskz_permutexvar_epi8(0x5555555555555555ull, k.index_words[1], x))};
+    const __m512i sas =
+        _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 66)));  // u64 g: group g's u32
+    k.negatives(_mm512_multishift_epi64_epi8(k.sign_fields, sas), o->neg);
+    o->odd = odd_scales(sas, 28);
+    for (int v = 0; v < 4; ++v)
+      o->mag[v] = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(k.level_fields[v], codes[v / 2]), k.magnitude);
+    o->scale = 0.25f * f16at(blk);
+  }
+};
+constexpr int IQ3XXS::kLevels[8];
 
 // Activation row q (k values) in the vectors' order.
 void permute_row(const int8_t* q, int k, int8_t* out) {
   for (int blk = 0; blk < k; blk += 256)
     for (int v = 0; v < 4; ++v)
-      for (int g = 0; g < 8; ++g) std::memcpy(out + blk + 64 * v + 8 * g, q + blk + element_of(v, g, 0), 8);
+      for (int g = 0; g < 8; ++g) std::memcpy(out + blk + 64 * v + 8 * g, q + blk + element_of(v, g), 8);
 }
 
-// The level codes of the 32 indices in idx's 16-bit lanes.
-inline __m512i grid_lookup(const Consts& k, __m512i idx) {
-  const __m512i r0 = _mm512_permutex2var_epi16(k.grid[0], idx, k.grid[1]);
-  const __m512i r1 = _mm512_permutex2var_epi16(k.grid[2], idx, k.grid[3]);
-  const __m512i r2 = _mm512_permutex2var_epi16(k.grid[4], idx, k.grid[5]);
-  const __m512i r3 = _mm512_permutex2var_epi16(k.grid[6], idx, k.grid[7]);
-  const __mmask32 b6 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x40));
-  const __mmask32 b7 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x80));
-  return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1), _mm512_mask_blend_epi16(b6, r2, r3));
-}
-
-struct IQ2XXS {
-  static constexpr ep_moe_dtype_t kType = EP_MOE_DTYPE_IQ2_XXS;
-  static constexpr size_t kBytes = 66;
-
-  // M activation rows (a compile-time count, so that each row's
-  // accumulators stay in registers across the blocks).
+// Format F on M activation rows (a compile-time count, so that each row's
+// accumulators stay in registers across the blocks).
+template <class F>
+struct GridRows {
+  static constexpr ep_moe_dtype_t kType = F::kType;
   template <int M>
   static void rows(const void* const* a, int k, const void* panel, int nr, float* c, int ldc) {
-    static const Consts kc;
+    static const typename F::Consts kc;
     thread_local std::vector<int8_t> perm;
     if (perm.size() < static_cast<size_t>(M) * static_cast<size_t>(k))
       perm.resize(static_cast<size_t>(M) * static_cast<size_t>(k));
@@ -121,39 +211,27 @@ struct IQ2XXS {
       q[i] = p;
       da[i] = act_d(a[i], k);
     }
-    const size_t rb = static_cast<size_t>(k / 256) * kBytes;
+    const size_t rb = static_cast<size_t>(k / 256) * F::kBytes;
     const __m512i zero = _mm512_setzero_si512();
     for (int j = 0; j < nr; ++j) {
       const uint8_t* row = static_cast<const uint8_t*>(panel) + static_cast<size_t>(j) * rb;
       __m512 acc[M];
       for (int i = 0; i < M; ++i) acc[i] = _mm512_setzero_ps();
       for (int b = 0; b < k / 256; ++b) {
-        const uint8_t* blk = row + kBytes * static_cast<size_t>(b);
+        const uint8_t* blk = row + F::kBytes * static_cast<size_t>(b);
         _mm_prefetch(reinterpret_cast<const char*>(blk) + 1024, _MM_HINT_T0);
-        const __m512i x = _mm512_loadu_si512(blk + 2);  // qs
-        const __m512i codes = grid_lookup(kc, _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, kc.index_words, x));
-        const __m512i signs =
-            _mm512_permutex2var_epi8(kc.parity[0], _mm512_multishift_epi64_epi8(kc.sign_fields, x), kc.parity[1]);
-        // Dword lanes 2 g and 2 g + 1: group g's 2 s + 1.
-        const __m512i s4 = _mm512_srli_epi64(x, 60);
-        const __m512i odd =
-            _mm512_or_si512(_mm512_or_si512(_mm512_slli_epi64(s4, 1), _mm512_slli_epi64(s4, 33)), _mm512_set1_epi32(1));
+        Decoded w;
+        F::decode(blk, kc, &w);
         __m512i isum[M];
         for (int i = 0; i < M; ++i) isum[i] = _mm512_setzero_si512();
-        for (int v = 0; v < 4; ++v) {
-          const __m512i mag =
-              _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(kc.level_fields[v], codes), kc.magnitude);
-          // Bit i set where byte i of vector v is negative.
-          const __mmask64 negative = _mm512_test_epi8_mask(_mm512_permutexvar_epi8(kc.sign_spread[v], signs), kc.bit);
+        for (int v = 0; v < 4; ++v)
           for (int i = 0; i < M; ++i) {
             const __m512i qv = _mm512_loadu_si512(q[i] + 256 * b + 64 * v);
-            isum[i] = _mm512_dpbusd_epi32(isum[i], mag, _mm512_mask_sub_epi8(qv, negative, zero, qv));
+            isum[i] = _mm512_dpbusd_epi32(isum[i], w.mag[v], _mm512_mask_sub_epi8(qv, w.neg[v], zero, qv));
           }
-        }
-        const float d = 0.125f * f16at(blk);
         for (int i = 0; i < M; ++i)
-          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(isum[i], odd)),
-                                   _mm512_set1_ps(d * da[i][8 * b]), acc[i]);
+          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(isum[i], w.odd)),
+                                   _mm512_set1_ps(w.scale * da[i][8 * b]), acc[i]);
       }
       for (int i = 0; i < M; ++i) c[i * ldc + j] = hsum(acc[i]);
     }
@@ -162,7 +240,10 @@ struct IQ2XXS {
 
 }  // namespace
 
-void qfused_avx512vbmi(QGemmFn* gemm) { install<IQ2XXS>(gemm); }
+void qfused_avx512vbmi(QGemmFn* gemm) {
+  install<GridRows<IQ2XXS>>(gemm);
+  install<GridRows<IQ3XXS>>(gemm);
+}
 
 }  // namespace cpu
 }  // namespace ep_moe

@@ -569,25 +569,30 @@ TEST_CASE("FP8 E4M3FN: every code's value, and the nearest code of a float", "[u
 }
 
 #if defined(__x86_64__)
-TEST_CASE("IQ2_XXS decoded in registers (AVX512_VBMI) and through its decoded rows agree with the double product",
-          "[unit][quant][kernels]") {
+TEST_CASE(
+    "IQ2_XXS and IQ3_XXS decoded in registers (AVX512_VBMI) and through their decoded rows agree with the "
+    "double product",
+    "[unit][quant][kernels]") {
   if (!cpu::has_avx512_vbmi()) {
     WARN("skipped: no AVX512_VBMI");
     return;
   }
   // The AVX-512 VNNI table's entries as a CPU without VBMI has them (the
-  // decoded rows), then with the register decode installed over them.
+  // decoded rows), then with the register decodes installed over them.
   std::vector<cpu::QGemmFn> fns(static_cast<size_t>(kQuantTypes), nullptr);
   cpu::qdecoded_avx512vnni(fns.data());
-  const int i = quant_index(EP_MOE_DTYPE_IQ2_XXS);
-  const cpu::QGemmFn decoded = fns[static_cast<size_t>(i)];
+  const std::vector<cpu::QGemmFn> decoded = fns;
   cpu::qfused_avx512vbmi(fns.data());
-  REQUIRE(fns[static_cast<size_t>(i)] != decoded);
   const cpu::Kernels& kern = cpu::kernels_for(cpu::Isa::Avx512);
-  CHECK(kern.qgemm[i] == fns[static_cast<size_t>(i)]);
   std::mt19937 rng(Catch::rngSeed() + 23);
-  for (cpu::QGemmFn fn : {decoded, fns[static_cast<size_t>(i)]})
-    for (int k : {256, 2048}) check_qgemm(fn, kern.quantize_act, EP_MOE_DTYPE_IQ2_XXS, k, kern.nr, 0, rng);
+  for (ep_moe_dtype_t t : {EP_MOE_DTYPE_IQ2_XXS, EP_MOE_DTYPE_IQ3_XXS}) {
+    CAPTURE(dtype_name(t));
+    const auto i = static_cast<size_t>(quant_index(t));
+    REQUIRE(fns[i] != decoded[i]);
+    CHECK(kern.qgemm[i] == fns[i]);
+    for (cpu::QGemmFn fn : {decoded[i], fns[i]})
+      for (int k : {256, 2048}) check_qgemm(fn, kern.quantize_act, t, k, kern.nr, 0, rng);
+  }
   const char* before = std::getenv("EP_MOE_CPU_ISA");
   const std::string saved = before ? before : "";
   setenv("EP_MOE_CPU_ISA", "avx512bf16,-vbmi", 1);
