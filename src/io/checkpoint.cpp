@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <nlohmann/json.hpp>
 
+#include "io/json_guard.hpp"
 #include "io/json_release.hpp"
 #include <set>
 #include <tuple>
@@ -321,6 +322,9 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& path, Naming nam
   if (!index.empty()) {
     const std::string text = read_small_file(index, 64ull << 20);
     ck->header_bytes_ += text.size();
+    // {"metadata": {...}, "weight_map": {tensor: file}}: a few levels, no
+    // long arrays (json_guard.hpp).
+    check_json(text, index, JsonLimits{kIndexMaxDepth, kIndexMaxArray, true});
     nlohmann::json root;
     const JsonRelease release{root};
     try {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "io/json_guard.hpp"
 #include "io/json_release.hpp"
-#include <set>
 
 #include "common/error.hpp"
 
@@ -37,7 +37,8 @@ const DtypeDesc* find_dtype(const std::string& s) {
 namespace {
 
 // The JSON header (rejecting duplicate top-level keys, which JSON libraries
-// keep the last of silently); *header_len: its length in bytes.
+// keep the last of silently, and shapes no header has: json_guard.hpp);
+// *header_len: its length in bytes.
 void read_header(const ByteSource& src, nlohmann::json* root, uint64_t* header_len) {
   const char* fname = src.name().c_str();
   const uint64_t fsize = src.size();
@@ -56,21 +57,14 @@ void read_header(const ByteSource& src, nlohmann::json* root, uint64_t* header_l
          static_cast<unsigned long long>(n), static_cast<unsigned long long>(fsize));
   std::string text(static_cast<size_t>(n), '\0');
   src.read(8, &text[0], static_cast<size_t>(n));
-  std::set<std::string> keys;
-  std::string duplicate;
+  // A header is an object of tensors (objects of a dtype string and two
+  // short arrays) and __metadata__ (an object of strings): three levels.
+  check_json(text, src.name() + ": the header", JsonLimits{3, kMaxHeaderArray, true});
   try {
-    *root = nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& j) {
-      if (ev == nlohmann::json::parse_event_t::key && depth == 1 && duplicate.empty()) {
-        const std::string k = j.get<std::string>();
-        if (!keys.insert(k).second) duplicate = k;
-      }
-      return true;
-    });
+    *root = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail(EP_MOE_ERR_FORMAT, "%s: the header is not valid JSON: %s", fname, e.what());
   }
-  if (!duplicate.empty())
-    fail(EP_MOE_ERR_FORMAT, "%s: tensor '%s' appears twice in the header", fname, duplicate.c_str());
   if (!root->is_object()) fail(EP_MOE_ERR_FORMAT, "%s: the header is not a JSON object", fname);
   *header_len = n;
 }

@@ -14,6 +14,9 @@ namespace ep_moe {
 namespace io {
 
 constexpr uint64_t kSafetensorsMaxHeader = 100ull << 20;
+// Elements of one array in a header (a shape or data_offsets): a tensor
+// has a few dimensions; more is refused before a document is built.
+constexpr uint64_t kMaxHeaderArray = 64;
 
 struct SafetensorsFile {
   std::vector<TensorInfo> tensors;  // in file order

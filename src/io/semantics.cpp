@@ -6,6 +6,7 @@
 
 #include "common/error.hpp"
 #include "io/checkpoint.hpp"
+#include "io/json_guard.hpp"
 #include "io/json_release.hpp"
 
 #include <nlohmann/json.hpp>
@@ -277,6 +278,7 @@ Semantics gguf_semantics(const GgufFile& g, const std::string& arch, bool has_sc
 
 void parse_hf_config(const std::string& text, const std::string& name, std::map<std::string, double>* nums,
                      std::map<std::string, std::string>* strs) {
+  check_json(text, name, JsonLimits{kConfigMaxDepth, kConfigMaxArray, true});
   nlohmann::json root;
   const JsonRelease release{root};
   try {

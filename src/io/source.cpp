@@ -22,15 +22,21 @@ void inject_read_failure(long n) { g_read_fault.store(n < 0 ? -1 : n, std::memor
 
 FileSource::FileSource(const std::string& path) {
   name_ = path;
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO (or a device that waits for a peer) for
+  // reading would otherwise block until a writer comes, i.e. forever; it
+  // returns at once and the type is checked before any read.
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd_ < 0) fail(EP_MOE_ERR_IO, "%s: cannot open: %s", path.c_str(), std::strerror(errno));
   struct stat st;
+  errno = 0;
   if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
     const int e = errno;
     ::close(fd_);
     fd_ = -1;
     fail(EP_MOE_ERR_IO, "%s: not a regular file%s%s", path.c_str(), e ? ": " : "", e ? std::strerror(e) : "");
   }
+  const int flags = ::fcntl(fd_, F_GETFL);
+  if (flags >= 0) ::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK);
   size_ = static_cast<uint64_t>(st.st_size);
 }
 
