@@ -404,9 +404,9 @@ void Checkpoint::open_gguf_splits(const std::string& path) {
   const GgufValue* count = gguf_.find("split.count");
   if (!count) return;
   const std::string& name = files_[0]->name();
-  const int64_t n = count->as_int();
+  const int64_t n = count->checked_int("split.count", 1, 9999, name);
   const GgufValue* no = gguf_.find("split.no");
-  if (n < 1 || n > 9999 || !no || no->as_int() < 0 || no->as_int() >= n)
+  if (!no || no->checked_int("split.no", 0, 9998, name) >= n)
     fail(EP_MOE_ERR_FORMAT, "%s: split.count %lld / split.no %lld are not a split of a GGUF model", name.c_str(),
          static_cast<long long>(n), static_cast<long long>(no ? no->as_int() : -1));
   if (n == 1) return;
@@ -435,7 +435,7 @@ void Checkpoint::open_gguf_splits(const std::string& path) {
     parts[static_cast<size_t>(i)] = parse_gguf(*files[static_cast<size_t>(i)], static_cast<int>(i));
     const GgufValue* pno = parts[static_cast<size_t>(i)].find("split.no");
     const GgufValue* pcount = parts[static_cast<size_t>(i)].find("split.count");
-    if (!pno || !pcount || pno->as_int() != i || pcount->as_int() != n)
+    if (!pno || !pcount || !pno->is_int() || !pcount->is_int() || pno->as_int() != i || pcount->as_int() != n)
       fail(EP_MOE_ERR_FORMAT, "%s: its split.no / split.count do not say split %lld of %lld", p.c_str(),
            static_cast<long long>(i + 1), static_cast<long long>(n));
   }
@@ -450,7 +450,7 @@ void Checkpoint::open_gguf_splits(const std::string& path) {
   }
   gguf_ = std::move(parts[0]);
   if (const GgufValue* total = gguf_.find("split.tensors.count"))
-    if (total->as_int() != static_cast<int64_t>(tensors_.size()))
+    if (total->checked_int("split.tensors.count", 0, INT64_MAX, name) != static_cast<int64_t>(tensors_.size()))
       fail(EP_MOE_ERR_FORMAT, "%s: split.tensors.count is %lld, but the %lld splits hold %zu tensors", name.c_str(),
            static_cast<long long>(total->as_int()), static_cast<long long>(n), tensors_.size());
   std::map<std::string, int> seen;
@@ -548,7 +548,8 @@ void Checkpoint::index_names(Naming want, const std::string& prefix) {
   }
   if (format_ == Format::Gguf) {
     if (const GgufValue* v = gguf_.find(arch_ + ".block_count"))
-      num_layers_ = std::max<int32_t>(num_layers_, static_cast<int32_t>(v->as_int()));
+      num_layers_ = std::max<int32_t>(
+          num_layers_, static_cast<int32_t>(v->checked_int(arch_ + ".block_count", 1, kMaxCount, files_[0]->name())));
   } else {
     num_layers_ = std::max<int32_t>(num_layers_, static_cast<int32_t>(get_num(cfg_num_, "num_hidden_layers", 0)));
   }
@@ -570,7 +571,8 @@ int64_t Checkpoint::hidden_hint(int32_t layer) const {
   if (const TensorInfo* r = tensor(layer, R_ROUTER, -1))
     if (r->shape.size() == 2) return r->shape[1];
   if (format_ == Format::Gguf) {
-    if (const GgufValue* v = gguf_.find(arch_ + ".embedding_length")) return v->as_int();
+    if (const GgufValue* v = gguf_.find(arch_ + ".embedding_length"))
+      return v->checked_int(arch_ + ".embedding_length", 1, kMaxCount, files_[0]->name());
     return 0;
   }
   return static_cast<int64_t>(get_num(cfg_num_, "hidden_size", 0));

@@ -279,6 +279,21 @@ bool GgufValue::is_float() const { return type == T_F32 || type == T_F64; }
 int64_t GgufValue::as_int() const { return is_float() ? static_cast<int64_t>(f) : i; }
 double GgufValue::as_float() const { return is_float() ? f : static_cast<double>(i); }
 
+int64_t GgufValue::checked_int(const std::string& key, int64_t lo, int64_t hi, const std::string& where) const {
+  if (!is_int())
+    fail(EP_MOE_ERR_FORMAT, "%s: metadata %s is %s, not an integer", where.c_str(), key.c_str(),
+         is_float()         ? "a float"
+         : type == T_STRING ? "a string"
+                            : "an array");
+  const bool unsigned_type = type == T_U8 || type == T_U16 || type == T_U32 || type == T_U64;
+  if (unsigned_type ? u > static_cast<uint64_t>(hi) || static_cast<int64_t>(u) < lo : i < lo || i > hi) {
+    const std::string v = unsigned_type ? std::to_string(u) : std::to_string(i);
+    fail(EP_MOE_ERR_FORMAT, "%s: metadata %s is %s, outside [%lld, %lld]", where.c_str(), key.c_str(), v.c_str(),
+         static_cast<long long>(lo), static_cast<long long>(hi));
+  }
+  return unsigned_type ? static_cast<int64_t>(u) : i;
+}
+
 const GgufValue* GgufFile::find(const std::string& key) const {
   auto it = kv.find(key);
   return it == kv.end() ? nullptr : &it->second;

@@ -29,6 +29,10 @@ struct GgufValue {
   bool is_float() const;
   int64_t as_int() const;
   double as_float() const;
+  // The value as an integer in [lo, hi]; EP_MOE_ERR_FORMAT naming `key` and
+  // `where` for any other type (a float, a string) or a value outside, as
+  // read in its own type (a u64 of 2^32 + 2 is not 2).
+  int64_t checked_int(const std::string& key, int64_t lo, int64_t hi, const std::string& where) const;
 };
 
 struct GgufFile {

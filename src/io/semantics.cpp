@@ -1,5 +1,7 @@
 #include "io/semantics.hpp"
 
+#include <cfloat>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -241,8 +243,14 @@ Semantics gguf_semantics(const GgufFile& g, const std::string& arch, bool has_sc
   s.renormalize = a->renormalize;
   s.scale = a->scale;
   if (a->activation >= 0) s.activation = a->activation;
-  if (const GgufValue* v = find("expert_used_count")) s.top_k = static_cast<int32_t>(v->as_int());
-  if (const GgufValue* v = find("expert_weights_norm")) s.renormalize = v->as_int() != 0 ? 1 : 0;
+  // Every integer is range-checked in its own type (kMaxCount: what a
+  // layer's counts can be) and refused naming the key.
+  const auto count = [&](const GgufValue* v, const char* key) {
+    return static_cast<int32_t>(v->checked_int(arch + "." + key, 1, kMaxCount, where));
+  };
+  if (const GgufValue* v = find("expert_used_count")) s.top_k = count(v, "expert_used_count");
+  if (const GgufValue* v = find("expert_weights_norm"))
+    s.renormalize = v->checked_int(arch + ".expert_weights_norm", 0, 1, where) != 0 ? 1 : 0;
   if (const GgufValue* v = find("expert_weights_scale")) {
     const double f = v->as_float();
     if (f != 0.0) s.scale = static_cast<float>(f);  // llama.cpp: 0 means no scaling
@@ -250,7 +258,7 @@ Semantics gguf_semantics(const GgufFile& g, const std::string& arch, bool has_sc
   if (const GgufValue* v = find("expert_gating_func")) {
     // llama.cpp's llama_expert_gating_func_type: 1 softmax, 2 sigmoid, 3
     // softmax over the chosen experts' logits (softmax, then renormalise).
-    switch (v->as_int()) {
+    switch (v->checked_int(arch + ".expert_gating_func", 0, kMaxCount, where)) {
       case 1: s.scoring = EP_MOE_SCORING_SOFTMAX; break;
       case 2: s.scoring = EP_MOE_SCORING_SIGMOID; break;
       case 3:
@@ -265,16 +273,66 @@ Semantics gguf_semantics(const GgufFile& g, const std::string& arch, bool has_sc
     }
   }
   const GgufValue* gc = find("expert_group_count");
-  const auto ngroups = static_cast<int32_t>(gc ? gc->as_int() : a->n_group);
+  const int32_t ngroups = gc ? count(gc, "expert_group_count") : a->n_group;
   if (ngroups > 1) {
     s.groups = ngroups;
     const GgufValue* gu = find("expert_group_used_count");
-    s.topk_group = static_cast<int32_t>(gu ? gu->as_int() : a->topk_group > 0 ? a->topk_group : ngroups);
+    s.topk_group = gu ? count(gu, "expert_group_used_count") : a->topk_group > 0 ? a->topk_group : ngroups;
   }
   s.needs_score_bias = a->grouping == Grouping::NoAux;
   check_bias(s, has_score_bias, where);
   return s;
 }
+
+namespace {
+
+// The keys ep_moe reads from config.json, each with the one type it must
+// have: a key of another type, a count that is not an integer in
+// [1, kMaxCount] or a float that is not finite in f32 is refused naming
+// the key, never dropped or narrowed (a top_k of 2.9 is not 2).
+enum class Want { Count, Float, Flag, Text };
+struct ConfigKey {
+  const char* key;
+  Want want;
+};
+constexpr ConfigKey kConfigKeys[] = {
+    {"num_experts_per_tok", Want::Count}, {"n_group", Want::Count},       {"topk_group", Want::Count},
+    {"num_hidden_layers", Want::Count},   {"hidden_size", Want::Count},   {"routed_scaling_factor", Want::Float},
+    {"swiglu_limit", Want::Float},        {"norm_topk_prob", Want::Flag}, {"model_type", Want::Text},
+    {"hidden_act", Want::Text},           {"scoring_func", Want::Text},   {"topk_method", Want::Text},
+};
+
+void check_config_value(const std::string& key, const nlohmann::json& v, const std::string& file) {
+  if (v.is_null()) return;  // as if absent
+  for (const ConfigKey& k : kConfigKeys) {
+    if (key != k.key) continue;
+    const char* bad = nullptr;
+    switch (k.want) {
+      case Want::Count:
+        if (!v.is_number()) bad = "not a number";
+        else if (v.is_number_float() &&
+                 (!std::isfinite(v.get<double>()) || v.get<double>() != std::floor(v.get<double>())))
+          bad = "not an integer";
+        else if (v.get<double>() < 1 || v.get<double>() > static_cast<double>(kMaxCount))
+          bad = "outside [1, 2147483647]";
+        break;
+      case Want::Float:
+        if (!v.is_number()) bad = "not a number";
+        else if (!(std::fabs(v.get<double>()) <= static_cast<double>(FLT_MAX))) bad = "not a finite f32";
+        break;
+      case Want::Flag:
+        if (!v.is_boolean() && !v.is_number()) bad = "not a boolean";
+        break;
+      case Want::Text:
+        if (!v.is_string()) bad = "not a string";
+        break;
+    }
+    if (bad)
+      fail(EP_MOE_ERR_FORMAT, "%s: %s is %s, %s", file.c_str(), key.c_str(), v.dump().substr(0, 40).c_str(), bad);
+  }
+}
+
+}  // namespace
 
 void parse_hf_config(const std::string& text, const std::string& name, std::map<std::string, double>* nums,
                      std::map<std::string, std::string>* strs) {
@@ -290,6 +348,7 @@ void parse_hf_config(const std::string& text, const std::string& name, std::map<
   // Multimodal models keep the language model's settings in text_config.
   auto collect = [&](const nlohmann::json& obj) {
     for (auto it = obj.begin(); it != obj.end(); ++it) {
+      check_config_value(it.key(), it.value(), name);
       if (it.value().is_number()) (*nums)[it.key()] = it.value().get<double>();
       else if (it.value().is_boolean()) (*nums)[it.key()] = it.value().get<bool>() ? 1.0 : 0.0;
       else if (it.value().is_string()) (*strs)[it.key()] = it.value().get<std::string>();

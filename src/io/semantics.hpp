@@ -6,6 +6,7 @@
 // EP_MOE_ERR_UNSUPPORTED naming what is missing. Never a silent default.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -15,6 +16,11 @@
 
 namespace ep_moe {
 namespace io {
+
+// The largest count (experts, top-k, groups, layers, sizes) a file may
+// state; each is read in its own type and refused beyond this, never
+// narrowed.
+constexpr int64_t kMaxCount = INT32_MAX;
 
 struct Semantics {
   int32_t top_k = 0;  // 0: the file does not say

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <future>
 #include <string>
+#include <random>
 #include <thread>
 
 #include "ep_moe/ep_moe.h"
@@ -183,4 +184,114 @@ TEST_CASE("a 16 MB index of nested arrays costs memory of the order of its size,
   INFO("resident set " << before << " MiB before, peak " << peak << " MiB while opening");
   // The text is 16 MiB (read once); a document of it took 1.2 GB.
   if (measured) CHECK(peak - before < 300);
+}
+
+namespace {
+
+// Status and message of deriving layer `layer`'s configuration from the
+// checkpoint at path (the failure may come at open or at the derivation).
+Opened layer_config(const std::string& path, int layer) {
+  ep_moe_checkpoint_t* c = nullptr;
+  ep_moe_status_t s = ep_moe_checkpoint_open(&c, path.c_str(), nullptr);
+  if (s != EP_MOE_OK) return Opened{s, ep_moe_last_error()};
+  ep_moe_layer_config_t lc;
+  ep_moe_layer_config_init(&lc);
+  s = ep_moe_checkpoint_layer_config(&lc, c, layer);
+  Opened o{s, s == EP_MOE_OK ? "" : ep_moe_checkpoint_last_error(c)};
+  ep_moe_checkpoint_close(c);
+  return o;
+}
+
+writers::Model small_model() {
+  writers::Model m;
+  m.spec.H = 32;
+  m.spec.I = 16;
+  m.spec.E = 4;
+  m.spec.K = 2;
+  m.dtype = "F32";
+  m.layer = 1;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("integers read from a file are range-checked in their own type, never narrowed", "[checkpoint][hostile]") {
+  std::mt19937 rng(Catch::rngSeed() + 71);
+  SECTION("GGUF metadata") {
+    writers::Model m = small_model();
+    m.w = ref::random_weights(m.spec, ref::F32, rng);
+    const auto ts = writers::moe_tensors(m, writers::Scheme::Gguf, rng);
+    struct Case {
+      const char* key;
+      uint32_t type;
+      uint64_t u;
+      const char* needle;
+    };
+    const Case cases[] = {
+        {"expert_used_count", 10, (1ull << 32) + 2, "qwen3moe.expert_used_count is 4294967298, outside"},
+        {"expert_group_count", 10, (1ull << 32) + 2, "qwen3moe.expert_group_count is 4294967298, outside"},
+        {"expert_group_count", 4, 4294967295u, "qwen3moe.expert_group_count is 4294967295, outside"},
+        {"expert_used_count", 6, 0, "qwen3moe.expert_used_count is a float, not an integer"},
+        {"expert_used_count", 5, static_cast<uint32_t>(-3), "qwen3moe.expert_used_count is -3, outside"},
+        {"block_count", 10, 1ull << 40, "qwen3moe.block_count is 1099511627776, outside"},
+    };
+    for (const Case& c : cases) {
+      INFO(c.key << " type " << c.type);
+      std::vector<writers::Kv> kv = writers::gguf_meta(m);
+      for (auto& x : kv)
+        if (x.key == std::string("qwen3moe.") + c.key) x.key = "unused." + x.key;
+      writers::Kv bad;
+      bad.key = std::string("qwen3moe.") + c.key;
+      bad.type = c.type;
+      bad.u = c.u;
+      bad.f = 2.0f;
+      kv.push_back(bad);
+      const std::string path = writers::temp_dir("narrow") + "/model.gguf";
+      writers::write_file(path, writers::gguf_bytes(ts, kv));
+      const Opened o = layer_config(path, m.layer);
+      INFO(o.message);
+      CHECK(o.status == EP_MOE_ERR_FORMAT);
+      CHECK(o.message.find(c.needle) != std::string::npos);
+      CHECK(o.message.find(path) != std::string::npos);
+    }
+  }
+  SECTION("config.json") {
+    writers::Model m = small_model();
+    const std::string path = writers::small_checkpoint(m, rng);
+    const std::string cfg_path = path.substr(0, path.rfind('/')) + "/config.json";
+    const std::string good = writers::hf_config(m, writers::Scheme::Qwen);
+    REQUIRE(layer_config(path, m.layer).status == EP_MOE_OK);
+    const std::string key = "\"num_experts_per_tok\": 2";
+    REQUIRE(good.find(key) != std::string::npos);
+    struct Case {
+      std::string value;
+      const char* needle;
+    };
+    const Case cases[] = {
+        {"2.9", "num_experts_per_tok is 2.9, not an integer"},
+        {"1e300", "num_experts_per_tok is 1e+300, outside [1, 2147483647]"},
+        {"-1", "num_experts_per_tok is -1, outside"},
+        {"0", "num_experts_per_tok is 0, outside"},
+        {"\"2\"", "num_experts_per_tok is \"2\", not a number"},
+        {"[2]", "num_experts_per_tok is [2], not a number"},
+        {"4294967298", "num_experts_per_tok is 4294967298, outside"},
+    };
+    for (const Case& c : cases) {
+      INFO(c.value);
+      std::string text = good;
+      text.replace(text.find(key), key.size(), "\"num_experts_per_tok\": " + c.value);
+      write_text(cfg_path, text);
+      const Opened o = layer_config(path, m.layer);
+      INFO(o.message);
+      CHECK(o.status == EP_MOE_ERR_FORMAT);
+      CHECK(o.message.find(c.needle) != std::string::npos);
+      CHECK(o.message.find("config.json") != std::string::npos);
+    }
+    std::string text = good;
+    text.replace(text.find("\"hidden_act\": \"silu\""), 20, "\"hidden_act\": 5");
+    write_text(cfg_path, text);
+    const Opened o = layer_config(path, m.layer);
+    CHECK(o.status == EP_MOE_ERR_FORMAT);
+    CHECK(o.message.find("hidden_act is 5, not a string") != std::string::npos);
+  }
 }

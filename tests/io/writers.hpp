@@ -101,7 +101,7 @@ inline std::vector<uint8_t> safetensors_bytes(const std::vector<Tensor>& ts,
 // A GGUF metadata value.
 struct Kv {
   std::string key;
-  uint32_t type;  // 4 u32, 5 i32, 6 f32, 7 bool, 8 string
+  uint32_t type;  // 4 u32, 5 i32, 6 f32, 7 bool, 8 string, 10 u64
   uint64_t u = 0;
   float f = 0;
   std::string s;
@@ -155,6 +155,7 @@ inline std::vector<uint8_t> gguf_bytes(const std::vector<Tensor>& ts, const std:
       }
       case 7: b.push_back(static_cast<uint8_t>(kv.u)); break;
       case 8: put_str(b, kv.s); break;
+      case 10: put_u64(b, kv.u); break;
       default: break;
     }
   }
