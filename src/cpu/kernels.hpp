@@ -99,7 +99,10 @@ struct Kernels {
   // within 2 ulp of expf).
   void (*silu_mul)(const float* gate, const float* up, float* out, int n) = nullptr;
   // The weighted combine of m result rows: for i < m, j < n,
-  // acc[rows[i] * ldacc + j] += w[i] * c[i * ldc + j] (rows in order).
+  // acc[rows[i] * ldacc + j] += w[i] * c[i * ldc + j] (rows in order). A
+  // row of weight 0 adds nothing, not 0 x its values: the weight-0 skip
+  // strategy parks other ranks' pairs on local experts with weight 0, and
+  // a NaN or Inf there must not reach a token that never chose the expert.
   void (*scatter_add)(float* acc, int64_t ldacc, const int32_t* rows, const float* w, const float* c, int ldc, int m,
                       int n) = nullptr;
   // The unweighted combine of rows, summed in f32: for j < n, the sum

@@ -59,7 +59,8 @@ void axpy(float* dst, float w, const float* x, int n) {
 void scatter_add(float* acc, int64_t ldacc, const int32_t* rows, const float* w, const float* c, int ldc, int m,
                  int n) {
   for (int i = 0; i < m; ++i)
-    axpy(acc + static_cast<int64_t>(rows[i]) * ldacc, w[i], c + static_cast<int64_t>(i) * ldc, n);
+    if (w[i] != 0.0f)  // kernels.hpp: a row of weight 0 adds nothing
+      axpy(acc + static_cast<int64_t>(rows[i]) * ldacc, w[i], c + static_cast<int64_t>(i) * ldc, n);
 }
 }  // namespace
 

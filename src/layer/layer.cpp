@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <limits>
 
 #include "common/dtype.hpp"
 #include "common/error.hpp"
@@ -355,7 +356,14 @@ bool Layer::store(ep_moe_weight_t which, int32_t expert, Source src, bool shard_
   } else if (shared_weight(which)) {
     store_shared(which, src, shard_relative, src_on_device);
   } else if (which == EP_MOE_WEIGHT_ROUTER) {
-    // Routing is sensitive: the router is kept in f32 whatever weight_dtype says.
+    // Routing is sensitive: the router is kept in f32 whatever weight_dtype
+    // says, and refused here if not finite (forward would otherwise fail on
+    // logits the caller never passed).
+    if (!src_on_device)
+      for (int64_t r = 0; r < cfg_.num_experts; ++r)
+        for (int64_t c = 0; c < cfg_.hidden_size; ++c)
+          EP_MOE_CHECK_ARG(std::isfinite(source_at(src, r, c)), "router weight [%lld, %lld] is not finite",
+                           static_cast<long long>(r), static_cast<long long>(c));
     backend_->put(WeightPart::Router, -1, 0, src, cfg_.num_experts, cfg_.hidden_size, src_on_device);
     has_router_ = true;
   } else {
@@ -580,7 +588,61 @@ void Layer::validate_forward(const ep_moe_forward_args_t& a, int64_t* dp_offset,
   if (!missing.empty()) fail(EP_MOE_ERR_STATE, "weights incomplete: %s", missing.c_str());
 }
 
-void Layer::forward(const ep_moe_forward_args_t& a) {
+namespace {
+
+// Whether a row of n values of dtype dt holds a NaN or an Inf (its
+// exponent bits all set), by their bits so that it vectorises.
+bool row_nonfinite(const void* row, ep_moe_dtype_t dt, int64_t n) {
+  if (dt == EP_MOE_DTYPE_F32) {
+    const auto* u = static_cast<const uint32_t*>(row);
+    uint32_t any = 0;
+    for (int64_t i = 0; i < n; ++i) any |= (u[i] & 0x7f800000u) == 0x7f800000u;
+    return any != 0;
+  }
+  const uint16_t exp = dt == EP_MOE_DTYPE_BF16 ? 0x7f80 : 0x7c00;  // bf16, f16
+  const auto* u = static_cast<const uint16_t*>(row);
+  uint32_t any = 0;
+  for (int64_t i = 0; i < n; ++i) any |= (u[i] & exp) == exp;
+  return any != 0;
+}
+
+}  // namespace
+
+bool Layer::hide_nonfinite_rows(ep_moe_forward_args_t* a) {
+  nonfinite_rows_.clear();
+  if (a->num_tokens <= 0 || backend_->pointer_device(a->hidden) >= 0) return false;
+  const auto dt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
+  const int64_t H = cfg_.hidden_size;
+  const size_t row_bytes = static_cast<size_t>(H) * dtype_size(dt);
+  const auto* hidden = static_cast<const uint8_t*>(a->hidden);
+  for (int64_t t = 0; t < a->num_tokens; ++t)
+    if (row_nonfinite(hidden + static_cast<size_t>(t) * row_bytes, dt, H)) nonfinite_rows_.push_back(t);
+  if (nonfinite_rows_.empty()) return false;
+  clean_hidden_.assign(hidden, hidden + static_cast<size_t>(a->num_tokens) * row_bytes);
+  for (int64_t t : nonfinite_rows_)
+    std::memset(clean_hidden_.data() + static_cast<size_t>(t) * row_bytes, 0, row_bytes);
+  a->hidden = clean_hidden_.data();
+  return true;
+}
+
+void Layer::poison_rows(const ep_moe_forward_args_t& a) const {
+  const auto dt = static_cast<ep_moe_dtype_t>(cfg_.act_dtype);
+  const int64_t H = cfg_.hidden_size;
+  auto* out = static_cast<uint8_t*>(a.out);
+  for (int64_t t : nonfinite_rows_) {
+    uint8_t* row = out + static_cast<size_t>(t) * static_cast<size_t>(H) * dtype_size(dt);
+    if (dt == EP_MOE_DTYPE_F32) {
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      for (int64_t i = 0; i < H; ++i) std::memcpy(row + 4 * i, &nan, 4);
+    } else {
+      const uint16_t nan = dt == EP_MOE_DTYPE_BF16 ? 0x7fc0 : 0x7e00;
+      for (int64_t i = 0; i < H; ++i) std::memcpy(row + 2 * i, &nan, 2);
+    }
+  }
+}
+
+void Layer::forward(const ep_moe_forward_args_t& args) {
+  ep_moe_forward_args_t a = args;
   Stages st;
   const bool decide = dispatch_ != EP_MOE_DISPATCH_ALLGATHER;
   if (decide) {
@@ -596,6 +658,7 @@ void Layer::forward(const ep_moe_forward_args_t& a) {
     // than at its first loop (a thread's wake-up costs ~50 us on a VM).
     backend_->wake();
     validate_forward(a, &dp_offset, &padded, &gather);
+    const bool nonfinite = hide_nonfinite_rows(&a);
     backend_->route(a);
     int32_t mode = EP_MOE_DISPATCH_ALLGATHER;
     if (decide) {
@@ -616,6 +679,7 @@ void Layer::forward(const ep_moe_forward_args_t& a) {
     } else {
       backend_->alltoall(a, st);
     }
+    if (nonfinite) poison_rows(a);
     last_gather_ = mode == EP_MOE_DISPATCH_ALLGATHER ? gather : Gather::None;
     last_dispatch_ = mode;
     ++load_steps_;

@@ -42,6 +42,11 @@ class Layer {
   // Whether this rank keeps anything of the weight (a local expert, a shard).
   bool wants(ep_moe_weight_t which, int32_t expert) const;
 
+  // A token whose hidden row holds a NaN or an Inf (host memory) gets an
+  // all-NaN output row, on every dtype and path: it is computed as a row of
+  // zeros (so that a block format's int8 quantization cannot turn it into
+  // finite values, routing from a router weight sees finite logits, and
+  // no other token is touched), and its output row is NaN at the end.
   void forward(const ep_moe_forward_args_t& args);
 
   int64_t attr(ep_moe_layer_attr_t a) const;
@@ -181,6 +186,14 @@ class Layer {
   std::vector<int32_t> ids_;  // the host top-k choice [rows, K]
   std::vector<float> weights_;
   std::vector<size_t> counts_, recv_words_, recv_count_;
+  // forward()'s tokens with a NaN or Inf in their hidden row, and the copy
+  // of the hidden rows with those rows zeroed (only when there are any).
+  std::vector<int64_t> nonfinite_rows_;
+  std::vector<uint8_t> clean_hidden_;
+  // Finds them; on any, points a->hidden at the copy. True when any.
+  bool hide_nonfinite_rows(ep_moe_forward_args_t* a);
+  // Their output rows all NaN.
+  void poison_rows(const ep_moe_forward_args_t& a) const;
   std::vector<int64_t> send_count_, send_off_, stamp_, cursor64_, count_row_, count_matrix_;
   std::vector<int32_t> send_tok_, dest_;
   std::vector<int64_t> back_off_, back_idx_;  // all-to-all combine: returned rows per own token (CSR)
