@@ -182,7 +182,11 @@ typedef enum ep_moe_log_level {
  * \param[in] user_data The pointer given to ep_moe_set_log_callback().
  *
  * It may be called from any thread that calls into ep_moe; the library
- * serialises the calls. It must not call back into ep_moe.
+ * serialises the calls. It may call back into ep_moe on its thread (to
+ * read ep_moe_last_error(), or to replace or remove itself): what those
+ * nested calls would log is not passed to it, and a nested call that fails
+ * replaces the thread's ep_moe_last_error(). It must not wait for another
+ * thread that calls into ep_moe.
  */
 typedef void (*ep_moe_log_fn)(ep_moe_log_level_t level, const char* message, void* user_data);
 

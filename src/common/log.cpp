@@ -17,8 +17,15 @@ struct Sink {
   ep_moe_log_level_t max_level = EP_MOE_LOG_ERROR;
   void* user_data = nullptr;
 };
-std::mutex g_mutex;
+// Recursive, and held while the callback runs: removing the callback then
+// guarantees no call is in flight afterwards (user_data may be freed), and
+// a callback that calls back into ep_moe on its thread (even to replace or
+// remove itself) does not deadlock.
+std::recursive_mutex g_mutex;
 Sink g_sink;
+// Set while this thread runs the callback: messages its nested calls into
+// ep_moe log are dropped, so that a callback cannot recurse into itself.
+thread_local bool t_in_callback = false;
 // Fast path: callers check this before formatting anything.
 std::atomic<int> g_max_level{-1};
 
@@ -50,7 +57,7 @@ const EnvSink g_env_sink;
 }  // namespace
 
 void set_log_callback(ep_moe_log_fn fn, ep_moe_log_level_t max_level, void* user_data) {
-  std::lock_guard<std::mutex> lock(g_mutex);
+  std::lock_guard<std::recursive_mutex> lock(g_mutex);
   g_sink.fn = fn;
   g_sink.max_level = max_level;
   g_sink.user_data = user_data;
@@ -62,7 +69,7 @@ bool log_enabled(ep_moe_log_level_t level) {
 }
 
 void log(ep_moe_log_level_t level, const char* fmt, ...) {
-  if (!log_enabled(level)) return;
+  if (!log_enabled(level) || t_in_callback) return;
   va_list ap;
   va_start(ap, fmt);
   va_list ap2;
@@ -76,10 +83,12 @@ void log(ep_moe_log_level_t level, const char* fmt, ...) {
     text.assign(buf.data(), static_cast<size_t>(n));
   }
   va_end(ap2);
-  // The callback is called under the lock so that removing it guarantees no
-  // call is in flight afterwards (user_data may then be freed).
-  std::lock_guard<std::mutex> lock(g_mutex);
+  std::lock_guard<std::recursive_mutex> lock(g_mutex);
   if (g_sink.fn && static_cast<int>(level) <= static_cast<int>(g_sink.max_level)) {
+    struct InCallback {
+      InCallback() { t_in_callback = true; }
+      ~InCallback() { t_in_callback = false; }
+    } in;
     g_sink.fn(level, text.c_str(), g_sink.user_data);
   }
 }

@@ -1,5 +1,7 @@
 // Base C API: versions, statuses, features, logging, last-error slots.
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <future>
 
 #include <cstring>
 #include <string>
@@ -91,6 +93,44 @@ TEST_CASE("log callback: installed, level-filtered, removed", "[base]") {
   CHECK(ep_moe_set_log_callback(capture, static_cast<ep_moe_log_level_t>(9), &cap) == EP_MOE_ERR_INVALID_ARGUMENT);
   CHECK(std::string(ep_moe_last_error()).find("max_level") != std::string::npos);
   CHECK(ep_moe_set_log_callback(capture, static_cast<ep_moe_log_level_t>(-1), &cap) == EP_MOE_ERR_INVALID_ARGUMENT);
+}
+
+namespace {
+// A callback that calls back into the library: reads the error, makes a
+// call that fails (and would log), and on its third message removes itself.
+struct Reentrant {
+  int calls = 0;
+  std::string last;
+};
+void reenter(ep_moe_log_level_t, const char* msg, void* user) {
+  auto* r = static_cast<Reentrant*>(user);
+  ++r->calls;
+  r->last = msg;
+  ep_moe_expert_map_t* m = nullptr;
+  (void)ep_moe_expert_map_create(&m, nullptr);  // fails: its log is not passed back in
+  (void)ep_moe_last_error();
+  if (r->calls == 3) (void)ep_moe_set_log_callback(nullptr, EP_MOE_LOG_ERROR, nullptr);
+}
+}  // namespace
+
+TEST_CASE("a log callback may call back into the library without deadlock or recursion", "[base]") {
+  Reentrant r;
+  REQUIRE(ep_moe_set_log_callback(reenter, EP_MOE_LOG_ERROR, &r) == EP_MOE_OK);
+  // On a thread of its own, waited for: a deadlock fails the test instead of
+  // stalling the run.
+  std::promise<void> done;
+  std::future<void> f = done.get_future();
+  std::thread([&done] {
+    ep_moe_expert_map_t* m = nullptr;
+    for (int i = 0; i < 5; ++i) (void)ep_moe_expert_map_create(&m, nullptr);
+    done.set_value();
+  }).detach();
+  REQUIRE(f.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+  CHECK(r.calls == 3);  // one per failure until it removed itself; none nested
+  CHECK(r.last.find("ep_moe_expert_map_create: config is NULL") != std::string::npos);
+  ep_moe_expert_map_t* m = nullptr;
+  CHECK(ep_moe_expert_map_create(&m, nullptr) == EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(r.calls == 3);
 }
 
 TEST_CASE("last error is per thread and names the function", "[base]") {
