@@ -25,7 +25,11 @@
  *   `ep_moe_<x>_destroy()` frees it and accepts NULL. Functions taking a
  *   `const` handle may run on it from several threads at once; a function
  *   taking a non-const handle must not overlap with any other call on that
- *   handle (the caller synchronises), except ep_moe_comm_abort().
+ *   handle (the caller synchronises), except ep_moe_comm_abort(). Where a
+ *   layer's calls overlap all the same, the later one returns
+ *   ::EP_MOE_ERR_STATE naming the call in flight; a destroy or close waits
+ *   for the calls in flight on its handle (a layer's load from a checkpoint
+ *   holds both) and later calls return ::EP_MOE_ERR_INVALID_HANDLE.
  * - Configuration structs start with `size_t struct_size` and must be filled
  *   by their `*_config_init()` function before fields are changed. A struct
  *   whose `struct_size` this library does not know is rejected with

@@ -54,8 +54,7 @@ ep_moe_status_t ep_moe_checkpoint_open(ep_moe_checkpoint_t** out, const char* pa
 }
 
 void ep_moe_checkpoint_close(ep_moe_checkpoint_t* checkpoint) {
-  if (checkpoint == nullptr || !is_live(checkpoint, Kind::Checkpoint)) return;
-  unregister_handle(checkpoint);
+  if (checkpoint == nullptr || !retire_handle(checkpoint, Kind::Checkpoint)) return;
   delete checkpoint;
 }
 
@@ -181,6 +180,7 @@ ep_moe_status_t ep_moe_checkpoint_tensor_info(ep_moe_tensor_info_t* out, const e
 ep_moe_status_t ep_moe_layer_load(ep_moe_layer_t* layer, const ep_moe_checkpoint_t* checkpoint, int32_t layer_index) {
   return guard(__func__, layer, Kind::Layer, [&] {
     checked(layer, Kind::Layer, "layer");
+    const HandleUse ck_use(checkpoint, Kind::Checkpoint, __func__);  // held while reading: a close waits
     const io::Checkpoint& ck = ck_of(checkpoint);
     layer->layer->load(ck, layer_index);
   });

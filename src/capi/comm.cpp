@@ -108,8 +108,7 @@ ep_moe_status_t ep_moe_comm_split(ep_moe_comm_t** out, ep_moe_comm_t* comm, int3
 }
 
 void ep_moe_comm_destroy(ep_moe_comm_t* comm) {
-  if (comm == nullptr || !is_live(comm, Kind::Comm)) return;
-  unregister_handle(comm);
+  if (comm == nullptr || !retire_handle(comm, Kind::Comm)) return;
   comm->alive->store(false);  // layers still borrowing it refuse to use it
   delete comm;
 }

@@ -86,6 +86,8 @@ ep_moe_status_t ep_moe_layer_replace(ep_moe_layer_t* layer, const ep_moe_expert_
     std::string why;
     const ExpertMap* map = nullptr;
     const io::Checkpoint* ck = nullptr;
+    // Held while read: a destroy or close waits for this call.
+    const HandleUse map_use(new_map, Kind::ExpertMap, __func__), ck_use(checkpoint, Kind::Checkpoint, __func__);
     try {
       map = checked(new_map, Kind::ExpertMap, "new_map")->map.get();
       if (checkpoint) ck = checked(checkpoint, Kind::Checkpoint, "checkpoint")->ck.get();

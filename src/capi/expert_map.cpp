@@ -98,8 +98,7 @@ ep_moe_status_t ep_moe_expert_map_create(ep_moe_expert_map_t** out, const ep_moe
 }
 
 void ep_moe_expert_map_destroy(ep_moe_expert_map_t* map) {
-  if (map == nullptr || !is_live(map, Kind::ExpertMap)) return;
-  unregister_handle(map);
+  if (map == nullptr || !retire_handle(map, Kind::ExpertMap)) return;
   delete map;
 }
 

@@ -38,6 +38,58 @@ bool is_live(const void* p, Kind kind) {
   return it != r.live.end() && it->second == kind;
 }
 
+bool use_handle(const HandleBase* h, Kind kind, const char* func, bool exclusive) {
+  if (h == nullptr) return false;
+  auto& r = registry();
+  std::shared_lock<std::shared_mutex> lock(r.mutex);
+  auto it = r.live.find(h);
+  if (it == r.live.end() || it->second != kind) return false;
+  std::lock_guard<std::mutex> use(h->use_mutex);
+  if (h->exclusive_call)
+    fail(EP_MOE_ERR_STATE, "%s is running on this %s %s; calls on one handle must not overlap", h->exclusive_call,
+         kind_name(kind),
+         h->exclusive_thread == std::this_thread::get_id() ? "on this thread (a call from the log callback?)"
+                                                           : "on another thread");
+  if (exclusive && h->users > 0)
+    fail(EP_MOE_ERR_STATE, "another call is running on this %s; calls on one handle must not overlap", kind_name(kind));
+  ++h->users;
+  if (exclusive) {
+    h->exclusive_call = func;
+    h->exclusive_thread = std::this_thread::get_id();
+  }
+  return true;
+}
+
+void end_use(const HandleBase* h, bool exclusive) noexcept {
+  std::lock_guard<std::mutex> use(h->use_mutex);
+  --h->users;
+  if (exclusive) {
+    h->exclusive_call = nullptr;
+    h->exclusive_thread = std::thread::id();
+  }
+  h->use_cv.notify_all();
+}
+
+bool retire_handle(const void* p, Kind kind) {
+  const HandleBase* h = nullptr;
+  {
+    auto& r = registry();
+    std::unique_lock<std::shared_mutex> lock(r.mutex);
+    auto it = r.live.find(p);
+    if (it == r.live.end() || it->second != kind) return false;  // dead, another type, or a racing destroy won
+    r.live.erase(it);
+    h = static_cast<const HandleBase*>(p);
+  }
+  std::unique_lock<std::mutex> use(h->use_mutex);
+  if (h->users > 0 && h->exclusive_thread == std::this_thread::get_id()) {
+    log(EP_MOE_LOG_ERROR, "a %s was destroyed from inside %s on it (the log callback?): left allocated",
+        kind_name(kind), h->exclusive_call);
+    return false;
+  }
+  h->use_cv.wait(use, [h] { return h->users == 0; });
+  return true;
+}
+
 const char* kind_name(Kind kind) {
   switch (kind) {
     case Kind::ExpertMap: return "ep_moe_expert_map_t";

@@ -48,6 +48,7 @@ ep_moe_status_t ep_moe_layer_create(ep_moe_layer_t** out, const ep_moe_layer_con
   return guard(__func__, nullptr, Kind::Layer, [&] {
     checked_out(out, "out");
     const auto& c = checked_config(config, "config");
+    const HandleUse map_use(map, Kind::ExpertMap, __func__);  // held while read: a destroy waits
     checked(map, Kind::ExpertMap, "map");
     Comm* ep = ep_comm ? checked(ep_comm, Kind::Comm, "ep_comm")->comm.get() : nullptr;
     Comm* dp = dp_comm ? checked(dp_comm, Kind::Comm, "dp_comm")->comm.get() : nullptr;
@@ -61,8 +62,7 @@ ep_moe_status_t ep_moe_layer_create(ep_moe_layer_t** out, const ep_moe_layer_con
 }
 
 void ep_moe_layer_destroy(ep_moe_layer_t* layer) {
-  if (layer == nullptr || !is_live(layer, Kind::Layer)) return;
-  unregister_handle(layer);
+  if (layer == nullptr || !retire_handle(layer, Kind::Layer)) return;
   delete layer;
 }
 
