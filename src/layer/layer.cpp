@@ -591,19 +591,22 @@ void Layer::validate_forward(const ep_moe_forward_args_t& a, int64_t* dp_offset,
 namespace {
 
 // Whether a row of n values of dtype dt holds a NaN or an Inf (its
-// exponent bits all set), by their bits so that it vectorises.
-bool row_nonfinite(const void* row, ep_moe_dtype_t dt, int64_t n) {
-  if (dt == EP_MOE_DTYPE_F32) {
-    const auto* u = static_cast<const uint32_t*>(row);
-    uint32_t any = 0;
-    for (int64_t i = 0; i < n; ++i) any |= (u[i] & 0x7f800000u) == 0x7f800000u;
-    return any != 0;
-  }
-  const uint16_t exp = dt == EP_MOE_DTYPE_BF16 ? 0x7f80 : 0x7c00;  // bf16, f16
-  const auto* u = static_cast<const uint16_t*>(row);
+// exponent bits all set), by their bits so that it vectorises; rows need
+// not be aligned (memcpy loads).
+template <class U>
+bool any_exponent_full(const void* row, int64_t n, U exp) {
+  const auto* b = static_cast<const unsigned char*>(row);
   uint32_t any = 0;
-  for (int64_t i = 0; i < n; ++i) any |= (u[i] & exp) == exp;
+  for (int64_t i = 0; i < n; ++i) {
+    U u;
+    std::memcpy(&u, b + static_cast<size_t>(i) * sizeof(U), sizeof(U));
+    any |= (u & exp) == exp;
+  }
   return any != 0;
+}
+bool row_nonfinite(const void* row, ep_moe_dtype_t dt, int64_t n) {
+  if (dt == EP_MOE_DTYPE_F32) return any_exponent_full<uint32_t>(row, n, 0x7f800000u);
+  return any_exponent_full<uint16_t>(row, n, dt == EP_MOE_DTYPE_BF16 ? 0x7f80 : 0x7c00);  // bf16, f16
 }
 
 }  // namespace
