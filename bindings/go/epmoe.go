@@ -191,6 +191,13 @@ func NewExpertMap(cfg ExpertMapConfig) (*ExpertMap, error) {
 	c.num_fused_shared_experts = C.int32_t(cfg.FusedShared)
 	c.num_expert_group = C.int32_t(cfg.ExpertGroups)
 	c.num_redundant_experts = C.int32_t(cfg.Redundant)
+	// C reads EPSize entries of CustomSlotsPerRank.
+	if len(cfg.CustomSlotsPerRank) > 0 && int64(len(cfg.CustomSlotsPerRank)) != int64(cfg.EPSize) {
+		return nil, invalid("CustomSlotsPerRank has %d entries, not EPSize = %d", len(cfg.CustomSlotsPerRank), cfg.EPSize)
+	}
+	if len(cfg.CustomSlots) > math.MaxInt32 {
+		return nil, invalid("%d custom slots is more than an int32 counts", len(cfg.CustomSlots))
+	}
 	// The slot tables are copied by C into its own memory during the call.
 	var slots, perRank *C.int32_t
 	if len(cfg.CustomSlots) > 0 {

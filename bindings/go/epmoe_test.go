@@ -567,3 +567,19 @@ func TestBlockFormatWeights(t *testing.T) {
 		t.Fatalf("another format for the same part: %v", err)
 	}
 }
+
+func TestShortSlotTablesAreErrors(t *testing.T) {
+	// A CustomSlotsPerRank shorter than EPSize: an error, where C read past it.
+	slots := []int32{0, 1, 2, 3, 4, 5, 6, 7}
+	_, err := NewExpertMap(ExpertMapConfig{EPSize: 4, Experts: 8, Placement: PlacementCustom, CustomSlots: slots,
+		CustomSlotsPerRank: []int32{2, 2}})
+	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "CustomSlotsPerRank has 2 entries, not EPSize = 4") {
+		t.Fatalf("got %v", err)
+	}
+	m, err := NewExpertMap(ExpertMapConfig{EPSize: 4, Experts: 8, Placement: PlacementCustom, CustomSlots: slots,
+		CustomSlotsPerRank: []int32{2, 2, 2, 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+}

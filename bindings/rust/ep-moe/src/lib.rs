@@ -358,15 +358,14 @@ impl ExpertMapConfig {
         self.per_rank = per_rank;
         self
     }
+    /// The C struct, its slot pointers and count always from the owned
+    /// vectors: whatever safe code wrote into those fields through
+    /// `DerefMut` is replaced, so no pointer of its making reaches C.
     fn as_raw(&self) -> sys::ep_moe_expert_map_config_t {
         let mut r = self.raw;
-        if !self.slots.is_empty() {
-            r.custom_slots = self.slots.as_ptr();
-            r.num_custom_slots = self.slots.len() as i32;
-        }
-        if !self.per_rank.is_empty() {
-            r.custom_slots_per_rank = self.per_rank.as_ptr();
-        }
+        r.custom_slots = if self.slots.is_empty() { ptr::null() } else { self.slots.as_ptr() };
+        r.num_custom_slots = self.slots.len() as i32;
+        r.custom_slots_per_rank = if self.per_rank.is_empty() { ptr::null() } else { self.per_rank.as_ptr() };
         r
     }
 }
@@ -396,6 +395,17 @@ unsafe impl Sync for ExpertMap {}
 impl ExpertMap {
     pub fn new(config: &ExpertMapConfig) -> Result<ExpertMap> {
         let raw = config.as_raw();
+        if i32::try_from(config.slots.len()).is_err() {
+            return Err(invalid(format!("{} custom slots is more than an i32 counts", config.slots.len())));
+        }
+        // C reads ep_size entries of per_rank.
+        if !config.per_rank.is_empty() && config.per_rank.len() as i64 != i64::from(raw.ep_size) {
+            return Err(invalid(format!(
+                "per_rank has {} entries, not ep_size = {}",
+                config.per_rank.len(),
+                raw.ep_size
+            )));
+        }
         let mut p = ptr::null_mut();
         // SAFETY: valid pointers; the slot vectors outlive the call.
         check(unsafe { sys::ep_moe_expert_map_create(&mut p, &raw) }, thread_error)?;
@@ -638,6 +648,10 @@ pub struct Layer<'c> {
     // What forward's slices must hold (the C API takes untyped pointers).
     act_dtype: Option<DType>,
     router_dtype: Option<DType>,
+    // DP replicas: the length of a step's Dp::token_counts (and is_decode);
+    // whether the DP group is the EP handle (it then follows a new EP group).
+    dp_size: usize,
+    dp_is_ep: bool,
     _comms: PhantomData<&'c mut Comm>,
 }
 
@@ -647,11 +661,11 @@ unsafe impl Send for Layer<'_> {}
 
 impl<'c> Layer<'c> {
     pub fn new(config: &LayerConfig, map: &ExpertMap, comms: LayerComms<'c>) -> Result<Layer<'c>> {
-        let (ep, dp) = match comms {
-            LayerComms::None => (ptr::null_mut(), ptr::null_mut()),
-            LayerComms::Ep(c) => (c.ptr(), ptr::null_mut()),
-            LayerComms::EpIsDp(c) => (c.ptr(), c.ptr()),
-            LayerComms::EpAndDp(e, d) => (e.ptr(), d.ptr()),
+        let (ep, dp, dp_size, dp_is_ep) = match comms {
+            LayerComms::None => (ptr::null_mut(), ptr::null_mut(), 1, false),
+            LayerComms::Ep(c) => (c.ptr(), ptr::null_mut(), 1, false),
+            LayerComms::EpIsDp(c) => (c.ptr(), c.ptr(), c.size(), true),
+            LayerComms::EpAndDp(e, d) => (e.ptr(), d.ptr(), d.size(), false),
         };
         let mut p = ptr::null_mut();
         // SAFETY: valid pointers; the communicators outlive the layer ('c).
@@ -663,6 +677,8 @@ impl<'c> Layer<'c> {
             top_k: config.top_k as usize,
             act_dtype: DType::from_raw(config.act_dtype),
             router_dtype: DType::from_raw(config.router_dtype),
+            dp_size: dp_size.max(1) as usize,
+            dp_is_ep,
             _comms: PhantomData,
         })
     }
@@ -811,6 +827,23 @@ impl<'c> Layer<'c> {
             Routing::Router => {}
         }
         if let Some(d) = &dp {
+            // C reads dp_size entries of each.
+            if d.token_counts.len() != self.dp_size {
+                return Err(invalid(format!(
+                    "Dp::token_counts has {} entries, not the layer's DP size {}",
+                    d.token_counts.len(),
+                    self.dp_size
+                )));
+            }
+            if let Some(v) = d.is_decode {
+                if v.len() != self.dp_size {
+                    return Err(invalid(format!(
+                        "Dp::is_decode has {} entries, not the layer's DP size {}",
+                        v.len(),
+                        self.dp_size
+                    )));
+                }
+            }
             a.dp_token_counts = d.token_counts.as_ptr();
             a.dp_is_decode = d.is_decode.map_or(ptr::null(), |v| v.as_ptr());
             a.is_graph = d.is_graph as i32;
@@ -880,6 +913,8 @@ impl<'c> Layer<'c> {
             top_k: self.top_k,
             act_dtype: self.act_dtype,
             router_dtype: self.router_dtype,
+            dp_size: if self.dp_is_ep { comm.size().max(1) as usize } else { self.dp_size },
+            dp_is_ep: self.dp_is_ep,
             _comms: PhantomData,
         };
         std::mem::forget(self);

@@ -371,3 +371,36 @@ fn block_format_weights_are_kept_or_refused_with_the_message() {
     assert_eq!(e.status, Status::InvalidArgument);
     assert!(e.message.contains("q8_0"), "{}", e.message);
 }
+
+#[test]
+fn safe_code_cannot_make_the_library_read_outside_its_slices() {
+    // A DP slice shorter than the layer's DP size (here 1): an error, where C
+    // read dp_token_counts[0] past an empty slice.
+    let map = ExpertMap::new(&ExpertMapConfig::new(1, 0, E as i32)).unwrap();
+    let mut layer = Layer::new(&layer_config(), &map, LayerComms::None).unwrap();
+    let (x, logits) = inputs();
+    let mut out = vec![0f32; T * H];
+    let dp = Dp { token_counts: &[], is_decode: None, is_graph: false, is_prefill: false };
+    let e = layer.forward(&x, Routing::Logits(&logits), &mut out, Some(dp)).err().unwrap();
+    assert_eq!(e.status, Status::InvalidArgument);
+    assert!(e.message.contains("token_counts has 0 entries, not the layer's DP size 1"), "{}", e.message);
+    let counts = [T as i32];
+    let dp = Dp { token_counts: &counts, is_decode: Some(&[]), is_graph: false, is_prefill: false };
+    let e = layer.forward(&x, Routing::Logits(&logits), &mut out, Some(dp)).err().unwrap();
+    assert!(e.message.contains("is_decode has 0 entries"), "{}", e.message);
+    // A per_rank table shorter than ep_size: an error, not a read past it.
+    let e = ExpertMap::new(&ExpertMapConfig::new(4, 0, 8).custom((0..8).collect(), vec![2, 2])).err().unwrap();
+    assert_eq!(e.status, Status::InvalidArgument);
+    assert!(e.message.contains("per_rank has 2 entries, not ep_size = 4"), "{}", e.message);
+    // Raw pointers written through DerefMut never reach C: the slot fields
+    // come from the owned vectors.
+    let mut cfg = ExpertMapConfig::new(2, 0, 4);
+    cfg.custom_slots = 0x10 as *const i32;
+    cfg.num_custom_slots = 1000;
+    cfg.custom_slots_per_rank = 0x20 as *const i32;
+    let m = ExpertMap::new(&cfg).unwrap();  // linear placement: no slots read
+    assert_eq!(m.table(sys::EP_MOE_MAP_TABLE_LOCAL_TO_GLOBAL).unwrap(), vec![0, 1]);
+    cfg.placement = sys::EP_MOE_PLACEMENT_CUSTOM;
+    let e = ExpertMap::new(&cfg).err().unwrap();  // custom without slots: refused by C, nothing read
+    assert_eq!(e.status, Status::InvalidArgument);
+}
