@@ -1,7 +1,9 @@
 #include "cpu/thread_pool.hpp"
 
 #include <algorithm>
+#include <system_error>
 
+#include "common/error.hpp"
 #include "common/spin.hpp"
 
 namespace ep_moe {
@@ -10,15 +12,26 @@ namespace cpu {
 ThreadPool::ThreadPool(int threads) : shares_(static_cast<size_t>(std::max(1, threads))) {
   const int extra = std::max(0, threads - 1);
   workers_.reserve(static_cast<size_t>(extra));
-  try {
-    for (int i = 0; i < extra; ++i) workers_.emplace_back(&ThreadPool::worker, this, i + 1);
-  } catch (...) {
+  const auto stop_started = [this] {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_.store(true, std::memory_order_release);
     }
     start_cv_.notify_all();
     for (auto& t : workers_) t.join();
+  };
+  try {
+    for (int i = 0; i < extra; ++i) workers_.emplace_back(&ThreadPool::worker, this, i + 1);
+  } catch (const std::system_error& e) {
+    // The system refused a thread (EAGAIN: the process's thread or memory
+    // limit): a resource the caller can free, not an internal error.
+    stop_started();
+    fail(EP_MOE_ERR_OUT_OF_MEMORY,
+         "cannot start thread %zu of %d for the layer's pool: %s (a thread or memory limit; "
+         "ask for fewer num_threads)",
+         workers_.size() + 1, threads, e.what());
+  } catch (...) {
+    stop_started();
     throw;
   }
 }

@@ -624,6 +624,25 @@ LayerShape Checkpoint::layer_shape(int32_t layer) const {
     s.router = true;
   }
   s.expert_elem = expert_sizes(layer, &H, &I);
+  // Per-expert tensors: every expert below the highest number has its own
+  // (a file naming only expert 1,000,000 does not hold 1,000,001 experts).
+  for (int role : {R_GATE, R_UP, R_DOWN}) {
+    int32_t next = 0;
+    for (auto it = roles_.lower_bound(std::make_tuple(layer, role, 0));
+         it != roles_.end() && std::get<0>(it->first) == layer && std::get<1>(it->first) == role &&
+         std::get<2>(it->first) == next;
+         ++it)
+      ++next;
+    if (next > 0 || roles_.count(std::make_tuple(layer, role, s.experts - 1)))
+      if (next != s.experts)
+        fail(EP_MOE_ERR_FORMAT,
+             "%s: layer %d names experts up to %d in per-expert tensors, but has no %s tensor for expert %d",
+             fname.c_str(), layer, s.experts - 1,
+             role == R_GATE ? "gate"
+             : role == R_UP ? "up"
+                            : "down",
+             next);
+  }
   if (H <= 0 || I <= 0 || H > (1 << 24) || I > (1 << 24))
     fail(EP_MOE_ERR_FORMAT, "%s: cannot tell the hidden/intermediate sizes of layer %d", fname.c_str(), layer);
   s.hidden = static_cast<int32_t>(H);
@@ -680,10 +699,18 @@ LayerShape Checkpoint::layer_shape(int32_t layer) const {
 Elem Checkpoint::expert_sizes(int32_t layer, int64_t* H, int64_t* I) const {
   const std::string& fname = files_[0]->name();
   Elem elem = Elem::Other;
-  const TensorInfo* g = tensor(layer, R_GATE, 0);
+  // Per-expert tensors: the lowest-numbered expert there is (not expert 0,
+  // which a file may not hold; the expert count then says what is missing).
+  const auto first = [&](int role) -> const TensorInfo* {
+    const auto it = roles_.lower_bound(std::make_tuple(layer, role, 0));
+    return it != roles_.end() && std::get<0>(it->first) == layer && std::get<1>(it->first) == role
+               ? &tensors_[it->second]
+               : nullptr;
+  };
+  const TensorInfo* g = first(R_GATE);
   const TensorInfo* g3 = tensor(layer, R3_GATE, -1);
   const TensorInfo* gu3 = tensor(layer, R3_GATE_UP, -1);
-  const TensorInfo* d = tensor(layer, R_DOWN, 0);
+  const TensorInfo* d = first(R_DOWN);
   const TensorInfo* gub = tensor(layer, R_MXFP4_GATE_UP, -1);
   const TensorInfo* dnb = tensor(layer, R_MXFP4_DOWN, -1);
   if (g) {

@@ -3,9 +3,14 @@
 // Meant for TSan too (label capi).
 #include <catch2/catch.hpp>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -157,3 +162,51 @@ TEST_CASE("closing a checkpoint while another thread loads from it waits for the
   CHECK(last == EP_MOE_ERR_INVALID_HANDLE);
   ep_moe_layer_destroy(l);
 }
+
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+TEST_CASE("a thread the system refuses is OUT_OF_MEMORY naming the resource, not INTERNAL", "[layer][limits]") {
+  // In a child process whose address space is capped a little above what
+  // it uses: the pool's thread stacks (8 MiB each) cannot all be mapped.
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    long vm_kib = 0;
+    {
+      std::ifstream f("/proc/self/status");
+      std::string line;
+      while (std::getline(f, line))
+        if (line.rfind("VmSize:", 0) == 0) vm_kib = std::stol(line.substr(7));
+    }
+    struct rlimit lim;
+    lim.rlim_cur = lim.rlim_max = static_cast<rlim_t>(vm_kib + 48 * 1024) * 1024;
+    if (vm_kib == 0 || setrlimit(RLIMIT_AS, &lim) != 0) _exit(3);
+    ep_moe_expert_map_config_t mc;
+    ep_moe_expert_map_config_init(&mc);
+    mc.ep_size = 1;
+    mc.global_num_experts = 4;
+    ep_moe_expert_map_t* m = nullptr;
+    if (ep_moe_expert_map_create(&m, &mc) != EP_MOE_OK) _exit(4);
+    ep_moe_layer_config_t lc;
+    ep_moe_layer_config_init(&lc);
+    lc.hidden_size = 16;
+    lc.intermediate_size = 8;
+    lc.num_experts = 4;
+    lc.top_k = 2;
+    lc.max_tokens = 4;
+    lc.num_threads = 64;
+    ep_moe_layer_t* l = nullptr;
+    const ep_moe_status_t s = ep_moe_layer_create(&l, &lc, m, nullptr, nullptr);
+    if (s == EP_MOE_OK) _exit(2);
+    const std::string msg = ep_moe_last_error();
+    _exit(s == EP_MOE_ERR_OUT_OF_MEMORY && msg.find("cannot start thread") != std::string::npos ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 2) {
+    WARN("skipped: 64 threads started under the cap");
+    return;
+  }
+  CHECK(WEXITSTATUS(status) == 0);
+}
+#endif

@@ -295,3 +295,23 @@ TEST_CASE("integers read from a file are range-checked in their own type, never 
     CHECK(o.message.find("hidden_act is 5, not a string") != std::string::npos);
   }
 }
+
+TEST_CASE("a layer whose only expert is number 1,000,000 is described by the tensors it has", "[checkpoint][hostile]") {
+  // Per-expert GGUF names (blk.L.ffn_gate.E.weight): the sizes come from
+  // expert 1,000,000's tensors, and the message says what is wrong.
+  writers::Model m = small_model();
+  const int64_t H = m.spec.H, I = m.spec.I;
+  std::vector<float> gate(static_cast<size_t>(H * I), 0.5f), down(gate.size(), 0.25f);
+  const std::vector<writers::Tensor> ts = {
+      {"blk.1.ffn_gate.1000000.weight", "F32", {I, H}, writers::encode(gate, "F32")},
+      {"blk.1.ffn_up.1000000.weight", "F32", {I, H}, writers::encode(gate, "F32")},
+      {"blk.1.ffn_down.1000000.weight", "F32", {H, I}, writers::encode(down, "F32")},
+  };
+  const std::string path = writers::temp_dir("far_expert") + "/model.gguf";
+  writers::write_file(path, writers::gguf_bytes(ts, writers::gguf_meta(m)));
+  const Opened o = layer_config(path, 1);
+  INFO(o.message);
+  CHECK(o.status != EP_MOE_OK);
+  CHECK(o.message.find("cannot tell the hidden/intermediate sizes") == std::string::npos);
+  CHECK(o.message.find("expert") != std::string::npos);
+}
