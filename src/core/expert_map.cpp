@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "common/error.hpp"
+#include "common/hash.hpp"
 #include "common/log.hpp"
 
 namespace ep_moe {
@@ -178,6 +179,13 @@ std::string ExpertMap::describe() const {
     s += std::to_string(local_to_global_[j]);
   }
   return s;
+}
+
+uint64_t ExpertMap::fingerprint() const {
+  const int32_t head[3] = {ep_size(), num_experts(), num_physical()};
+  uint64_t h = fnv1a(kFnvBasis, head, sizeof head);
+  h = fnv1a(h, physical_to_global().data(), physical_to_global().size() * 4);
+  return fnv1a(h, slots_per_rank().data(), slots_per_rank().size() * 4);
 }
 
 }  // namespace ep_moe

@@ -48,6 +48,10 @@ class ExpertMap {
   int32_t num_local_routed() const { return rank_slot_begin_[p_.ep_rank + 1] - rank_slot_begin_[p_.ep_rank]; }
   int32_t num_local_total() const { return num_local_routed() + p_.num_fused_shared; }
   int32_t max_slots_per_rank() const;
+  // A fingerprint of the placement every rank of the group must share (EP
+  // size, experts, slots, which expert each slot holds, slots per rank),
+  // which ranks compare to check that they agree.
+  uint64_t fingerprint() const;
   Placement placement() const { return placement_; }
   Placement requested_placement() const { return p_.placement; }
   bool fell_back() const { return !fallback_reason_.empty(); }

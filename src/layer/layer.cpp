@@ -13,6 +13,7 @@
 
 #include "common/dtype.hpp"
 #include "common/error.hpp"
+#include "common/hash.hpp"
 #include "common/log.hpp"
 #include "common/quant.hpp"
 #include "layer/stages.hpp"
@@ -225,6 +226,7 @@ void Layer::size_plans(int64_t* max_rows_out, int64_t* send_rows_out, int64_t* f
     recv_count_.resize(static_cast<size_t>(ep));
   }
   counts_.resize(static_cast<size_t>(std::max<int64_t>(ep, dp_size_)));
+  agree_all_.resize(kAgreeFields * static_cast<size_t>(ep));  // check_agreement: the first forward allocates nothing
   ids_.resize(static_cast<size_t>(max_rows * K));
   weights_.resize(static_cast<size_t>(max_rows * K));
   *max_rows_out = max_rows;
@@ -611,6 +613,63 @@ bool row_nonfinite(const void* row, ep_moe_dtype_t dt, int64_t n) {
 
 }  // namespace
 
+void Layer::check_agreement(Comm* ep, const ep_moe_forward_args_t& a) {
+  // What every rank of the EP group must have alike: the layer's shape and
+  // semantics, and without DP attention the step's tokens (the same rows on
+  // every rank; fingerprinted on this first forward only, host memory).
+  struct Field {
+    const char* name;
+    int64_t value;
+  };
+  float scale = cfg_.routed_scaling_factor;
+  int32_t scale_bits;
+  std::memcpy(&scale_bits, &scale, 4);
+  uint64_t rows = 0;
+  if (dp_size_ == 1 && a.num_tokens > 0 && backend_->pointer_device(a.hidden) < 0)
+    rows = fnv1a(kFnvBasis, a.hidden,
+                 static_cast<size_t>(a.num_tokens) * static_cast<size_t>(cfg_.hidden_size) *
+                     dtype_size(static_cast<ep_moe_dtype_t>(cfg_.act_dtype)));
+  const Field fields[] = {
+      {"hidden_size", cfg_.hidden_size},
+      {"intermediate_size", cfg_.intermediate_size},
+      {"num_experts", cfg_.num_experts},
+      {"top_k", cfg_.top_k},
+      {"activation", cfg_.activation},
+      {"weight_dtype", cfg_.weight_dtype},
+      {"act_dtype", cfg_.act_dtype},
+      {"router_dtype", cfg_.router_dtype},
+      {"scoring", cfg_.scoring},
+      {"renormalize", cfg_.renormalize},
+      {"num_expert_group", cfg_.num_expert_group},
+      {"topk_group", cfg_.topk_group},
+      {"use_score_bias", cfg_.use_score_bias},
+      {"routed_scaling_factor (bits)", scale_bits},
+      {"shared_intermediate_size", cfg_.shared_intermediate_size},
+      {"shared_expert_gate", cfg_.shared_expert_gate},
+      {"skip_mode", cfg_.skip_mode},
+      {"dispatch_mode", cfg_.dispatch_mode},
+      {"the DP size", dp_size_},
+      {"a fingerprint of its expert map's placement", static_cast<int64_t>(map_.fingerprint())},
+      {"num_tokens (without DP attention every EP rank passes the same tokens)", dp_size_ == 1 ? a.num_tokens : 0},
+      {"a fingerprint of the hidden rows (without DP attention every EP rank passes the same rows)",
+       static_cast<int64_t>(rows)},
+  };
+  constexpr size_t kFields = sizeof fields / sizeof fields[0];
+  static_assert(kFields == kAgreeFields, "kAgreeFields counts the fields");
+  const auto n = static_cast<size_t>(map_.ep_size());
+  int64_t mine[kFields];
+  for (size_t i = 0; i < kFields; ++i) mine[i] = fields[i].value;
+  std::vector<int64_t>& all = agree_all_;
+  Comm* c = ep_host_ ? ep_host_.get() : ep;  // device communicators: through device memory
+  c->all_gather(all.data(), mine, kFields, EP_MOE_DTYPE_I64, a.stream);
+  for (size_t f = 0; f < kFields; ++f)
+    for (size_t r = 1; r < n; ++r)
+      if (all[r * kFields + f] != all[f])
+        fail(EP_MOE_ERR_INVALID_ARGUMENT, "the EP ranks disagree on the layer: rank 0 has %s %lld, rank %zu has %lld",
+             fields[f].name, static_cast<long long>(all[f]), r, static_cast<long long>(all[r * kFields + f]));
+  agreed_ = true;
+}
+
 bool Layer::hide_nonfinite_rows(ep_moe_forward_args_t* a) {
   nonfinite_rows_.clear();
   if (a->num_tokens <= 0 || backend_->pointer_device(a->hidden) >= 0) return false;
@@ -647,6 +706,10 @@ void Layer::poison_rows(const ep_moe_forward_args_t& a) const {
 void Layer::forward(const ep_moe_forward_args_t& args) {
   ep_moe_forward_args_t a = args;
   Stages st;
+  // The first forward of an EP group checks that its ranks agree on the
+  // layer (check_agreement) before anything else is exchanged.
+  const bool agree = !agreed_ && ep_ != nullptr && map_.ep_size() > 1;
+  if (agree) st.add(ep_);
   const bool decide = dispatch_ != EP_MOE_DISPATCH_ALLGATHER;
   if (decide) {
     st.add(ep_);  // the exchange of send counts comes first
@@ -661,6 +724,7 @@ void Layer::forward(const ep_moe_forward_args_t& args) {
     // than at its first loop (a thread's wake-up costs ~50 us on a VM).
     backend_->wake();
     validate_forward(a, &dp_offset, &padded, &gather);
+    if (agree) check_agreement(st.enter(), a);
     const bool nonfinite = hide_nonfinite_rows(&a);
     backend_->route(a);
     int32_t mode = EP_MOE_DISPATCH_ALLGATHER;

@@ -188,6 +188,13 @@ class Layer {
   std::vector<size_t> counts_, recv_words_, recv_count_;
   // forward()'s tokens with a NaN or Inf in their hidden row, and the copy
   // of the hidden rows with those rows zeroed (only when there are any).
+  // Whether this EP group's ranks have checked that they agree on the layer
+  // (the first forward, collective: check_agreement). Every rank fails,
+  // naming the first difference, where they do not.
+  bool agreed_ = false;
+  static constexpr size_t kAgreeFields = 22;
+  std::vector<int64_t> agree_all_;  // [ep_size, kAgreeFields]
+  void check_agreement(Comm* ep, const ep_moe_forward_args_t& a);
   std::vector<int64_t> nonfinite_rows_;
   std::vector<uint8_t> clean_hidden_;
   // Finds them; on any, points a->hidden at the copy. True when any.

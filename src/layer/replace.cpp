@@ -41,13 +41,6 @@ constexpr size_t kRoundBytes = size_t{256} << 20;
 // Words of the status record before the holdings bitmap.
 enum Rec : size_t { kStatus, kCkpt, kSharedLo, kSharedHi, kMapHash, kCfgHash, kBias, kGuType, kDownType, kHeader };
 
-uint64_t hash_map(const ExpertMap& m) {
-  const int32_t head[3] = {m.ep_size(), m.num_experts(), m.num_physical()};
-  uint64_t h = fnv1a(kFnvBasis, head, sizeof head);
-  h = fnv1a(h, m.physical_to_global().data(), m.physical_to_global().size() * 4);
-  return fnv1a(h, m.slots_per_rank().data(), m.slots_per_rank().size() * 4);
-}
-
 uint64_t hash_config(const ep_moe_layer_config_t& c) {
   const int32_t v[8] = {c.hidden_size,  c.intermediate_size, c.num_experts, c.shared_intermediate_size,
                         c.weight_dtype, c.dispatch_mode,     c.top_k,       c.shared_expert_gate};
@@ -204,7 +197,7 @@ class Replacement {
     mine[kCkpt] = ck_ != nullptr;
     mine[kSharedLo] = have_shared ? o_.shared_begin_ : 0;
     mine[kSharedHi] = have_shared ? o_.shared_begin_ + o_.shared_count_ : 0;
-    mine[kMapHash] = nl_ ? static_cast<int64_t>(hash_map(*nmap_)) : 0;
+    mine[kMapHash] = nl_ ? static_cast<int64_t>(nmap_->fingerprint()) : 0;
     mine[kCfgHash] = static_cast<int64_t>(hash_config(o_.cfg_));
     mine[kBias] = o_.expert_bias_ ? 1 : 0;
     int32_t gu = -1, down = -1;

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -210,3 +211,82 @@ TEST_CASE("a thread the system refuses is OUT_OF_MEMORY naming the resource, not
   CHECK(WEXITSTATUS(status) == 0);
 }
 #endif
+
+TEST_CASE("EP ranks that disagree on the layer all fail at the first forward, naming the difference",
+          "[layer][agreement]") {
+  struct Diff {
+    const char* what;
+    std::function<void(ep_moe_layer_config_t&)> cfg;  // applied to rank 1's config
+    bool other_rows;                                  // rank 1 passes other hidden rows (no DP)
+    const char* needle;
+  };
+  const Diff diffs[] = {
+      {"top_k", [](ep_moe_layer_config_t& c) { c.top_k = 3; }, false, "rank 0 has top_k 2, rank 1 has 3"},
+      {"scoring", [](ep_moe_layer_config_t& c) { c.scoring = EP_MOE_SCORING_SIGMOID; }, false, "scoring"},
+      {"hidden rows", [](ep_moe_layer_config_t&) {}, true, "fingerprint of the hidden rows"},
+      {"nothing", [](ep_moe_layer_config_t&) {}, false, nullptr},
+  };
+  constexpr int H = 16, I = 8, E = 4, T = 3;
+  for (const Diff& d : diffs) {
+    INFO(d.what);
+    ep_moe_comm_t* comms[2] = {nullptr, nullptr};
+    REQUIRE(ep_moe_comm_create_local(comms, 2, nullptr) == EP_MOE_OK);
+    ep_moe_status_t status[2] = {EP_MOE_OK, EP_MOE_OK}, second[2] = {EP_MOE_OK, EP_MOE_OK};
+    std::string msg[2];
+    auto rank = [&](int r) {
+      const MapPtr m = make_map(map_config(2, r, E));
+      ep_moe_layer_config_t lc;
+      ep_moe_layer_config_init(&lc);
+      lc.hidden_size = H;
+      lc.intermediate_size = I;
+      lc.num_experts = E;
+      lc.top_k = 2;
+      lc.max_tokens = T;
+      lc.num_threads = 1;
+      if (r == 1) d.cfg(lc);
+      ep_moe_layer_t* l = nullptr;
+      if (ep_moe_layer_create(&l, &lc, m.get(), comms[r], nullptr) != EP_MOE_OK) {
+        status[r] = EP_MOE_ERR_INTERNAL;
+        msg[r] = ep_moe_last_error();
+        return;
+      }
+      std::vector<float> w(static_cast<size_t>(H * I), 0.01f * static_cast<float>(r + 1));
+      int32_t st = 0;
+      for (int e = 0; e < E; ++e) {
+        ep_moe_layer_set_weight(&st, l, EP_MOE_WEIGHT_EXPERT_GATE, e, w.data(), EP_MOE_DTYPE_F32, I, H);
+        ep_moe_layer_set_weight(&st, l, EP_MOE_WEIGHT_EXPERT_UP, e, w.data(), EP_MOE_DTYPE_F32, I, H);
+        ep_moe_layer_set_weight(&st, l, EP_MOE_WEIGHT_EXPERT_DOWN, e, w.data(), EP_MOE_DTYPE_F32, H, I);
+      }
+      std::vector<float> hidden(static_cast<size_t>(T * H), d.other_rows && r == 1 ? 0.5f : 0.25f);
+      std::vector<float> logits(static_cast<size_t>(T * E), 0.0f), out(hidden.size());
+      for (int t = 0; t < T; ++t) logits[static_cast<size_t>(t * E + t % E)] = 1.0f;
+      ep_moe_forward_args_t a;
+      ep_moe_forward_args_init(&a);
+      a.num_tokens = T;
+      a.hidden = hidden.data();
+      a.router_logits = logits.data();
+      a.out = out.data();
+      status[r] = ep_moe_layer_forward(l, &a);
+      msg[r] = status[r] == EP_MOE_OK ? "" : ep_moe_layer_last_error(l);
+      // The next forward (no check any more) still runs, or fails alike.
+      second[r] = ep_moe_layer_forward(l, &a);
+      ep_moe_layer_destroy(l);
+    };
+    std::thread t0(rank, 0), t1(rank, 1);
+    t0.join();
+    t1.join();
+    for (int r = 0; r < 2; ++r) {
+      INFO("rank " << r << ": " << msg[r]);
+      if (d.needle) {
+        CHECK(status[r] == EP_MOE_ERR_INVALID_ARGUMENT);
+        CHECK(msg[r].find("the EP ranks disagree on the layer") != std::string::npos);
+        CHECK(msg[r].find(d.needle) != std::string::npos);
+      } else {
+        CHECK(status[r] == EP_MOE_OK);
+        CHECK(second[r] == EP_MOE_OK);
+      }
+    }
+    ep_moe_comm_destroy(comms[0]);
+    ep_moe_comm_destroy(comms[1]);
+  }
+}
