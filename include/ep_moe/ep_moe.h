@@ -1797,6 +1797,8 @@ EP_MOE_API ep_moe_status_t ep_moe_rebalance_config_init(ep_moe_rebalance_config_
  * packs are matched to the ranks that hold most of them). The result is the
  * custom placement table of
  * ep_moe_expert_map_config_t (slots [r*P/R, (r+1)*P/R) belong to rank r).
+ * Limits: num_experts <= num_slots <= 8192, num_ranks <= 1024 (a call at
+ * the limits, with a current placement, takes about a second).
  * \param[out] out_slots      P entries: physical slot -> logical expert.
  * \param[in]  out_len        Entries of `out_slots`; at least P.
  * \param[out] out_imbalance  Optional (NULL): the resulting max rank load /

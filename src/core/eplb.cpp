@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
+#include <queue>
+#include <utility>
 
 #include "common/error.hpp"
 #include "core/expert_map.hpp"
@@ -28,13 +31,19 @@ void balanced_packing(const std::vector<double>& w, int32_t packs, std::vector<i
   std::vector<size_t> count(static_cast<size_t>(packs), 0);
   pack->assign(n, 0);
   slot->assign(n, 0);
+  // The open packs by (total, index), lightest first: each item goes to the
+  // lightest pack with room (ties: the lower index), in O(n log packs).
+  using Open = std::pair<double, size_t>;
+  std::priority_queue<Open, std::vector<Open>, std::greater<Open>> open;
+  if (per > 0)
+    for (size_t p = 0; p < static_cast<size_t>(packs); ++p) open.emplace(0.0, p);
   for (size_t i : order) {
-    size_t best = SIZE_MAX;
-    for (size_t p = 0; p < static_cast<size_t>(packs); ++p)
-      if (count[p] < per && (best == SIZE_MAX || total[p] < total[best])) best = p;
+    const size_t best = open.top().second;
+    open.pop();
     (*pack)[i] = static_cast<int32_t>(best);
     (*slot)[i] = static_cast<int32_t>(count[best]++);
     total[best] += w[i];
+    if (count[best] < per) open.emplace(total[best], best);
   }
 }
 
@@ -98,14 +107,22 @@ void replicate(const std::vector<double>& w, int32_t slots, std::vector<int32_t>
   replicas->assign(static_cast<size_t>(n), 1);
   phys_expert->resize(static_cast<size_t>(slots));
   for (int32_t i = 0; i < n; ++i) (*phys_expert)[static_cast<size_t>(i)] = i;
+  // By load per replica, highest first (ties: the lower index), in
+  // O(slots log n).
+  const auto per_replica = [&](int32_t i) { return w[static_cast<size_t>(i)] / (*replicas)[static_cast<size_t>(i)]; };
+  const auto lighter = [&](int32_t a, int32_t b) {
+    const double la = per_replica(a), lb = per_replica(b);
+    return la < lb || (la == lb && a > b);
+  };
+  std::priority_queue<int32_t, std::vector<int32_t>, decltype(lighter)> heaviest(lighter);
+  if (slots > n)
+    for (int32_t i = 0; i < n; ++i) heaviest.push(i);
   for (int32_t s = n; s < slots; ++s) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; ++i)
-      if (w[static_cast<size_t>(i)] / (*replicas)[static_cast<size_t>(i)] >
-          w[static_cast<size_t>(best)] / (*replicas)[static_cast<size_t>(best)])
-        best = i;
+    const int32_t best = heaviest.top();
+    heaviest.pop();
     (*phys_expert)[static_cast<size_t>(s)] = best;
     ++(*replicas)[static_cast<size_t>(best)];
+    heaviest.push(best);
   }
 }
 }  // namespace
@@ -118,20 +135,31 @@ std::vector<int32_t> match(const std::vector<std::vector<int32_t>>& overlap) {
   const size_t n = overlap.size();
   std::vector<int32_t> owner_of(n, -1);
   std::vector<char> taken(n, 0);
-  for (size_t step = 0; step < n; ++step) {
-    int32_t best = -1;
-    size_t bp = 0, bo = 0;
-    for (size_t p = 0; p < n; ++p) {
-      if (owner_of[p] >= 0) continue;
-      for (size_t o = 0; o < n; ++o)
-        if (!taken[o] && overlap[p][o] > best) {
-          best = overlap[p][o];
-          bp = p;
-          bo = o;
-        }
+  // The pairs that overlap, in the order the greedy takes them; then the
+  // packs left (every overlap among them 0) to the owners left, lower to
+  // lower. O(pairs log pairs), not O(n^3).
+  struct Pair {
+    int32_t overlap;
+    uint32_t p, o;
+  };
+  std::vector<Pair> pairs;
+  for (size_t p = 0; p < n; ++p)
+    for (size_t o = 0; o < n; ++o)
+      if (overlap[p][o] > 0) pairs.push_back(Pair{overlap[p][o], static_cast<uint32_t>(p), static_cast<uint32_t>(o)});
+  std::sort(pairs.begin(), pairs.end(), [](const Pair& a, const Pair& b) {
+    return a.overlap != b.overlap ? a.overlap > b.overlap : a.p != b.p ? a.p < b.p : a.o < b.o;
+  });
+  for (const Pair& q : pairs)
+    if (owner_of[q.p] < 0 && !taken[q.o]) {
+      owner_of[q.p] = static_cast<int32_t>(q.o);
+      taken[q.o] = 1;
     }
-    owner_of[bp] = static_cast<int32_t>(bo);
-    taken[bo] = 1;
+  size_t o = 0;
+  for (size_t p = 0; p < n; ++p) {
+    if (owner_of[p] >= 0) continue;
+    while (taken[o]) ++o;
+    owner_of[p] = static_cast<int32_t>(o);
+    taken[o] = 1;
   }
   return owner_of;
 }
@@ -189,10 +217,11 @@ namespace {
 
 void check_params(const std::vector<double>& load, const RebalanceParams& p) {
   const int32_t E = p.num_experts, P = p.num_slots, R = p.num_ranks;
-  EP_MOE_CHECK_ARG(E >= 1 && E <= (1 << 20), "num_experts must be in [1, %d], got %d", 1 << 20, E);
+  EP_MOE_CHECK_ARG(E >= 1 && E <= kRebalanceMaxSlots, "num_experts must be in [1, %d], got %d", kRebalanceMaxSlots, E);
   EP_MOE_CHECK_ARG(static_cast<int64_t>(load.size()) == E, "load has %zu entries, num_experts is %d", load.size(), E);
-  EP_MOE_CHECK_ARG(R >= 1 && R <= (1 << 16), "num_ranks must be in [1, %d], got %d", 1 << 16, R);
-  EP_MOE_CHECK_ARG(P >= E && P <= (1 << 22), "num_slots must be in [num_experts=%d, %d], got %d", E, 1 << 22, P);
+  EP_MOE_CHECK_ARG(R >= 1 && R <= kRebalanceMaxRanks, "num_ranks must be in [1, %d], got %d", kRebalanceMaxRanks, R);
+  EP_MOE_CHECK_ARG(P >= E && P <= kRebalanceMaxSlots, "num_slots must be in [num_experts=%d, %d], got %d", E,
+                   kRebalanceMaxSlots, P);
   EP_MOE_CHECK_ARG(P % R == 0, "num_slots %d is not a multiple of num_ranks %d", P, R);
   EP_MOE_CHECK_ARG(p.ranks_per_node >= 0, "ranks_per_node must be >= 0, got %d", p.ranks_per_node);
   EP_MOE_CHECK_ARG(p.num_groups >= 0, "num_groups must be >= 0, got %d", p.num_groups);

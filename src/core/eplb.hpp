@@ -10,6 +10,13 @@
 
 namespace ep_moe {
 
+// The largest rebalance ep_moe_rebalance() takes: the keep-in-place swaps
+// with a current placement cost O(slots^2) a pass and the packing's match
+// O(ranks^2), so these bound a call at about a second (measured at the
+// limits with a current placement on one node: tests/multirank/test_rebalance).
+constexpr int32_t kRebalanceMaxSlots = 8192;  // and experts
+constexpr int32_t kRebalanceMaxRanks = 1024;
+
 struct RebalanceParams {
   int32_t num_experts = 0;     // E
   int32_t num_slots = 0;       // P >= E, P % num_ranks == 0

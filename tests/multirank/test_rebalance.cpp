@@ -164,6 +164,43 @@ TEST_CASE("rebalance: with the current placement, packs stay where they are", "[
   CHECK(ep_moe_rebalance(out.data(), 4, nullptr, load.data(), 4, &rc) == EP_MOE_OK);
 }
 
+TEST_CASE("rebalance at its documented limits completes, and one past each is refused", "[eplb][rebalance][limits]") {
+  // 8192 experts in 8192 slots on 1024 ranks, with a current placement (the
+  // costly path): the O(slots x experts) replication and O(ranks^3) matching
+  // this replaced ran for minutes to hours at the old limits.
+  constexpr int32_t E = 8192, P = 8192, R = 1024;
+  std::vector<double> load(E);
+  std::mt19937 g(test_seed() + 61);
+  std::uniform_real_distribution<double> u(1.0, 1000.0);
+  for (auto& x : load) x = u(g);
+  std::vector<int32_t> out(P), cur(P);
+  for (int32_t i = 0; i < P; ++i) cur[static_cast<size_t>(i)] = (i * 7) % E;
+  ep_moe_rebalance_config_t rc;
+  ep_moe_rebalance_config_init(&rc);
+  rc.num_experts = E;
+  rc.num_slots = P;
+  rc.num_ranks = R;
+  rc.num_current_slots = P;
+  rc.current_slots = cur.data();
+  double imbalance = 0;
+  REQUIRE(ep_moe_rebalance(out.data(), out.size(), &imbalance, load.data(), load.size(), &rc) == EP_MOE_OK);
+  CHECK(imbalance < 1.05);
+  std::vector<char> seen(E, 0);
+  for (int32_t e : out) seen[static_cast<size_t>(e)] = 1;
+  CHECK(std::count(seen.begin(), seen.end(), 1) == E);
+  rc.num_ranks = R + 1;
+  rc.num_slots = P;  // not a multiple either way: the rank limit is named first
+  CHECK(ep_moe_rebalance(out.data(), out.size(), nullptr, load.data(), load.size(), &rc) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(ep_moe_last_error()).find("num_ranks must be in [1, 1024]") != std::string::npos);
+  rc.num_ranks = R;
+  rc.num_slots = P + R;
+  std::vector<int32_t> big(static_cast<size_t>(P + R));
+  CHECK(ep_moe_rebalance(big.data(), big.size(), nullptr, load.data(), load.size(), &rc) ==
+        EP_MOE_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(ep_moe_last_error()).find("num_slots must be in [num_experts=8192, 8192]") != std::string::npos);
+}
+
 TEST_CASE("rebalance: bad parameters are rejected with a message", "[eplb][rebalance][errors]") {
   ep_moe_rebalance_config_t rc;
   ep_moe_rebalance_config_init(&rc);
