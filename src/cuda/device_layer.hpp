@@ -85,7 +85,7 @@ struct DeviceStats {
 };
 
 // Device workspace of the distributed flows (DP gather, all-to-all), sized
-// at create; the layer (layer_device.cpp) plans on the host and moves rows
+// at create; the layer (layer/cuda_backend.cpp) plans on the host and moves rows
 // with these.
 enum class Buf {
   Ids,

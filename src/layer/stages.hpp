@@ -1,4 +1,4 @@
-// What the forward steps share (layer.cpp, alltoall.cpp, layer_device.cpp):
+// What the forward steps share (layer.cpp, alltoall.cpp, cuda_backend.cpp):
 // the step's collectives and its clock.
 #pragma once
 
