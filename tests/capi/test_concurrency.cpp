@@ -20,7 +20,7 @@
 #include "../io/writers.hpp"
 #include "../multirank/harness.hpp"
 #include "ep_moe/ep_moe.h"
-#include "map_helpers.hpp"
+#include "layer_helpers.hpp"
 
 namespace {
 
@@ -36,16 +36,6 @@ harness::Case busy_case() {
   return c;
 }
 
-ep_moe_layer_t* make_layer(const harness::Case& c, const ref::Weights& w) {
-  const MapPtr m = make_map(map_config(1, 0, c.spec.E));
-  const auto lc = harness::layer_config(c);
-  ep_moe_layer_t* l = nullptr;
-  REQUIRE(ep_moe_layer_create(&l, &lc, m.get(), nullptr, nullptr) == EP_MOE_OK);
-  int stored = 0;
-  REQUIRE(harness::load_weights(l, c, w, &stored).empty());
-  return l;
-}
-
 }  // namespace
 
 TEST_CASE("two threads forwarding one layer: each call runs alone or fails with STATE, outputs right",
@@ -54,7 +44,7 @@ TEST_CASE("two threads forwarding one layer: each call runs alone or fails with 
   const harness::Case c = busy_case();
   const ref::Weights w = ref::random_weights(c.spec, c.wdt, rng);
   const harness::Inputs in = harness::make_inputs(c, w, rng);
-  ep_moe_layer_t* l = make_layer(c, w);
+  ep_moe_layer_t* l = loaded_rank_layer(c, w, 1, 0);
   const size_t n = in.hidden[0].size();
   std::vector<float> want(n);
   ep_moe_forward_args_t a;
@@ -100,7 +90,7 @@ TEST_CASE("destroying a layer while another thread forwards it waits for that ca
   const harness::Case c = busy_case();
   const ref::Weights w = ref::random_weights(c.spec, c.wdt, rng);
   const harness::Inputs in = harness::make_inputs(c, w, rng);
-  ep_moe_layer_t* l = make_layer(c, w);
+  ep_moe_layer_t* l = loaded_rank_layer(c, w, 1, 0);
   std::atomic<int> calls{0};
   std::atomic<ep_moe_status_t> last{EP_MOE_OK};
   std::thread t([&] {

@@ -17,6 +17,7 @@
 #include "../multirank/harness.hpp"
 #include "../common/seed.hpp"
 #include "ep_moe/ep_moe.h"
+#include "layer_helpers.hpp"
 
 namespace {
 
@@ -38,13 +39,7 @@ struct MapHolder {
 
 // A layer of case c as rank ep-1 of ep (no collective), weights w loaded.
 ep_moe_layer_t* loaded_layer(const harness::Case& c, const ref::Weights& w, int ep) {
-  MapHolder m(ep, ep - 1, c.spec.E);
-  const auto lc = harness::layer_config(c);
-  ep_moe_layer_t* l = nullptr;
-  REQUIRE(ep_moe_layer_create(&l, &lc, m.m, nullptr, nullptr) == EP_MOE_OK);
-  int stored = 0;
-  REQUIRE(harness::load_weights(l, c, w, &stored).empty());
-  return l;
+  return loaded_rank_layer(c, w, ep, ep - 1);
 }
 
 ep_moe_forward_args_t forward_args(int64_t T, const void* hidden, const float* logits, void* out) {

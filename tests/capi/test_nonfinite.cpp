@@ -14,21 +14,9 @@
 #include "../common/seed.hpp"
 #include "../multirank/harness.hpp"
 #include "ep_moe/ep_moe.h"
-#include "map_helpers.hpp"
+#include "layer_helpers.hpp"
 
 namespace {
-
-// Rank `rank` of an EP group of `ep` with no communicator (its experts'
-// share of each token), weights of `w` loaded.
-ep_moe_layer_t* rank_layer(const harness::Case& c, const ref::Weights& w, int ep, int rank) {
-  const MapPtr m = make_map(map_config(ep, rank, c.spec.E));
-  const auto lc = harness::layer_config(c);
-  ep_moe_layer_t* l = nullptr;
-  REQUIRE(ep_moe_layer_create(&l, &lc, m.get(), nullptr, nullptr) == EP_MOE_OK);
-  int stored = 0;
-  REQUIRE(harness::load_weights(l, c, w, &stored).empty());
-  return l;
-}
 
 // Element j of row t set to a NaN or an Inf in dtype dt's encoding.
 void set_nonfinite(std::vector<uint8_t>& rows, int dt, int64_t H, int64_t t, int64_t j, bool nan) {
@@ -100,7 +88,7 @@ TEST_CASE("a NaN or Inf in a token's hidden row gives that token an all-NaN row,
       ref::Spec spec;
       const ref::Weights w = harness::case_weights(c, &spec, rng);
       const harness::Inputs in = harness::make_inputs(c, w, rng);
-      ep_moe_layer_t* l = rank_layer(c, w, 1, 0);
+      ep_moe_layer_t* l = loaded_rank_layer(c, w, 1, 0);
       const int64_t H = c.spec.H;
       std::vector<uint8_t> hidden = ref::encode(in.hidden[0], c.adt);
       const size_t row = hidden.size() / 6;
@@ -152,7 +140,7 @@ TEST_CASE("weight-0 skip: a NaN an expert computes for a parked pair reaches no 
   c.tokens = {3};
   c.skip_mode = EP_MOE_SKIP_WEIGHT_ZERO;
   const ref::Weights w = ref::random_weights(c.spec, c.wdt, rng);
-  ep_moe_layer_t* l = rank_layer(c, w, 2, 1);
+  ep_moe_layer_t* l = loaded_rank_layer(c, w, 2, 1);
   std::vector<float> gate(static_cast<size_t>(c.spec.I * c.spec.H), 0.25f);
   gate[5] = std::numeric_limits<float>::quiet_NaN();
   int32_t stored = 0;
