@@ -131,6 +131,16 @@ void Layer::exchange_counts(Comm* ep, const ep_moe_forward_args_t& a) {
   // A CUDA layer over NCCL: these host counts go through device memory.
   Comm* c = ep_host_ ? ep_host_.get() : ep;
   c->all_gather(count_matrix_.data(), mine.data(), static_cast<size_t>(n) + 1, EP_MOE_DTYPE_I64, a.stream);
+  // Without DP attention every EP rank passes the same tokens: the counts
+  // every rank now holds say whether they did (each rank fails alike).
+  if (dp_size_ == 1)
+    for (int32_t r = 1; r < n; ++r)
+      if (count_matrix_[static_cast<size_t>(r) * (static_cast<size_t>(n) + 1)] != count_matrix_[0])
+        fail(EP_MOE_ERR_INVALID_ARGUMENT,
+             "the EP ranks disagree on the step: rank 0 passes %lld tokens, rank %d %lld (without DP attention every "
+             "EP rank passes the same tokens)",
+             static_cast<long long>(count_matrix_[0]), r,
+             static_cast<long long>(count_matrix_[static_cast<size_t>(r) * (static_cast<size_t>(n) + 1)]));
 }
 
 int32_t Layer::cheaper_mode(Gather gather, int64_t padded) {

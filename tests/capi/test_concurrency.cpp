@@ -280,3 +280,61 @@ TEST_CASE("EP ranks that disagree on the layer all fail at the first forward, na
     ep_moe_comm_destroy(comms[1]);
   }
 }
+
+TEST_CASE("all-to-all without DP: a step where EP ranks pass different token counts fails on every rank",
+          "[layer][agreement]") {
+  constexpr int H = 16, I = 8, E = 4, T = 3;
+  ep_moe_comm_t* comms[2] = {nullptr, nullptr};
+  REQUIRE(ep_moe_comm_create_local(comms, 2, nullptr) == EP_MOE_OK);
+  ep_moe_status_t first[2], second[2], third[2];
+  std::string msg[2];
+  auto rank = [&](int r) {
+    const MapPtr m = make_map(map_config(2, r, E));
+    ep_moe_layer_config_t lc;
+    ep_moe_layer_config_init(&lc);
+    lc.hidden_size = H;
+    lc.intermediate_size = I;
+    lc.num_experts = E;
+    lc.top_k = 2;
+    lc.max_tokens = T;
+    lc.num_threads = 1;
+    lc.dispatch_mode = EP_MOE_DISPATCH_ALLTOALL;
+    ep_moe_layer_t* l = nullptr;
+    REQUIRE(ep_moe_layer_create(&l, &lc, m.get(), comms[r], nullptr) == EP_MOE_OK);
+    std::vector<float> w(static_cast<size_t>(H * I), 0.01f);
+    int32_t st = 0;
+    for (int e = 0; e < E; ++e) {
+      ep_moe_layer_set_weight(&st, l, EP_MOE_WEIGHT_EXPERT_GATE, e, w.data(), EP_MOE_DTYPE_F32, I, H);
+      ep_moe_layer_set_weight(&st, l, EP_MOE_WEIGHT_EXPERT_UP, e, w.data(), EP_MOE_DTYPE_F32, I, H);
+      ep_moe_layer_set_weight(&st, l, EP_MOE_WEIGHT_EXPERT_DOWN, e, w.data(), EP_MOE_DTYPE_F32, H, I);
+    }
+    std::vector<float> hidden(static_cast<size_t>(T * H), 0.25f), logits(static_cast<size_t>(T * E), 0.0f),
+        out(hidden.size());
+    for (int t = 0; t < T; ++t) logits[static_cast<size_t>(t * E + t % E)] = 1.0f;
+    ep_moe_forward_args_t a;
+    ep_moe_forward_args_init(&a);
+    a.num_tokens = T;
+    a.hidden = hidden.data();
+    a.router_logits = logits.data();
+    a.out = out.data();
+    first[r] = ep_moe_layer_forward(l, &a);
+    if (r == 1) a.num_tokens = T - 1;  // the second step: rank 1 passes fewer tokens
+    second[r] = ep_moe_layer_forward(l, &a);
+    msg[r] = second[r] == EP_MOE_OK ? "" : ep_moe_layer_last_error(l);
+    a.num_tokens = T;
+    third[r] = ep_moe_layer_forward(l, &a);  // and the group goes on
+    ep_moe_layer_destroy(l);
+  };
+  std::thread t0(rank, 0), t1(rank, 1);
+  t0.join();
+  t1.join();
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << msg[r]);
+    CHECK(first[r] == EP_MOE_OK);
+    CHECK(second[r] == EP_MOE_ERR_INVALID_ARGUMENT);
+    CHECK(msg[r].find("rank 0 passes 3 tokens, rank 1 2") != std::string::npos);
+    CHECK(third[r] == EP_MOE_OK);
+  }
+  ep_moe_comm_destroy(comms[0]);
+  ep_moe_comm_destroy(comms[1]);
+}
