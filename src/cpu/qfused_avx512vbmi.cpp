@@ -1,23 +1,22 @@
-// IQ2_XXS on rows one after another on the AVX-512 tables of a CPU with
-// AVX512_VNNI and AVX512_VBMI (vpermb, vpermt2b, vpmultishiftqb), the
-// block decoded in registers for calls of up to kMaxRows activation rows
-// (qfused_rows.inc); larger calls keep the decoded-row kernel this
-// replaces, which decodes each row once for all of them.
+// IQ2_XXS, IQ2_XS and IQ3_XXS on rows one after another on the AVX-512
+// tables of a CPU with AVX512_VNNI and AVX512_VBMI (vpermb, vpermt2b,
+// vpmultishiftqb), the block decoded in registers for calls of up to
+// kMaxRows activation rows (qfused_rows.inc); larger calls keep the
+// decoded-row kernel this replaces, which decodes each row once for all.
 //
-// A block (66 bytes: d, then per group of 32 elements 4 grid indices and a
-// u32 of four 7-bit sign codes and a 4-bit scale s) is decoded with no
-// scalar or gathered load of its grid (either bound the kernel at half
-// this speed or less): its 32 indices are looked up at once in the grid's
-// 256 16-bit level codes held in eight vectors (vpermt2w over 64 entries
-// each, blended by the index's two high bits); vpmultishiftqb spreads an
-// entry's 2-bit codes over its 8 bytes and vpermb turns them into the
-// magnitudes 8, 25, 43. The sign codes take their parity bit from a
-// 128-byte table (vpermt2b) and become, spread by vpermb and vptestmb, the
-// masks that negate the activations, so that the magnitudes stay u8 for
-// vpdpbusd. Each dword lane belongs to one group in every vector (Consts
-// says how), so the block's four vpdpbusd add up in one accumulator, which
-// meets the groups' 2 s + 1 once (vpmulld; every sum exact in int32) and
-// then d / 8 d_a in float.
+// A block is decoded with no scalar or gathered load of its grid (either
+// bound the kernel at half this speed or less): its grid indices are
+// looked up 32 at a time in the grid's 256 or 512 16-bit level codes held
+// in vectors (vpermt2w over 64 entries each, blended by the index's high
+// bits); vpmultishiftqb spreads an entry's 2- or 3-bit codes over its
+// bytes and vpermb turns them into the format's magnitudes. The 7-bit sign
+// codes take their parity bit from a 128-byte table (vpermt2b) and become,
+// spread by vpermb and vptestmb, the masks that negate the activations,
+// so that the magnitudes stay u8 for vpdpbusd. Each dword lane belongs to
+// one group in every vector (element_of says how), so the block's four
+// vpdpbusd add up in one accumulator (two where a group has two scales,
+// IQ2_XS), which meets the groups' 2 s + 1 once (vpmulld; every sum exact
+// in int32) and then the block's d times d_a in float.
 // GCC 12 warns falsely inside its own AVX-512 intrinsics (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
@@ -44,16 +43,18 @@ namespace {
 // block. The activations are permuted to that order once a call.
 inline int element_of(int v, int g) { return 32 * g + 8 * v; }
 
-// What both formats' decodes share: the grid (256 entries of 16-bit level
-// codes), the sign codes' parity table, the spreading of sign bytes.
+// What the formats' decodes share: the grid (kEntries 16-bit level codes),
+// the sign codes' parity table, the spreading of sign bytes.
+template <int kEntries>
 struct Common {
-  __m512i grid[8];         // the 256 level codes, 32 a vector
+  static constexpr int kVectors = kEntries / 32;
+  __m512i grid[kVectors];  // the level codes, 32 a vector
   __m512i magnitude;       // byte i: the magnitude of level code i & (levels - 1)
   __m512i parity[2];       // byte c (0..127): c, with bit 7 making its bit count even
   __m512i sign_spread[4];  // vector v: byte 8 g + i <- byte 8 g + v (group g's sign byte v)
   __m512i bit;             // byte i: 1 << i % 8
   Common(const uint16_t* codes, const int* levels, int nlevels) {
-    for (int v = 0; v < 8; ++v) grid[v] = _mm512_loadu_si512(codes + 32 * v);
+    for (int v = 0; v < kVectors; ++v) grid[v] = _mm512_loadu_si512(codes + 32 * v);
     alignas(64) uint8_t b[128];
     for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(levels[i & (nlevels - 1)]);
     magnitude = _mm512_load_si512(b);
@@ -68,15 +69,17 @@ struct Common {
       sign_spread[v] = _mm512_load_si512(b);
     }
   }
-  // The level codes of the 32 grid indices in idx's 16-bit lanes.
+  // The level codes of the 32 grid indices in idx's 16-bit lanes: vpermt2w
+  // over each 64 entries (index bits 0-5), then blends by bits 6, 7, ....
   __m512i lookup(__m512i idx) const {
-    const __m512i r0 = _mm512_permutex2var_epi16(grid[0], idx, grid[1]);
-    const __m512i r1 = _mm512_permutex2var_epi16(grid[2], idx, grid[3]);
-    const __m512i r2 = _mm512_permutex2var_epi16(grid[4], idx, grid[5]);
-    const __m512i r3 = _mm512_permutex2var_epi16(grid[6], idx, grid[7]);
-    const __mmask32 b6 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x40));
-    const __mmask32 b7 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x80));
-    return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1), _mm512_mask_blend_epi16(b6, r2, r3));
+    __m512i r[kVectors / 2];
+    for (int k = 0; k < kVectors / 2; ++k) r[k] = _mm512_permutex2var_epi16(grid[2 * k], idx, grid[2 * k + 1]);
+    int n = kVectors / 2;
+    for (int bitpos = 6; n > 1; ++bitpos, n /= 2) {
+      const __mmask32 hi = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(static_cast<int16_t>(1 << bitpos)));
+      for (int k = 0; k < n / 2; ++k) r[k] = _mm512_mask_blend_epi16(hi, r[2 * k], r[2 * k + 1]);
+    }
+    return r[0];
   }
   // Sign codes (7 bits, in bytes 8 g + v; bit 7 ignored) into the masks of
   // the four vectors' negative elements.
@@ -89,10 +92,12 @@ struct Common {
 // A block as the rows below take it: the magnitudes (u8) of vector v, the
 // masks of its negative elements, the groups' odd scale factors in dword
 // lanes 2 g and 2 g + 1, and the float factor of the block.
+// odd[1] is used by the formats with two scales a group (kTwoScales: one
+// for vectors 0-1, the other for 2-3).
 struct Decoded {
   __m512i mag[4];
   __mmask64 neg[4];
-  __m512i odd;
+  __m512i odd[2];
   float scale;
 };
 
@@ -109,11 +114,12 @@ inline __m512i odd_scales(__m512i x, int shift) {
 struct IQ2XXS {
   static constexpr ep_moe_dtype_t kType = EP_MOE_DTYPE_IQ2_XXS;
   static constexpr size_t kBytes = 66;
-  struct Consts : Common {
+  static constexpr bool kTwoScales = false;
+  struct Consts : Common<256> {
     __m512i index_words;      // 16-bit lane 4 g + v: grid index v of group g (zero-extended)
     __m512i sign_fields;      // per u64 g of qs: its four 7-bit sign codes into bytes 0-3
     __m512i level_fields[4];  // vector v: the 2-bit codes of word v of each u64 into its bytes
-    Consts() : Common(grids::kIq2xxsCodes, kLevels, 4) {
+    Consts() : Common<256>(grids::kIq2xxsCodes, kLevels, 4) {
       alignas(64) uint8_t b[64];
       for (int w = 0; w < 32; ++w) {
         b[2 * w] = static_cast<uint8_t>(8 * (w / 4) + w % 4);
@@ -133,7 +139,7 @@ struct IQ2XXS {
     const __m512i x = _mm512_loadu_si512(blk + 2);  // qs
     const __m512i codes = k.lookup(_mm512_maskz_permutexvar_epi8(0x5555555555555555ull, k.index_words, x));
     k.negatives(_mm512_multishift_epi64_epi8(k.sign_fields, x), o->neg);
-    o->odd = odd_scales(x, 60);
+    o->odd[0] = odd_scales(x, 60);
     for (int v = 0; v < 4; ++v)
       o->mag[v] = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(k.level_fields[v], codes), k.magnitude);
     o->scale = 0.125f * f16at(blk);
@@ -147,11 +153,12 @@ constexpr int IQ2XXS::kLevels[4];
 struct IQ3XXS {
   static constexpr ep_moe_dtype_t kType = EP_MOE_DTYPE_IQ3_XXS;
   static constexpr size_t kBytes = 98;
-  struct Consts : Common {
+  static constexpr bool kTwoScales = false;
+  struct Consts : Common<256> {
     __m512i index_words[2];   // half h, lane 4 g + m: grid index 4 h + m of group g
     __m512i sign_fields;      // per u64 g (its u32 zero-extended): the sign codes into bytes 0-3
     __m512i level_fields[4];  // vector v: the 3-bit codes of words 2 (v % 2), + 1 of each u64 into its bytes
-    Consts() : Common(grids::kIq3xxsCodes, kLevels, 8) {
+    Consts() : Common<256>(grids::kIq3xxsCodes, kLevels, 8) {
       alignas(64) uint8_t b[64];
       for (int h = 0; h < 2; ++h) {
         for (int w = 0; w < 32; ++w) {
@@ -177,13 +184,49 @@ struct IQ3XXS {
     const __m512i sas =
         _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 66)));  // u64 g: group g's u32
     k.negatives(_mm512_multishift_epi64_epi8(k.sign_fields, sas), o->neg);
-    o->odd = odd_scales(sas, 28);
+    o->odd[0] = odd_scales(sas, 28);
     for (int v = 0; v < 4; ++v)
       o->mag[v] = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(k.level_fields[v], codes[v / 2]), k.magnitude);
     o->scale = 0.25f * f16at(blk);
   }
 };
 constexpr int IQ3XXS::kLevels[8];
+
+// IQ2_XS (74 bytes: d, 32 u16 of a 9-bit grid index and a 7-bit sign code,
+// each 8 elements, 4 a group, then a byte of two 4-bit scales per group:
+// the low one for its first 16 elements, the high one for the rest): the
+// elements d (2 s + 1) / 8 x sign x magnitude (8, 25, 43). The u16 of
+// entry v of group g is word 4 g + v of qs: the vectors' order as it is.
+struct IQ2XS {
+  static constexpr ep_moe_dtype_t kType = EP_MOE_DTYPE_IQ2_XS;
+  static constexpr size_t kBytes = 74;
+  static constexpr bool kTwoScales = true;
+  struct Consts : Common<512> {
+    __m512i sign_pick;        // byte 8 g + v (v < 4): the high byte of word 4 g + v
+    __m512i level_fields[4];  // vector v: the 2-bit codes of word v of each u64 into its bytes
+    Consts() : Common<512>(grids::kIq2xsCodes, IQ2XXS::kLevels, 4) {
+      alignas(64) uint8_t b[64];
+      for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(8 * (i / 8) + 2 * (i % 4) + 1);
+      sign_pick = _mm512_load_si512(b);
+      for (int v = 0; v < 4; ++v) {
+        for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(16 * v + 2 * (i % 8));
+        level_fields[v] = _mm512_load_si512(b);
+      }
+    }
+  };
+  static void decode(const uint8_t* blk, const Consts& k, Decoded* o) {
+    const __m512i x = _mm512_loadu_si512(blk + 2);  // qs
+    const __m512i codes = k.lookup(_mm512_and_si512(x, _mm512_set1_epi16(511)));
+    // The sign codes: bits 9-15 of each word, its high byte >> 1.
+    k.negatives(_mm512_srli_epi16(_mm512_permutexvar_epi8(k.sign_pick, x), 1), o->neg);
+    const __m512i sc = _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 66)));
+    o->odd[0] = odd_scales(sc, 0);
+    o->odd[1] = odd_scales(sc, 4);
+    for (int v = 0; v < 4; ++v)
+      o->mag[v] = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(k.level_fields[v], codes), k.magnitude);
+    o->scale = 0.125f * f16at(blk);
+  }
+};
 
 // Activation row q (k values) in the vectors' order.
 void permute_row(const int8_t* q, int k, int8_t* out) {
@@ -222,16 +265,21 @@ struct GridRows {
         _mm_prefetch(reinterpret_cast<const char*>(blk) + 1024, _MM_HINT_T0);
         Decoded w;
         F::decode(blk, kc, &w);
-        __m512i isum[M];
-        for (int i = 0; i < M; ++i) isum[i] = _mm512_setzero_si512();
+        constexpr int kSums = F::kTwoScales ? 2 : 1;  // vectors 0-1 and 2-3 apart where their scales differ
+        __m512i isum[M][kSums];
+        for (int i = 0; i < M; ++i)
+          for (int h = 0; h < kSums; ++h) isum[i][h] = _mm512_setzero_si512();
         for (int v = 0; v < 4; ++v)
           for (int i = 0; i < M; ++i) {
             const __m512i qv = _mm512_loadu_si512(q[i] + 256 * b + 64 * v);
-            isum[i] = _mm512_dpbusd_epi32(isum[i], w.mag[v], _mm512_mask_sub_epi8(qv, w.neg[v], zero, qv));
+            __m512i& sum = isum[i][kSums == 2 ? v / 2 : 0];
+            sum = _mm512_dpbusd_epi32(sum, w.mag[v], _mm512_mask_sub_epi8(qv, w.neg[v], zero, qv));
           }
-        for (int i = 0; i < M; ++i)
-          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(isum[i], w.odd)),
-                                   _mm512_set1_ps(w.scale * da[i][8 * b]), acc[i]);
+        for (int i = 0; i < M; ++i) {
+          __m512i scaled = _mm512_mullo_epi32(isum[i][0], w.odd[0]);
+          if (kSums == 2) scaled = _mm512_add_epi32(scaled, _mm512_mullo_epi32(isum[i][kSums - 1], w.odd[1]));
+          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(scaled), _mm512_set1_ps(w.scale * da[i][8 * b]), acc[i]);
+        }
       }
       for (int i = 0; i < M; ++i) c[i * ldc + j] = hsum(acc[i]);
     }
@@ -242,6 +290,7 @@ struct GridRows {
 
 void qfused_avx512vbmi(QGemmFn* gemm) {
   install<GridRows<IQ2XXS>>(gemm);
+  install<GridRows<IQ2XS>>(gemm);
   install<GridRows<IQ3XXS>>(gemm);
 }
 
