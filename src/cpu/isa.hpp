@@ -28,7 +28,7 @@ const char* isa_name(Isa isa);
 bool has_avx512_vnni();
 // Whether has_avx512_vnni() and the CPU has AVX512_VBMI (byte permutes,
 // vpmultishiftqb) and EP_MOE_CPU_ISA does not leave it out ("-vbmi"): the
-// AVX-512 tables then decode IQ2_XXS, IQ2_XS and IQ3_XXS in registers (qfused_avx512vbmi.cpp).
+// AVX-512 tables then decode IQ2_XXS, IQ2_XS, IQ3_XXS and IQ3_S in registers (qfused_avx512vbmi.cpp).
 bool has_avx512_vbmi();
 // Whether the CPU has AVX-VNNI (the VEX vpdpbusd on 256 bits, with AVX2)
 // and EP_MOE_CPU_ISA does not leave it out ("-avxvnni"): the 8-row block

@@ -70,7 +70,7 @@ void set_x86_block_kernels(Kernels& t, bool avx512) {
   qgroups_avx512vnni(t.qgemm, t.qunpack);
   qdecoded_avx512vnni(t.qgemm);
   qfused_avx512vnni(t.qgemm);  // Q2_K, Q3_K decode rows in registers (larger calls keep the decoded rows)
-  if (has_avx512_vbmi()) qfused_avx512vbmi(t.qgemm);  // IQ2_XXS, IQ2_XS, IQ3_XXS the same way
+  if (has_avx512_vbmi()) qfused_avx512vbmi(t.qgemm);  // IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S the same way
   // The interleaved-row kernels hold level with the tiles to ~8 rows
   // (Q6_K, Q5_K), ~12 (IQ4_XS), ~24 (MXFP4, Q4_K) or ~64 (Q8_0, Q4_0).
   t.qtile_rows[quant_index(EP_MOE_DTYPE_Q8_0)] = 64;

@@ -220,7 +220,7 @@ void qtiles_avx2(QTileFn* tile);
 void qunpack_avx2(QUnpackFn* unpack);
 
 // Block kernels that decode in registers for calls of few activation rows
-// (qfused_avx512vnni.cpp: Q2_K, Q3_K; qfused_avx512vbmi.cpp: IQ2_XXS, IQ2_XS, IQ3_XXS, where
+// (qfused_avx512vnni.cpp: Q2_K, Q3_K; qfused_avx512vbmi.cpp: IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S, where
 // has_avx512_vbmi()), replacing the decoded-row entries that
 // qdecoded_avx512vnni set (which they keep for larger calls).
 void qfused_avx512vnni(QGemmFn* gemm);

@@ -1,4 +1,4 @@
-// IQ2_XXS, IQ2_XS and IQ3_XXS on rows one after another on the AVX-512
+// IQ2_XXS, IQ2_XS, IQ3_XXS and IQ3_S on rows one after another on the AVX-512
 // tables of a CPU with AVX512_VNNI and AVX512_VBMI (vpermb, vpermt2b,
 // vpmultishiftqb), the block decoded in registers for calls of up to
 // kMaxRows activation rows (qfused_rows.inc); larger calls keep the
@@ -10,7 +10,8 @@
 // in vectors (vpermt2w over 64 entries each, blended by the index's high
 // bits); vpmultishiftqb spreads an entry's 2- or 3-bit codes over its
 // bytes and vpermb turns them into the format's magnitudes. The 7-bit sign
-// codes take their parity bit from a 128-byte table (vpermt2b) and become,
+// codes take their parity bit from a 128-byte table (vpermt2b) (IQ3_S
+// stores whole sign bytes) and become,
 // spread by vpermb and vptestmb, the masks that negate the activations,
 // so that the magnitudes stay u8 for vpdpbusd. Each dword lane belongs to
 // one group in every vector (element_of says how), so the block's four
@@ -84,7 +85,10 @@ struct Common {
   // Sign codes (7 bits, in bytes 8 g + v; bit 7 ignored) into the masks of
   // the four vectors' negative elements.
   void negatives(__m512i codes7, __mmask64* neg) const {
-    const __m512i signs = _mm512_permutex2var_epi8(parity[0], codes7, parity[1]);
+    sign_masks(_mm512_permutex2var_epi8(parity[0], codes7, parity[1]), neg);
+  }
+  // Full sign bytes (in bytes 8 g + v) into the same masks.
+  void sign_masks(__m512i signs, __mmask64* neg) const {
     for (int v = 0; v < 4; ++v) neg[v] = _mm512_test_epi8_mask(_mm512_permutexvar_epi8(sign_spread[v], signs), bit);
   }
 };
@@ -228,6 +232,75 @@ struct IQ2XS {
   }
 };
 
+// IQ3_S (110 bytes: d, 64 low bytes of 9-bit grid indices of 4 elements
+// each, 8 a group; qh[8], bit m of byte g the high bit of group g's index
+// m; 32 sign bytes, one per 8 elements; 4 bytes of two 4-bit scales, group
+// g's in nibble g % 2 of byte g / 2): the elements d (2 s + 1) x sign x
+// magnitude (1, 3, ..., 15).
+struct IQ3S {
+  static constexpr ep_moe_dtype_t kType = EP_MOE_DTYPE_IQ3_S;
+  static constexpr size_t kBytes = 110;
+  static constexpr bool kTwoScales = false;
+  static constexpr int kLevels[8] = {1, 3, 5, 7, 9, 11, 13, 15};
+  struct Consts : Common<512> {
+    __m512i index_words[2];   // half h, lane 4 g + j: the low byte of index 4 h + j of group g
+    __m512i qh_words;         // lane 4 g + j: qh[g] in the high byte
+    __m512i qh_bit[2];        // half h, lane 4 g + j: 1 << (8 + 4 h + j)
+    __m512i sign_arrange;     // byte 8 g + v (v < 4): sign byte 4 g + v
+    __m512i level_fields[4];  // as IQ3_XXS's
+    Consts() : Common<512>(grids::kIq3sCodes, kLevels, 8) {
+      alignas(64) uint8_t b[64];
+      alignas(64) uint16_t w[32];
+      for (int h = 0; h < 2; ++h) {
+        for (int l = 0; l < 32; ++l) {
+          b[2 * l] = static_cast<uint8_t>(8 * (l / 4) + 4 * h + l % 4);
+          b[2 * l + 1] = 0;
+          w[l] = static_cast<uint16_t>(1u << (8 + 4 * h + l % 4));
+        }
+        index_words[h] = _mm512_load_si512(b);
+        qh_bit[h] = _mm512_load_si512(w);
+      }
+      for (int l = 0; l < 32; ++l) {
+        b[2 * l] = 0;  // masked to zero
+        b[2 * l + 1] = static_cast<uint8_t>(l / 4);
+      }
+      qh_words = _mm512_load_si512(b);
+      for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(4 * (i / 8) + i % 4);
+      sign_arrange = _mm512_load_si512(b);
+      for (int v = 0; v < 4; ++v) {
+        for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(32 * (v % 2) + 16 * (i % 8 / 4) + 3 * (i % 4));
+        level_fields[v] = _mm512_load_si512(b);
+      }
+    }
+  };
+  static void decode(const uint8_t* blk, const Consts& k, Decoded* o) {
+    const __m512i x = _mm512_loadu_si512(blk + 2);  // the low bytes of the indices
+    const __m512i qh = _mm512_maskz_permutexvar_epi8(
+        0xAAAAAAAAAAAAAAAAull, k.qh_words,
+        _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 66))));
+    __m512i codes[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m512i lo = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, k.index_words[h], x);
+      const __mmask32 high = _mm512_test_epi16_mask(qh, k.qh_bit[h]);
+      codes[h] = k.lookup(_mm512_mask_add_epi16(lo, high, lo, _mm512_set1_epi16(256)));
+    }
+    const __m512i signs = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 74)));
+    k.sign_masks(_mm512_permutexvar_epi8(k.sign_arrange, signs), o->neg);
+    // Group g's scale: nibble g % 2 of byte g / 2, into u64 g.
+    uint32_t sc4;
+    std::memcpy(&sc4, blk + 106, 4);
+    const __m512i sc = _mm512_srlv_epi64(
+        _mm512_cvtepu8_epi64(_mm_shuffle_epi8(_mm_cvtsi32_si128(static_cast<int>(sc4)),
+                                              _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0))),
+        _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4));
+    o->odd[0] = odd_scales(sc, 0);
+    for (int v = 0; v < 4; ++v)
+      o->mag[v] = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(k.level_fields[v], codes[v / 2]), k.magnitude);
+    o->scale = f16at(blk);
+  }
+};
+constexpr int IQ3S::kLevels[8];
+
 // Activation row q (k values) in the vectors' order.
 void permute_row(const int8_t* q, int k, int8_t* out) {
   for (int blk = 0; blk < k; blk += 256)
@@ -292,6 +365,7 @@ void qfused_avx512vbmi(QGemmFn* gemm) {
   install<GridRows<IQ2XXS>>(gemm);
   install<GridRows<IQ2XS>>(gemm);
   install<GridRows<IQ3XXS>>(gemm);
+  install<GridRows<IQ3S>>(gemm);
 }
 
 }  // namespace cpu

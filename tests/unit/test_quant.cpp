@@ -570,8 +570,8 @@ TEST_CASE("FP8 E4M3FN: every code's value, and the nearest code of a float", "[u
 
 #if defined(__x86_64__)
 TEST_CASE(
-    "IQ2_XXS, IQ2_XS and IQ3_XXS decoded in registers (AVX512_VBMI) and through their decoded rows agree with the "
-    "double product",
+    "IQ2_XXS, IQ2_XS, IQ3_XXS and IQ3_S decoded in registers (AVX512_VBMI) and through their decoded rows agree with "
+    "the double product",
     "[unit][quant][kernels]") {
   if (!cpu::has_avx512_vbmi()) {
     WARN("skipped: no AVX512_VBMI");
@@ -585,7 +585,7 @@ TEST_CASE(
   cpu::qfused_avx512vbmi(fns.data());
   const cpu::Kernels& kern = cpu::kernels_for(cpu::Isa::Avx512);
   std::mt19937 rng(Catch::rngSeed() + 23);
-  for (ep_moe_dtype_t t : {EP_MOE_DTYPE_IQ2_XXS, EP_MOE_DTYPE_IQ2_XS, EP_MOE_DTYPE_IQ3_XXS}) {
+  for (ep_moe_dtype_t t : {EP_MOE_DTYPE_IQ2_XXS, EP_MOE_DTYPE_IQ2_XS, EP_MOE_DTYPE_IQ3_XXS, EP_MOE_DTYPE_IQ3_S}) {
     CAPTURE(dtype_name(t));
     const auto i = static_cast<size_t>(quant_index(t));
     REQUIRE(fns[i] != decoded[i]);
