@@ -1,7 +1,5 @@
 #include "io/checkpoint.hpp"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cstring>
 #include <dirent.h>
@@ -80,30 +78,12 @@ std::string dims_text(const std::vector<int64_t>& shape) {
   return t + "]";
 }
 
-bool is_dir(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-bool is_file(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 bool ends_with(const std::string& s, const std::string& suf) {
   return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
 }
 std::string dir_of(const std::string& p) {
   const auto slash = p.rfind('/');
   return slash == std::string::npos ? "." : (slash == 0 ? "/" : p.substr(0, slash));
-}
-
-std::string read_small_file(const std::string& path, uint64_t cap) {
-  FileSource f(path);
-  if (f.size() > cap)
-    fail(EP_MOE_ERR_FORMAT, "%s: %llu bytes is above the %llu-byte limit for this file", path.c_str(),
-         static_cast<unsigned long long>(f.size()), static_cast<unsigned long long>(cap));
-  std::string s(static_cast<size_t>(f.size()), '\0');
-  f.read(0, &s[0], s.size());
-  return s;
 }
 
 // Reads "<digits>." at pos; advances past the dot.

@@ -149,5 +149,25 @@ std::string Cursor::string(uint64_t max_len, const char* what) {
   return s;
 }
 
+bool is_dir(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool is_file(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string read_small_file(const std::string& path, uint64_t cap) {
+  FileSource f(path);
+  if (f.size() > cap)
+    fail(EP_MOE_ERR_FORMAT, "%s: %llu bytes is above the %llu-byte limit for this file", path.c_str(),
+         static_cast<unsigned long long>(f.size()), static_cast<unsigned long long>(cap));
+  std::string s(static_cast<size_t>(f.size()), '\0');
+  f.read(0, &s[0], s.size());
+  return s;
+}
+
 }  // namespace io
 }  // namespace ep_moe

@@ -78,5 +78,12 @@ class Cursor {
   uint64_t buf_pos_ = 0;  // file offset of buf_[0]
 };
 
+// Whether path is a directory, or a regular file (stat: never blocks).
+bool is_dir(const std::string& path);
+bool is_file(const std::string& path);
+// A whole file of at most `cap` bytes (an index, a config.json);
+// EP_MOE_ERR_FORMAT naming the file above that, FileSource's errors else.
+std::string read_small_file(const std::string& path, uint64_t cap);
+
 }  // namespace io
 }  // namespace ep_moe
