@@ -54,6 +54,11 @@ struct Common {
   __m512i parity[2];       // byte c (0..127): c, with bit 7 making its bit count even
   __m512i sign_spread[4];  // vector v: byte 8 g + i <- byte 8 g + v (group g's sign byte v)
   __m512i bit;             // byte i: 1 << i % 8
+  // Vector v: each u64's level codes of its elements into its bytes. 2-bit
+  // codes (8 elements an entry): word v of the u64 (entry v of the group);
+  // 3-bit codes (4 an entry): words 2 (v % 2) and 2 (v % 2) + 1 (entries 2 v
+  // and 2 v + 1, from the lookup of half v / 2).
+  __m512i level_fields[4];
   Common(const uint16_t* codes, const int* levels, int nlevels) {
     for (int v = 0; v < kVectors; ++v) grid[v] = _mm512_loadu_si512(codes + 32 * v);
     alignas(64) uint8_t b[128];
@@ -68,7 +73,15 @@ struct Common {
     for (int v = 0; v < 4; ++v) {
       for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(8 * (i / 8) + v);
       sign_spread[v] = _mm512_load_si512(b);
+      for (int i = 0; i < 64; ++i)
+        b[i] =
+            static_cast<uint8_t>(nlevels == 4 ? 16 * v + 2 * (i % 8) : 32 * (v % 2) + 16 * (i % 8 / 4) + 3 * (i % 4));
+      level_fields[v] = _mm512_load_si512(b);
     }
+  }
+  // The magnitudes (u8) of vector v from the level codes of its entries.
+  __m512i magnitudes(int v, __m512i codes) const {
+    return _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(level_fields[v], codes), magnitude);
   }
   // The level codes of the 32 grid indices in idx's 16-bit lanes: vpermt2w
   // over each 64 entries (index bits 0-5), then blends by bits 6, 7, ....
@@ -120,9 +133,8 @@ struct IQ2XXS {
   static constexpr size_t kBytes = 66;
   static constexpr bool kTwoScales = false;
   struct Consts : Common<256> {
-    __m512i index_words;      // 16-bit lane 4 g + v: grid index v of group g (zero-extended)
-    __m512i sign_fields;      // per u64 g of qs: its four 7-bit sign codes into bytes 0-3
-    __m512i level_fields[4];  // vector v: the 2-bit codes of word v of each u64 into its bytes
+    __m512i index_words;  // 16-bit lane 4 g + v: grid index v of group g (zero-extended)
+    __m512i sign_fields;  // per u64 g of qs: its four 7-bit sign codes into bytes 0-3
     Consts() : Common<256>(grids::kIq2xxsCodes, kLevels, 4) {
       alignas(64) uint8_t b[64];
       for (int w = 0; w < 32; ++w) {
@@ -132,10 +144,6 @@ struct IQ2XXS {
       index_words = _mm512_load_si512(b);
       for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(32 + 7 * (i % 4));
       sign_fields = _mm512_load_si512(b);
-      for (int v = 0; v < 4; ++v) {
-        for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(16 * v + 2 * (i % 8));
-        level_fields[v] = _mm512_load_si512(b);
-      }
     }
   };
   static constexpr int kLevels[4] = {8, 25, 43, 0};
@@ -144,8 +152,7 @@ struct IQ2XXS {
     const __m512i codes = k.lookup(_mm512_maskz_permutexvar_epi8(0x5555555555555555ull, k.index_words, x));
     k.negatives(_mm512_multishift_epi64_epi8(k.sign_fields, x), o->neg);
     o->odd[0] = odd_scales(x, 60);
-    for (int v = 0; v < 4; ++v)
-      o->mag[v] = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(k.level_fields[v], codes), k.magnitude);
+    for (int v = 0; v < 4; ++v) o->mag[v] = k.magnitudes(v, codes);
     o->scale = 0.125f * f16at(blk);
   }
 };
@@ -159,9 +166,8 @@ struct IQ3XXS {
   static constexpr size_t kBytes = 98;
   static constexpr bool kTwoScales = false;
   struct Consts : Common<256> {
-    __m512i index_words[2];   // half h, lane 4 g + m: grid index 4 h + m of group g
-    __m512i sign_fields;      // per u64 g (its u32 zero-extended): the sign codes into bytes 0-3
-    __m512i level_fields[4];  // vector v: the 3-bit codes of words 2 (v % 2), + 1 of each u64 into its bytes
+    __m512i index_words[2];  // half h, lane 4 g + m: grid index 4 h + m of group g
+    __m512i sign_fields;     // per u64 g (its u32 zero-extended): the sign codes into bytes 0-3
     Consts() : Common<256>(grids::kIq3xxsCodes, kLevels, 8) {
       alignas(64) uint8_t b[64];
       for (int h = 0; h < 2; ++h) {
@@ -173,11 +179,6 @@ struct IQ3XXS {
       }
       for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(7 * (i % 4));
       sign_fields = _mm512_load_si512(b);
-      for (int v = 0; v < 4; ++v) {
-        // Bytes 0-3 of vector v's u64: entry 2 (v % 2) of the half, 4-7: the next.
-        for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(32 * (v % 2) + 16 * (i % 8 / 4) + 3 * (i % 4));
-        level_fields[v] = _mm512_load_si512(b);
-      }
     }
   };
   static constexpr int kLevels[8] = {4, 12, 20, 28, 36, 44, 52, 62};
@@ -189,8 +190,7 @@ struct IQ3XXS {
         _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 66)));  // u64 g: group g's u32
     k.negatives(_mm512_multishift_epi64_epi8(k.sign_fields, sas), o->neg);
     o->odd[0] = odd_scales(sas, 28);
-    for (int v = 0; v < 4; ++v)
-      o->mag[v] = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(k.level_fields[v], codes[v / 2]), k.magnitude);
+    for (int v = 0; v < 4; ++v) o->mag[v] = k.magnitudes(v, codes[v / 2]);
     o->scale = 0.25f * f16at(blk);
   }
 };
@@ -206,16 +206,11 @@ struct IQ2XS {
   static constexpr size_t kBytes = 74;
   static constexpr bool kTwoScales = true;
   struct Consts : Common<512> {
-    __m512i sign_pick;        // byte 8 g + v (v < 4): the high byte of word 4 g + v
-    __m512i level_fields[4];  // vector v: the 2-bit codes of word v of each u64 into its bytes
+    __m512i sign_pick;  // byte 8 g + v (v < 4): the high byte of word 4 g + v
     Consts() : Common<512>(grids::kIq2xsCodes, IQ2XXS::kLevels, 4) {
       alignas(64) uint8_t b[64];
       for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(8 * (i / 8) + 2 * (i % 4) + 1);
       sign_pick = _mm512_load_si512(b);
-      for (int v = 0; v < 4; ++v) {
-        for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(16 * v + 2 * (i % 8));
-        level_fields[v] = _mm512_load_si512(b);
-      }
     }
   };
   static void decode(const uint8_t* blk, const Consts& k, Decoded* o) {
@@ -226,8 +221,7 @@ struct IQ2XS {
     const __m512i sc = _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 66)));
     o->odd[0] = odd_scales(sc, 0);
     o->odd[1] = odd_scales(sc, 4);
-    for (int v = 0; v < 4; ++v)
-      o->mag[v] = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(k.level_fields[v], codes), k.magnitude);
+    for (int v = 0; v < 4; ++v) o->mag[v] = k.magnitudes(v, codes);
     o->scale = 0.125f * f16at(blk);
   }
 };
@@ -243,11 +237,10 @@ struct IQ3S {
   static constexpr bool kTwoScales = false;
   static constexpr int kLevels[8] = {1, 3, 5, 7, 9, 11, 13, 15};
   struct Consts : Common<512> {
-    __m512i index_words[2];   // half h, lane 4 g + j: the low byte of index 4 h + j of group g
-    __m512i qh_words;         // lane 4 g + j: qh[g] in the high byte
-    __m512i qh_bit[2];        // half h, lane 4 g + j: 1 << (8 + 4 h + j)
-    __m512i sign_arrange;     // byte 8 g + v (v < 4): sign byte 4 g + v
-    __m512i level_fields[4];  // as IQ3_XXS's
+    __m512i index_words[2];  // half h, lane 4 g + j: the low byte of index 4 h + j of group g
+    __m512i qh_words;        // lane 4 g + j: qh[g] in the high byte
+    __m512i qh_bit[2];       // half h, lane 4 g + j: 1 << (8 + 4 h + j)
+    __m512i sign_arrange;    // byte 8 g + v (v < 4): sign byte 4 g + v
     Consts() : Common<512>(grids::kIq3sCodes, kLevels, 8) {
       alignas(64) uint8_t b[64];
       alignas(64) uint16_t w[32];
@@ -267,10 +260,6 @@ struct IQ3S {
       qh_words = _mm512_load_si512(b);
       for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(4 * (i / 8) + i % 4);
       sign_arrange = _mm512_load_si512(b);
-      for (int v = 0; v < 4; ++v) {
-        for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(32 * (v % 2) + 16 * (i % 8 / 4) + 3 * (i % 4));
-        level_fields[v] = _mm512_load_si512(b);
-      }
     }
   };
   static void decode(const uint8_t* blk, const Consts& k, Decoded* o) {
@@ -294,8 +283,7 @@ struct IQ3S {
                                               _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0))),
         _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4));
     o->odd[0] = odd_scales(sc, 0);
-    for (int v = 0; v < 4; ++v)
-      o->mag[v] = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(k.level_fields[v], codes[v / 2]), k.magnitude);
+    for (int v = 0; v < 4; ++v) o->mag[v] = k.magnitudes(v, codes[v / 2]);
     o->scale = f16at(blk);
   }
 };
